@@ -1,0 +1,168 @@
+//! The training state that one step commits, and its JSON file format.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{self, File};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{ComputationGraphStore, Error, Result};
+
+/// A snapshot of training state at one optimizer step.
+///
+/// Its serde form is the original checkpoint file format: the fields below,
+/// with each optimizer blob as a JSON array of numbers. `metrics` is an
+/// addition that is left out of the JSON when empty, so files without it (all
+/// files of the original format) load, and files with none are unchanged.
+///
+/// ```
+/// use ckptstore::{ComputationGraphStore, GradientCheckpoint};
+///
+/// let mut ckpt = GradientCheckpoint::new(ComputationGraphStore::new(), 7)
+///     .with_loss_cid("cid_loss")
+///     .with_metric("loss", 0.25);
+/// ckpt.set_optimizer_state("adam_m", vec![1, 2, 3]);
+/// assert_eq!(ckpt.step, 7);
+/// assert_eq!(ckpt.optimizer_state["adam_m"], vec![1, 2, 3]);
+/// assert_eq!(ckpt.logical_bytes(), 3);
+/// ```
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GradientCheckpoint {
+    /// The computation graph at the time of the checkpoint.
+    pub graph: ComputationGraphStore,
+    /// Optimizer step counter; the store's key.
+    pub step: u64,
+    /// CID of the loss tensor (`None` before the first loss is computed).
+    pub loss_cid: Option<String>,
+    /// Raw optimizer state blobs, keyed by parameter name.
+    pub optimizer_state: HashMap<String, Vec<u8>>,
+    /// Unix time in seconds when the checkpoint was made.
+    pub timestamp: u64,
+    /// Named scalar metrics (loss, accuracy, ...), used by retention
+    /// policies and queries.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metrics: BTreeMap<String, f64>,
+}
+
+impl GradientCheckpoint {
+    /// A checkpoint of `graph` at `step`, stamped with the current time.
+    pub fn new(graph: ComputationGraphStore, step: u64) -> Self {
+        GradientCheckpoint {
+            graph,
+            step,
+            loss_cid: None,
+            optimizer_state: HashMap::new(),
+            timestamp: unix_now(),
+            metrics: BTreeMap::new(),
+        }
+    }
+
+    /// Attach the CID of the current loss tensor.
+    pub fn with_loss_cid(mut self, cid: impl Into<String>) -> Self {
+        self.loss_cid = Some(cid.into());
+        self
+    }
+
+    /// Attach a named metric.
+    pub fn with_metric(mut self, name: impl Into<String>, value: f64) -> Self {
+        self.metrics.insert(name.into(), value);
+        self
+    }
+
+    /// Store a raw optimizer state blob for `param`, replacing any earlier one.
+    pub fn set_optimizer_state(&mut self, param: impl Into<String>, state: Vec<u8>) {
+        self.optimizer_state.insert(param.into(), state);
+    }
+
+    /// Total bytes of optimizer state.
+    pub fn logical_bytes(&self) -> u64 {
+        self.optimizer_state.values().map(|b| b.len() as u64).sum()
+    }
+
+    /// Write the checkpoint to `path` in the original JSON file format
+    /// (pretty-printed).
+    ///
+    /// Unlike the original, this is durable: the JSON goes to a temporary file
+    /// beside `path`, which is fsynced, renamed over `path`, and then the
+    /// directory is fsynced. On any failure the temporary file is removed and
+    /// `path` is untouched. This is for import and export; a
+    /// [`CheckpointStore`](crate::CheckpointStore) is faster and safer.
+    ///
+    /// ```
+    /// # use ckptstore::{ComputationGraphStore, GradientCheckpoint};
+    /// # let dir = tempfile::tempdir()?;
+    /// let path = dir.path().join("step-3.json");
+    /// let ckpt = GradientCheckpoint::new(ComputationGraphStore::new(), 3);
+    /// ckpt.save(&path)?;
+    /// assert_eq!(GradientCheckpoint::load(&path)?, ckpt);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let bytes = serde_json::to_vec_pretty(self).map_err(|source| Error::Json {
+            path: path.to_owned(),
+            source,
+        })?;
+        write_durably(path, &bytes)
+    }
+
+    /// Read a checkpoint from a JSON file written by [`save`](Self::save) or
+    /// by the original file-based implementation.
+    pub fn load(path: &Path) -> Result<Self> {
+        let bytes = fs::read(path).map_err(|e| Error::io("read", path, e))?;
+        Self::from_json(&bytes).map_err(|source| Error::Json {
+            path: path.to_owned(),
+            source,
+        })
+    }
+
+    /// Decode a checkpoint from JSON bytes in the original file format.
+    pub fn from_json(bytes: &[u8]) -> Result<Self, serde_json::Error> {
+        serde_json::from_slice(bytes)
+    }
+}
+
+/// Seconds since the Unix epoch (0 if the clock is before it).
+pub(crate) fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Write `bytes` to `path` through a fsynced temporary file and a rename,
+/// then fsync the directory. Removes the temporary file on failure.
+fn write_durably(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
+        _ => PathBuf::from("."),
+    };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp-{}", uuid::Uuid::new_v4()));
+
+    let result = (|| {
+        let mut file = File::create(&tmp).map_err(|e| Error::io("create", &tmp, e))?;
+        file.write_all(bytes)
+            .map_err(|e| Error::io("write", &tmp, e))?;
+        file.sync_all().map_err(|e| Error::io("fsync", &tmp, e))?;
+        drop(file);
+        fs::rename(&tmp, path).map_err(|e| Error::io("rename into", path, e))
+    })();
+    if result.is_err() {
+        // Best effort: the temporary file may not exist if create failed.
+        let _ = fs::remove_file(&tmp);
+        return result;
+    }
+    sync_dir(&dir)
+}
+
+/// fsync a directory so that a rename inside it is durable.
+pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
+    let handle = File::open(dir).map_err(|e| Error::io("open directory", dir, e))?;
+    handle
+        .sync_all()
+        .map_err(|e| Error::io("fsync directory", dir, e))
+}

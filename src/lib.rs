@@ -1,0 +1,62 @@
+//! # ckptstore
+//!
+//! Transactional storage of training checkpoints in one embedded
+//! [redb](https://docs.rs/redb) file.
+//!
+//! A training step — computation graph, step number, loss CID, optimizer
+//! state blobs, timestamp, metrics — is committed in **one redb write
+//! transaction** keyed by step: when [`CheckpointStore::commit`] returns the
+//! step is complete and durable, and a crash before that leaves no trace of
+//! it. No temp files, no renames, no half-written checkpoints.
+//!
+//! - Blobs are stored as raw bytes in content-addressed chunks (BLAKE3): a
+//!   chunk that did not change since an earlier step is referenced, not
+//!   written again, and every chunk is hash-checked when read.
+//! - [`latest`](CheckpointStore::latest), [`get`](CheckpointStore::get),
+//!   [`steps`](CheckpointStore::steps), [`steps_in`](CheckpointStore::steps_in),
+//!   [`remove`](CheckpointStore::remove),
+//!   [`rollback_to`](CheckpointStore::rollback_to),
+//!   [`verify`](CheckpointStore::verify).
+//! - Other processes can open the store read-only while a training run
+//!   writes to it ([`CheckpointStore::open_read_only`]).
+//! - [`GradientCheckpoint::save`] / [`GradientCheckpoint::load`] keep the
+//!   original one-JSON-file-per-step format for import and export.
+//!
+//! ## Quick start
+//!
+//! ```
+//! use ckptstore::{CheckpointStore, ComputationGraphStore, ComputationNode, GradientCheckpoint};
+//! # let dir = tempfile::tempdir()?;
+//! # let path = dir.path().join("run.ckpt");
+//!
+//! let store = CheckpointStore::open(&path)?;
+//!
+//! // Resume from the latest step, or start from scratch.
+//! let start = store.latest_step()?.map_or(0, |s| s + 1);
+//!
+//! for step in start..start + 3 {
+//!     let mut graph = ComputationGraphStore::new();
+//!     let id = graph.add_node(ComputationNode::new("matmul", vec!["cid_x".into()]));
+//!     graph.record_output(&id, format!("cid_y_{step}"))?;
+//!
+//!     let mut ckpt = GradientCheckpoint::new(graph, step).with_loss_cid(format!("cid_loss_{step}"));
+//!     ckpt.set_optimizer_state("adam_m", vec![step as u8; 1 << 16]);
+//!     let info = store.commit(&ckpt)?; // durable when it returns
+//!     assert_eq!(info.step, step);
+//! }
+//!
+//! let latest = store.latest()?.expect("three steps were committed");
+//! assert_eq!(latest.step, start + 2);
+//! assert_eq!(store.steps()?, vec![0, 1, 2]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod checkpoint;
+mod error;
+mod graph;
+mod store;
+
+pub use checkpoint::GradientCheckpoint;
+pub use error::{Error, Result};
+pub use graph::{ComputationGraphStore, ComputationNode};
+pub use store::{CheckpointStore, CommitInfo, Durability, StepInfo, StoreOptions, VerifyReport};

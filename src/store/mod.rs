@@ -1,0 +1,420 @@
+//! The checkpoint store: one redb file, one write transaction per step.
+
+mod chunks;
+mod read;
+mod schema;
+mod write;
+
+use std::path::{Path, PathBuf};
+use std::sync::{PoisonError, RwLock, RwLockReadGuard};
+
+use redb::{
+    ConcurrencyMode, Database, ReadOnlyDatabase, ReadTransaction, ReadableDatabase, TableHandle,
+    WriteTransaction,
+};
+
+use crate::error::StorageContext;
+use crate::{Error, Result};
+use schema::{FORMAT_VERSION, META, META_CREATED, META_FORMAT, META_STORE_ID};
+
+pub use read::{StepInfo, VerifyReport};
+pub use write::CommitInfo;
+
+/// When a commit is on disk.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Durability {
+    /// Every commit is fsynced before it returns. The default.
+    #[default]
+    Immediate,
+    /// Commits are not fsynced: a crash may lose the latest commits, though
+    /// never leave a partial one. Faster; needs an exclusive store
+    /// ([`StoreOptions::shared`]`(false)`), since readers in other processes
+    /// only see durable commits.
+    Eventual,
+}
+
+/// How to open a [`CheckpointStore`].
+///
+/// ```
+/// use ckptstore::{Durability, StoreOptions};
+/// # let dir = tempfile::tempdir()?;
+/// let store = StoreOptions::new()
+///     .cache_size(16 << 20)
+///     .shared(false)
+///     .durability(Durability::Eventual)
+///     .open(dir.path().join("run.ckpt"))?;
+/// assert!(store.steps()?.is_empty());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct StoreOptions {
+    cache_size: usize,
+    durability: Durability,
+    shared: bool,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            cache_size: 64 << 20,
+            durability: Durability::Immediate,
+            shared: true,
+        }
+    }
+}
+
+impl StoreOptions {
+    /// The defaults: 64 MiB cache, durable commits, readable by other
+    /// processes while this one writes.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Bytes of memory redb may use to cache pages (default 64 MiB; redb's
+    /// own default of 1 GiB shows up as resident memory).
+    pub fn cache_size(mut self, bytes: usize) -> Self {
+        self.cache_size = bytes;
+        self
+    }
+
+    /// When a commit reaches the disk (default [`Durability::Immediate`]).
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
+    /// Whether other processes may open the store read-only while this one
+    /// writes (default `true`). With `false` the writer locks the file for
+    /// itself.
+    pub fn shared(mut self, shared: bool) -> Self {
+        self.shared = shared;
+        self
+    }
+
+    /// Open the store at `path` for reading and writing, creating it if it
+    /// does not exist.
+    pub fn open(self, path: impl AsRef<Path>) -> Result<CheckpointStore> {
+        if self.shared && self.durability == Durability::Eventual {
+            return Err(Error::InvalidOptions(
+                "Durability::Eventual needs shared(false): readers in other processes \
+                 only see durable commits"
+                    .into(),
+            ));
+        }
+        let path = path.as_ref().to_owned();
+        let handle = Handle::open_writable(&path, &self)?;
+        Ok(CheckpointStore {
+            path,
+            options: self,
+            handle: RwLock::new(handle),
+        })
+    }
+
+    /// Open an existing store read-only. With a shared writer (the default)
+    /// in another process, the reader sees each step that writer commits.
+    pub fn open_read_only(self, path: impl AsRef<Path>) -> Result<CheckpointStore> {
+        let path = path.as_ref().to_owned();
+        let handle = Handle::open_read_only(&path, &self)?;
+        Ok(CheckpointStore {
+            path,
+            options: self,
+            handle: RwLock::new(handle),
+        })
+    }
+
+    fn builder(&self) -> redb::Builder {
+        let mut builder = Database::builder();
+        builder.set_cache_size(self.cache_size);
+        builder.set_concurrency_mode(if self.shared {
+            ConcurrencyMode::SingleWriter
+        } else {
+            ConcurrencyMode::ExclusiveWriter
+        });
+        builder
+    }
+}
+
+/// A store of training checkpoints in one redb file, keyed by step.
+///
+/// Every method takes `&self`; share a store between threads with an `Arc`.
+/// A commit is one write transaction: the step is visible, whole, once
+/// [`commit`](Self::commit) returns, and not at all before.
+///
+/// ```
+/// use ckptstore::{CheckpointStore, ComputationGraphStore, GradientCheckpoint};
+/// # let dir = tempfile::tempdir()?;
+/// let store = CheckpointStore::open(dir.path().join("run.ckpt"))?;
+/// let mut ckpt = GradientCheckpoint::new(ComputationGraphStore::new(), 100);
+/// ckpt.set_optimizer_state("adam_m", vec![0u8; 4096]);
+/// let info = store.commit(&ckpt)?;
+/// assert_eq!(info.step, 100);
+/// assert_eq!(store.latest()?, Some(ckpt));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct CheckpointStore {
+    path: PathBuf,
+    options: StoreOptions,
+    handle: RwLock<Handle>,
+}
+
+impl std::fmt::Debug for CheckpointStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CheckpointStore")
+            .field("path", &self.path)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The open redb database behind a store.
+enum Handle {
+    Writable(Database),
+    ReadOnly(ReadOnlyDatabase),
+    /// Dropped after an I/O error; reopened by the next operation.
+    Closed,
+}
+
+impl Handle {
+    fn open_writable(path: &Path, options: &StoreOptions) -> Result<Handle> {
+        let db = options
+            .builder()
+            .create(path)
+            .map_err(|source| Error::Open {
+                path: path.to_owned(),
+                source,
+            })?;
+        init_or_check_meta(path, &db)?;
+        Ok(Handle::Writable(db))
+    }
+
+    fn open_read_only(path: &Path, options: &StoreOptions) -> Result<Handle> {
+        let db = options
+            .builder()
+            .open_read_only(path)
+            .map_err(|source| Error::Open {
+                path: path.to_owned(),
+                source,
+            })?;
+        let txn = db
+            .begin_read()
+            .context(|| format!("reading {}", path.display()))?;
+        check_meta(path, &txn)?;
+        Ok(Handle::ReadOnly(db))
+    }
+}
+
+impl CheckpointStore {
+    /// Open the store at `path` with default [`StoreOptions`], creating it if
+    /// it does not exist.
+    ///
+    /// # Errors
+    /// [`Error::Open`] when the file cannot be opened as a redb database (a
+    /// directory, a file of another kind, a damaged file),
+    /// [`Error::NotAStore`] for a redb database that is not a ckptstore, and
+    /// [`Error::UnsupportedFormat`] for a store of a newer format.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        StoreOptions::new().open(path)
+    }
+
+    /// Open an existing store read-only with default [`StoreOptions`].
+    ///
+    /// ```
+    /// use ckptstore::{CheckpointStore, ComputationGraphStore, GradientCheckpoint};
+    /// # let dir = tempfile::tempdir()?;
+    /// # let path = dir.path().join("run.ckpt");
+    /// let writer = CheckpointStore::open(&path)?;
+    /// writer.commit(&GradientCheckpoint::new(ComputationGraphStore::new(), 1))?;
+    /// drop(writer);
+    /// let reader = CheckpointStore::open_read_only(&path)?;
+    /// assert_eq!(reader.steps()?, vec![1]);
+    /// assert!(reader.commit(&GradientCheckpoint::new(ComputationGraphStore::new(), 2)).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn open_read_only(path: impl AsRef<Path>) -> Result<Self> {
+        StoreOptions::new().open_read_only(path)
+    }
+
+    /// The store file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether the store was opened read-only.
+    pub fn is_read_only(&self) -> bool {
+        matches!(&*self.read_handle(), Handle::ReadOnly(_))
+    }
+
+    fn read_handle(&self) -> RwLockReadGuard<'_, Handle> {
+        self.handle.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The live handle, reopening the database if an I/O error closed it.
+    fn live_handle(&self) -> Result<RwLockReadGuard<'_, Handle>> {
+        {
+            let guard = self.read_handle();
+            if !matches!(&*guard, Handle::Closed) {
+                return Ok(guard);
+            }
+        }
+        {
+            let mut guard = self.handle.write().unwrap_or_else(PoisonError::into_inner);
+            if matches!(&*guard, Handle::Closed) {
+                *guard = Handle::open_writable(&self.path, &self.options)?;
+            }
+        }
+        Ok(self.read_handle())
+    }
+
+    /// After an I/O error redb refuses all work until the database is
+    /// reopened (which repairs it): drop it now, reopen on next use.
+    fn close_after_io_error(&self) {
+        let mut guard = self.handle.write().unwrap_or_else(PoisonError::into_inner);
+        if matches!(&*guard, Handle::Writable(_)) {
+            *guard = Handle::Closed;
+        }
+    }
+
+    pub(crate) fn begin_read(&self) -> Result<ReadTransaction> {
+        let result = {
+            let guard = self.live_handle()?;
+            match &*guard {
+                Handle::Writable(db) => db.begin_read(),
+                Handle::ReadOnly(db) => db.begin_read(),
+                Handle::Closed => unreachable_closed(),
+            }
+            .context(|| format!("starting a read of {}", self.path.display()))
+        };
+        if let Err(e) = &result {
+            if e.is_io() {
+                self.close_after_io_error();
+            }
+        }
+        result
+    }
+
+    /// Run `f` in one write transaction and commit it; abort if `f` fails.
+    /// `what` describes the operation for error messages.
+    pub(crate) fn write<T>(
+        &self,
+        op: &'static str,
+        what: &dyn Fn() -> String,
+        f: impl FnOnce(&WriteTransaction) -> Result<T>,
+    ) -> Result<T> {
+        let result = (|| {
+            let guard = self.live_handle()?;
+            let Handle::Writable(db) = &*guard else {
+                return Err(Error::ReadOnly {
+                    path: self.path.clone(),
+                    op,
+                });
+            };
+            let mut txn = db.begin_write().context(what)?;
+            if self.options.durability == Durability::Eventual {
+                txn.set_durability(redb::Durability::None).context(what)?;
+            }
+            let value = f(&txn)?;
+            txn.commit().context(what)?;
+            Ok(value)
+        })();
+        if let Err(e) = &result {
+            if e.is_io() {
+                self.close_after_io_error();
+            }
+        }
+        result
+    }
+}
+
+fn unreachable_closed() -> std::result::Result<ReadTransaction, redb::TransactionError> {
+    // live_handle() never returns a closed handle; answer as redb would.
+    Err(redb::TransactionError::Storage(
+        redb::StorageError::PreviousIo,
+    ))
+}
+
+/// Check a store's `meta` table, or initialise an empty database as a store.
+fn init_or_check_meta(path: &Path, db: &Database) -> Result<()> {
+    let what = || format!("initialising {}", path.display());
+    let txn = db.begin_read().context(what)?;
+    match check_meta(path, &txn) {
+        Err(Error::NotAStore { .. }) if txn.list_tables().context(what)?.next().is_none() => {}
+        other => return other,
+    }
+    drop(txn);
+
+    let txn = db.begin_write().context(what)?;
+    {
+        let mut meta = txn.open_table(META).context(what)?;
+        meta.insert(META_FORMAT, FORMAT_VERSION.to_le_bytes().as_slice())
+            .context(what)?;
+        let id = uuid::Uuid::new_v4().to_string();
+        meta.insert(META_STORE_ID, id.as_bytes()).context(what)?;
+        let now = crate::checkpoint::unix_now();
+        meta.insert(META_CREATED, now.to_le_bytes().as_slice())
+            .context(what)?;
+        txn.open_table(schema::STEPS).context(what)?;
+        txn.open_table(schema::CHUNKS).context(what)?;
+        txn.open_table(schema::REFS).context(what)?;
+    }
+    txn.commit().context(what)
+}
+
+/// Check that a database is a store of a format this build reads.
+fn check_meta(path: &Path, txn: &ReadTransaction) -> Result<()> {
+    let not_a_store = |reason: &str| Error::NotAStore {
+        path: path.to_owned(),
+        reason: reason.to_owned(),
+    };
+    let meta = match txn.open_table(META) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => {
+            return Err(not_a_store("it has no meta table"))
+        }
+        Err(e) => {
+            return Err(e).context(|| format!("reading table meta of {}", path.display()));
+        }
+    };
+    let version = meta
+        .get(META_FORMAT)
+        .context(|| format!("reading table meta of {}", path.display()))?
+        .ok_or_else(|| not_a_store("its meta table has no format version"))?;
+    let bytes: [u8; 4] = version
+        .value()
+        .try_into()
+        .map_err(|_| not_a_store("its format version is not 4 bytes"))?;
+    let found = u32::from_le_bytes(bytes);
+    if found > FORMAT_VERSION {
+        return Err(Error::UnsupportedFormat {
+            what: format!("store {}", path.display()),
+            found,
+            supported: FORMAT_VERSION,
+        });
+    }
+    for table in [
+        schema::STEPS.name(),
+        schema::CHUNKS.name(),
+        schema::REFS.name(),
+    ] {
+        let exists = txn
+            .list_tables()
+            .context(|| format!("listing tables of {}", path.display()))?
+            .any(|t| t.name() == table);
+        if !exists {
+            return Err(not_a_store(&format!("table {table} is missing")));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn store_is_send_sync() {
+        assert_send_sync::<CheckpointStore>();
+    }
+}

@@ -1,0 +1,49 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use ckptstore::{ComputationGraphStore, ComputationNode, GradientCheckpoint, Result};
+
+/// Deterministic pseudo-random bytes (xorshift64*), so failures reproduce.
+pub fn bytes(seed: u64, len: usize) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        out.extend_from_slice(&state.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// A small graph: load -> matmul -> relu, with outputs and a gradient.
+pub fn graph(step: u64) -> Result<ComputationGraphStore> {
+    let mut g = ComputationGraphStore::new();
+    let load = g.add_node(ComputationNode::new("load", vec![]).with_meta("shard", "0"));
+    g.record_output(&load, format!("cid_x_{step}"))?;
+    let mm = g.add_node(
+        ComputationNode::new("matmul", vec![format!("cid_x_{step}"), "cid_w".into()])
+            .with_meta("dtype", "f32"),
+    );
+    g.record_output(&mm, format!("cid_y_{step}"))?;
+    let relu = g.add_node(ComputationNode::new("relu", vec![format!("cid_y_{step}")]));
+    g.record_output(&relu, format!("cid_z_{step}"))?;
+    g.record_gradient(&mm, format!("cid_grad_{step}"))?;
+    Ok(g)
+}
+
+/// A checkpoint at `step` with one blob per entry of `sizes`, contents
+/// derived from the step.
+pub fn checkpoint(step: u64, sizes: &[usize]) -> Result<GradientCheckpoint> {
+    let mut ckpt = GradientCheckpoint::new(graph(step)?, step)
+        .with_loss_cid(format!("cid_loss_{step}"))
+        .with_metric("loss", 1.0 / (step as f64 + 1.0));
+    for (i, &len) in sizes.iter().enumerate() {
+        ckpt.set_optimizer_state(
+            format!("param_{i}"),
+            bytes(step.wrapping_mul(1000).wrapping_add(i as u64), len),
+        );
+    }
+    Ok(ckpt)
+}

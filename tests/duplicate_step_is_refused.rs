@@ -1,0 +1,40 @@
+//! Committing a stored step fails clearly and changes nothing; `replace`
+//! overwrites it.
+
+mod common;
+
+use ckptstore::{CheckpointStore, Error};
+
+type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+#[test]
+fn second_commit_of_a_step_fails_and_replace_overwrites() -> Result {
+    let dir = tempfile::tempdir()?;
+    let store = CheckpointStore::open(dir.path().join("run.ckpt"))?;
+    let first = common::checkpoint(3, &[1000, 2000])?;
+    store.commit(&first)?;
+
+    let mut second = common::checkpoint(3, &[5000])?;
+    second.loss_cid = Some("cid_other".into());
+    let err = store.commit(&second).expect_err("duplicate step accepted");
+    assert!(matches!(err, Error::StepExists { step: 3 }), "{err:?}");
+    assert!(err.to_string().contains("step 3"), "{err}");
+    assert_eq!(
+        store.get(3)?.as_ref(),
+        Some(&first),
+        "failed commit changed the step"
+    );
+
+    let info = store.replace(&second)?;
+    assert_eq!(info.bytes_freed, 3000, "old blobs not freed");
+    assert_eq!(store.get(3)?.as_ref(), Some(&second));
+    assert_eq!(store.steps()?, vec![3]);
+
+    // Replacing with itself keeps every chunk (added before released).
+    let again = store.replace(&second)?;
+    assert_eq!(again.bytes_written, 0);
+    assert_eq!(again.bytes_reused, 5000);
+    assert_eq!(store.get(3)?.as_ref(), Some(&second));
+    assert!(store.verify()?.is_ok());
+    Ok(())
+}
