@@ -22,7 +22,12 @@ fn committed_steps_read_back_identical_after_reopen() -> Result {
     {
         let store = CheckpointStore::open(&path)?;
         for (i, s) in sizes.iter().enumerate() {
-            let ckpt = common::checkpoint(i as u64, s)?;
+            // Metrics must round-trip to the last bit (1/11 does not with
+            // serde_json's default float parser).
+            let ckpt = common::checkpoint(i as u64, s)?
+                .with_metric("one_eleventh", 1.0 / 11.0)
+                .with_metric("tiny", 0.1 + 0.2)
+                .with_metric("neg", -3.0e-300);
             let info = store.commit(&ckpt)?;
             assert_eq!(info.step, i as u64);
             assert_eq!(info.logical_bytes, s.iter().sum::<usize>() as u64);

@@ -1,7 +1,8 @@
 //! Content-addressed chunks: splitting, hashing, and reference counting.
 //!
-//! Blobs are cut into chunks of [`CHUNK_SIZE`] bytes (the last one shorter),
-//! each stored once under its BLAKE3 hash. `refs` counts how many manifest
+//! Blobs are cut into chunks of [`CHUNK_SIZE`] bytes and a tail of smaller
+//! power-of-two-sized pieces ([`chunk_lengths`]), each stored once under its
+//! BLAKE3 hash. `refs` counts how many manifest
 //! entries use a chunk; a chunk is deleted in the transaction that drops its
 //! last reference.
 
@@ -13,13 +14,77 @@ use super::schema::{ChunkId, Manifest};
 use crate::error::StorageContext;
 use crate::Result;
 
-/// Chunk size: just under 1 MiB, so a chunk with its key and the leaf page
-/// header fits a 1 MiB run of pages (redb allocates power-of-two runs; a
-/// value of exactly 1 MiB would take 2 MiB).
-pub(crate) const CHUNK_SIZE: usize = (1 << 20) - 4096;
+/// Bytes redb adds to a value in a leaf page of its own (key, header,
+/// offsets); measured at <= 64 with 32-byte keys, doubled for margin.
+const LEAF_OVERHEAD: usize = 128;
+
+/// Largest chunk: just under 1 MiB, so a chunk with its key and leaf header
+/// fits a 1 MiB run of pages. redb allocates power-of-two runs, so a value of
+/// exactly 1 MiB would take 2 MiB.
+pub(crate) const CHUNK_SIZE: usize = (1 << 20) - LEAF_OVERHEAD;
 
 /// Below this many bytes, hashing on one thread beats starting others.
 const PARALLEL_MIN_BYTES: usize = 4 << 20;
+
+/// Smallest power of two a tail is split down to; below it, values share
+/// leaf pages with others.
+const MIN_SPLIT_BITS: u32 = 12;
+
+/// The lengths of the chunks a blob of `len` bytes is cut into: full chunks,
+/// then the tail as pieces of `2^k - LEAF_OVERHEAD` bytes, largest first, so
+/// that no piece wastes most of its power-of-two allocation, and a last piece
+/// under 4 KiB. A pure function of `len`: reads use it to check the layout.
+pub(crate) fn chunk_lengths(len: usize) -> impl Iterator<Item = usize> {
+    let full = len / CHUNK_SIZE;
+    let mut rem = len % CHUNK_SIZE;
+    let mut tail = Vec::new();
+    for bits in (MIN_SPLIT_BITS..20).rev() {
+        let piece = (1usize << bits) - LEAF_OVERHEAD;
+        while rem >= piece {
+            tail.push(piece);
+            rem -= piece;
+        }
+    }
+    if rem > 0 {
+        tail.push(rem);
+    }
+    std::iter::repeat_n(CHUNK_SIZE, full).chain(tail)
+}
+
+/// Cut `blob` into chunks as [`chunk_lengths`] says.
+pub(crate) fn split(blob: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut at = 0;
+    chunk_lengths(blob.len()).map(move |n| {
+        let piece = &blob[at..at + n];
+        at += n;
+        piece
+    })
+}
+
+/// Run `f` with an iterator over the hashes of `pieces`, in order. For
+/// large inputs a second thread hashes ahead while `f` consumes, so hashing
+/// overlaps the caller's writes; it stops when `f` returns.
+pub(crate) fn with_hashes<T>(
+    pieces: &[&[u8]],
+    f: impl FnOnce(&mut dyn Iterator<Item = ChunkId>) -> T,
+) -> T {
+    let total: usize = pieces.iter().map(|p| p.len()).sum();
+    if total < PARALLEL_MIN_BYTES || pieces.len() < 2 {
+        return f(&mut hash_all(pieces).into_iter());
+    }
+    thread::scope(|s| {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<ChunkId>(256);
+        s.spawn(move || {
+            for piece in pieces {
+                if tx.send(*blake3::hash(piece).as_bytes()).is_err() {
+                    break; // the consumer stopped early
+                }
+            }
+        });
+        let mut ids = rx.into_iter();
+        f(&mut ids)
+    })
+}
 
 /// BLAKE3 hashes of `pieces`, in order, on every core when there is enough
 /// to hash.
@@ -75,33 +140,42 @@ pub(crate) struct ChunkTables<'txn> {
 
 impl ChunkTables<'_> {
     /// Reference each piece: store the ones not yet stored, count one more
-    /// use of each.
-    pub(crate) fn add(&mut self, pieces: &[&[u8]], ids: &[ChunkId]) -> Result<Added> {
+    /// use of each. `ids` yields each piece's hash in order.
+    pub(crate) fn add(
+        &mut self,
+        pieces: &[&[u8]],
+        ids: &mut dyn Iterator<Item = ChunkId>,
+    ) -> Result<(Added, Vec<ChunkId>)> {
         let mut added = Added::default();
-        for (piece, id) in pieces.iter().zip(ids) {
+        let mut all = Vec::with_capacity(pieces.len());
+        for piece in pieces {
+            let id = ids
+                .next()
+                .ok_or_else(|| crate::Error::corrupt(None, "chunk hasher stopped early"))?;
             let count = self
                 .refs
-                .get(id)
-                .context(|| format!("reading table refs for chunk {}", hex(id)))?
+                .get(&id)
+                .context(|| format!("reading table refs for chunk {}", hex(&id)))?
                 .map(|g| g.value());
             let len = piece.len() as u64;
             match count {
                 Some(n) => {
                     added.bytes_reused += len;
                     added.chunks_reused += 1;
-                    self.set_refs(id, n + 1)?;
+                    self.set_refs(&id, n + 1)?;
                 }
                 None => {
                     added.bytes_written += len;
                     added.chunks_written += 1;
                     self.chunks
-                        .insert(id, *piece)
-                        .context(|| format!("writing table chunks for chunk {}", hex(id)))?;
-                    self.set_refs(id, 1)?;
+                        .insert(&id, *piece)
+                        .context(|| format!("writing table chunks for chunk {}", hex(&id)))?;
+                    self.set_refs(&id, 1)?;
                 }
             }
+            all.push(id);
         }
-        Ok(added)
+        Ok((added, all))
     }
 
     /// Drop one use of every chunk `manifest` references, deleting chunks
@@ -138,5 +212,58 @@ impl ChunkTables<'_> {
             .insert(id, n)
             .context(|| format!("writing table refs for chunk {}", hex(id)))?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunk_lengths_cover_the_blob_and_fit_their_allocations() {
+        for len in [
+            0,
+            1,
+            3967,
+            3968,
+            4096,
+            65_536,
+            838_861,
+            CHUNK_SIZE - 1,
+            CHUNK_SIZE,
+            CHUNK_SIZE + 1,
+            5 * CHUNK_SIZE + 777_777,
+        ] {
+            let lens: Vec<usize> = chunk_lengths(len).collect();
+            assert_eq!(lens.iter().sum::<usize>(), len, "len {len}");
+            assert!(lens.iter().all(|&n| n > 0 && n <= CHUNK_SIZE), "len {len}");
+            // Every piece but a final small one is 2^k - LEAF_OVERHEAD, and
+            // lengths never grow after the first.
+            for (i, &n) in lens.iter().enumerate() {
+                let last = i + 1 == lens.len();
+                assert!(
+                    (n + LEAF_OVERHEAD).is_power_of_two() || (last && n < 4096),
+                    "len {len}: piece {n}"
+                );
+            }
+            assert!(lens.windows(2).all(|w| w[0] >= w[1]), "len {len}");
+            assert!(lens.len() <= len / CHUNK_SIZE + 16, "len {len}: {lens:?}");
+            let blob = vec![0u8; len];
+            assert_eq!(split(&blob).map(<[u8]>::len).collect::<Vec<_>>(), lens);
+        }
+    }
+
+    #[test]
+    fn pipelined_hashes_equal_direct_hashes() {
+        let data: Vec<u8> = (0..(9 << 20))
+            .map(|i: u32| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+            .collect();
+        let pieces: Vec<&[u8]> = split(&data).collect();
+        let direct = hash_all(&pieces);
+        let streamed = with_hashes(&pieces, |ids| ids.collect::<Vec<_>>());
+        assert_eq!(direct, streamed);
+        // A consumer that stops early does not hang the hasher.
+        let first = with_hashes(&pieces, |ids| ids.next());
+        assert_eq!(first, direct.first().copied());
     }
 }

@@ -1,5 +1,6 @@
 //! The checkpoint store: one redb file, one write transaction per step.
 
+mod backend;
 mod chunks;
 mod read;
 mod schema;
@@ -15,6 +16,7 @@ use redb::{
 
 use crate::error::StorageContext;
 use crate::{Error, Result};
+use backend::{DynBackend, Source};
 use schema::{FORMAT_VERSION, META, META_CREATED, META_FORMAT, META_STORE_ID};
 
 pub use read::{StepInfo, VerifyReport};
@@ -95,6 +97,41 @@ impl StoreOptions {
     /// Open the store at `path` for reading and writing, creating it if it
     /// does not exist.
     pub fn open(self, path: impl AsRef<Path>) -> Result<CheckpointStore> {
+        self.open_source(Source::Path(path.as_ref().to_owned()))
+    }
+
+    /// Open a store kept in a custom redb [`StorageBackend`](redb::StorageBackend)
+    /// instead of a file: for fault injection in tests, or storage of your
+    /// own. `open` makes a fresh backend each time the store opens its
+    /// database: once now, and again after an I/O error (redb refuses all
+    /// work after one until it is reopened). `name` stands for the store in
+    /// messages.
+    ///
+    /// ```
+    /// use ckptstore::{ComputationGraphStore, GradientCheckpoint, StoreOptions};
+    /// use redb::backends::InMemoryBackend;
+    ///
+    /// let store = StoreOptions::new()
+    ///     .shared(false) // an in-memory backend has no locks to share
+    ///     .open_with_backend("in-memory", || Ok(InMemoryBackend::new()))?;
+    /// store.commit(&GradientCheckpoint::new(ComputationGraphStore::new(), 1))?;
+    /// assert_eq!(store.steps()?, vec![1]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn open_with_backend<B, F>(
+        self,
+        name: impl Into<PathBuf>,
+        open: F,
+    ) -> Result<CheckpointStore>
+    where
+        B: redb::StorageBackend,
+        F: Fn() -> std::io::Result<B> + Send + Sync + 'static,
+    {
+        let factory = move || open().map(|b| DynBackend(Box::new(b)));
+        self.open_source(Source::Backend(name.into(), std::sync::Arc::new(factory)))
+    }
+
+    fn open_source(self, source: Source) -> Result<CheckpointStore> {
         if self.shared && self.durability == Durability::Eventual {
             return Err(Error::InvalidOptions(
                 "Durability::Eventual needs shared(false): readers in other processes \
@@ -102,10 +139,10 @@ impl StoreOptions {
                     .into(),
             ));
         }
-        let path = path.as_ref().to_owned();
-        let handle = Handle::open_writable(&path, &self)?;
+        let handle = Handle::open_writable(&source, &self)?;
         Ok(CheckpointStore {
-            path,
+            path: source.path().clone(),
+            source,
             options: self,
             handle: RwLock::new(handle),
         })
@@ -117,6 +154,7 @@ impl StoreOptions {
         let path = path.as_ref().to_owned();
         let handle = Handle::open_read_only(&path, &self)?;
         Ok(CheckpointStore {
+            source: Source::Path(path.clone()),
             path,
             options: self,
             handle: RwLock::new(handle),
@@ -154,6 +192,7 @@ impl StoreOptions {
 /// ```
 pub struct CheckpointStore {
     path: PathBuf,
+    source: Source,
     options: StoreOptions,
     handle: RwLock<Handle>,
 }
@@ -176,14 +215,19 @@ enum Handle {
 }
 
 impl Handle {
-    fn open_writable(path: &Path, options: &StoreOptions) -> Result<Handle> {
-        let db = options
-            .builder()
-            .create(path)
-            .map_err(|source| Error::Open {
-                path: path.to_owned(),
-                source,
-            })?;
+    fn open_writable(source: &Source, options: &StoreOptions) -> Result<Handle> {
+        let path = source.path();
+        let opened = match source {
+            Source::Path(p) => options.builder().create(p),
+            Source::Backend(_, factory) => {
+                let backend = factory().map_err(|e| Error::io("open backend of", path, e))?;
+                options.builder().create_with_backend(backend)
+            }
+        };
+        let db = opened.map_err(|source| Error::Open {
+            path: path.to_owned(),
+            source,
+        })?;
         init_or_check_meta(path, &db)?;
         Ok(Handle::Writable(db))
     }
@@ -260,7 +304,7 @@ impl CheckpointStore {
         {
             let mut guard = self.handle.write().unwrap_or_else(PoisonError::into_inner);
             if matches!(&*guard, Handle::Closed) {
-                *guard = Handle::open_writable(&self.path, &self.options)?;
+                *guard = Handle::open_writable(&self.source, &self.options)?;
             }
         }
         Ok(self.read_handle())

@@ -5,7 +5,7 @@ use std::ops::RangeBounds;
 
 use redb::{ReadOnlyTable, ReadTransaction, ReadableTable};
 
-use super::chunks::{hash_all, hex, CHUNK_SIZE};
+use super::chunks::{hash_all, hex, split};
 use super::schema::{decode_manifest, Manifest, CHUNKS, STEPS};
 use super::CheckpointStore;
 use crate::error::StorageContext;
@@ -263,9 +263,9 @@ fn assemble(txn: &ReadTransaction, manifest: Manifest) -> Result<GradientCheckpo
                 ),
             ));
         }
-        // Chunks are CHUNK_SIZE long but the last, so the blob's own slices
-        // must hash to the ids in order.
-        let pieces: Vec<&[u8]> = data.chunks(CHUNK_SIZE).collect();
+        // Chunk boundaries are a function of the length, so the blob's own
+        // slices must hash to the ids in order.
+        let pieces: Vec<&[u8]> = split(&data).collect();
         if pieces.len() != blob.chunks.len() || hash_all(&pieces) != blob.chunks {
             return Err(Error::corrupt(
                 Some(step),

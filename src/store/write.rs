@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use redb::{ReadableTable, WriteTransaction};
 
-use super::chunks::{hash_all, ChunkTables, CHUNK_SIZE};
+use super::chunks::{split, with_hashes, ChunkTables};
 use super::schema::{decode_manifest, encode_manifest, BlobRef, CHUNKS, REFS, STEPS};
 use super::CheckpointStore;
 use crate::error::StorageContext;
@@ -74,8 +74,8 @@ impl CheckpointStore {
         let start = Instant::now();
         let step = ckpt.step;
 
-        // Split and hash before the transaction, so the writer lock is held
-        // only for the writes.
+        // Split before the transaction; hashing runs on another thread
+        // while the transaction writes (for large checkpoints).
         let mut names: Vec<&String> = ckpt.optimizer_state.keys().collect();
         names.sort_unstable();
         let mut pieces: Vec<&[u8]> = Vec::new();
@@ -83,40 +83,41 @@ impl CheckpointStore {
         for name in names {
             let blob = &ckpt.optimizer_state[name];
             let first = pieces.len();
-            pieces.extend(blob.chunks(CHUNK_SIZE));
+            pieces.extend(split(blob));
             spans.push((name, blob.len() as u64, first..pieces.len()));
         }
-        let ids = hash_all(&pieces);
-        let blobs: BTreeMap<String, BlobRef> = spans
-            .into_iter()
-            .map(|(name, len, range)| {
-                let chunks = ids[range].to_vec();
-                (name.clone(), BlobRef { len, chunks })
-            })
-            .collect();
-        let manifest = encode_manifest(ckpt, &blobs)?;
 
         let what = || format!("committing step {step}");
-        let (added, freed) = self.write("commit", &what, |txn| {
-            let mut steps = txn.open_table(STEPS).context(what)?;
-            let old = steps.get(step).context(what)?.map(|g| g.value().to_vec());
-            if old.is_some() && !replace {
-                return Err(Error::StepExists { step });
-            }
-            let mut tables = chunk_tables(txn, &what)?;
-            // Add before releasing, so chunks shared with the replaced
-            // version are never deleted and written again.
-            let added = tables.add(&pieces, &ids)?;
-            let mut freed = 0;
-            if let Some(old) = old {
-                // A manifest that no longer decodes cannot tell which chunks
-                // it held; they stay referenced (verify() reports it).
-                if let Ok(old) = decode_manifest(step, &old) {
-                    freed = tables.release(&old)?;
+        let (added, freed, manifest_len) = with_hashes(&pieces, |hashes| {
+            self.write("commit", &what, |txn| {
+                let mut steps = txn.open_table(STEPS).context(what)?;
+                let old = steps.get(step).context(what)?.map(|g| g.value().to_vec());
+                if old.is_some() && !replace {
+                    return Err(Error::StepExists { step });
                 }
-            }
-            steps.insert(step, manifest.as_slice()).context(what)?;
-            Ok((added, freed))
+                let mut tables = chunk_tables(txn, &what)?;
+                // Add before releasing, so chunks shared with the replaced
+                // version are never deleted and written again.
+                let (added, ids) = tables.add(&pieces, hashes)?;
+                let blobs: BTreeMap<String, BlobRef> = spans
+                    .iter()
+                    .map(|(name, len, range)| {
+                        let chunks = ids[range.clone()].to_vec();
+                        ((*name).clone(), BlobRef { len: *len, chunks })
+                    })
+                    .collect();
+                let manifest = encode_manifest(ckpt, &blobs)?;
+                let mut freed = 0;
+                if let Some(old) = old {
+                    // A manifest that no longer decodes cannot tell which
+                    // chunks it held; they stay referenced (verify() says so).
+                    if let Ok(old) = decode_manifest(step, &old) {
+                        freed = tables.release(&old)?;
+                    }
+                }
+                steps.insert(step, manifest.as_slice()).context(what)?;
+                Ok((added, freed, manifest.len()))
+            })
         })?;
 
         Ok(CommitInfo {
@@ -126,7 +127,7 @@ impl CheckpointStore {
             bytes_reused: added.bytes_reused,
             chunks_written: added.chunks_written,
             chunks_reused: added.chunks_reused,
-            manifest_bytes: manifest.len() as u64,
+            manifest_bytes: manifest_len as u64,
             bytes_freed: freed,
             duration: start.elapsed(),
         })

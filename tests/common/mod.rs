@@ -47,3 +47,51 @@ pub fn checkpoint(step: u64, sizes: &[usize]) -> Result<GradientCheckpoint> {
     }
     Ok(ckpt)
 }
+
+/// A checkpoint that is a pure function of `step` (fixed timestamp, fixed
+/// node ids), so a process that did not write it can check it byte for byte.
+pub fn deterministic(step: u64) -> GradientCheckpoint {
+    let mut g = ComputationGraphStore::new();
+    let mut node = ComputationNode::new("matmul", vec![format!("cid_in_{step}")]);
+    node.id = format!("node-{step}");
+    let id = g.add_node(node);
+    g.record_output(&id, format!("cid_out_{step}"))
+        .expect("node was just added");
+    let mut ckpt = GradientCheckpoint::new(g, step)
+        .with_loss_cid(format!("cid_loss_{step}"))
+        .with_metric("loss", 1.0 / (1.0 + step as f64));
+    ckpt.timestamp = 1_750_000_000 + step;
+    // Sizes vary with the step, up to ~1.5 MiB, so kills land in commits of
+    // many shapes; one blob is shared by every step.
+    let len = ((step.wrapping_mul(7919) % 1_500) * 1024) as usize + (step % 7) as usize;
+    ckpt.set_optimizer_state("moving", bytes(step, len));
+    ckpt.set_optimizer_state("frozen", bytes(u64::MAX, 300_000));
+    ckpt
+}
+
+/// A small seeded random number generator for test schedules.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// A number in `0..n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// How many times to repeat a randomized trial: `ci` normally, `long` when
+/// the environment variable CKPT_LONG is set.
+pub fn trials(ci: usize, long: usize) -> usize {
+    if std::env::var_os("CKPT_LONG").is_some() {
+        long
+    } else {
+        ci
+    }
+}

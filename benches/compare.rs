@@ -1,0 +1,269 @@
+//! Write-throughput comparison, in one run: the seed's JSON files (with and
+//! without fsync), raw write + fsync, SQLite, and ckptstore. Prints a
+//! markdown table with medians and ratios.
+//!
+//! ```text
+//! cargo bench --bench compare                      # small, medium, large, scale
+//! CKPT_BENCH=small,medium cargo bench --bench compare
+//! ```
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn main() -> Result {
+    let which = std::env::var("CKPT_BENCH").unwrap_or_else(|_| "small,medium,large,scale".into());
+    let which: Vec<&str> = which.split(',').map(str::trim).collect();
+    println!("# ckptstore write-throughput comparison\n");
+    println!("machine: {} cores, {}", cores(), cpu_model());
+    println!("every commit durable except \"seed JSON (no fsync)\"; medians of N commits; reads warm (page cache)\n");
+    for (w, iters) in [(SMALL, 30), (MEDIUM, 10), (LARGE, 3)] {
+        if which.contains(&w.name) {
+            run_workload(&w, iters)?;
+        }
+    }
+    if which.contains(&"scale") {
+        run_scale()?;
+    }
+    Ok(())
+}
+
+struct Row {
+    name: &'static str,
+    commit: Duration,
+    read: Duration,
+    disk_per_step: f64,
+    extra_peak: u64,
+    n: usize,
+}
+
+fn run_workload(w: &Workload, iters: usize) -> Result {
+    let mb = w.logical_bytes() as f64 / 1e6;
+    println!(
+        "## {}: {} graph nodes, {} blobs x {} = {:.1} MB per step\n",
+        w.name,
+        w.nodes,
+        w.blobs,
+        human(w.blob_len as u64),
+        mb
+    );
+    let mut ckpt = checkpoint(w);
+    let mut rows = Vec::new();
+    for kind in 0..5 {
+        let dir = tempfile::tempdir_in(bench_dir())?;
+        let mut c: Box<dyn Contender> = match kind {
+            0 => Box::new(SeedJson::new(dir.path().to_owned(), false)),
+            1 => Box::new(SeedJson::new(dir.path().to_owned(), true)),
+            2 => Box::new(RawFsync::new(dir.path().to_owned())),
+            3 => Box::new(Sqlite::new(dir.path().join("bench.sqlite"))?),
+            _ => Box::new(Store::new(dir.path().join("bench.ckpt"))?),
+        };
+        // The seed's JSON of a large step is ~2 GB of text per commit.
+        let n = if kind < 2 && w.logical_bytes() > (64 << 20) {
+            1
+        } else {
+            iters
+        };
+        reset_peak_rss();
+        let base = rss();
+        let mut times = Vec::with_capacity(n);
+        for i in 0..n {
+            touch(&mut ckpt, i as u64);
+            let t = Instant::now();
+            c.commit(&ckpt)?;
+            times.push(t.elapsed());
+        }
+        let extra_peak = peak_rss().saturating_sub(base);
+        let disk_per_step = c.disk_bytes()? as f64 / n as f64;
+        let mut reads = Vec::new();
+        for _ in 0..3 {
+            let t = Instant::now();
+            let got = c.read_latest()?;
+            reads.push(t.elapsed());
+            assert!(
+                got >= w.logical_bytes(),
+                "{} read back {got} bytes",
+                c.name()
+            );
+        }
+        rows.push(Row {
+            name: c.name(),
+            commit: median(&mut times),
+            read: median(&mut reads),
+            disk_per_step,
+            extra_peak,
+            n,
+        });
+        drop(c);
+    }
+
+    println!("| contender | n | median commit | MB/s | commits/s | disk/step (x logical) | extra peak RSS | read latest MB/s |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    for r in &rows {
+        println!(
+            "| {} | {} | {} | {:.0} | {:.1} | {} ({:.2}x) | {} | {:.0} |",
+            r.name,
+            r.n,
+            fmt_dur(r.commit),
+            mb / r.commit.as_secs_f64(),
+            1.0 / r.commit.as_secs_f64(),
+            human(r.disk_per_step as u64),
+            r.disk_per_step / w.logical_bytes() as f64,
+            human(r.extra_peak),
+            mb / r.read.as_secs_f64(),
+        );
+    }
+    let get = |name: &str| {
+        rows.iter()
+            .find(|r| r.name == name)
+            .map(|r| r.commit.as_secs_f64())
+    };
+    let store = rows
+        .iter()
+        .find(|r| r.name == "ckptstore commit")
+        .ok_or("no store row")?;
+    let raw = rows
+        .iter()
+        .find(|r| r.name == "raw write + fsync")
+        .ok_or("no raw row")?;
+    let s = store.commit.as_secs_f64();
+    println!();
+    println!(
+        "- ckptstore commit throughput / raw write+fsync: **{:.2}x** (commit time {:.2}x raw)",
+        raw.commit.as_secs_f64() / s,
+        s / raw.commit.as_secs_f64()
+    );
+    if let Some(seed) = get("seed JSON (no fsync)") {
+        println!(
+            "- ckptstore / seed JSON (no fsync): **{:.1}x** faster",
+            seed / s
+        );
+    }
+    if let Some(seed) = get("seed JSON + fsync") {
+        println!(
+            "- ckptstore / seed JSON + fsync: **{:.1}x** faster",
+            seed / s
+        );
+    }
+    if let Some(sql) = get("SQLite (WAL, FULL)") {
+        println!("- ckptstore / SQLite: **{:.2}x** faster", sql / s);
+    }
+    println!(
+        "- ckptstore latest() read / raw file read: **{:.2}x**",
+        raw.read.as_secs_f64() / store.read.as_secs_f64()
+    );
+    println!(
+        "- ckptstore bytes on disk / logical: **{:.2}x**; extra peak memory {} for a {} checkpoint\n",
+        store.disk_per_step / w.logical_bytes() as f64,
+        human(store.extra_peak),
+        human(w.logical_bytes())
+    );
+    Ok(())
+}
+
+/// Commit and latest() cost with 10, 1,000 and 100,000 small steps stored.
+fn run_scale() -> Result {
+    use ckptstore::{Durability, GradientCheckpoint, StoreOptions};
+    println!("## scale: cost of commit and latest() as the store grows (1 KiB steps)\n");
+    println!("| steps stored | median commit | median latest() | median latest_step() |");
+    println!("|---:|---:|---:|---:|");
+    for stored in [10u64, 1_000, 100_000] {
+        let dir = tempfile::tempdir_in(bench_dir())?;
+        let path = dir.path().join("scale.ckpt");
+        let mut ckpt = GradientCheckpoint::new(graph(4), 0);
+        ckpt.set_optimizer_state("w", noise(7, 1024));
+        {
+            // Fill fast, without fsync, then reopen as a normal store.
+            let fill = StoreOptions::new()
+                .shared(false)
+                .durability(Durability::Eventual)
+                .open(&path)?;
+            for step in 0..stored {
+                touch(&mut ckpt, step);
+                fill.commit(&ckpt)?;
+            }
+        }
+        let store = StoreOptions::new().open(&path)?;
+        let mut commits = Vec::new();
+        for step in stored..stored + 30 {
+            touch(&mut ckpt, step);
+            let t = Instant::now();
+            store.commit(&ckpt)?;
+            commits.push(t.elapsed());
+        }
+        let mut latest = Vec::new();
+        let mut latest_step = Vec::new();
+        for _ in 0..200 {
+            let t = Instant::now();
+            let got = store.latest()?;
+            latest.push(t.elapsed());
+            assert!(got.is_some());
+            let t = Instant::now();
+            store.latest_step()?;
+            latest_step.push(t.elapsed());
+        }
+        println!(
+            "| {stored} | {} | {} | {} |",
+            fmt_dur(median(&mut commits)),
+            fmt_dur(median(&mut latest)),
+            fmt_dur(median(&mut latest_step))
+        );
+    }
+    println!();
+    Ok(())
+}
+
+fn bench_dir() -> std::path::PathBuf {
+    std::env::var_os("CKPT_BENCH_DIR")
+        .map(Into::into)
+        .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")))
+}
+
+fn median(v: &mut [Duration]) -> Duration {
+    v.sort_unstable();
+    v[v.len() / 2]
+}
+
+fn fmt_dur(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s >= 1.0 {
+        format!("{s:.2} s")
+    } else if s >= 1e-3 {
+        format!("{:.2} ms", s * 1e3)
+    } else {
+        format!("{:.1} us", s * 1e6)
+    }
+}
+
+fn human(b: u64) -> String {
+    let b = b as f64;
+    if b >= (1u64 << 30) as f64 {
+        format!("{:.2} GiB", b / (1u64 << 30) as f64)
+    } else if b >= (1 << 20) as f64 {
+        format!("{:.1} MiB", b / (1 << 20) as f64)
+    } else if b >= 1024.0 {
+        format!("{:.1} KiB", b / 1024.0)
+    } else {
+        format!("{b:.0} B")
+    }
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into())
+}
