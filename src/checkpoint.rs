@@ -86,7 +86,8 @@ impl GradientCheckpoint {
     /// Unlike the original, this is durable: the JSON goes to a temporary file
     /// beside `path`, which is fsynced, renamed over `path`, and then the
     /// directory is fsynced. On any failure the temporary file is removed and
-    /// `path` is untouched. This is for import and export; a
+    /// `path` is untouched. A non-finite metric is refused
+    /// ([`Error::InvalidCheckpoint`]): JSON cannot hold it. This is for import and export; a
     /// [`CheckpointStore`](crate::CheckpointStore) is faster and safer.
     ///
     /// ```
@@ -99,6 +100,7 @@ impl GradientCheckpoint {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn save(&self, path: &Path) -> Result<()> {
+        self.validate()?;
         let bytes = serde_json::to_vec_pretty(self).map_err(|source| Error::Json {
             path: path.to_owned(),
             source,
@@ -114,6 +116,18 @@ impl GradientCheckpoint {
             path: path.to_owned(),
             source,
         })
+    }
+
+    /// Check that the checkpoint can be stored and read back exactly: JSON
+    /// has no NaN or infinity, so every metric must be finite.
+    pub(crate) fn validate(&self) -> Result<()> {
+        match self.metrics.iter().find(|(_, v)| !v.is_finite()) {
+            Some((name, v)) => Err(Error::InvalidCheckpoint {
+                step: self.step,
+                reason: format!("metric {name:?} is {v}; metrics must be finite"),
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Decode a checkpoint from JSON bytes in the original file format.

@@ -59,6 +59,15 @@ pub enum Error {
         step: u64,
     },
 
+    /// A checkpoint cannot be stored as it is.
+    #[error("checkpoint of step {step} cannot be stored: {reason}")]
+    InvalidCheckpoint {
+        /// The step number.
+        step: u64,
+        /// What is wrong with it.
+        reason: String,
+    },
+
     /// A step named by the caller is not stored.
     #[error("step {step} is not in the store")]
     StepNotFound {

@@ -1,5 +1,5 @@
-//! Committing a stored step fails clearly and changes nothing; `replace`
-//! overwrites it.
+//! Committing a stored step (or an unstorable one) fails clearly and
+//! changes nothing; `replace` overwrites a step.
 
 mod common;
 
@@ -36,5 +36,14 @@ fn second_commit_of_a_step_fails_and_replace_overwrites() -> Result {
     assert_eq!(again.bytes_reused, 5000);
     assert_eq!(store.get(3)?.as_ref(), Some(&second));
     assert!(store.verify()?.is_ok());
+
+    // A checkpoint JSON cannot represent (a NaN metric) is refused whole.
+    let bad = common::checkpoint(4, &[10])?.with_metric("loss", f64::NAN);
+    let err = store.commit(&bad).expect_err("NaN metric accepted");
+    assert!(
+        matches!(err, Error::InvalidCheckpoint { step: 4, .. }),
+        "{err:?}"
+    );
+    assert_eq!(store.steps()?, vec![3]);
     Ok(())
 }

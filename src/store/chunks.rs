@@ -134,6 +134,8 @@ pub(crate) struct Added {
 
 /// The `chunks` and `refs` tables of one write transaction.
 pub(crate) struct ChunkTables<'txn> {
+    /// What the transaction is doing, for error messages ("committing step 3").
+    pub(crate) op: String,
     pub(crate) chunks: Table<'txn, &'static [u8; 32], &'static [u8]>,
     pub(crate) refs: Table<'txn, &'static [u8; 32], u64>,
 }
@@ -155,7 +157,7 @@ impl ChunkTables<'_> {
             let count = self
                 .refs
                 .get(&id)
-                .context(|| format!("reading table refs for chunk {}", hex(&id)))?
+                .context(|| format!("{}: reading table refs for chunk {}", self.op, hex(&id)))?
                 .map(|g| g.value());
             let len = piece.len() as u64;
             match count {
@@ -167,9 +169,9 @@ impl ChunkTables<'_> {
                 None => {
                     added.bytes_written += len;
                     added.chunks_written += 1;
-                    self.chunks
-                        .insert(&id, *piece)
-                        .context(|| format!("writing table chunks for chunk {}", hex(&id)))?;
+                    self.chunks.insert(&id, *piece).context(|| {
+                        format!("{}: writing table chunks for chunk {}", self.op, hex(&id))
+                    })?;
                     self.set_refs(&id, 1)?;
                 }
             }
@@ -186,7 +188,7 @@ impl ChunkTables<'_> {
             let count = self
                 .refs
                 .get(id)
-                .context(|| format!("reading table refs for chunk {}", hex(id)))?
+                .context(|| format!("{}: reading table refs for chunk {}", self.op, hex(id)))?
                 .map(|g| g.value())
                 .unwrap_or(0);
             if count > 1 {
@@ -194,12 +196,10 @@ impl ChunkTables<'_> {
             } else {
                 self.refs
                     .remove(id)
-                    .context(|| format!("writing table refs for chunk {}", hex(id)))?;
-                if let Some(old) = self
-                    .chunks
-                    .remove(id)
-                    .context(|| format!("writing table chunks for chunk {}", hex(id)))?
-                {
+                    .context(|| format!("{}: writing table refs for chunk {}", self.op, hex(id)))?;
+                if let Some(old) = self.chunks.remove(id).context(|| {
+                    format!("{}: writing table chunks for chunk {}", self.op, hex(id))
+                })? {
                     freed += old.value().len() as u64;
                 }
             }
@@ -210,7 +210,7 @@ impl ChunkTables<'_> {
     fn set_refs(&mut self, id: &ChunkId, n: u64) -> Result<()> {
         self.refs
             .insert(id, n)
-            .context(|| format!("writing table refs for chunk {}", hex(id)))?;
+            .context(|| format!("{}: writing table refs for chunk {}", self.op, hex(id)))?;
         Ok(())
     }
 }

@@ -143,6 +143,7 @@ impl StoreOptions {
         Ok(CheckpointStore {
             path: source.path().clone(),
             source,
+            read_only: false,
             options: self,
             handle: RwLock::new(handle),
         })
@@ -156,6 +157,7 @@ impl StoreOptions {
         Ok(CheckpointStore {
             source: Source::Path(path.clone()),
             path,
+            read_only: true,
             options: self,
             handle: RwLock::new(handle),
         })
@@ -193,6 +195,7 @@ impl StoreOptions {
 pub struct CheckpointStore {
     path: PathBuf,
     source: Source,
+    read_only: bool,
     options: StoreOptions,
     handle: RwLock<Handle>,
 }
@@ -216,6 +219,13 @@ enum Handle {
 
 impl Handle {
     fn open_writable(source: &Source, options: &StoreOptions) -> Result<Handle> {
+        let what = || format!("opening {}", source.path().display());
+        shield(None, &what, || {
+            Self::open_writable_unshielded(source, options)
+        })
+    }
+
+    fn open_writable_unshielded(source: &Source, options: &StoreOptions) -> Result<Handle> {
         let path = source.path();
         let opened = match source {
             Source::Path(p) => options.builder().create(p),
@@ -233,6 +243,13 @@ impl Handle {
     }
 
     fn open_read_only(path: &Path, options: &StoreOptions) -> Result<Handle> {
+        let what = || format!("opening {}", path.display());
+        shield(None, &what, || {
+            Self::open_read_only_unshielded(path, options)
+        })
+    }
+
+    fn open_read_only_unshielded(path: &Path, options: &StoreOptions) -> Result<Handle> {
         let db = options
             .builder()
             .open_read_only(path)
@@ -304,7 +321,11 @@ impl CheckpointStore {
         {
             let mut guard = self.handle.write().unwrap_or_else(PoisonError::into_inner);
             if matches!(&*guard, Handle::Closed) {
-                *guard = Handle::open_writable(&self.source, &self.options)?;
+                *guard = if self.read_only {
+                    Handle::open_read_only(&self.path, &self.options)?
+                } else {
+                    Handle::open_writable(&self.source, &self.options)?
+                };
             }
         }
         Ok(self.read_handle())
@@ -314,9 +335,24 @@ impl CheckpointStore {
     /// reopened (which repairs it): drop it now, reopen on next use.
     fn close_after_io_error(&self) {
         let mut guard = self.handle.write().unwrap_or_else(PoisonError::into_inner);
-        if matches!(&*guard, Handle::Writable(_)) {
-            *guard = Handle::Closed;
+        *guard = Handle::Closed;
+    }
+
+    /// Run a public operation behind [`shield`]; after a panic the database
+    /// is dropped and reopened on next use, since its state is unknown.
+    pub(crate) fn shielded<T>(
+        &self,
+        step: Option<u64>,
+        what: &dyn Fn() -> String,
+        f: impl FnOnce() -> Result<T>,
+    ) -> Result<T> {
+        let result = shield(step, what, f);
+        if let Err(Error::Corrupt { detail, .. }) = &result {
+            if detail.contains("(redb: ") {
+                self.close_after_io_error();
+            }
         }
+        result
     }
 
     pub(crate) fn begin_read(&self) -> Result<ReadTransaction> {
@@ -345,7 +381,7 @@ impl CheckpointStore {
         what: &dyn Fn() -> String,
         f: impl FnOnce(&WriteTransaction) -> Result<T>,
     ) -> Result<T> {
-        let result = (|| {
+        let result = shield(None, what, || {
             let guard = self.live_handle()?;
             let Handle::Writable(db) = &*guard else {
                 return Err(Error::ReadOnly {
@@ -360,13 +396,43 @@ impl CheckpointStore {
             let value = f(&txn)?;
             txn.commit().context(what)?;
             Ok(value)
-        })();
+        });
         if let Err(e) = &result {
-            if e.is_io() {
+            if e.is_io() || matches!(e, Error::Corrupt { detail, .. } if detail.contains("(redb: "))
+            {
                 self.close_after_io_error();
             }
         }
         result
+    }
+}
+
+/// Run `f`, turning a panic inside it into [`Error::Corrupt`].
+///
+/// redb trusts the pages of a cleanly closed file and panics on some kinds
+/// of damage (an invalid page type, a malformed allocator state) instead of
+/// returning an error. A damaged file must not crash a training run, so every
+/// public operation runs behind this shield. (With `panic = "abort"` nothing
+/// can be caught; `verify` and the hashes still report damage that redb
+/// reads without panicking.)
+pub(crate) fn shield<T>(
+    step: Option<u64>,
+    what: &dyn Fn() -> String,
+    f: impl FnOnce() -> Result<T>,
+) -> Result<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(result) => result,
+        Err(payload) => {
+            let msg = payload
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| payload.downcast_ref::<&str>().copied())
+                .unwrap_or("unknown panic");
+            Err(Error::corrupt(
+                step,
+                format!("{}: the store file is damaged (redb: {msg})", what()),
+            ))
+        }
     }
 }
 

@@ -7,7 +7,7 @@ use redb::{ReadOnlyTable, ReadTransaction, ReadableTable};
 
 use super::chunks::{hash_all, hex, split};
 use super::schema::{decode_manifest, Manifest, CHUNKS, STEPS};
-use super::CheckpointStore;
+use super::{shield, CheckpointStore};
 use crate::error::StorageContext;
 use crate::{Error, GradientCheckpoint, Result};
 
@@ -63,13 +63,16 @@ impl CheckpointStore {
     /// Every chunk's hash and the manifest's hash are checked: damaged data
     /// is an [`Error::Corrupt`] naming the step, never a wrong checkpoint.
     pub fn get(&self, step: u64) -> Result<Option<GradientCheckpoint>> {
-        let txn = self.begin_read()?;
-        let steps = open_steps(&txn)?;
-        let Some(bytes) = steps.get(step).context(|| read_ctx(step))? else {
-            return Ok(None);
-        };
-        let manifest = decode_manifest(step, bytes.value())?;
-        assemble(&txn, manifest).map(Some)
+        let what = || format!("reading step {step}");
+        self.shielded(Some(step), &what, || {
+            let txn = self.begin_read()?;
+            let steps = open_steps(&txn)?;
+            let Some(bytes) = steps.get(step).context(|| read_ctx(step))? else {
+                return Ok(None);
+            };
+            let manifest = decode_manifest(step, bytes.value())?;
+            assemble(&txn, manifest).map(Some)
+        })
     }
 
     /// The checkpoint with the highest step, or `None` for an empty store.
@@ -86,22 +89,28 @@ impl CheckpointStore {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn latest(&self) -> Result<Option<GradientCheckpoint>> {
-        let txn = self.begin_read()?;
-        let steps = open_steps(&txn)?;
-        let Some((key, bytes)) = steps.last().context(|| "reading table steps".into())? else {
-            return Ok(None);
-        };
-        let step = key.value();
-        let manifest = decode_manifest(step, bytes.value())?;
-        assemble(&txn, manifest).map(Some)
+        let what = || "reading the latest step".to_owned();
+        self.shielded(None, &what, || {
+            let txn = self.begin_read()?;
+            let steps = open_steps(&txn)?;
+            let Some((key, bytes)) = steps.last().context(|| "reading table steps".into())? else {
+                return Ok(None);
+            };
+            let step = key.value();
+            let manifest = decode_manifest(step, bytes.value())?;
+            assemble(&txn, manifest).map(Some)
+        })
     }
 
     /// The highest stored step, or `None` for an empty store. Reads no blob.
     pub fn latest_step(&self) -> Result<Option<u64>> {
-        let txn = self.begin_read()?;
-        let steps = open_steps(&txn)?;
-        let last = steps.last().context(|| "reading table steps".into())?;
-        Ok(last.map(|(k, _)| k.value()))
+        let what = || "reading the latest step number".to_owned();
+        self.shielded(None, &what, || {
+            let txn = self.begin_read()?;
+            let steps = open_steps(&txn)?;
+            let last = steps.last().context(|| "reading table steps".into())?;
+            Ok(last.map(|(k, _)| k.value()))
+        })
     }
 
     /// Every stored step, ascending.
@@ -123,13 +132,16 @@ impl CheckpointStore {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn steps_in(&self, range: impl RangeBounds<u64>) -> Result<Vec<u64>> {
-        let txn = self.begin_read()?;
-        let steps = open_steps(&txn)?;
-        let ctx = || "reading table steps".to_owned();
-        let iter = steps.range(range).context(ctx)?;
-        iter.map(|r| r.map(|(k, _)| k.value()))
-            .collect::<Result<_, _>>()
-            .context(ctx)
+        let what = || "listing steps".to_owned();
+        self.shielded(None, &what, || {
+            let txn = self.begin_read()?;
+            let steps = open_steps(&txn)?;
+            let ctx = || "reading table steps".to_owned();
+            let iter = steps.range(range).context(ctx)?;
+            iter.map(|r| r.map(|(k, _)| k.value()))
+                .collect::<Result<_, _>>()
+                .context(ctx)
+        })
     }
 
     /// The metadata of `step` (graph size, loss CID, metrics, blob lengths)
@@ -147,21 +159,24 @@ impl CheckpointStore {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn info(&self, step: u64) -> Result<Option<StepInfo>> {
-        let txn = self.begin_read()?;
-        let steps = open_steps(&txn)?;
-        let Some(bytes) = steps.get(step).context(|| read_ctx(step))? else {
-            return Ok(None);
-        };
-        let m = decode_manifest(step, bytes.value())?;
-        Ok(Some(StepInfo {
-            step,
-            timestamp: m.timestamp,
-            loss_cid: m.loss_cid,
-            metrics: m.metrics,
-            node_count: m.graph.node_count(),
-            edge_count: m.graph.edge_count(),
-            blobs: m.blobs.into_iter().map(|(k, b)| (k, b.len)).collect(),
-        }))
+        let what = || format!("reading step {step}");
+        self.shielded(Some(step), &what, || {
+            let txn = self.begin_read()?;
+            let steps = open_steps(&txn)?;
+            let Some(bytes) = steps.get(step).context(|| read_ctx(step))? else {
+                return Ok(None);
+            };
+            let m = decode_manifest(step, bytes.value())?;
+            Ok(Some(StepInfo {
+                step,
+                timestamp: m.timestamp,
+                loss_cid: m.loss_cid,
+                metrics: m.metrics,
+                node_count: m.graph.node_count(),
+                edge_count: m.graph.edge_count(),
+                blobs: m.blobs.into_iter().map(|(k, b)| (k, b.len)).collect(),
+            }))
+        })
     }
 
     /// Read every step and check every hash. Damage is reported per step in
@@ -178,33 +193,39 @@ impl CheckpointStore {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn verify(&self) -> Result<VerifyReport> {
-        let txn = self.begin_read()?;
-        let steps = open_steps(&txn)?;
-        let mut report = VerifyReport::default();
-        let ctx = || "reading table steps".to_owned();
-        for entry in steps.range::<u64>(..).context(ctx)? {
-            let (key, bytes) = match entry {
-                Ok(kv) => kv,
-                Err(e) => {
-                    // The table itself is damaged past this point.
-                    let err = Err::<(), _>(e).context(ctx).err();
-                    if let Some(err) = err {
-                        report.damaged.push((u64::MAX, err));
+        let what = || "verifying".to_owned();
+        self.shielded(None, &what, || {
+            let txn = self.begin_read()?;
+            let steps = open_steps(&txn)?;
+            let mut report = VerifyReport::default();
+            let ctx = || "reading table steps".to_owned();
+            for entry in steps.range::<u64>(..).context(ctx)? {
+                let (key, bytes) = match entry {
+                    Ok(kv) => kv,
+                    Err(e) => {
+                        // The table itself is damaged past this point.
+                        let err = Err::<(), _>(e).context(ctx).err();
+                        if let Some(err) = err {
+                            report.damaged.push((u64::MAX, err));
+                        }
+                        break;
                     }
-                    break;
+                };
+                let step = key.value();
+                let what = || format!("verifying step {step}");
+                let checked = shield(Some(step), &what, || {
+                    decode_manifest(step, bytes.value()).and_then(|m| assemble(&txn, m))
+                });
+                match checked {
+                    Ok(ckpt) => {
+                        report.steps_ok += 1;
+                        report.bytes_checked += ckpt.logical_bytes();
+                    }
+                    Err(e) => report.damaged.push((step, e)),
                 }
-            };
-            let step = key.value();
-            let checked = decode_manifest(step, bytes.value()).and_then(|m| assemble(&txn, m));
-            match checked {
-                Ok(ckpt) => {
-                    report.steps_ok += 1;
-                    report.bytes_checked += ckpt.logical_bytes();
-                }
-                Err(e) => report.damaged.push((step, e)),
             }
-        }
-        Ok(report)
+            Ok(report)
+        })
     }
 }
 

@@ -108,11 +108,9 @@ pub(crate) fn encode_manifest(
         blobs,
     };
     let mut bytes = vec![0u8; 32];
-    serde_json::to_writer(&mut bytes, &out).map_err(|e| {
-        Error::corrupt(
-            Some(ckpt.step),
-            format!("cannot encode manifest (non-finite metric?): {e}"),
-        )
+    serde_json::to_writer(&mut bytes, &out).map_err(|e| Error::InvalidCheckpoint {
+        step: ckpt.step,
+        reason: format!("its manifest does not encode as JSON: {e}"),
     })?;
     let hash = blake3::hash(&bytes[32..]);
     bytes[..32].copy_from_slice(hash.as_bytes());
@@ -261,5 +259,62 @@ mod tests {
             decode_manifest_json(1, json),
             Err(Error::UnsupportedFormat { found: 99, .. })
         ));
+    }
+}
+
+#[cfg(test)]
+mod proptests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn valid_manifest() -> Vec<u8> {
+        let mut ckpt = GradientCheckpoint::new(ComputationGraphStore::new(), 5);
+        ckpt.metrics.insert("loss".into(), 0.5);
+        let mut blobs = BTreeMap::new();
+        blobs.insert(
+            "w".to_owned(),
+            BlobRef {
+                len: 10,
+                chunks: vec![[1u8; 32]],
+            },
+        );
+        encode_manifest(&ckpt, &blobs).expect("encodes")
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(
+            if std::env::var_os("CKPT_LONG").is_some() { 50_000 } else { 2_000 }
+        ))]
+
+        /// Arbitrary bytes never panic the decoder.
+        #[test]
+        fn arbitrary_bytes_do_not_panic(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
+            let _ = decode_manifest(5, &bytes);
+            let _ = decode_manifest_json(5, &bytes);
+        }
+
+        /// Mutations of a valid manifest JSON (hash bypassed) either decode
+        /// to a manifest whose lengths are within its chunks, or fail.
+        #[test]
+        fn mutated_manifests_decode_consistently_or_fail(
+            edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8)
+        ) {
+            let mut json = valid_manifest()[32..].to_vec();
+            for (at, byte) in edits {
+                let i = at.index(json.len());
+                json[i] = byte;
+            }
+            if let Ok(m) = decode_manifest_json(5, &json) {
+                prop_assert_eq!(m.step, 5);
+                for blob in m.blobs.values() {
+                    prop_assert!(blob.len <= blob.chunks.len() as u64 * crate::store::chunks::CHUNK_SIZE as u64);
+                }
+            }
+            // With the hash in front, any change is caught.
+            let mut hashed = valid_manifest();
+            let tail = hashed.len() - 1;
+            hashed[tail] ^= 0x20;
+            prop_assert!(decode_manifest(5, &hashed).is_err());
+        }
     }
 }

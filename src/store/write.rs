@@ -43,7 +43,8 @@ impl CheckpointStore {
     /// Unchanged chunks already in the store are referenced, not rewritten.
     ///
     /// # Errors
-    /// [`Error::StepExists`] if the step is stored already (nothing is
+    /// [`Error::InvalidCheckpoint`] for a non-finite metric (nothing is
+    /// written); [`Error::StepExists`] if the step is stored already (nothing is
     /// changed; use [`replace`](Self::replace)); [`Error::ReadOnly`] on a
     /// read-only store; [`Error::Storage`] when redb or the disk fails, after
     /// which the store reopens its file on the next call.
@@ -73,6 +74,7 @@ impl CheckpointStore {
     fn put(&self, ckpt: &GradientCheckpoint, replace: bool) -> Result<CommitInfo> {
         let start = Instant::now();
         let step = ckpt.step;
+        ckpt.validate()?;
 
         // Split before the transaction; hashing runs on another thread
         // while the transaction writes (for large checkpoints).
@@ -189,6 +191,7 @@ fn chunk_tables<'txn>(
     what: &dyn Fn() -> String,
 ) -> Result<ChunkTables<'txn>> {
     Ok(ChunkTables {
+        op: what(),
         chunks: txn.open_table(CHUNKS).context(what)?,
         refs: txn.open_table(REFS).context(what)?,
     })

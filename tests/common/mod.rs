@@ -1,5 +1,8 @@
 //! Helpers shared by the integration tests.
+
 #![allow(dead_code)]
+
+pub mod faults;
 
 use ckptstore::{ComputationGraphStore, ComputationNode, GradientCheckpoint, Result};
 

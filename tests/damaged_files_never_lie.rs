@@ -1,0 +1,126 @@
+//! Flipped bytes, zeroed pages and truncation of copies of a store: opening
+//! and reading return an error or the right data, never a panic and never a
+//! wrong checkpoint. 300 trials by default; CKPT_LONG=1 runs 5,000.
+
+mod common;
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+use ckptstore::{CheckpointStore, GradientCheckpoint, StoreOptions};
+use common::faults::{Disk, DiskBackend};
+use common::Rng;
+
+type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+fn open(disk: &Arc<Disk>) -> ckptstore::Result<CheckpointStore> {
+    let disk = disk.clone();
+    StoreOptions::new().open_with_backend("damaged", move || Ok(DiskBackend(disk.clone())))
+}
+
+#[derive(Default, Debug)]
+struct Tally {
+    open_refused: u64,
+    reads_ok: u64,
+    reads_err: u64,
+    verify_flagged: u64,
+}
+
+/// Open and read everything; panics only if a wrong checkpoint comes back.
+fn read_all(image: Vec<u8>, steps: &[GradientCheckpoint], tally: &mut Tally, ctx: &str) {
+    let disk = Disk::from_bytes(image);
+    let Ok(store) = open(&disk) else {
+        tally.open_refused += 1;
+        return;
+    };
+    let listed = store.steps().unwrap_or_default();
+    for s in listed.iter().chain([0, 1, 2, 3].iter()) {
+        match store.get(*s) {
+            Ok(Some(c)) => {
+                tally.reads_ok += 1;
+                let original = steps.get(*s as usize);
+                assert!(
+                    original == Some(&c),
+                    "{ctx}: wrong checkpoint returned as step {s}"
+                );
+            }
+            Ok(None) => {}
+            Err(_) => tally.reads_err += 1,
+        }
+    }
+    if let Ok(Some(c)) = store.latest() {
+        assert!(
+            steps.get(c.step as usize) == Some(&c),
+            "{ctx}: wrong latest()"
+        );
+    }
+    if let Ok(report) = store.verify() {
+        if !report.is_ok() {
+            tally.verify_flagged += 1;
+        }
+    }
+}
+
+#[test]
+fn damaged_copies_give_errors_or_the_right_data() -> Result {
+    let steps: Vec<GradientCheckpoint> = (0..4).map(common::deterministic).collect();
+    let disk = Disk::from_bytes(Vec::new());
+    {
+        let store = open(&disk)?;
+        for c in &steps {
+            store.commit(c)?;
+        }
+    }
+    let good = disk.image();
+    let pages = good.len() / 4096;
+    let trials = common::trials(300, 5_000);
+    let mut rng = Rng(0xBAD_5EED);
+    let mut tally = Tally::default();
+    let mut panics = Vec::new();
+    let mut bytes_flipped = 0u64;
+
+    for trial in 0..trials {
+        let mut image = good.clone();
+        let what = match trial % 3 {
+            0 => {
+                let n = 1 + rng.below(16);
+                for _ in 0..n {
+                    let at = rng.below(image.len() as u64) as usize;
+                    image[at] ^= 1 << rng.below(8);
+                }
+                bytes_flipped += n;
+                format!("{n} flipped bits")
+            }
+            1 => {
+                let page = rng.below(pages as u64) as usize;
+                image[page * 4096..(page + 1) * 4096].fill(0);
+                format!("page {page} zeroed")
+            }
+            _ => {
+                let len = rng.below(image.len() as u64) as usize;
+                image.truncate(len);
+                format!("truncated to {len}")
+            }
+        };
+        let ctx = format!("trial {trial} ({what})");
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            read_all(image, &steps, &mut tally, &ctx)
+        }));
+        if let Err(p) = outcome {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            panics.push(format!("{ctx}: {msg}"));
+        }
+    }
+    println!("{trials} damaged copies ({bytes_flipped} bytes flipped): {tally:?}");
+    assert!(
+        panics.is_empty(),
+        "{} panics, first: {}",
+        panics.len(),
+        panics[0]
+    );
+    Ok(())
+}
