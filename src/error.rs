@@ -68,6 +68,15 @@ pub enum Error {
         reason: String,
     },
 
+    /// An operation would delete a pinned step.
+    #[error("step {step} is pinned; unpin it before {op}")]
+    StepPinned {
+        /// The pinned step.
+        step: u64,
+        /// The refused operation ("removing it", "rolling back past it").
+        op: &'static str,
+    },
+
     /// A step named by the caller is not stored.
     #[error("step {step} is not in the store")]
     StepNotFound {

@@ -59,4 +59,7 @@ mod store;
 pub use checkpoint::GradientCheckpoint;
 pub use error::{Error, Result};
 pub use graph::{ComputationGraphStore, ComputationNode};
-pub use store::{CheckpointStore, CommitInfo, Durability, StepInfo, StoreOptions, VerifyReport};
+pub use store::{
+    CheckpointStore, CommitInfo, Durability, Goal, Retention, StepInfo, StepSummary, StoreOptions,
+    StoreStats, VerifyReport,
+};

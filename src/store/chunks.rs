@@ -181,9 +181,10 @@ impl ChunkTables<'_> {
     }
 
     /// Drop one use of every chunk `manifest` references, deleting chunks
-    /// that no manifest uses any more. Returns the bytes freed.
-    pub(crate) fn release(&mut self, manifest: &Manifest) -> Result<u64> {
+    /// that no manifest uses any more. Returns the bytes and chunks freed.
+    pub(crate) fn release(&mut self, manifest: &Manifest) -> Result<(u64, u64)> {
         let mut freed = 0;
+        let mut chunks = 0;
         for id in manifest.chunk_refs() {
             let count = self
                 .refs
@@ -201,10 +202,11 @@ impl ChunkTables<'_> {
                     format!("{}: writing table chunks for chunk {}", self.op, hex(id))
                 })? {
                     freed += old.value().len() as u64;
+                    chunks += 1;
                 }
             }
         }
-        Ok(freed)
+        Ok((freed, chunks))
     }
 
     fn set_refs(&mut self, id: &ChunkId, n: u64) -> Result<()> {

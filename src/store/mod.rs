@@ -3,6 +3,7 @@
 mod backend;
 mod chunks;
 mod read;
+mod retention;
 mod schema;
 mod write;
 
@@ -19,7 +20,8 @@ use crate::{Error, Result};
 use backend::{DynBackend, Source};
 use schema::{FORMAT_VERSION, META, META_CREATED, META_FORMAT, META_STORE_ID};
 
-pub use read::{StepInfo, VerifyReport};
+pub use read::{StepInfo, StoreStats, VerifyReport};
+pub use retention::{Goal, Retention, StepSummary};
 pub use write::CommitInfo;
 
 /// When a commit is on disk.
@@ -54,6 +56,8 @@ pub struct StoreOptions {
     cache_size: usize,
     durability: Durability,
     shared: bool,
+    retention: Retention,
+    check_integrity: bool,
 }
 
 impl Default for StoreOptions {
@@ -62,6 +66,8 @@ impl Default for StoreOptions {
             cache_size: 64 << 20,
             durability: Durability::Immediate,
             shared: true,
+            retention: Retention::new(),
+            check_integrity: false,
         }
     }
 }
@@ -91,6 +97,31 @@ impl StoreOptions {
     /// itself.
     pub fn shared(mut self, shared: bool) -> Self {
         self.shared = shared;
+        self
+    }
+
+    /// Check the checksum of every redb page when opening for writing
+    /// (default `false`).
+    ///
+    /// redb trusts a cleanly closed file. ckptstore hashes every chunk and
+    /// manifest, so damage inside them is always reported, and panics redb
+    /// raises on damaged pages are turned into [`Error::Corrupt`]; but some
+    /// damage to redb's own pages can make redb panic while already
+    /// unwinding, which aborts the process. With this set, a damaged file is
+    /// refused at open instead, at the cost of reading the whole file on
+    /// every open, and with no partial access to the intact steps. Read-only
+    /// opens never check.
+    pub fn check_integrity(mut self, enabled: bool) -> Self {
+        self.check_integrity = enabled;
+        self
+    }
+
+    /// A retention policy applied in the transaction of every commit: the
+    /// steps it does not keep are deleted with the commit, atomically
+    /// (default: keep everything). See also
+    /// [`CheckpointStore::apply_retention`].
+    pub fn retention(mut self, policy: Retention) -> Self {
+        self.retention = policy;
         self
     }
 
@@ -166,6 +197,7 @@ impl StoreOptions {
     fn builder(&self) -> redb::Builder {
         let mut builder = Database::builder();
         builder.set_cache_size(self.cache_size);
+        builder.set_check_integrity_on_open(self.check_integrity);
         builder.set_concurrency_mode(if self.shared {
             ConcurrencyMode::SingleWriter
         } else {
@@ -210,7 +242,7 @@ impl std::fmt::Debug for CheckpointStore {
 }
 
 /// The open redb database behind a store.
-enum Handle {
+pub(crate) enum Handle {
     Writable(Database),
     ReadOnly(ReadOnlyDatabase),
     /// Dropped after an I/O error; reopened by the next operation.
@@ -311,24 +343,28 @@ impl CheckpointStore {
     }
 
     /// The live handle, reopening the database if an I/O error closed it.
-    fn live_handle(&self) -> Result<RwLockReadGuard<'_, Handle>> {
+    pub(crate) fn live_handle(&self) -> Result<RwLockReadGuard<'_, Handle>> {
         {
             let guard = self.read_handle();
             if !matches!(&*guard, Handle::Closed) {
                 return Ok(guard);
             }
         }
-        {
-            let mut guard = self.handle.write().unwrap_or_else(PoisonError::into_inner);
-            if matches!(&*guard, Handle::Closed) {
-                *guard = if self.read_only {
-                    Handle::open_read_only(&self.path, &self.options)?
-                } else {
-                    Handle::open_writable(&self.source, &self.options)?
-                };
-            }
-        }
+        drop(self.handle_mut()?);
         Ok(self.read_handle())
+    }
+
+    /// The handle for exclusive use (compaction), reopened if closed.
+    fn handle_mut(&self) -> Result<std::sync::RwLockWriteGuard<'_, Handle>> {
+        let mut guard = self.handle.write().unwrap_or_else(PoisonError::into_inner);
+        if matches!(&*guard, Handle::Closed) {
+            *guard = if self.read_only {
+                Handle::open_read_only(&self.path, &self.options)?
+            } else {
+                Handle::open_writable(&self.source, &self.options)?
+            };
+        }
+        Ok(guard)
     }
 
     /// After an I/O error redb refuses all work until the database is
@@ -466,6 +502,8 @@ fn init_or_check_meta(path: &Path, db: &Database) -> Result<()> {
         txn.open_table(schema::STEPS).context(what)?;
         txn.open_table(schema::CHUNKS).context(what)?;
         txn.open_table(schema::REFS).context(what)?;
+        txn.open_table(schema::SUMMARIES).context(what)?;
+        txn.open_table(schema::PINS).context(what)?;
     }
     txn.commit().context(what)
 }

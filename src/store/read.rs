@@ -1,12 +1,16 @@
 //! Reading: get, latest, listing, info, verify.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::RangeBounds;
 
-use redb::{ReadOnlyTable, ReadTransaction, ReadableTable};
+use redb::{ReadOnlyTable, ReadTransaction, ReadableTable, WriteTransaction};
 
 use super::chunks::{hash_all, hex, split};
-use super::schema::{decode_manifest, Manifest, CHUNKS, STEPS};
+use super::retention::{Goal, StepSummary};
+use super::schema::{
+    decode_manifest, ChunkId, Manifest, CHUNKS, META, META_STORED_BYTES, META_STORED_CHUNKS, PINS,
+    REFS, STEPS, SUMMARIES,
+};
 use super::{shield, CheckpointStore};
 use crate::error::StorageContext;
 use crate::{Error, GradientCheckpoint, Result};
@@ -48,12 +52,48 @@ pub struct VerifyReport {
     pub bytes_checked: u64,
     /// Each damaged step with the first problem found in it.
     pub damaged: Vec<(u64, Error)>,
+    /// Disagreements between the reference counts, the chunks and the
+    /// manifests (checked when no step is damaged).
+    pub accounting: Vec<String>,
+}
+
+/// What [`CheckpointStore::stats`] reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StoreStats {
+    /// Steps stored.
+    pub steps: u64,
+    /// Bytes of optimizer state over all steps, as if stored separately.
+    pub logical_bytes: u64,
+    /// Bytes of chunk data actually stored (each chunk once).
+    pub stored_bytes: u64,
+    /// Chunks stored.
+    pub chunks: u64,
+    /// Size of the store file (0 for a custom backend). redb grows the
+    /// file in large steps, so this runs ahead of `allocated_bytes`.
+    pub file_bytes: u64,
+    /// Bytes of the file redb has allocated (pages in use, including pages
+    /// freed by recent commits that are not reusable yet); 0 for a
+    /// read-only store.
+    pub allocated_bytes: u64,
+}
+
+impl StoreStats {
+    /// `logical_bytes / stored_bytes`: how many times over deduplication
+    /// saves (1.0 with nothing shared or nothing stored).
+    pub fn dedup_ratio(&self) -> f64 {
+        if self.stored_bytes == 0 {
+            1.0
+        } else {
+            self.logical_bytes as f64 / self.stored_bytes as f64
+        }
+    }
 }
 
 impl VerifyReport {
     /// True when nothing is damaged.
     pub fn is_ok(&self) -> bool {
-        self.damaged.is_empty()
+        self.damaged.is_empty() && self.accounting.is_empty()
     }
 }
 
@@ -179,6 +219,167 @@ impl CheckpointStore {
         })
     }
 
+    /// The summaries (time, loss CID, metrics, sizes) of the steps in
+    /// `range`, ascending, without reading manifests or blobs.
+    ///
+    /// ```
+    /// # use ckptstore::{CheckpointStore, ComputationGraphStore, GradientCheckpoint};
+    /// # let dir = tempfile::tempdir()?;
+    /// # let store = CheckpointStore::open(dir.path().join("run.ckpt"))?;
+    /// for (step, loss) in [(1, 0.9), (2, 0.4), (3, 0.6)] {
+    ///     let c = GradientCheckpoint::new(ComputationGraphStore::new(), step).with_metric("loss", loss);
+    ///     store.commit(&c)?;
+    /// }
+    /// let all = store.summaries(..)?;
+    /// assert_eq!(all.len(), 3);
+    /// assert_eq!(all[1].metrics["loss"], 0.4);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn summaries(&self, range: impl RangeBounds<u64>) -> Result<Vec<StepSummary>> {
+        let what = || "listing step summaries".to_owned();
+        self.shielded(None, &what, || {
+            let txn = self.begin_read()?;
+            let table = txn
+                .open_table(SUMMARIES)
+                .context(|| "opening table summaries".to_owned())?;
+            collect_summaries(&table, range)
+        })
+    }
+
+    /// The step with the best value of `metric`, or `None` if no step has
+    /// it. Ties go to the newer step.
+    ///
+    /// ```
+    /// # use ckptstore::{CheckpointStore, ComputationGraphStore, GradientCheckpoint, Goal};
+    /// # let dir = tempfile::tempdir()?;
+    /// # let store = CheckpointStore::open(dir.path().join("run.ckpt"))?;
+    /// for (step, loss) in [(1, 0.9), (2, 0.4), (3, 0.6)] {
+    ///     let c = GradientCheckpoint::new(ComputationGraphStore::new(), step).with_metric("loss", loss);
+    ///     store.commit(&c)?;
+    /// }
+    /// assert_eq!(store.best_step("loss", Goal::Minimize)?, Some(2));
+    /// assert_eq!(store.best_step("loss", Goal::Maximize)?, Some(1));
+    /// assert_eq!(store.best_step("accuracy", Goal::Maximize)?, None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn best_step(&self, metric: &str, goal: Goal) -> Result<Option<u64>> {
+        let best = self
+            .summaries(..)?
+            .into_iter()
+            .filter_map(|s| s.metrics.get(metric).map(|&v| (v, s.step)))
+            .max_by(|a, b| {
+                let by_value = match goal {
+                    Goal::Minimize => b.0.total_cmp(&a.0),
+                    Goal::Maximize => a.0.total_cmp(&b.0),
+                };
+                by_value.then(a.1.cmp(&b.1))
+            });
+        Ok(best.map(|(_, step)| step))
+    }
+
+    /// One optimizer blob of `step`, read and hash-checked without the
+    /// others. `None` if the step or the blob is not stored.
+    ///
+    /// ```
+    /// # use ckptstore::{CheckpointStore, ComputationGraphStore, GradientCheckpoint};
+    /// # let dir = tempfile::tempdir()?;
+    /// # let store = CheckpointStore::open(dir.path().join("run.ckpt"))?;
+    /// let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), 1);
+    /// c.set_optimizer_state("adam_m", vec![1; 10]);
+    /// c.set_optimizer_state("adam_v", vec![2; 10]);
+    /// store.commit(&c)?;
+    /// assert_eq!(store.get_blob(1, "adam_v")?, Some(vec![2; 10]));
+    /// assert_eq!(store.get_blob(1, "nope")?, None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn get_blob(&self, step: u64, name: &str) -> Result<Option<Vec<u8>>> {
+        let what = || format!("reading blob {name:?} of step {step}");
+        self.shielded(Some(step), &what, || {
+            let txn = self.begin_read()?;
+            let steps = open_steps(&txn)?;
+            let Some(bytes) = steps.get(step).context(|| read_ctx(step))? else {
+                return Ok(None);
+            };
+            let mut manifest = decode_manifest(step, bytes.value())?;
+            let Some(blob) = manifest.blobs.remove(name) else {
+                return Ok(None);
+            };
+            manifest.blobs = [(name.to_owned(), blob)].into();
+            let mut ckpt = assemble(&txn, manifest)?;
+            Ok(ckpt.optimizer_state.remove(name))
+        })
+    }
+
+    /// The pinned steps, ascending.
+    pub fn pinned(&self) -> Result<Vec<u64>> {
+        let what = || "listing pinned steps".to_owned();
+        self.shielded(None, &what, || {
+            let txn = self.begin_read()?;
+            let table = txn
+                .open_table(PINS)
+                .context(|| "opening table pins".to_owned())?;
+            Ok(collect_keys(&table)?.into_iter().collect())
+        })
+    }
+
+    /// Space and deduplication figures for the whole store.
+    ///
+    /// ```
+    /// # use ckptstore::{CheckpointStore, ComputationGraphStore, GradientCheckpoint};
+    /// # let dir = tempfile::tempdir()?;
+    /// # let store = CheckpointStore::open(dir.path().join("run.ckpt"))?;
+    /// for step in 0..4 {
+    ///     let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), step);
+    ///     c.set_optimizer_state("frozen", vec![7; 100_000]);
+    ///     store.commit(&c)?;
+    /// }
+    /// let stats = store.stats()?;
+    /// assert_eq!(stats.steps, 4);
+    /// assert_eq!(stats.logical_bytes, 400_000);
+    /// assert_eq!(stats.stored_bytes, 100_000);
+    /// assert_eq!(stats.dedup_ratio(), 4.0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn stats(&self) -> Result<StoreStats> {
+        let summaries = self.summaries(..)?;
+        let what = || "reading store statistics".to_owned();
+        let (stored_bytes, chunks) = self.shielded(None, &what, || {
+            let txn = self.begin_read()?;
+            let meta = txn
+                .open_table(META)
+                .context(|| "opening table meta".to_owned())?;
+            let read = |key: &str| -> Result<u64> {
+                Ok(meta
+                    .get(key)
+                    .context(|| "reading table meta".to_owned())?
+                    .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
+                    .map_or(0, u64::from_le_bytes))
+            };
+            Ok((read(META_STORED_BYTES)?, read(META_STORED_CHUNKS)?))
+        })?;
+        // Pages in use, from redb: needs a write transaction (then aborted),
+        // so a read-only store reports 0.
+        let allocated_bytes = self.shielded(None, &what, || {
+            let guard = self.live_handle()?;
+            let super::Handle::Writable(db) = &*guard else {
+                return Ok(0);
+            };
+            let txn = db.begin_write().context(what)?;
+            let stats = txn.stats().context(what)?;
+            let bytes = stats.allocated_pages() * stats.page_size() as u64;
+            txn.abort().context(what)?;
+            Ok(bytes)
+        })?;
+        Ok(StoreStats {
+            allocated_bytes,
+            steps: summaries.len() as u64,
+            logical_bytes: summaries.iter().map(|s| s.logical_bytes).sum(),
+            stored_bytes,
+            chunks,
+            file_bytes: std::fs::metadata(self.path()).map_or(0, |m| m.len()),
+        })
+    }
+
     /// Read every step and check every hash. Damage is reported per step in
     /// the [`VerifyReport`]; `Err` means the store could not be read at all.
     ///
@@ -198,6 +399,7 @@ impl CheckpointStore {
             let txn = self.begin_read()?;
             let steps = open_steps(&txn)?;
             let mut report = VerifyReport::default();
+            let mut expected_refs: HashMap<ChunkId, u64> = HashMap::new();
             let ctx = || "reading table steps".to_owned();
             for entry in steps.range::<u64>(..).context(ctx)? {
                 let (key, bytes) = match entry {
@@ -214,7 +416,11 @@ impl CheckpointStore {
                 let step = key.value();
                 let what = || format!("verifying step {step}");
                 let checked = shield(Some(step), &what, || {
-                    decode_manifest(step, bytes.value()).and_then(|m| assemble(&txn, m))
+                    let manifest = decode_manifest(step, bytes.value())?;
+                    for id in manifest.chunk_refs() {
+                        *expected_refs.entry(*id).or_insert(0) += 1;
+                    }
+                    assemble(&txn, manifest)
                 });
                 match checked {
                     Ok(ckpt) => {
@@ -224,9 +430,121 @@ impl CheckpointStore {
                     Err(e) => report.damaged.push((step, e)),
                 }
             }
+            if report.damaged.is_empty() {
+                report.accounting = check_accounting(&txn, expected_refs)?;
+            }
             Ok(report)
         })
     }
+}
+
+/// Compare reference counts, chunks and counters with what the manifests
+/// say; returns each discrepancy.
+fn check_accounting(
+    txn: &ReadTransaction,
+    mut expected: HashMap<ChunkId, u64>,
+) -> Result<Vec<String>> {
+    let mut problems = Vec::new();
+    let ctx = || "reading table refs".to_owned();
+    let refs = txn.open_table(REFS).context(ctx)?;
+    for entry in refs.range::<&[u8; 32]>(..).context(ctx)? {
+        let (id, count) = entry.context(ctx)?;
+        let (id, count) = (*id.value(), count.value());
+        let want = expected.remove(&id).unwrap_or(0);
+        if want != count {
+            problems.push(format!(
+                "chunk {} has {count} references recorded, {want} in manifests",
+                hex(&id)
+            ));
+        }
+    }
+    for id in expected.keys() {
+        problems.push(format!(
+            "chunk {} is used but has no reference count",
+            hex(id)
+        ));
+    }
+    let ctx = || "reading table chunks".to_owned();
+    let chunks = txn.open_table(CHUNKS).context(ctx)?;
+    let (mut bytes, mut count) = (0u64, 0u64);
+    for entry in chunks.range::<&[u8; 32]>(..).context(ctx)? {
+        let (id, value) = entry.context(ctx)?;
+        bytes += value.value().len() as u64;
+        count += 1;
+        if refs.get(id.value()).context(ctx)?.is_none() {
+            problems.push(format!(
+                "chunk {} is stored but unreferenced",
+                hex(id.value())
+            ));
+        }
+    }
+    let meta = txn
+        .open_table(META)
+        .context(|| "opening table meta".to_owned())?;
+    for (key, actual) in [(META_STORED_BYTES, bytes), (META_STORED_CHUNKS, count)] {
+        let recorded = meta
+            .get(key)
+            .context(|| "reading table meta".to_owned())?
+            .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
+            .map_or(0, u64::from_le_bytes);
+        if recorded != actual {
+            problems.push(format!(
+                "meta {key} says {recorded}, the chunks hold {actual}"
+            ));
+        }
+    }
+    Ok(problems)
+}
+
+/// Summaries of the steps in `range`, from any readable `summaries` table.
+fn collect_summaries(
+    table: &impl ReadableTable<u64, &'static [u8]>,
+    range: impl RangeBounds<u64>,
+) -> Result<Vec<StepSummary>> {
+    let ctx = || "reading table summaries".to_owned();
+    let mut out = Vec::new();
+    for entry in table.range(range).context(ctx)? {
+        let (key, value) = entry.context(ctx)?;
+        let step = key.value();
+        let summary: StepSummary = serde_json::from_slice(value.value())
+            .map_err(|e| Error::corrupt(Some(step), format!("summary does not decode: {e}")))?;
+        if summary.step != step {
+            return Err(Error::corrupt(Some(step), "summary names another step"));
+        }
+        out.push(summary);
+    }
+    Ok(out)
+}
+
+/// Summaries of the steps in `range`, inside a write transaction.
+pub(crate) fn read_summaries(
+    txn: &WriteTransaction,
+    range: impl RangeBounds<u64>,
+) -> Result<Vec<StepSummary>> {
+    let table = txn
+        .open_table(SUMMARIES)
+        .context(|| "opening table summaries".to_owned())?;
+    collect_summaries(&table, range)
+}
+
+/// Pinned steps, inside a write transaction.
+pub(crate) fn read_pins(txn: &WriteTransaction) -> Result<BTreeSet<u64>> {
+    let table = txn
+        .open_table(PINS)
+        .context(|| "opening table pins".to_owned())?;
+    collect_keys(&table)
+}
+
+fn collect_keys<V: redb::Value + 'static>(
+    table: &impl ReadableTable<u64, V>,
+) -> Result<BTreeSet<u64>> {
+    let ctx = || "reading table pins".to_owned();
+    table
+        .range::<u64>(..)
+        .context(ctx)?
+        .map(|r| r.map(|(k, _)| k.value()))
+        .collect::<Result<_, _>>()
+        .context(ctx)
 }
 
 fn read_ctx(step: u64) -> String {

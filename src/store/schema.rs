@@ -6,6 +6,8 @@
 //! | `steps`  | `u64 -> &[u8]`      | a step's manifest: hash + versioned JSON     |
 //! | `chunks` | `[u8; 32] -> &[u8]` | raw blob bytes, keyed by their BLAKE3 hash   |
 //! | `refs`   | `[u8; 32] -> u64`   | how many manifest entries use each chunk     |
+//! | `summaries` | `u64 -> &[u8]`   | per step: time, metrics, sizes (small JSON)  |
+//! | `pins`   | `u64 -> ()`         | steps retention and removal must not delete  |
 //!
 //! A manifest value is the 32-byte BLAKE3 hash of the JSON that follows it,
 //! so a damaged manifest is detected on read rather than trusted.
@@ -25,6 +27,17 @@ pub(crate) const STEPS: TableDefinition<u64, &[u8]> = TableDefinition::new("step
 pub(crate) const CHUNKS: TableDefinition<&[u8; 32], &[u8]> = TableDefinition::new("chunks");
 /// Chunk hash -> number of references from manifests.
 pub(crate) const REFS: TableDefinition<&[u8; 32], u64> = TableDefinition::new("refs");
+
+/// Step number -> [`StepSummary`](crate::StepSummary) JSON: what listings,
+/// retention and metric queries read instead of whole manifests.
+pub(crate) const SUMMARIES: TableDefinition<u64, &[u8]> = TableDefinition::new("summaries");
+/// Pinned steps: never deleted by retention, remove or rollback.
+pub(crate) const PINS: TableDefinition<u64, ()> = TableDefinition::new("pins");
+
+/// `meta` key of the bytes held in `chunks` (u64, little endian).
+pub(crate) const META_STORED_BYTES: &str = "stored_bytes";
+/// `meta` key of the number of chunks (u64, little endian).
+pub(crate) const META_STORED_CHUNKS: &str = "stored_chunks";
 
 /// `meta` key of the store's format version (u32, little endian).
 pub(crate) const META_FORMAT: &str = "format_version";

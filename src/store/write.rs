@@ -1,4 +1,4 @@
-//! Writing: commit, replace, remove, rollback.
+//! Writing: commit, replace, remove, rollback, retention, pins.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -6,7 +6,12 @@ use std::time::{Duration, Instant};
 use redb::{ReadableTable, WriteTransaction};
 
 use super::chunks::{split, with_hashes, ChunkTables};
-use super::schema::{decode_manifest, encode_manifest, BlobRef, CHUNKS, REFS, STEPS};
+use super::read::{read_pins, read_summaries};
+use super::retention::{Retention, StepSummary};
+use super::schema::{
+    decode_manifest, encode_manifest, BlobRef, CHUNKS, META, META_STORED_BYTES, META_STORED_CHUNKS,
+    PINS, REFS, STEPS, SUMMARIES,
+};
 use super::CheckpointStore;
 use crate::error::StorageContext;
 use crate::{Error, GradientCheckpoint, Result};
@@ -29,10 +34,45 @@ pub struct CommitInfo {
     pub chunks_reused: u64,
     /// Bytes of the step's manifest (graph and metadata).
     pub manifest_bytes: u64,
-    /// Blob bytes freed from the step this commit replaced, if any.
+    /// Blob bytes freed: of the step this commit replaced, and of the steps
+    /// the retention policy removed.
     pub bytes_freed: u64,
+    /// Steps the store's retention policy removed in the same transaction.
+    pub removed: Vec<u64>,
     /// Wall time of the whole commit, hashing and fsync included.
     pub duration: Duration,
+}
+
+/// Changes to the `meta` counters a transaction makes.
+#[derive(Default)]
+struct Delta {
+    bytes: i128,
+    chunks: i128,
+}
+
+impl Delta {
+    fn freed(&mut self, (bytes, chunks): (u64, u64)) {
+        self.bytes -= i128::from(bytes);
+        self.chunks -= i128::from(chunks);
+    }
+
+    fn apply(&self, txn: &WriteTransaction, what: &dyn Fn() -> String) -> Result<()> {
+        let mut meta = txn.open_table(META).context(what)?;
+        for (key, delta) in [
+            (META_STORED_BYTES, self.bytes),
+            (META_STORED_CHUNKS, self.chunks),
+        ] {
+            let old = meta
+                .get(key)
+                .context(what)?
+                .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
+                .map_or(0, u64::from_le_bytes);
+            let new = (i128::from(old) + delta).clamp(0, i128::from(u64::MAX)) as u64;
+            meta.insert(key, new.to_le_bytes().as_slice())
+                .context(what)?;
+        }
+        Ok(())
+    }
 }
 
 impl CheckpointStore {
@@ -41,13 +81,16 @@ impl CheckpointStore {
     /// When it returns `Ok`, the step is complete and (with the default
     /// [`Durability::Immediate`](crate::Durability::Immediate)) on disk.
     /// Unchanged chunks already in the store are referenced, not rewritten.
+    /// The store's retention policy, if any, runs in the same transaction.
     ///
     /// # Errors
     /// [`Error::InvalidCheckpoint`] for a non-finite metric (nothing is
-    /// written); [`Error::StepExists`] if the step is stored already (nothing is
-    /// changed; use [`replace`](Self::replace)); [`Error::ReadOnly`] on a
+    /// written); [`Error::StepExists`] if the step is stored already (nothing
+    /// is changed; use [`replace`](Self::replace)); [`Error::ReadOnly`] on a
     /// read-only store; [`Error::Storage`] when redb or the disk fails, after
-    /// which the store reopens its file on the next call.
+    /// which the store reopens its file on the next call. After an I/O error
+    /// the step may or may not have been committed (the error can strike
+    /// after the commit point); it is never partial: `get` tells.
     pub fn commit(&self, ckpt: &GradientCheckpoint) -> Result<CommitInfo> {
         self.put(ckpt, false)
     }
@@ -90,53 +133,91 @@ impl CheckpointStore {
         }
 
         let what = || format!("committing step {step}");
-        let (added, freed, manifest_len) = with_hashes(&pieces, |hashes| {
+        let policy = &self.options.retention;
+        let mut info = with_hashes(&pieces, |hashes| {
             self.write("commit", &what, |txn| {
-                let mut steps = txn.open_table(STEPS).context(what)?;
-                let old = steps.get(step).context(what)?.map(|g| g.value().to_vec());
-                if old.is_some() && !replace {
-                    return Err(Error::StepExists { step });
-                }
-                let mut tables = chunk_tables(txn, &what)?;
-                // Add before releasing, so chunks shared with the replaced
-                // version are never deleted and written again.
-                let (added, ids) = tables.add(&pieces, hashes)?;
-                let blobs: BTreeMap<String, BlobRef> = spans
-                    .iter()
-                    .map(|(name, len, range)| {
-                        let chunks = ids[range.clone()].to_vec();
-                        ((*name).clone(), BlobRef { len: *len, chunks })
-                    })
-                    .collect();
-                let manifest = encode_manifest(ckpt, &blobs)?;
-                let mut freed = 0;
-                if let Some(old) = old {
-                    // A manifest that no longer decodes cannot tell which
-                    // chunks it held; they stay referenced (verify() says so).
-                    if let Ok(old) = decode_manifest(step, &old) {
-                        freed = tables.release(&old)?;
+                let mut delta = Delta::default();
+                let mut info = {
+                    let mut steps = txn.open_table(STEPS).context(what)?;
+                    let old = steps.get(step).context(what)?.map(|g| g.value().to_vec());
+                    if old.is_some() && !replace {
+                        return Err(Error::StepExists { step });
                     }
+                    let mut tables = chunk_tables(txn, &what)?;
+                    // Add before releasing, so chunks shared with the
+                    // replaced version are never deleted and written again.
+                    let (added, ids) = tables.add(&pieces, hashes)?;
+                    delta.bytes += i128::from(added.bytes_written);
+                    delta.chunks += i128::from(added.chunks_written);
+                    let blobs: BTreeMap<String, BlobRef> = spans
+                        .iter()
+                        .map(|(name, len, range)| {
+                            let chunks = ids[range.clone()].to_vec();
+                            ((*name).clone(), BlobRef { len: *len, chunks })
+                        })
+                        .collect();
+                    let manifest = encode_manifest(ckpt, &blobs)?;
+                    let mut freed = 0;
+                    if let Some(old) = old {
+                        // A manifest that no longer decodes cannot tell which
+                        // chunks it held; they stay referenced.
+                        if let Ok(old) = decode_manifest(step, &old) {
+                            let f = tables.release(&old)?;
+                            freed = f.0;
+                            delta.freed(f);
+                        }
+                    }
+                    steps.insert(step, manifest.as_slice()).context(what)?;
+                    let summary = StepSummary {
+                        step,
+                        timestamp: ckpt.timestamp,
+                        loss_cid: ckpt.loss_cid.clone(),
+                        metrics: ckpt.metrics.clone(),
+                        logical_bytes: ckpt.logical_bytes(),
+                        bytes_written: added.bytes_written,
+                        blobs: ckpt.optimizer_state.len(),
+                    };
+                    let summary =
+                        serde_json::to_vec(&summary).map_err(|e| Error::InvalidCheckpoint {
+                            step,
+                            reason: format!("its summary does not encode: {e}"),
+                        })?;
+                    txn.open_table(SUMMARIES)
+                        .context(what)?
+                        .insert(step, summary.as_slice())
+                        .context(what)?;
+                    CommitInfo {
+                        step,
+                        logical_bytes: ckpt.logical_bytes(),
+                        bytes_written: added.bytes_written,
+                        bytes_reused: added.bytes_reused,
+                        chunks_written: added.chunks_written,
+                        chunks_reused: added.chunks_reused,
+                        manifest_bytes: manifest.len() as u64,
+                        bytes_freed: freed,
+                        removed: Vec::new(),
+                        duration: Duration::ZERO,
+                    }
+                };
+                if !policy.is_empty() {
+                    let doomed = policy.doomed(&read_summaries(txn, ..)?, &read_pins(txn)?);
+                    let (removed, freed) = remove_steps(txn, &doomed, &mut delta, &what)?;
+                    info.removed = removed;
+                    info.bytes_freed += freed;
                 }
-                steps.insert(step, manifest.as_slice()).context(what)?;
-                Ok((added, freed, manifest.len()))
+                delta.apply(txn, &what)?;
+                Ok(info)
             })
         })?;
-
-        Ok(CommitInfo {
-            step,
-            logical_bytes: ckpt.logical_bytes(),
-            bytes_written: added.bytes_written,
-            bytes_reused: added.bytes_reused,
-            chunks_written: added.chunks_written,
-            chunks_reused: added.chunks_reused,
-            manifest_bytes: manifest_len as u64,
-            bytes_freed: freed,
-            duration: start.elapsed(),
-        })
+        info.duration = start.elapsed();
+        Ok(info)
     }
 
     /// Remove `step` and free the chunks no other step uses, in one write
     /// transaction. Returns whether the step was stored.
+    ///
+    /// # Errors
+    /// [`Error::StepPinned`] if the step is pinned.
     ///
     /// ```
     /// # use ckptstore::{CheckpointStore, ComputationGraphStore, GradientCheckpoint};
@@ -149,12 +230,27 @@ impl CheckpointStore {
     /// ```
     pub fn remove(&self, step: u64) -> Result<bool> {
         let what = || format!("removing step {step}");
-        let removed = self.write("remove", &what, |txn| remove_steps(txn, &[step], &what))?;
+        let removed = self.write("remove", &what, |txn| {
+            if read_pins(txn)?.contains(&step) {
+                return Err(Error::StepPinned {
+                    step,
+                    op: "removing it",
+                });
+            }
+            let mut delta = Delta::default();
+            let (removed, _) = remove_steps(txn, &[step], &mut delta, &what)?;
+            delta.apply(txn, &what)?;
+            Ok(removed)
+        })?;
         Ok(!removed.is_empty())
     }
 
     /// Discard every step after `step` in one write transaction (a run that
     /// restarts from an earlier step). Returns the steps removed, ascending.
+    ///
+    /// # Errors
+    /// [`Error::StepPinned`] if a step after `step` is pinned (nothing is
+    /// removed).
     ///
     /// ```
     /// # use ckptstore::{CheckpointStore, ComputationGraphStore, GradientCheckpoint};
@@ -173,15 +269,97 @@ impl CheckpointStore {
             let Some(after) = step.checked_add(1) else {
                 return Ok(Vec::new());
             };
-            let doomed: Vec<u64> = {
-                let steps = txn.open_table(STEPS).context(what)?;
-                let range = steps.range(after..).context(what)?;
-                range
-                    .map(|r| r.map(|(k, _)| k.value()))
-                    .collect::<Result<_, _>>()
-                    .context(what)?
+            if let Some(&pinned) = read_pins(txn)?.range(after..).next() {
+                return Err(Error::StepPinned {
+                    step: pinned,
+                    op: "rolling back past it",
+                });
+            }
+            let doomed: Vec<u64> = read_summaries(txn, after..)?
+                .iter()
+                .map(|s| s.step)
+                .collect();
+            let mut delta = Delta::default();
+            let (removed, _) = remove_steps(txn, &doomed, &mut delta, &what)?;
+            delta.apply(txn, &what)?;
+            Ok(removed)
+        })
+    }
+
+    /// Apply `policy` now, in one write transaction: delete every step no
+    /// rule keeps (pinned steps are kept). Returns the steps deleted.
+    ///
+    /// ```
+    /// use ckptstore::{CheckpointStore, ComputationGraphStore, GradientCheckpoint, Retention};
+    /// # let dir = tempfile::tempdir()?;
+    /// # let store = CheckpointStore::open(dir.path().join("run.ckpt"))?;
+    /// for step in 0..10 {
+    ///     store.commit(&GradientCheckpoint::new(ComputationGraphStore::new(), step))?;
+    /// }
+    /// store.pin(2)?;
+    /// let removed = store.apply_retention(&Retention::new().keep_last(3))?;
+    /// assert_eq!(removed, vec![0, 1, 3, 4, 5, 6]);
+    /// assert_eq!(store.steps()?, vec![2, 7, 8, 9]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn apply_retention(&self, policy: &Retention) -> Result<Vec<u64>> {
+        let what = || "applying a retention policy".to_owned();
+        self.write("retention", &what, |txn| {
+            let doomed = policy.doomed(&read_summaries(txn, ..)?, &read_pins(txn)?);
+            let mut delta = Delta::default();
+            let (removed, _) = remove_steps(txn, &doomed, &mut delta, &what)?;
+            delta.apply(txn, &what)?;
+            Ok(removed)
+        })
+    }
+
+    /// Pin `step`: retention never deletes it, and `remove` and
+    /// `rollback_to` refuse to. Returns whether it was newly pinned.
+    ///
+    /// # Errors
+    /// [`Error::StepNotFound`] if the step is not stored.
+    pub fn pin(&self, step: u64) -> Result<bool> {
+        let what = || format!("pinning step {step}");
+        self.write("pin", &what, |txn| {
+            let stored = txn
+                .open_table(STEPS)
+                .context(what)?
+                .get(step)
+                .context(what)?
+                .is_some();
+            if !stored {
+                return Err(Error::StepNotFound { step });
+            }
+            let mut pins = txn.open_table(PINS).context(what)?;
+            let was = pins.insert(step, ()).context(what)?.is_some();
+            Ok(!was)
+        })
+    }
+
+    /// Unpin `step`. Returns whether it was pinned.
+    pub fn unpin(&self, step: u64) -> Result<bool> {
+        let what = || format!("unpinning step {step}");
+        self.write("unpin", &what, |txn| {
+            let mut pins = txn.open_table(PINS).context(what)?;
+            let was = pins.remove(step).context(what)?.is_some();
+            Ok(was)
+        })
+    }
+
+    /// Hand the file's free space back to the filesystem (redb compaction).
+    /// Needs no other transaction in flight in this process. Returns whether
+    /// anything was compacted.
+    pub fn compact(&self) -> Result<bool> {
+        let what = || format!("compacting {}", self.path().display());
+        self.shielded(None, &what, || {
+            let mut guard = self.handle_mut()?;
+            let super::Handle::Writable(db) = &mut *guard else {
+                return Err(Error::ReadOnly {
+                    path: self.path().to_owned(),
+                    op: "compact",
+                });
             };
-            remove_steps(txn, &doomed, &what)
+            db.compact().context(what)
         })
     }
 }
@@ -197,16 +375,21 @@ fn chunk_tables<'txn>(
     })
 }
 
-/// Remove `doomed` steps and release their chunks; returns those found.
+/// Remove `doomed` steps with their summaries and pins and release their
+/// chunks; returns the steps found and the blob bytes freed.
 fn remove_steps(
     txn: &WriteTransaction,
     doomed: &[u64],
+    delta: &mut Delta,
     what: &dyn Fn() -> String,
-) -> Result<Vec<u64>> {
+) -> Result<(Vec<u64>, u64)> {
     let mut steps = txn.open_table(STEPS).context(what)?;
+    let mut summaries = txn.open_table(SUMMARIES).context(what)?;
     let mut tables = chunk_tables(txn, what)?;
     let mut removed = Vec::with_capacity(doomed.len());
+    let mut freed = 0;
     for &step in doomed {
+        summaries.remove(step).context(what)?;
         let Some(old) = steps
             .remove(step)
             .context(what)?
@@ -218,8 +401,10 @@ fn remove_steps(
         // A damaged manifest is removed all the same; its chunks stay
         // referenced, since nothing says which they are.
         if let Ok(manifest) = decode_manifest(step, &old) {
-            tables.release(&manifest)?;
+            let f = tables.release(&manifest)?;
+            freed += f.0;
+            delta.freed(f);
         }
     }
-    Ok(removed)
+    Ok((removed, freed))
 }
