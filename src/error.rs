@@ -77,6 +77,15 @@ pub enum Error {
         op: &'static str,
     },
 
+    /// One or more background commits failed.
+    #[error("background commit of step(s) {steps:?} failed: {reason}")]
+    AsyncCommitFailed {
+        /// The steps whose commits failed.
+        steps: Vec<u64>,
+        /// The first failure's message.
+        reason: String,
+    },
+
     /// A step named by the caller is not stored.
     #[error("step {step} is not in the store")]
     StepNotFound {

@@ -60,6 +60,6 @@ pub use checkpoint::GradientCheckpoint;
 pub use error::{Error, Result};
 pub use graph::{ComputationGraphStore, ComputationNode};
 pub use store::{
-    CheckpointStore, CommitInfo, Durability, Goal, Retention, StepInfo, StepSummary, StoreOptions,
-    StoreStats, VerifyReport,
+    CheckpointStore, CommitHandle, CommitInfo, Durability, Goal, Retention, StepInfo, StepSummary,
+    StoreOptions, StoreStats, VerifyReport,
 };

@@ -1,5 +1,6 @@
 //! The checkpoint store: one redb file, one write transaction per step.
 
+mod asynch;
 mod backend;
 mod chunks;
 mod read;
@@ -8,7 +9,7 @@ mod schema;
 mod write;
 
 use std::path::{Path, PathBuf};
-use std::sync::{PoisonError, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
 
 use redb::{
     ConcurrencyMode, Database, ReadOnlyDatabase, ReadTransaction, ReadableDatabase, TableHandle,
@@ -17,9 +18,11 @@ use redb::{
 
 use crate::error::StorageContext;
 use crate::{Error, Result};
+use asynch::AsyncWriter;
 use backend::{DynBackend, Source};
 use schema::{FORMAT_VERSION, META, META_CREATED, META_FORMAT, META_STORE_ID};
 
+pub use asynch::CommitHandle;
 pub use read::{StepInfo, StoreStats, VerifyReport};
 pub use retention::{Goal, Retention, StepSummary};
 pub use write::CommitInfo;
@@ -58,6 +61,7 @@ pub struct StoreOptions {
     shared: bool,
     retention: Retention,
     check_integrity: bool,
+    async_queue_depth: usize,
 }
 
 impl Default for StoreOptions {
@@ -68,6 +72,7 @@ impl Default for StoreOptions {
             shared: true,
             retention: Retention::new(),
             check_integrity: false,
+            async_queue_depth: 2,
         }
     }
 }
@@ -97,6 +102,15 @@ impl StoreOptions {
     /// itself.
     pub fn shared(mut self, shared: bool) -> Self {
         self.shared = shared;
+        self
+    }
+
+    /// How many checkpoints [`CheckpointStore::commit_async`] may queue
+    /// before it blocks the caller (default 2; at least 1). Memory held by
+    /// queued commits is at most this many checkpoints plus the one being
+    /// written.
+    pub fn async_queue_depth(mut self, depth: usize) -> Self {
+        self.async_queue_depth = depth.max(1);
         self
     }
 
@@ -171,13 +185,13 @@ impl StoreOptions {
             ));
         }
         let handle = Handle::open_writable(&source, &self)?;
-        Ok(CheckpointStore {
+        Ok(CheckpointStore::from_core(Core {
             path: source.path().clone(),
             source,
             read_only: false,
             options: self,
             handle: RwLock::new(handle),
-        })
+        }))
     }
 
     /// Open an existing store read-only. With a shared writer (the default)
@@ -185,13 +199,13 @@ impl StoreOptions {
     pub fn open_read_only(self, path: impl AsRef<Path>) -> Result<CheckpointStore> {
         let path = path.as_ref().to_owned();
         let handle = Handle::open_read_only(&path, &self)?;
-        Ok(CheckpointStore {
+        Ok(CheckpointStore::from_core(Core {
             source: Source::Path(path.clone()),
             path,
             read_only: true,
             options: self,
             handle: RwLock::new(handle),
-        })
+        }))
     }
 
     fn builder(&self) -> redb::Builder {
@@ -225,6 +239,14 @@ impl StoreOptions {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct CheckpointStore {
+    core: Arc<Core>,
+    /// The background writer of `commit_async`, started on first use. Only
+    /// the caller's handle has one; the writer's own handle does not.
+    writer: Mutex<Option<AsyncWriter>>,
+}
+
+/// What every handle on one open store shares.
+struct Core {
     path: PathBuf,
     source: Source,
     read_only: bool,
@@ -232,11 +254,29 @@ pub struct CheckpointStore {
     handle: RwLock<Handle>,
 }
 
+impl CheckpointStore {
+    fn from_core(core: Core) -> Self {
+        CheckpointStore {
+            core: Arc::new(core),
+            writer: Mutex::new(None),
+        }
+    }
+
+    /// A second handle on the same open database, for the background
+    /// writer (it has no writer of its own).
+    fn worker_handle(&self) -> Self {
+        CheckpointStore {
+            core: self.core.clone(),
+            writer: Mutex::new(None),
+        }
+    }
+}
+
 impl std::fmt::Debug for CheckpointStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CheckpointStore")
-            .field("path", &self.path)
-            .field("options", &self.options)
+            .field("path", &self.core.path)
+            .field("options", &self.core.options)
             .finish_non_exhaustive()
     }
 }
@@ -330,7 +370,7 @@ impl CheckpointStore {
 
     /// The store file's path.
     pub fn path(&self) -> &Path {
-        &self.path
+        &self.core.path
     }
 
     /// Whether the store was opened read-only.
@@ -339,7 +379,10 @@ impl CheckpointStore {
     }
 
     fn read_handle(&self) -> RwLockReadGuard<'_, Handle> {
-        self.handle.read().unwrap_or_else(PoisonError::into_inner)
+        self.core
+            .handle
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The live handle, reopening the database if an I/O error closed it.
@@ -356,12 +399,16 @@ impl CheckpointStore {
 
     /// The handle for exclusive use (compaction), reopened if closed.
     fn handle_mut(&self) -> Result<std::sync::RwLockWriteGuard<'_, Handle>> {
-        let mut guard = self.handle.write().unwrap_or_else(PoisonError::into_inner);
+        let mut guard = self
+            .core
+            .handle
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
         if matches!(&*guard, Handle::Closed) {
-            *guard = if self.read_only {
-                Handle::open_read_only(&self.path, &self.options)?
+            *guard = if self.core.read_only {
+                Handle::open_read_only(&self.core.path, &self.core.options)?
             } else {
-                Handle::open_writable(&self.source, &self.options)?
+                Handle::open_writable(&self.core.source, &self.core.options)?
             };
         }
         Ok(guard)
@@ -370,7 +417,11 @@ impl CheckpointStore {
     /// After an I/O error redb refuses all work until the database is
     /// reopened (which repairs it): drop it now, reopen on next use.
     fn close_after_io_error(&self) {
-        let mut guard = self.handle.write().unwrap_or_else(PoisonError::into_inner);
+        let mut guard = self
+            .core
+            .handle
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
         *guard = Handle::Closed;
     }
 
@@ -399,7 +450,7 @@ impl CheckpointStore {
                 Handle::ReadOnly(db) => db.begin_read(),
                 Handle::Closed => unreachable_closed(),
             }
-            .context(|| format!("starting a read of {}", self.path.display()))
+            .context(|| format!("starting a read of {}", self.core.path.display()))
         };
         if let Err(e) = &result {
             if e.is_io() {
@@ -421,12 +472,12 @@ impl CheckpointStore {
             let guard = self.live_handle()?;
             let Handle::Writable(db) = &*guard else {
                 return Err(Error::ReadOnly {
-                    path: self.path.clone(),
+                    path: self.core.path.clone(),
                     op,
                 });
             };
             let mut txn = db.begin_write().context(what)?;
-            if self.options.durability == Durability::Eventual {
+            if self.core.options.durability == Durability::Eventual {
                 txn.set_durability(redb::Durability::None).context(what)?;
             }
             let value = f(&txn)?;

@@ -133,7 +133,7 @@ impl CheckpointStore {
         }
 
         let what = || format!("committing step {step}");
-        let policy = &self.options.retention;
+        let policy = &self.core.options.retention;
         let mut info = with_hashes(&pieces, |hashes| {
             self.write("commit", &what, |txn| {
                 let mut delta = Delta::default();
