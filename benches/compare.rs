@@ -8,13 +8,17 @@
 //! ```
 
 mod common;
+#[path = "common/sqlite.rs"]
+mod sqlite;
 
 use std::time::{Duration, Instant};
 
 use common::*;
+use sqlite::Sqlite;
 
 fn main() -> Result {
-    let which = std::env::var("CKPT_BENCH").unwrap_or_else(|_| "small,medium,large,scale".into());
+    let which = std::env::var("CKPT_BENCH")
+        .unwrap_or_else(|_| "small,medium,large,incremental,async,scale".into());
     let which: Vec<&str> = which.split(',').map(str::trim).collect();
     println!("# ckptstore write-throughput comparison\n");
     println!("machine: {} cores, {}", cores(), cpu_model());
@@ -23,6 +27,12 @@ fn main() -> Result {
         if which.contains(&w.name) {
             run_workload(&w, iters)?;
         }
+    }
+    if which.contains(&"incremental") {
+        run_incremental()?;
+    }
+    if which.contains(&"async") {
+        run_async()?;
     }
     if which.contains(&"scale") {
         run_scale()?;
@@ -159,6 +169,143 @@ fn run_workload(w: &Workload, iters: usize) -> Result {
         store.disk_per_step / w.logical_bytes() as f64,
         human(store.extra_peak),
         human(w.logical_bytes())
+    );
+    Ok(())
+}
+
+/// Incremental commits: 16 MiB in 20 blobs, 2 of which change per step.
+fn run_incremental() -> Result {
+    println!("## incremental: 16 MiB in 20 blobs, 10% of the bytes change per step\n");
+    let dir = tempfile::tempdir_in(bench_dir())?;
+    let mut store = Store::new(dir.path().join("inc.ckpt"))?;
+    let mut raw = RawFsync::new(dir.path().to_owned());
+    let mut ckpt = checkpoint(&MEDIUM);
+    store.commit(&ckpt)?;
+    let names: Vec<String> = ckpt.optimizer_state.keys().cloned().collect();
+    let (mut inc, mut raws, mut written) = (Vec::new(), Vec::new(), Vec::new());
+    for step in 1..=20u64 {
+        ckpt.step = step;
+        for k in 0..2 {
+            let name = &names[(2 * step as usize + k) % names.len()];
+            if let Some(blob) = ckpt.optimizer_state.get_mut(name) {
+                for page in blob.chunks_mut(4096) {
+                    page[..8].copy_from_slice(&step.to_le_bytes());
+                }
+            }
+        }
+        let t = Instant::now();
+        let info = store.store.commit(&ckpt)?;
+        inc.push(t.elapsed());
+        written.push(info.bytes_written);
+        let t = Instant::now();
+        raw.commit(&ckpt)?;
+        raws.push(t.elapsed());
+    }
+    let full = MEDIUM.logical_bytes() as f64;
+    written.sort_unstable();
+    let w = written[written.len() / 2] as f64;
+    let (i, r) = (median(&mut inc), median(&mut raws));
+    println!("| commit | median time | bytes written per step |");
+    println!("|---|---:|---:|");
+    println!(
+        "| ckptstore, incremental | {} | {} ({:.0}% of full) |",
+        fmt_dur(i),
+        human(w as u64),
+        100.0 * w / full
+    );
+    println!(
+        "| raw write + fsync, whole checkpoint | {} | {} |",
+        fmt_dur(r),
+        human(full as u64)
+    );
+    println!(
+        "\n- incremental commit time / raw full write: **{:.2}x**\n",
+        i.as_secs_f64() / r.as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Async commits: the caller's stall, and a simulated training loop.
+fn run_async() -> Result {
+    use ckptstore::StoreOptions;
+    println!("## async: caller stall for a 256 MiB checkpoint, and a training loop\n");
+    let dir = tempfile::tempdir_in(bench_dir())?;
+    let store = StoreOptions::new().open(dir.path().join("async.ckpt"))?;
+    let mut ckpt = checkpoint(&LARGE);
+    let (mut sync, mut stall) = (Vec::new(), Vec::new());
+    for i in 0..3u64 {
+        touch(&mut ckpt, 2 * i);
+        let t = Instant::now();
+        store.commit(&ckpt)?;
+        sync.push(t.elapsed());
+        touch(&mut ckpt, 2 * i + 1);
+        let owned = ckpt.clone(); // the caller gives the writer its own copy
+        let t = Instant::now();
+        let handle = store.commit_async(owned)?;
+        stall.push(t.elapsed());
+        handle.wait()?;
+    }
+    let (s, a) = (median(&mut sync), median(&mut stall));
+    println!("| 256 MiB checkpoint | median |");
+    println!("|---|---:|");
+    println!("| `commit` (caller waits for the disk) | {} |", fmt_dur(s));
+    println!(
+        "| `commit_async` (caller's stall, queue not full) | {} |",
+        fmt_dur(a)
+    );
+    println!(
+        "\n- stall / synchronous commit: **{:.3}%**\n",
+        100.0 * a.as_secs_f64() / s.as_secs_f64()
+    );
+
+    // 40 steps of 100 ms busy compute, a 64 MiB checkpoint every 5 steps.
+    let w = Workload {
+        name: "loop",
+        nodes: 100,
+        blobs: 4,
+        blob_len: 16 << 20,
+    };
+    let mut state = checkpoint(&w);
+    let compute = Duration::from_millis(100);
+    let mut run = |mode: u8| -> Result<Duration> {
+        let store = StoreOptions::new().open(dir.path().join(format!("loop{mode}.ckpt")))?;
+        let t = Instant::now();
+        for step in 0..40u64 {
+            let until = Instant::now() + compute;
+            let mut x = step;
+            while Instant::now() < until {
+                x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+            }
+            if step % 5 == 4 {
+                touch(&mut state, step);
+                match mode {
+                    1 => {
+                        store.commit(&state)?;
+                    }
+                    2 => drop(store.commit_async(state.clone())?),
+                    _ => {}
+                }
+            }
+        }
+        store.flush()?;
+        Ok(t.elapsed())
+    };
+    let none = run(0)?;
+    let sync_loop = run(1)?;
+    let async_loop = run(2)?;
+    let pct = |d: Duration| 100.0 * (d.as_secs_f64() / none.as_secs_f64() - 1.0);
+    println!("| training loop (40 x 100 ms compute, 64 MiB checkpoint every 5 steps) | total | overhead |");
+    println!("|---|---:|---:|");
+    println!("| no checkpoints | {} | - |", fmt_dur(none));
+    println!(
+        "| `commit` | {} | {:.1}% |",
+        fmt_dur(sync_loop),
+        pct(sync_loop)
+    );
+    println!(
+        "| `commit_async` (copy of the state + queue) | {} | {:.1}% |\n",
+        fmt_dur(async_loop),
+        pct(async_loop)
     );
     Ok(())
 }

@@ -594,6 +594,8 @@ fn check_meta(path: &Path, txn: &ReadTransaction) -> Result<()> {
         schema::STEPS.name(),
         schema::CHUNKS.name(),
         schema::REFS.name(),
+        schema::SUMMARIES.name(),
+        schema::PINS.name(),
     ] {
         let exists = txn
             .list_tables()

@@ -16,7 +16,7 @@ use crate::error::StorageContext;
 use crate::{Error, GradientCheckpoint, Result};
 
 /// A step's metadata, read without its blobs.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 #[non_exhaustive]
 pub struct StepInfo {
     /// The step number.
@@ -58,7 +58,7 @@ pub struct VerifyReport {
 }
 
 /// What [`CheckpointStore::stats`] reports.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
 pub struct StoreStats {
     /// Steps stored.
@@ -310,6 +310,22 @@ impl CheckpointStore {
         })
     }
 
+    /// The steps [`apply_retention`](Self::apply_retention) would delete
+    /// now, without deleting them.
+    pub fn retention_preview(&self, policy: &crate::Retention) -> Result<Vec<u64>> {
+        let what = || "previewing a retention policy".to_owned();
+        self.shielded(None, &what, || {
+            let txn = self.begin_read()?;
+            let summaries = txn
+                .open_table(SUMMARIES)
+                .context(|| "opening table summaries".to_owned())?;
+            let pins = txn
+                .open_table(PINS)
+                .context(|| "opening table pins".to_owned())?;
+            Ok(policy.doomed(&collect_summaries(&summaries, ..)?, &collect_keys(&pins)?))
+        })
+    }
+
     /// The pinned steps, ascending.
     pub fn pinned(&self) -> Result<Vec<u64>> {
         let what = || "listing pinned steps".to_owned();
@@ -394,6 +410,12 @@ impl CheckpointStore {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn verify(&self) -> Result<VerifyReport> {
+        self.verify_with(&mut |_, _| {})
+    }
+
+    /// [`verify`](Self::verify), calling `progress(step, blob_bytes)` after
+    /// each step is checked (for progress bars).
+    pub fn verify_with(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<VerifyReport> {
         let what = || "verifying".to_owned();
         self.shielded(None, &what, || {
             let txn = self.begin_read()?;
@@ -426,8 +448,12 @@ impl CheckpointStore {
                     Ok(ckpt) => {
                         report.steps_ok += 1;
                         report.bytes_checked += ckpt.logical_bytes();
+                        progress(step, ckpt.logical_bytes());
                     }
-                    Err(e) => report.damaged.push((step, e)),
+                    Err(e) => {
+                        report.damaged.push((step, e));
+                        progress(step, 0);
+                    }
                 }
             }
             if report.damaged.is_empty() {

@@ -98,3 +98,15 @@ pub fn trials(ci: usize, long: usize) -> usize {
         ci
     }
 }
+
+/// Run the `ckpt` binary; returns (exit code, stdout, stderr).
+pub fn ckpt(args: &[&str]) -> std::io::Result<(i32, String, String)> {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ckpt"))
+        .args(args)
+        .output()?;
+    Ok((
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}
