@@ -433,13 +433,10 @@ impl CheckpointStore {
         what: &dyn Fn() -> String,
         f: impl FnOnce() -> Result<T>,
     ) -> Result<T> {
-        let result = shield(step, what, f);
-        if let Err(Error::Corrupt { detail, .. }) = &result {
-            if detail.contains("(redb: ") {
-                self.close_after_io_error();
-            }
-        }
-        result
+        catch_panic(f).unwrap_or_else(|msg| {
+            self.close_after_io_error();
+            Err(damaged(step, what, &msg))
+        })
     }
 
     pub(crate) fn begin_read(&self) -> Result<ReadTransaction> {
@@ -468,7 +465,7 @@ impl CheckpointStore {
         what: &dyn Fn() -> String,
         f: impl FnOnce(&WriteTransaction) -> Result<T>,
     ) -> Result<T> {
-        let result = shield(None, what, || {
+        let result = self.shielded(None, what, || {
             let guard = self.live_handle()?;
             let Handle::Writable(db) = &*guard else {
                 return Err(Error::ReadOnly {
@@ -485,8 +482,7 @@ impl CheckpointStore {
             Ok(value)
         });
         if let Err(e) = &result {
-            if e.is_io() || matches!(e, Error::Corrupt { detail, .. } if detail.contains("(redb: "))
-            {
+            if e.is_io() {
                 self.close_after_io_error();
             }
         }
@@ -507,20 +503,25 @@ pub(crate) fn shield<T>(
     what: &dyn Fn() -> String,
     f: impl FnOnce() -> Result<T>,
 ) -> Result<T> {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
-        Ok(result) => result,
-        Err(payload) => {
-            let msg = payload
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| payload.downcast_ref::<&str>().copied())
-                .unwrap_or("unknown panic");
-            Err(Error::corrupt(
-                step,
-                format!("{}: the store file is damaged (redb: {msg})", what()),
-            ))
-        }
-    }
+    catch_panic(f).unwrap_or_else(|msg| Err(damaged(step, what, &msg)))
+}
+
+/// `f`'s result, or the message of the panic it raised.
+fn catch_panic<T>(f: impl FnOnce() -> Result<T>) -> std::result::Result<Result<T>, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|payload| {
+        payload
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap_or_else(|| "unknown panic".to_owned())
+    })
+}
+
+fn damaged(step: Option<u64>, what: &dyn Fn() -> String, msg: &str) -> Error {
+    Error::corrupt(
+        step,
+        format!("{}: the store file is damaged (redb: {msg})", what()),
+    )
 }
 
 fn unreachable_closed() -> std::result::Result<ReadTransaction, redb::TransactionError> {

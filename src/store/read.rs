@@ -8,8 +8,8 @@ use redb::{ReadOnlyTable, ReadTransaction, ReadableTable, WriteTransaction};
 use super::chunks::{hash_all, hex, split};
 use super::retention::{Goal, StepSummary};
 use super::schema::{
-    decode_manifest, ChunkId, Manifest, CHUNKS, META, META_STORED_BYTES, META_STORED_CHUNKS, PINS,
-    REFS, STEPS, SUMMARIES,
+    decode_manifest, meta_u64, ChunkId, Manifest, CHUNKS, META, META_STORED_BYTES,
+    META_STORED_CHUNKS, PINS, REFS, STEPS, SUMMARIES,
 };
 use super::{shield, CheckpointStore};
 use crate::error::StorageContext;
@@ -364,14 +364,10 @@ impl CheckpointStore {
             let meta = txn
                 .open_table(META)
                 .context(|| "opening table meta".to_owned())?;
-            let read = |key: &str| -> Result<u64> {
-                Ok(meta
-                    .get(key)
-                    .context(|| "reading table meta".to_owned())?
-                    .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
-                    .map_or(0, u64::from_le_bytes))
-            };
-            Ok((read(META_STORED_BYTES)?, read(META_STORED_CHUNKS)?))
+            Ok((
+                meta_u64(&meta, META_STORED_BYTES)?,
+                meta_u64(&meta, META_STORED_CHUNKS)?,
+            ))
         })?;
         // Pages in use, from redb: needs a write transaction (then aborted),
         // so a read-only store reports 0.
@@ -508,11 +504,7 @@ fn check_accounting(
         .open_table(META)
         .context(|| "opening table meta".to_owned())?;
     for (key, actual) in [(META_STORED_BYTES, bytes), (META_STORED_CHUNKS, count)] {
-        let recorded = meta
-            .get(key)
-            .context(|| "reading table meta".to_owned())?
-            .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
-            .map_or(0, u64::from_le_bytes);
+        let recorded = meta_u64(&meta, key)?;
         if recorded != actual {
             problems.push(format!(
                 "meta {key} says {recorded}, the chunks hold {actual}"

@@ -50,6 +50,21 @@ pub(crate) const META_CREATED: &str = "created_at";
 /// writes.
 pub(crate) const FORMAT_VERSION: u32 = 1;
 
+/// A `u64` counter of the `meta` table (0 when absent or malformed).
+pub(crate) fn meta_u64(
+    meta: &impl redb::ReadableTable<&'static str, &'static [u8]>,
+    key: &str,
+) -> Result<u64> {
+    Ok(meta
+        .get(key)
+        .map_err(|e| Error::Storage {
+            context: format!("reading {key} from table meta"),
+            source: e.into(),
+        })?
+        .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
+        .map_or(0, u64::from_le_bytes))
+}
+
 /// A chunk's identity: the BLAKE3 hash of its bytes.
 pub(crate) type ChunkId = [u8; 32];
 

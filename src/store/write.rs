@@ -9,8 +9,8 @@ use super::chunks::{split, with_hashes, ChunkTables};
 use super::read::{read_pins, read_summaries};
 use super::retention::{Retention, StepSummary};
 use super::schema::{
-    decode_manifest, encode_manifest, BlobRef, CHUNKS, META, META_STORED_BYTES, META_STORED_CHUNKS,
-    PINS, REFS, STEPS, SUMMARIES,
+    decode_manifest, encode_manifest, meta_u64, BlobRef, CHUNKS, META, META_STORED_BYTES,
+    META_STORED_CHUNKS, PINS, REFS, STEPS, SUMMARIES,
 };
 use super::CheckpointStore;
 use crate::error::StorageContext;
@@ -62,11 +62,7 @@ impl Delta {
             (META_STORED_BYTES, self.bytes),
             (META_STORED_CHUNKS, self.chunks),
         ] {
-            let old = meta
-                .get(key)
-                .context(what)?
-                .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
-                .map_or(0, u64::from_le_bytes);
+            let old = meta_u64(&meta, key)?;
             let new = (i128::from(old) + delta).clamp(0, i128::from(u64::MAX)) as u64;
             meta.insert(key, new.to_le_bytes().as_slice())
                 .context(what)?;
