@@ -78,13 +78,7 @@ fn run_workload(w: &Workload, iters: usize) -> Result {
         };
         reset_peak_rss();
         let base = rss();
-        let mut times = Vec::with_capacity(n);
-        for i in 0..n {
-            touch(&mut ckpt, i as u64);
-            let t = Instant::now();
-            c.commit(&ckpt)?;
-            times.push(t.elapsed());
-        }
+        let mut times = time_commits(c.as_mut(), &mut ckpt, n, || {})?;
         let extra_peak = peak_rss().saturating_sub(base);
         let disk_per_step = c.disk_bytes()? as f64 / n as f64;
         let mut reads = Vec::new();

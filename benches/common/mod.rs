@@ -100,6 +100,24 @@ pub fn touch(ckpt: &mut GradientCheckpoint, step: u64) {
     }
 }
 
+/// Commit `n` steps of `ckpt` (touched per step) with `c`; the time of each.
+pub fn time_commits(
+    c: &mut dyn Contender,
+    ckpt: &mut GradientCheckpoint,
+    n: usize,
+    mut after_each: impl FnMut(),
+) -> Result<Vec<std::time::Duration>> {
+    let mut times = Vec::with_capacity(n);
+    for i in 0..n {
+        touch(ckpt, i as u64);
+        let t = std::time::Instant::now();
+        c.commit(ckpt)?;
+        times.push(t.elapsed());
+        after_each();
+    }
+    Ok(times)
+}
+
 /// One way of saving checkpoints.
 pub trait Contender {
     fn name(&self) -> &'static str;

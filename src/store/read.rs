@@ -106,12 +106,10 @@ impl CheckpointStore {
         let what = || format!("reading step {step}");
         self.shielded(Some(step), &what, || {
             let txn = self.begin_read()?;
-            let steps = open_steps(&txn)?;
-            let Some(bytes) = steps.get(step).context(|| read_ctx(step))? else {
-                return Ok(None);
-            };
-            let manifest = decode_manifest(step, bytes.value())?;
-            assemble(&txn, manifest).map(Some)
+            match manifest_of(&txn, step)? {
+                Some(manifest) => assemble(&txn, manifest).map(Some),
+                None => Ok(None),
+            }
         })
     }
 
@@ -202,11 +200,9 @@ impl CheckpointStore {
         let what = || format!("reading step {step}");
         self.shielded(Some(step), &what, || {
             let txn = self.begin_read()?;
-            let steps = open_steps(&txn)?;
-            let Some(bytes) = steps.get(step).context(|| read_ctx(step))? else {
+            let Some(m) = manifest_of(&txn, step)? else {
                 return Ok(None);
             };
-            let m = decode_manifest(step, bytes.value())?;
             Ok(Some(StepInfo {
                 step,
                 timestamp: m.timestamp,
@@ -296,11 +292,9 @@ impl CheckpointStore {
         let what = || format!("reading blob {name:?} of step {step}");
         self.shielded(Some(step), &what, || {
             let txn = self.begin_read()?;
-            let steps = open_steps(&txn)?;
-            let Some(bytes) = steps.get(step).context(|| read_ctx(step))? else {
+            let Some(mut manifest) = manifest_of(&txn, step)? else {
                 return Ok(None);
             };
-            let mut manifest = decode_manifest(step, bytes.value())?;
             let Some(blob) = manifest.blobs.remove(name) else {
                 return Ok(None);
             };
@@ -563,6 +557,15 @@ fn collect_keys<V: redb::Value + 'static>(
         .map(|r| r.map(|(k, _)| k.value()))
         .collect::<Result<_, _>>()
         .context(ctx)
+}
+
+/// The decoded, hash-checked manifest of `step`, if stored.
+fn manifest_of(txn: &ReadTransaction, step: u64) -> Result<Option<Manifest>> {
+    let steps = open_steps(txn)?;
+    let Some(bytes) = steps.get(step).context(|| read_ctx(step))? else {
+        return Ok(None);
+    };
+    decode_manifest(step, bytes.value()).map(Some)
 }
 
 fn read_ctx(step: u64) -> String {

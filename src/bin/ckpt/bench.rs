@@ -2,13 +2,13 @@
 //! `benches/compare.rs` (SQLite is in the benches only).
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[allow(unreachable_pub)]
 #[path = "../../../benches/common/mod.rs"]
 mod common;
 
-use common::{checkpoint, touch, Contender, RawFsync, SeedJson, Store, Workload};
+use common::{checkpoint, time_commits, Contender, RawFsync, SeedJson, Store, Workload};
 use indicatif::ProgressBar;
 
 type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -86,14 +86,7 @@ fn measure(w: &Workload, iters: usize, dir: &Path) -> Result<Vec<(&'static str, 
     let bar = ProgressBar::new(contenders.iter().map(|(_, n)| *n as u64).sum());
     bar.set_message(w.name);
     for (mut c, n) in contenders {
-        let mut times = Vec::with_capacity(n);
-        for i in 0..n {
-            touch(&mut ckpt, i as u64);
-            let t = Instant::now();
-            c.commit(&ckpt)?;
-            times.push(t.elapsed());
-            bar.inc(1);
-        }
+        let mut times = time_commits(c.as_mut(), &mut ckpt, n, || bar.inc(1))?;
         times.sort_unstable();
         rows.push((c.name(), times[times.len() / 2]));
     }
