@@ -17,8 +17,14 @@
 //!   [`remove`](CheckpointStore::remove),
 //!   [`rollback_to`](CheckpointStore::rollback_to),
 //!   [`verify`](CheckpointStore::verify).
+//! - [`commit_async`](CheckpointStore::commit_async) writes in the background
+//!   behind a bounded queue, so training does not wait for the disk.
+//! - [`Retention`] policies (keep last N, every N-th, one per interval, best
+//!   K by a metric; pinned steps are kept) run with each commit or on demand;
+//!   [`stats`](CheckpointStore::stats) and
+//!   [`compact`](CheckpointStore::compact) track and reclaim space.
 //! - Other processes can open the store read-only while a training run
-//!   writes to it ([`CheckpointStore::open_read_only`]).
+//!   writes to it ([`CheckpointStore::open_read_only`]); the `ckpt` tool does.
 //! - [`GradientCheckpoint::save`] / [`GradientCheckpoint::load`] keep the
 //!   original one-JSON-file-per-step format for import and export.
 //!
