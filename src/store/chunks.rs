@@ -18,10 +18,14 @@ use crate::Result;
 /// offsets); measured at <= 64 with 32-byte keys, doubled for margin.
 const LEAF_OVERHEAD: usize = 128;
 
+/// log2 of the run of pages a full chunk fills (1 MiB; 4 MiB measured no
+/// faster here).
+const CHUNK_BITS: u32 = 20;
+
 /// Largest chunk: just under 1 MiB, so a chunk with its key and leaf header
 /// fits a 1 MiB run of pages. redb allocates power-of-two runs, so a value of
 /// exactly 1 MiB would take 2 MiB.
-pub(crate) const CHUNK_SIZE: usize = (1 << 20) - LEAF_OVERHEAD;
+pub(crate) const CHUNK_SIZE: usize = (1 << CHUNK_BITS) - LEAF_OVERHEAD;
 
 /// Below this many bytes, hashing on one thread beats starting others.
 const PARALLEL_MIN_BYTES: usize = 4 << 20;
@@ -38,7 +42,7 @@ pub(crate) fn chunk_lengths(len: usize) -> impl Iterator<Item = usize> {
     let full = len / CHUNK_SIZE;
     let mut rem = len % CHUNK_SIZE;
     let mut tail = Vec::new();
-    for bits in (MIN_SPLIT_BITS..20).rev() {
+    for bits in (MIN_SPLIT_BITS..CHUNK_BITS).rev() {
         let piece = (1usize << bits) - LEAF_OVERHEAD;
         while rem >= piece {
             tail.push(piece);
