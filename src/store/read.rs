@@ -5,15 +5,18 @@ use std::ops::RangeBounds;
 
 use redb::{ReadOnlyTable, ReadTransaction, ReadableTable, WriteTransaction};
 
-use super::chunks::{hash_all, hex, split};
+use super::chunks::{chunk_lengths, hex};
 use super::retention::{Goal, StepSummary};
 use super::schema::{
-    decode_manifest, meta_u64, ChunkId, Manifest, CHUNKS, META, META_STORED_BYTES,
+    decode_manifest, meta_u64, BlobRef, ChunkId, Manifest, CHUNKS, META, META_STORED_BYTES,
     META_STORED_CHUNKS, PINS, REFS, STEPS, SUMMARIES,
 };
 use super::{shield, CheckpointStore};
 use crate::error::StorageContext;
 use crate::{Error, GradientCheckpoint, Result};
+
+/// Blobs at least this large are read and hashed in a pipeline.
+const PIPELINE_MIN_BYTES: usize = 4 << 20;
 
 /// A step's metadata, read without its blobs.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -585,18 +588,91 @@ fn assemble(txn: &ReadTransaction, manifest: Manifest) -> Result<GradientCheckpo
         .context(|| "opening table chunks".to_owned())?;
     let (mut ckpt, blobs) = manifest.into_parts();
     for (name, blob) in blobs {
-        let len = usize::try_from(blob.len).map_err(|_| {
-            Error::corrupt(Some(step), format!("blob {name:?} is too long to load"))
+        let data = read_blob(&chunks, step, &name, &blob)?;
+        ckpt.optimizer_state.insert(name, data);
+    }
+    Ok(ckpt)
+}
+
+/// Read one blob's chunks, checking each length and hash. Chunk boundaries
+/// are a function of the blob's length; for large blobs a second thread
+/// hashes each chunk while the next is read.
+fn read_blob(
+    chunks: &ReadOnlyTable<&'static [u8; 32], &'static [u8]>,
+    step: u64,
+    name: &str,
+    blob: &BlobRef,
+) -> Result<Vec<u8>> {
+    let corrupt = |detail: String| Error::corrupt(Some(step), detail);
+    // The manifest's hash was checked and its length bounded by its chunk
+    // count when it was decoded.
+    let len = usize::try_from(blob.len)
+        .map_err(|_| corrupt(format!("blob {name:?} is too long to load")))?;
+    let lengths: Vec<usize> = chunk_lengths(len).collect();
+    if lengths.len() != blob.chunks.len() {
+        return Err(corrupt(format!(
+            "blob {name:?} lists {} chunks, its length {len} needs {}",
+            blob.chunks.len(),
+            lengths.len()
+        )));
+    }
+    let mut data = vec![0u8; len];
+    let ctx = BlobCtx {
+        chunks,
+        step,
+        name,
+        blob,
+        lengths: &lengths,
+    };
+    let hashes_ok = if len < PIPELINE_MIN_BYTES {
+        let mut ok = true;
+        ctx.fill(&mut data, &mut |piece, id| {
+            ok = blake3::hash(piece).as_bytes() == id;
+            ok
         })?;
-        let mut data: Vec<u8> = Vec::new();
-        data.try_reserve_exact(len).map_err(|e| {
-            Error::corrupt(
-                Some(step),
-                format!("cannot allocate {len} bytes for blob {name:?}: {e}"),
-            )
-        })?;
-        for id in &blob.chunks {
-            let chunk = chunks
+        ok
+    } else {
+        std::thread::scope(|s| -> Result<bool> {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<(&[u8], ChunkId)>(16);
+            let hasher = s.spawn(move || {
+                rx.into_iter()
+                    .all(|(piece, id)| blake3::hash(piece).as_bytes() == &id)
+            });
+            // Each piece of `data` is written here, then only read there.
+            let filled = ctx.fill(&mut data, &mut |piece, id| tx.send((piece, *id)).is_ok());
+            drop(tx);
+            let ok = hasher.join().unwrap_or(false);
+            filled.map(|()| ok)
+        })?
+    };
+    if !hashes_ok {
+        return Err(corrupt(format!("blob {name:?} fails its hash check")));
+    }
+    Ok(data)
+}
+
+/// What reading one blob needs.
+struct BlobCtx<'a> {
+    chunks: &'a ReadOnlyTable<&'static [u8; 32], &'static [u8]>,
+    step: u64,
+    name: &'a str,
+    blob: &'a BlobRef,
+    lengths: &'a [usize],
+}
+
+impl BlobCtx<'_> {
+    /// Copy each chunk into its piece of `data`, checking its length, and
+    /// hand the piece with its id to `sink`; stop early if `sink` says so.
+    fn fill<'d>(
+        &self,
+        data: &'d mut [u8],
+        sink: &mut dyn FnMut(&'d [u8], &ChunkId) -> bool,
+    ) -> Result<()> {
+        let (step, name) = (self.step, self.name);
+        let mut rest = data;
+        for (id, &n) in self.blob.chunks.iter().zip(self.lengths) {
+            let chunk = self
+                .chunks
                 .get(id)
                 .context(|| format!("reading chunk {} of step {step}", hex(id)))?
                 .ok_or_else(|| {
@@ -606,33 +682,23 @@ fn assemble(txn: &ReadTransaction, manifest: Manifest) -> Result<GradientCheckpo
                     )
                 })?;
             let bytes = chunk.value();
-            if data.len() + bytes.len() > len {
+            if bytes.len() != n {
                 return Err(Error::corrupt(
                     Some(step),
-                    format!("blob {name:?} is longer than its recorded {len} bytes"),
+                    format!(
+                        "chunk {} of blob {name:?} has {} bytes, expected {n}",
+                        hex(id),
+                        bytes.len()
+                    ),
                 ));
             }
-            data.extend_from_slice(bytes);
+            let (piece, tail) = std::mem::take(&mut rest).split_at_mut(n);
+            piece.copy_from_slice(bytes);
+            rest = tail;
+            if !sink(piece, id) {
+                break; // a hash already failed
+            }
         }
-        if data.len() != len {
-            return Err(Error::corrupt(
-                Some(step),
-                format!(
-                    "blob {name:?} has {} bytes, its manifest says {len}",
-                    data.len()
-                ),
-            ));
-        }
-        // Chunk boundaries are a function of the length, so the blob's own
-        // slices must hash to the ids in order.
-        let pieces: Vec<&[u8]> = split(&data).collect();
-        if pieces.len() != blob.chunks.len() || hash_all(&pieces) != blob.chunks {
-            return Err(Error::corrupt(
-                Some(step),
-                format!("blob {name:?} fails its hash check"),
-            ));
-        }
-        ckpt.optimizer_state.insert(name, data);
+        Ok(())
     }
-    Ok(ckpt)
 }
