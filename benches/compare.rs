@@ -21,7 +21,7 @@ fn main() -> Result {
         return peak_child(&spec);
     }
     let which = std::env::var("CKPT_BENCH")
-        .unwrap_or_else(|_| "small,medium,large,incremental,async,scale".into());
+        .unwrap_or_else(|_| "small,medium,large,paired,incremental,async,scale".into());
     let which: Vec<&str> = which.split(',').map(str::trim).collect();
     println!("# ckptstore write-throughput comparison\n");
     println!("machine: {} cores, {}", cores(), cpu_model());
@@ -30,6 +30,9 @@ fn main() -> Result {
         if which.contains(&w.name) {
             run_workload(&w, iters)?;
         }
+    }
+    if which.contains(&"paired") {
+        run_paired()?;
     }
     if which.contains(&"incremental") {
         run_incremental()?;
@@ -210,6 +213,53 @@ fn run_workload(w: &Workload, iters: usize) -> Result {
         store.extra_peak.map_or("-".to_owned(), human),
         human(w.logical_bytes())
     );
+    Ok(())
+}
+
+/// ckptstore and raw write+fsync alternating commit by commit, so drift in
+/// the shared disk's speed hits both alike: medians and the median of the
+/// per-pair ratios.
+fn run_paired() -> Result {
+    println!("## paired: ckptstore and raw write+fsync alternating, commit by commit\n");
+    println!("| workload | pairs | ckptstore median | raw median | median of per-pair ratios (raw time / ckptstore time) |");
+    println!("|---|---:|---:|---:|---:|");
+    for (w, pairs) in [(SMALL, 41), (MEDIUM, 21), (LARGE, 11)] {
+        let dir = tempfile::tempdir_in(bench_dir())?;
+        let mut store = Store::new(dir.path().join("paired.ckpt"))?;
+        let raw_dir = dir.path().join("raw");
+        std::fs::create_dir(&raw_dir)?;
+        let mut raw = RawFsync::new(raw_dir);
+        let mut ckpt = checkpoint(&w);
+        let (mut st, mut rt, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        for i in 0..pairs {
+            touch(&mut ckpt, i as u64);
+            // Alternate which goes first.
+            let (a, b): (&mut dyn Contender, &mut dyn Contender) = if i % 2 == 0 {
+                (&mut store, &mut raw)
+            } else {
+                (&mut raw, &mut store)
+            };
+            let t = Instant::now();
+            a.commit(&ckpt)?;
+            let ta = t.elapsed();
+            let t = Instant::now();
+            b.commit(&ckpt)?;
+            let tb = t.elapsed();
+            let (s, r) = if i % 2 == 0 { (ta, tb) } else { (tb, ta) };
+            st.push(s);
+            rt.push(r);
+            ratios.push(r.as_secs_f64() / s.as_secs_f64());
+        }
+        ratios.sort_by(f64::total_cmp);
+        println!(
+            "| {} | {pairs} | {} | {} | **{:.2}x** |",
+            w.name,
+            fmt_dur(median(&mut st)),
+            fmt_dur(median(&mut rt)),
+            ratios[ratios.len() / 2]
+        );
+    }
+    println!();
     Ok(())
 }
 
