@@ -11,10 +11,10 @@ type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
 fn second_commit_of_a_step_fails_and_replace_overwrites() -> Result {
     let dir = tempfile::tempdir()?;
     let store = CheckpointStore::open(dir.path().join("run.ckpt"))?;
-    let first = common::checkpoint(3, &[1000, 2000])?;
+    let first = common::checkpoint(3, &[100_000, 200_000])?;
     store.commit(&first)?;
 
-    let mut second = common::checkpoint(3, &[5000])?;
+    let mut second = common::checkpoint(3, &[500_000])?;
     second.loss_cid = Some("cid_other".into());
     let err = store.commit(&second).expect_err("duplicate step accepted");
     assert!(matches!(err, Error::StepExists { step: 3 }), "{err:?}");
@@ -26,15 +26,26 @@ fn second_commit_of_a_step_fails_and_replace_overwrites() -> Result {
     );
 
     let info = store.replace(&second)?;
-    assert_eq!(info.bytes_freed, 3000, "old blobs not freed");
+    assert_eq!(info.bytes_freed, 300_000, "old blobs not freed");
     assert_eq!(store.get(3)?.as_ref(), Some(&second));
     assert_eq!(store.steps()?, vec![3]);
 
     // Replacing with itself keeps every chunk (added before released).
     let again = store.replace(&second)?;
     assert_eq!(again.bytes_written, 0);
-    assert_eq!(again.bytes_reused, 5000);
+    assert_eq!(again.bytes_reused, 500_000);
     assert_eq!(store.get(3)?.as_ref(), Some(&second));
+    assert!(store.verify()?.is_ok());
+
+    // Small blobs are packed per step, not chunked: replacing rewrites them
+    // and frees the old ones.
+    let small = common::checkpoint(3, &[10, 20])?;
+    let info = store.replace(&small)?;
+    assert_eq!((info.bytes_written, info.bytes_freed), (30, 500_000));
+    let info = store.replace(&small)?;
+    assert_eq!((info.bytes_written, info.bytes_freed), (30, 30));
+    assert_eq!(store.get(3)?.as_ref(), Some(&small));
+    assert_eq!(store.stats()?.stored_bytes, 30);
     assert!(store.verify()?.is_ok());
 
     // A checkpoint JSON cannot represent (a NaN metric) is refused whole.

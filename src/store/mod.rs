@@ -556,6 +556,7 @@ fn init_or_check_meta(path: &Path, db: &Database) -> Result<()> {
         txn.open_table(schema::REFS).context(what)?;
         txn.open_table(schema::SUMMARIES).context(what)?;
         txn.open_table(schema::PINS).context(what)?;
+        txn.open_table(schema::PACKED).context(what)?;
     }
     txn.commit().context(what)
 }
@@ -597,6 +598,7 @@ fn check_meta(path: &Path, txn: &ReadTransaction) -> Result<()> {
         schema::REFS.name(),
         schema::SUMMARIES.name(),
         schema::PINS.name(),
+        schema::PACKED.name(),
     ] {
         let exists = txn
             .list_tables()

@@ -8,8 +8,8 @@ use redb::{ReadOnlyTable, ReadTransaction, ReadableTable, WriteTransaction};
 use super::chunks::{chunk_lengths, hex};
 use super::retention::{Goal, StepSummary};
 use super::schema::{
-    decode_manifest, meta_u64, BlobRef, ChunkId, Manifest, CHUNKS, META, META_STORED_BYTES,
-    META_STORED_CHUNKS, PINS, REFS, STEPS, SUMMARIES,
+    decode_manifest, meta_u64, BlobRef, ChunkId, Manifest, PackedRef, CHUNKS, META,
+    META_STORED_BYTES, META_STORED_CHUNKS, PACKED, PINS, REFS, STEPS, SUMMARIES,
 };
 use super::{shield, CheckpointStore};
 use crate::error::StorageContext;
@@ -68,7 +68,8 @@ pub struct StoreStats {
     pub steps: u64,
     /// Bytes of optimizer state over all steps, as if stored separately.
     pub logical_bytes: u64,
-    /// Bytes of chunk data actually stored (each chunk once).
+    /// Bytes of blob data actually stored: each chunk once, plus the
+    /// packed small blobs of every step.
     pub stored_bytes: u64,
     /// Chunks stored.
     pub chunks: u64,
@@ -497,6 +498,12 @@ fn check_accounting(
             ));
         }
     }
+    let ctx = || "reading table packed".to_owned();
+    let packed = txn.open_table(PACKED).context(ctx)?;
+    for entry in packed.range::<(u64, u32)>(..).context(ctx)? {
+        let (_, value) = entry.context(ctx)?;
+        bytes += value.value().len() as u64;
+    }
     let meta = txn
         .open_table(META)
         .context(|| "opening table meta".to_owned())?;
@@ -586,12 +593,61 @@ fn assemble(txn: &ReadTransaction, manifest: Manifest) -> Result<GradientCheckpo
     let chunks = txn
         .open_table(CHUNKS)
         .context(|| "opening table chunks".to_owned())?;
+    let packed = match &manifest.packed {
+        Some(p) => read_packed(txn, step, p)?,
+        None => Vec::new(),
+    };
     let (mut ckpt, blobs) = manifest.into_parts();
     for (name, blob) in blobs {
-        let data = read_blob(&chunks, step, &name, &blob)?;
+        let data = match blob.packed {
+            // Bounds were checked when the manifest was decoded.
+            Some(offset) => packed
+                .get(offset as usize..(offset + blob.len) as usize)
+                .ok_or_else(|| {
+                    Error::corrupt(
+                        Some(step),
+                        format!("blob {name:?} is outside the packed bytes"),
+                    )
+                })?
+                .to_vec(),
+            None => read_blob(&chunks, step, &name, &blob)?,
+        };
         ckpt.optimizer_state.insert(name, data);
     }
     Ok(ckpt)
+}
+
+/// A step's packed small blobs, checked against their length and hash.
+fn read_packed(txn: &ReadTransaction, step: u64, packed: &PackedRef) -> Result<Vec<u8>> {
+    let ctx = || format!("reading the packed blobs of step {step}");
+    let table = txn.open_table(PACKED).context(ctx)?;
+    let len = usize::try_from(packed.len)
+        .map_err(|_| Error::corrupt(Some(step), "packed blobs too long to load"))?;
+    let mut expected = chunk_lengths(len);
+    let mut data = Vec::new();
+    data.try_reserve_exact(len)
+        .map_err(|e| Error::corrupt(Some(step), format!("cannot allocate packed blobs: {e}")))?;
+    for entry in table.range((step, 0)..=(step, u32::MAX)).context(ctx)? {
+        let (_, piece) = entry.context(ctx)?;
+        let piece = piece.value();
+        if expected.next() != Some(piece.len()) {
+            return Err(Error::corrupt(
+                Some(step),
+                "packed blobs have the wrong layout",
+            ));
+        }
+        data.extend_from_slice(piece);
+    }
+    if expected.next().is_some() || data.len() != len {
+        return Err(Error::corrupt(Some(step), "packed blobs are incomplete"));
+    }
+    if blake3::hash(&data).as_bytes() != &packed.hash {
+        return Err(Error::corrupt(
+            Some(step),
+            "packed blobs fail their hash check",
+        ));
+    }
+    Ok(data)
 }
 
 /// Read one blob's chunks, checking each length and hash. Chunk boundaries

@@ -8,6 +8,7 @@
 //! | `refs`   | `[u8; 32] -> u64`   | how many manifest entries use each chunk     |
 //! | `summaries` | `u64 -> &[u8]`   | per step: time, metrics, sizes (small JSON)  |
 //! | `pins`   | `u64 -> ()`         | steps retention and removal must not delete  |
+//! | `packed` | `(u64, u32) -> &[u8]` | per step: its small blobs, concatenated    |
 //!
 //! A manifest value is the 32-byte BLAKE3 hash of the JSON that follows it,
 //! so a damaged manifest is detected on read rather than trusted.
@@ -31,6 +32,8 @@ pub(crate) const REFS: TableDefinition<&[u8; 32], u64> = TableDefinition::new("r
 /// Step number -> [`StepSummary`](crate::StepSummary) JSON: what listings,
 /// retention and metric queries read instead of whole manifests.
 pub(crate) const SUMMARIES: TableDefinition<u64, &[u8]> = TableDefinition::new("summaries");
+/// `(step, piece)` -> a piece of the step's packed small blobs.
+pub(crate) const PACKED: TableDefinition<(u64, u32), &[u8]> = TableDefinition::new("packed");
 /// Pinned steps: never deleted by retention, remove or rollback.
 pub(crate) const PINS: TableDefinition<u64, ()> = TableDefinition::new("pins");
 
@@ -68,12 +71,27 @@ pub(crate) fn meta_u64(
 /// A chunk's identity: the BLAKE3 hash of its bytes.
 pub(crate) type ChunkId = [u8; 32];
 
-/// How one optimizer blob is stored: its length and its chunks in order.
+/// How one optimizer blob is stored: its length, and either its chunks in
+/// order or its offset in the step's packed small blobs.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub(crate) struct BlobRef {
     pub(crate) len: u64,
     #[serde(with = "hex_ids")]
     pub(crate) chunks: Vec<ChunkId>,
+    /// Offset in the step's packed bytes ([`PACKED`]), for a small blob.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) packed: Option<u64>,
+}
+
+/// A step's small blobs, concatenated and stored under the step in
+/// [`PACKED`] (cut as [`chunk_lengths`](super::chunks::chunk_lengths) says,
+/// under keys `(step, 0..)`): one sequential write instead of a
+/// content-addressed insert per small blob.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct PackedRef {
+    pub(crate) len: u64,
+    #[serde(with = "hex_id")]
+    pub(crate) hash: ChunkId,
 }
 
 /// A step's manifest as written: borrows the checkpoint, so encoding copies
@@ -87,6 +105,8 @@ struct ManifestOut<'a> {
     metrics: &'a BTreeMap<String, f64>,
     graph: &'a ComputationGraphStore,
     blobs: &'a BTreeMap<String, BlobRef>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    packed: Option<&'a PackedRef>,
 }
 
 /// A step's manifest as read.
@@ -99,6 +119,8 @@ pub(crate) struct Manifest {
     pub(crate) metrics: BTreeMap<String, f64>,
     pub(crate) graph: ComputationGraphStore,
     pub(crate) blobs: BTreeMap<String, BlobRef>,
+    #[serde(default)]
+    pub(crate) packed: Option<PackedRef>,
 }
 
 impl Manifest {
@@ -125,6 +147,7 @@ impl Manifest {
 pub(crate) fn encode_manifest(
     ckpt: &GradientCheckpoint,
     blobs: &BTreeMap<String, BlobRef>,
+    packed: Option<&PackedRef>,
 ) -> Result<Vec<u8>> {
     let out = ManifestOut {
         format: FORMAT_VERSION,
@@ -134,6 +157,7 @@ pub(crate) fn encode_manifest(
         metrics: &ckpt.metrics,
         graph: &ckpt.graph,
         blobs,
+        packed,
     };
     let mut bytes = vec![0u8; 32];
     serde_json::to_writer(&mut bytes, &out).map_err(|e| Error::InvalidCheckpoint {
@@ -190,7 +214,21 @@ pub(crate) fn decode_manifest_json(step: u64, json: &[u8]) -> Result<Manifest> {
             ),
         ));
     }
+    let packed_len = manifest.packed.as_ref().map_or(0, |p| p.len);
     for (name, blob) in &manifest.blobs {
+        if let Some(offset) = blob.packed {
+            if !blob.chunks.is_empty()
+                || offset
+                    .checked_add(blob.len)
+                    .is_none_or(|end| end > packed_len)
+            {
+                return Err(Error::corrupt(
+                    Some(step),
+                    format!("blob {name:?} lies outside the step's {packed_len} packed bytes"),
+                ));
+            }
+            continue;
+        }
         let max = blob.chunks.len() as u64 * super::chunks::CHUNK_SIZE as u64;
         if blob.len > max {
             return Err(Error::corrupt(
@@ -204,6 +242,25 @@ pub(crate) fn decode_manifest_json(step: u64, json: &[u8]) -> Result<Manifest> {
         }
     }
     Ok(manifest)
+}
+
+/// One hash as a lowercase hex string in JSON.
+mod hex_id {
+    use serde::de::Error as _;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use super::ChunkId;
+
+    pub(crate) fn serialize<S: Serializer>(id: &ChunkId, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&blake3::Hash::from_bytes(*id).to_hex())
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<ChunkId, D::Error> {
+        let text = std::borrow::Cow::<'de, str>::deserialize(d)?;
+        blake3::Hash::from_hex(text.as_bytes())
+            .map(|h| *h.as_bytes())
+            .map_err(D::Error::custom)
+    }
 }
 
 /// Chunk ids as lowercase hex strings in JSON.
@@ -247,9 +304,10 @@ mod tests {
             BlobRef {
                 len: 3,
                 chunks: vec![[7u8; 32]],
+                packed: None,
             },
         );
-        let bytes = encode_manifest(&ckpt, &blobs)?;
+        let bytes = encode_manifest(&ckpt, &blobs, None)?;
         let m = decode_manifest(9, &bytes)?;
         assert_eq!(m.blobs, blobs);
         assert_eq!(m.metrics["loss"], 1.5);
@@ -304,9 +362,10 @@ mod proptests {
             BlobRef {
                 len: 10,
                 chunks: vec![[1u8; 32]],
+                packed: None,
             },
         );
-        encode_manifest(&ckpt, &blobs).expect("encodes")
+        encode_manifest(&ckpt, &blobs, None).expect("encodes")
     }
 
     proptest! {

@@ -9,8 +9,8 @@ use super::chunks::{split, with_hashes, ChunkTables};
 use super::read::{read_pins, read_summaries};
 use super::retention::{Retention, StepSummary};
 use super::schema::{
-    decode_manifest, encode_manifest, meta_u64, BlobRef, CHUNKS, META, META_STORED_BYTES,
-    META_STORED_CHUNKS, PINS, REFS, STEPS, SUMMARIES,
+    decode_manifest, encode_manifest, meta_u64, BlobRef, PackedRef, CHUNKS, META,
+    META_STORED_BYTES, META_STORED_CHUNKS, PACKED, PINS, REFS, STEPS, SUMMARIES,
 };
 use super::CheckpointStore;
 use crate::error::StorageContext;
@@ -117,16 +117,29 @@ impl CheckpointStore {
 
         // Split before the transaction; hashing runs on another thread
         // while the transaction writes (for large checkpoints).
+        // Large blobs go to content-addressed chunks; small ones are packed
+        // together under the step (see PackedRef).
         let mut names: Vec<&String> = ckpt.optimizer_state.keys().collect();
         names.sort_unstable();
         let mut pieces: Vec<&[u8]> = Vec::new();
         let mut spans = Vec::with_capacity(names.len());
+        let mut packed: Vec<u8> = Vec::new();
+        let mut packed_at: BTreeMap<&String, u64> = BTreeMap::new();
         for name in names {
             let blob = &ckpt.optimizer_state[name];
+            if blob.len() < PACK_BELOW {
+                packed_at.insert(name, packed.len() as u64);
+                packed.extend_from_slice(blob);
+                continue;
+            }
             let first = pieces.len();
             pieces.extend(split(blob));
             spans.push((name, blob.len() as u64, first..pieces.len()));
         }
+        let packed_ref = (!packed.is_empty()).then(|| PackedRef {
+            len: packed.len() as u64,
+            hash: *blake3::hash(&packed).as_bytes(),
+        });
 
         let what = || format!("committing step {step}");
         let policy = &self.core.options.retention;
@@ -145,14 +158,27 @@ impl CheckpointStore {
                     let (added, ids) = tables.add(&pieces, hashes)?;
                     delta.bytes += i128::from(added.bytes_written);
                     delta.chunks += i128::from(added.chunks_written);
-                    let blobs: BTreeMap<String, BlobRef> = spans
+                    let mut blobs: BTreeMap<String, BlobRef> = spans
                         .iter()
                         .map(|(name, len, range)| {
                             let chunks = ids[range.clone()].to_vec();
-                            ((*name).clone(), BlobRef { len: *len, chunks })
+                            let blob = BlobRef {
+                                len: *len,
+                                chunks,
+                                packed: None,
+                            };
+                            ((*name).clone(), blob)
                         })
                         .collect();
-                    let manifest = encode_manifest(ckpt, &blobs)?;
+                    for (name, &offset) in &packed_at {
+                        let blob = BlobRef {
+                            len: ckpt.optimizer_state[*name].len() as u64,
+                            chunks: Vec::new(),
+                            packed: Some(offset),
+                        };
+                        blobs.insert((*name).clone(), blob);
+                    }
+                    let manifest = encode_manifest(ckpt, &blobs, packed_ref.as_ref())?;
                     let mut freed = 0;
                     if let Some(old) = old {
                         // A manifest that no longer decodes cannot tell which
@@ -164,13 +190,19 @@ impl CheckpointStore {
                         }
                     }
                     steps.insert(step, manifest.as_slice()).context(what)?;
+                    // A replaced step's packed bytes go; this one's come.
+                    let unpacked = remove_packed(txn, step, &what)?;
+                    freed += unpacked;
+                    delta.bytes -= i128::from(unpacked);
+                    put_packed(txn, step, &packed, &what)?;
+                    delta.bytes += packed.len() as i128;
                     let summary = StepSummary {
                         step,
                         timestamp: ckpt.timestamp,
                         loss_cid: ckpt.loss_cid.clone(),
                         metrics: ckpt.metrics.clone(),
                         logical_bytes: ckpt.logical_bytes(),
-                        bytes_written: added.bytes_written,
+                        bytes_written: added.bytes_written + packed.len() as u64,
                         blobs: ckpt.optimizer_state.len(),
                     };
                     let summary =
@@ -185,7 +217,7 @@ impl CheckpointStore {
                     CommitInfo {
                         step,
                         logical_bytes: ckpt.logical_bytes(),
-                        bytes_written: added.bytes_written,
+                        bytes_written: added.bytes_written + packed.len() as u64,
                         bytes_reused: added.bytes_reused,
                         chunks_written: added.chunks_written,
                         chunks_reused: added.chunks_reused,
@@ -360,6 +392,48 @@ impl CheckpointStore {
     }
 }
 
+/// Small blobs below this size are packed per step instead of chunked.
+const PACK_BELOW: usize = 64 << 10;
+
+/// Store a step's packed small blobs (nothing if empty).
+fn put_packed(
+    txn: &WriteTransaction,
+    step: u64,
+    packed: &[u8],
+    what: &dyn Fn() -> String,
+) -> Result<()> {
+    if packed.is_empty() {
+        return Ok(());
+    }
+    let mut table = txn.open_table(PACKED).context(what)?;
+    for (i, piece) in split(packed).enumerate() {
+        let i = u32::try_from(i).map_err(|_| Error::InvalidCheckpoint {
+            step,
+            reason: "too many small blobs to pack".into(),
+        })?;
+        table.insert((step, i), piece).context(what)?;
+    }
+    Ok(())
+}
+
+/// Delete a step's packed small blobs; returns the bytes deleted.
+fn remove_packed(txn: &WriteTransaction, step: u64, what: &dyn Fn() -> String) -> Result<u64> {
+    let mut table = txn.open_table(PACKED).context(what)?;
+    let keys: Vec<(u64, u32)> = table
+        .range((step, 0)..=(step, u32::MAX))
+        .context(what)?
+        .map(|r| r.map(|(k, _)| k.value()))
+        .collect::<Result<_, _>>()
+        .context(what)?;
+    let mut freed = 0;
+    for key in keys {
+        if let Some(v) = table.remove(key).context(what)? {
+            freed += v.value().len() as u64;
+        }
+    }
+    Ok(freed)
+}
+
 fn chunk_tables<'txn>(
     txn: &'txn WriteTransaction,
     what: &dyn Fn() -> String,
@@ -386,6 +460,7 @@ fn remove_steps(
     let mut freed = 0;
     for &step in doomed {
         summaries.remove(step).context(what)?;
+        delta.bytes -= i128::from(remove_packed(txn, step, what)?);
         let Some(old) = steps
             .remove(step)
             .context(what)?
