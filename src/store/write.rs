@@ -115,10 +115,9 @@ impl CheckpointStore {
         let step = ckpt.step;
         ckpt.validate()?;
 
-        // Split before the transaction; hashing runs on another thread
-        // while the transaction writes (for large checkpoints).
-        // Large blobs go to content-addressed chunks; small ones are packed
-        // together under the step (see PackedRef).
+        // Split before the transaction: large blobs into content-addressed
+        // chunks (hashed on another thread while the transaction writes),
+        // small ones packed together under the step (see PackedRef).
         let mut names: Vec<&String> = ckpt.optimizer_state.keys().collect();
         names.sort_unstable();
         let mut pieces: Vec<&[u8]> = Vec::new();
