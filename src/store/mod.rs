@@ -300,7 +300,12 @@ impl Handle {
     fn open_writable_unshielded(source: &Source, options: &StoreOptions) -> Result<Handle> {
         let path = source.path();
         let opened = match source {
-            Source::Path(p) => options.builder().create(p),
+            Source::Path(p) => {
+                if !p.exists() {
+                    create_atomically(p, options)?;
+                }
+                options.builder().create(p)
+            }
             Source::Backend(_, factory) => {
                 let backend = factory().map_err(|e| Error::io("open backend of", path, e))?;
                 options.builder().create_with_backend(backend)
@@ -529,6 +534,51 @@ fn unreachable_closed() -> std::result::Result<ReadTransaction, redb::Transactio
     Err(redb::TransactionError::Storage(
         redb::StorageError::PreviousIo,
     ))
+}
+
+/// Create a new store at `path` so that a crash leaves either no file or a
+/// complete, initialised store: build it under a temporary name beside
+/// `path`, fsync it, link it into place (never over an existing file), and
+/// fsync the directory. (redb writes a new file's header in place, so a
+/// process killed while creating one left a file that no later open
+/// accepted; the kill -9 test found that.)
+fn create_atomically(path: &Path, options: &StoreOptions) -> Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
+        _ => PathBuf::from("."),
+    };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.creating-{}", uuid::Uuid::new_v4()));
+    let result = (|| {
+        let db = options
+            .builder()
+            .create(&tmp)
+            .map_err(|source| Error::Open {
+                path: path.to_owned(),
+                source,
+            })?;
+        init_or_check_meta(path, &db)?;
+        drop(db);
+        std::fs::File::open(&tmp)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| Error::io("fsync", &tmp, e))?;
+        match std::fs::hard_link(&tmp, path) {
+            Ok(()) => Ok(()),
+            // Another process created it first: use theirs.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+            // A filesystem without hard links: rename (not atomic against a
+            // concurrent creator, still atomic against a crash).
+            Err(_) => {
+                std::fs::rename(&tmp, path).map_err(|e| Error::io("rename new store to", path, e))
+            }
+        }
+    })();
+    let _ = std::fs::remove_file(&tmp);
+    result?;
+    crate::checkpoint::sync_dir(&dir)
 }
 
 /// Check a store's `meta` table, or initialise an empty database as a store.
