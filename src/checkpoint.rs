@@ -147,15 +147,7 @@ pub(crate) fn unix_now() -> u64 {
 /// Write `bytes` to `path` through a fsynced temporary file and a rename,
 /// then fsync the directory. Removes the temporary file on failure.
 fn write_durably(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
-        _ => PathBuf::from("."),
-    };
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp-{}", uuid::Uuid::new_v4()));
+    let (dir, tmp) = temp_beside(path, "tmp");
 
     let result = (|| {
         let mut file = File::create(&tmp).map_err(|e| Error::io("create", &tmp, e))?;
@@ -171,6 +163,21 @@ fn write_durably(path: &Path, bytes: &[u8]) -> Result<()> {
         return result;
     }
     sync_dir(&dir)
+}
+
+/// `path`'s directory, and a fresh hidden temporary name in it:
+/// `.NAME.TAG-UUID`.
+pub(crate) fn temp_beside(path: &Path, tag: &str) -> (PathBuf, PathBuf) {
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
+        _ => PathBuf::from("."),
+    };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.{tag}-{}", uuid::Uuid::new_v4()));
+    (dir, tmp)
 }
 
 /// fsync a directory so that a rename inside it is durable.

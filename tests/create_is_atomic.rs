@@ -3,17 +3,11 @@
 //! header used to leave a file no later open accepted; the long kill -9 run
 //! found it.)
 
+mod common;
+
 use ckptstore::{CheckpointStore, ComputationGraphStore, Error, GradientCheckpoint};
 
 type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
-
-fn names(dir: &std::path::Path) -> Result<Vec<String>> {
-    let mut n: Vec<String> = std::fs::read_dir(dir)?
-        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
-        .collect::<std::io::Result<_>>()?;
-    n.sort();
-    Ok(n)
-}
 
 #[test]
 fn a_new_store_appears_whole_and_alone() -> Result {
@@ -21,16 +15,16 @@ fn a_new_store_appears_whole_and_alone() -> Result {
     let path = dir.path().join("run.ckpt");
     CheckpointStore::open(&path)?
         .commit(&GradientCheckpoint::new(ComputationGraphStore::new(), 1))?;
-    assert_eq!(names(dir.path())?, vec!["run.ckpt".to_owned()]);
+    assert_eq!(common::dir_names(dir.path())?, vec!["run.ckpt".to_owned()]);
     // Reopening an existing store does not go through creation again.
     assert_eq!(CheckpointStore::open(&path)?.steps()?, vec![1]);
-    assert_eq!(names(dir.path())?, vec!["run.ckpt".to_owned()]);
+    assert_eq!(common::dir_names(dir.path())?, vec!["run.ckpt".to_owned()]);
 
     // A store in a missing directory: an error naming the path, no debris.
     let missing = dir.path().join("no/such/dir/run.ckpt");
     let err = CheckpointStore::open(&missing).expect_err("opened in a missing directory");
     assert!(matches!(err, Error::Open { .. }), "{err:?}");
     assert!(err.to_string().contains("no/such/dir/run.ckpt"), "{err}");
-    assert_eq!(names(dir.path())?, vec!["run.ckpt".to_owned()]);
+    assert_eq!(common::dir_names(dir.path())?, vec!["run.ckpt".to_owned()]);
     Ok(())
 }

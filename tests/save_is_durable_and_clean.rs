@@ -1,17 +1,11 @@
 //! `save` replaces the target whole and never leaves its temporary file
 //! behind, whether it succeeds or fails.
 
+mod common;
+
 use ckptstore::{ComputationGraphStore, Error, GradientCheckpoint};
 
 type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
-
-fn entries(dir: &std::path::Path) -> Result<Vec<String>> {
-    let mut names: Vec<String> = std::fs::read_dir(dir)?
-        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
-        .collect::<std::io::Result<_>>()?;
-    names.sort();
-    Ok(names)
-}
 
 #[test]
 fn save_overwrites_whole_and_cleans_up_on_failure() -> Result {
@@ -23,7 +17,7 @@ fn save_overwrites_whole_and_cleans_up_on_failure() -> Result {
     let b = GradientCheckpoint::new(ComputationGraphStore::new(), 2);
     b.save(&path)?;
     assert_eq!(GradientCheckpoint::load(&path)?, b);
-    assert_eq!(entries(dir.path())?, vec!["ckpt.json".to_owned()]);
+    assert_eq!(common::dir_names(dir.path())?, vec!["ckpt.json".to_owned()]);
 
     // The target is a directory: the rename fails, the temp file goes.
     let blocked = dir.path().join("blocked");
@@ -33,7 +27,7 @@ fn save_overwrites_whole_and_cleans_up_on_failure() -> Result {
     assert!(matches!(err, Error::Io { .. }), "{err:?}");
     assert!(err.to_string().contains("blocked"), "{err}");
     assert_eq!(
-        entries(dir.path())?,
+        common::dir_names(dir.path())?,
         vec!["blocked".to_owned(), "ckpt.json".to_owned()]
     );
 

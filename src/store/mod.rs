@@ -543,15 +543,7 @@ fn unreachable_closed() -> std::result::Result<ReadTransaction, redb::Transactio
 /// process killed while creating one left a file that no later open
 /// accepted; the kill -9 test found that.)
 fn create_atomically(path: &Path, options: &StoreOptions) -> Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
-        _ => PathBuf::from("."),
-    };
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.creating-{}", uuid::Uuid::new_v4()));
+    let (dir, tmp) = crate::checkpoint::temp_beside(path, "creating");
     let result = (|| {
         let db = options
             .builder()

@@ -110,3 +110,12 @@ pub fn ckpt(args: &[&str]) -> std::io::Result<(i32, String, String)> {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     ))
 }
+
+/// The names in a directory, sorted.
+pub fn dir_names(dir: &std::path::Path) -> std::io::Result<Vec<String>> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)?
+        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect::<std::io::Result<_>>()?;
+    names.sort();
+    Ok(names)
+}
