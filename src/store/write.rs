@@ -187,12 +187,13 @@ impl CheckpointStore {
                             freed = f.0;
                             delta.freed(f);
                         }
+                        // The replaced step's packed bytes go too (a new
+                        // step has none: no lookup on the common path).
+                        let unpacked = remove_packed(txn, step, &what)?;
+                        freed += unpacked;
+                        delta.bytes -= i128::from(unpacked);
                     }
                     steps.insert(step, manifest.as_slice()).context(what)?;
-                    // A replaced step's packed bytes go; this one's come.
-                    let unpacked = remove_packed(txn, step, &what)?;
-                    freed += unpacked;
-                    delta.bytes -= i128::from(unpacked);
                     put_packed(txn, step, &packed, &what)?;
                     delta.bytes += packed.len() as i128;
                     let summary = StepSummary {
