@@ -87,6 +87,19 @@ impl ComputationGraphStore {
         Self::default()
     }
 
+    /// The node map and the edge list, as stored.
+    pub(crate) fn parts(&self) -> (&HashMap<String, ComputationNode>, &[(String, String)]) {
+        (&self.nodes, &self.edges)
+    }
+
+    /// A graph of exactly these nodes and edges (a decoded manifest's).
+    pub(crate) fn from_parts(
+        nodes: HashMap<String, ComputationNode>,
+        edges: Vec<(String, String)>,
+    ) -> Self {
+        ComputationGraphStore { nodes, edges }
+    }
+
     /// Insert a node and link it to every existing node whose output it
     /// reads. Returns the node's id. A node with the id of an existing node
     /// replaces it.

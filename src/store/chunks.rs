@@ -10,7 +10,8 @@ use std::thread;
 
 use redb::{ReadableTable, Table};
 
-use super::schema::{ChunkId, Manifest};
+use super::manifest::Manifest;
+use super::schema::ChunkId;
 use crate::error::StorageContext;
 use crate::Result;
 

@@ -3,6 +3,7 @@
 mod asynch;
 mod backend;
 mod chunks;
+mod manifest;
 mod read;
 mod retention;
 mod schema;
@@ -573,13 +574,25 @@ fn create_atomically(path: &Path, options: &StoreOptions) -> Result<()> {
     crate::checkpoint::sync_dir(&dir)
 }
 
-/// Check a store's `meta` table, or initialise an empty database as a store.
+/// Check a store's `meta` table, or initialise an empty database as a store;
+/// mark an older store as the current format (it is opened for writing, and
+/// an older build must not misread the manifests it is about to get).
 fn init_or_check_meta(path: &Path, db: &Database) -> Result<()> {
     let what = || format!("initialising {}", path.display());
     let txn = db.begin_read().context(what)?;
     match check_meta(path, &txn) {
         Err(Error::NotAStore { .. }) if txn.list_tables().context(what)?.next().is_none() => {}
-        other => return other,
+        Ok(found) if found < FORMAT_VERSION => {
+            drop(txn);
+            let what = || format!("upgrading {} to format {FORMAT_VERSION}", path.display());
+            let txn = db.begin_write().context(what)?;
+            txn.open_table(META)
+                .context(what)?
+                .insert(META_FORMAT, FORMAT_VERSION.to_le_bytes().as_slice())
+                .context(what)?;
+            return txn.commit().context(what);
+        }
+        other => return other.map(drop),
     }
     drop(txn);
 
@@ -603,8 +616,9 @@ fn init_or_check_meta(path: &Path, db: &Database) -> Result<()> {
     txn.commit().context(what)
 }
 
-/// Check that a database is a store of a format this build reads.
-fn check_meta(path: &Path, txn: &ReadTransaction) -> Result<()> {
+/// Check that a database is a store of a format this build reads; returns
+/// its format version.
+fn check_meta(path: &Path, txn: &ReadTransaction) -> Result<u32> {
     let not_a_store = |reason: &str| Error::NotAStore {
         path: path.to_owned(),
         reason: reason.to_owned(),
@@ -650,7 +664,7 @@ fn check_meta(path: &Path, txn: &ReadTransaction) -> Result<()> {
             return Err(not_a_store(&format!("table {table} is missing")));
         }
     }
-    Ok(())
+    Ok(found)
 }
 
 #[cfg(test)]

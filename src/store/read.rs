@@ -6,10 +6,11 @@ use std::ops::RangeBounds;
 use redb::{ReadOnlyTable, ReadTransaction, ReadableTable, WriteTransaction};
 
 use super::chunks::{chunk_lengths, hex};
+use super::manifest::{decode_manifest, Manifest};
 use super::retention::{Goal, StepSummary};
 use super::schema::{
-    decode_manifest, meta_u64, BlobRef, ChunkId, Manifest, PackedRef, CHUNKS, META,
-    META_STORED_BYTES, META_STORED_CHUNKS, PACKED, PINS, REFS, STEPS, SUMMARIES,
+    meta_u64, BlobRef, ChunkId, PackedRef, CHUNKS, META, META_STORED_BYTES, META_STORED_CHUNKS,
+    PACKED, PINS, REFS, STEPS, SUMMARIES,
 };
 use super::{shield, CheckpointStore};
 use crate::error::StorageContext;

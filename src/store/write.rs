@@ -6,11 +6,12 @@ use std::time::{Duration, Instant};
 use redb::{ReadableTable, WriteTransaction};
 
 use super::chunks::{split, with_hashes, ChunkTables};
+use super::manifest::{decode_manifest, encode_manifest};
 use super::read::{read_pins, read_summaries};
 use super::retention::{Retention, StepSummary};
 use super::schema::{
-    decode_manifest, encode_manifest, meta_u64, BlobRef, PackedRef, CHUNKS, META,
-    META_STORED_BYTES, META_STORED_CHUNKS, PACKED, PINS, REFS, STEPS, SUMMARIES,
+    meta_u64, BlobRef, PackedRef, CHUNKS, META, META_STORED_BYTES, META_STORED_CHUNKS, PACKED,
+    PINS, REFS, STEPS, SUMMARIES,
 };
 use super::CheckpointStore;
 use crate::error::StorageContext;
@@ -177,7 +178,7 @@ impl CheckpointStore {
                         };
                         blobs.insert((*name).clone(), blob);
                     }
-                    let manifest = encode_manifest(ckpt, &blobs, packed_ref.as_ref())?;
+                    let manifest = encode_manifest(ckpt, &blobs, packed_ref.as_ref());
                     let mut freed = 0;
                     if let Some(old) = old {
                         // A manifest that no longer decodes cannot tell which
