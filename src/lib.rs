@@ -18,7 +18,9 @@
 //!   [`rollback_to`](CheckpointStore::rollback_to),
 //!   [`verify`](CheckpointStore::verify).
 //! - [`commit_async`](CheckpointStore::commit_async) writes in the background
-//!   behind a bounded queue, so training does not wait for the disk.
+//!   behind a bounded queue, so training does not wait for the disk;
+//!   [`commit_async_copy`](CheckpointStore::commit_async_copy) first copies
+//!   state the caller keeps changing into buffers it recycles.
 //! - [`Retention`] policies (keep last N, every N-th, one per interval, best
 //!   K by a metric; pinned steps are kept) run with each commit or on demand;
 //!   [`stats`](CheckpointStore::stats) and

@@ -51,6 +51,9 @@ impl CommitHandle {
 
 struct Job {
     ckpt: GradientCheckpoint,
+    /// Keep the checkpoint's buffers for the next
+    /// [`commit_async_copy`](CheckpointStore::commit_async_copy).
+    recycle: bool,
     reply: SyncSender<Result<CommitInfo>>,
 }
 
@@ -66,6 +69,8 @@ pub(crate) struct AsyncWriter {
     queue: Option<SyncSender<Job>>,
     thread: Option<JoinHandle<()>>,
     progress: Arc<(Mutex<Progress>, Condvar)>,
+    /// A committed checkpoint whose buffers the next copy fills.
+    spare: Arc<Mutex<Option<GradientCheckpoint>>>,
 }
 
 impl AsyncWriter {
@@ -73,6 +78,8 @@ impl AsyncWriter {
         let (queue, jobs) = mpsc::sync_channel::<Job>(depth);
         let progress: Arc<(Mutex<Progress>, Condvar)> = Arc::default();
         let shared = progress.clone();
+        let spare: Arc<Mutex<Option<GradientCheckpoint>>> = Arc::default();
+        let spare_slot = spare.clone();
         let path = store.path().to_owned();
         let thread = std::thread::Builder::new()
             .name("ckptstore-writer".into())
@@ -80,7 +87,16 @@ impl AsyncWriter {
                 for job in jobs {
                     let step = job.ckpt.step;
                     let outcome = store.commit(&job.ckpt);
-                    drop(job.ckpt); // free the blobs before reporting
+                    if job.recycle {
+                        // One spare at most: a burst of copies does not
+                        // leave a pile of idle buffers behind.
+                        let mut slot = spare_slot.lock().unwrap_or_else(PoisonError::into_inner);
+                        if slot.is_none() {
+                            *slot = Some(job.ckpt);
+                        }
+                    } else {
+                        drop(job.ckpt); // free the blobs before reporting
+                    }
                     let (lock, cvar) = &*shared;
                     let mut p = lock.lock().unwrap_or_else(PoisonError::into_inner);
                     if let Err(e) = &outcome {
@@ -98,10 +114,41 @@ impl AsyncWriter {
             queue: Some(queue),
             thread: Some(thread),
             progress,
+            spare,
         })
     }
 
-    fn submit(&self, ckpt: GradientCheckpoint) -> Result<CommitHandle> {
+    /// A copy of `ckpt` in the spare checkpoint's buffers (allocated and
+    /// paged in by an earlier copy), or in new ones.
+    fn copy(&self, ckpt: &GradientCheckpoint) -> GradientCheckpoint {
+        let spare = self
+            .spare
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        let Some(mut out) = spare else {
+            return ckpt.clone();
+        };
+        out.step = ckpt.step;
+        out.timestamp = ckpt.timestamp;
+        out.loss_cid.clone_from(&ckpt.loss_cid);
+        out.metrics.clone_from(&ckpt.metrics);
+        out.graph.clone_from(&ckpt.graph);
+        let state = &mut out.optimizer_state;
+        state.retain(|name, _| ckpt.optimizer_state.contains_key(name));
+        for (name, blob) in &ckpt.optimizer_state {
+            match state.get_mut(name) {
+                // Vec::clone_from keeps the allocation when it is big enough.
+                Some(buf) => buf.clone_from(blob),
+                None => {
+                    state.insert(name.clone(), blob.clone());
+                }
+            }
+        }
+        out
+    }
+
+    fn submit(&self, ckpt: GradientCheckpoint, recycle: bool) -> Result<CommitHandle> {
         let step = ckpt.step;
         let (reply, outcome) = mpsc::sync_channel(1);
         {
@@ -113,7 +160,14 @@ impl AsyncWriter {
         let sent = self
             .queue
             .as_ref()
-            .map(|q| q.send(Job { ckpt, reply }).is_ok())
+            .map(|q| {
+                q.send(Job {
+                    ckpt,
+                    recycle,
+                    reply,
+                })
+                .is_ok()
+            })
             .unwrap_or(false);
         if !sent {
             let (lock, cvar) = &*self.progress;
@@ -198,23 +252,73 @@ impl CheckpointStore {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn commit_async(&self, ckpt: GradientCheckpoint) -> Result<CommitHandle> {
+        self.check_async("commit_async", &ckpt)?;
+        self.with_writer(ckpt.step, |w| w.submit(ckpt, false))
+    }
+
+    /// Queue a copy of `ckpt` for commit on the background thread, like
+    /// [`commit_async`](Self::commit_async), for a caller that goes on
+    /// changing its state.
+    ///
+    /// The copy goes into the buffers of an earlier copy that has been
+    /// committed (the store keeps one such spare checkpoint), so a training
+    /// loop that checkpoints the same parameters again and again copies
+    /// into memory that is already allocated and paged in, instead of
+    /// `clone()`-ing into fresh pages every time: for 64 MiB of state the
+    /// copy took a third of the time of a clone (`cargo bench --bench
+    /// compare`, async section). Memory: the copies queued and running, plus
+    /// one spare, which the store holds until it is dropped.
+    ///
+    /// # Errors
+    /// As [`commit_async`](Self::commit_async).
+    ///
+    /// ```
+    /// use ckptstore::{CheckpointStore, ComputationGraphStore, GradientCheckpoint};
+    /// # let dir = tempfile::tempdir()?;
+    /// let store = CheckpointStore::open(dir.path().join("run.ckpt"))?;
+    /// let mut state = GradientCheckpoint::new(ComputationGraphStore::new(), 0);
+    /// state.set_optimizer_state("adam_m", vec![0u8; 1 << 20]);
+    /// for step in 1..=3 {
+    ///     state.step = step;
+    ///     state.optimizer_state.get_mut("adam_m").unwrap()[0] = step as u8; // training
+    ///     store.commit_async_copy(&state)?; // state stays ours
+    /// }
+    /// store.flush()?;
+    /// assert_eq!(store.get(3)?, Some(state));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn commit_async_copy(&self, ckpt: &GradientCheckpoint) -> Result<CommitHandle> {
+        self.check_async("commit_async_copy", ckpt)?;
+        self.with_writer(ckpt.step, |w| w.submit(w.copy(ckpt), true))
+    }
+
+    /// Refuse at once what the background writer could only fail.
+    fn check_async(&self, op: &'static str, ckpt: &GradientCheckpoint) -> Result<()> {
         if self.is_read_only() {
             return Err(Error::ReadOnly {
                 path: self.path().to_owned(),
-                op: "commit_async",
+                op,
             });
         }
-        ckpt.validate()?;
+        ckpt.validate()
+    }
+
+    /// Run `f` with the background writer, started if need be.
+    fn with_writer(
+        &self,
+        step: u64,
+        f: impl FnOnce(&AsyncWriter) -> Result<CommitHandle>,
+    ) -> Result<CommitHandle> {
         let mut writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
         if writer.is_none() {
             let depth = self.core.options.async_queue_depth;
             *writer = Some(AsyncWriter::start(self.worker_handle(), depth)?);
         }
         let writer = writer.as_ref().ok_or_else(|| Error::AsyncCommitFailed {
-            steps: vec![ckpt.step],
+            steps: vec![step],
             reason: "the background writer did not start".into(),
         })?;
-        writer.submit(ckpt)
+        f(writer)
     }
 
     /// Wait until every queued [`commit_async`](Self::commit_async) is done.
