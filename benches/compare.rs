@@ -52,6 +52,10 @@ struct Row {
     read: Duration,
     disk_per_step: f64,
     extra_peak: Option<u64>,
+    /// ckptstore's file length (redb extends it ahead of use; sparse).
+    file_len: Option<u64>,
+    /// Bytes read and written by the process per commit (Linux).
+    io: Option<(u64, u64)>,
     n: usize,
 }
 
@@ -121,7 +125,11 @@ fn run_workload(w: &Workload, iters: usize) -> Result {
         // The seed's JSON of a large step is ~2 GB of text per commit.
         let slow = kind < 2 && w.logical_bytes() > (64 << 20);
         let n = if slow { 1 } else { iters };
+        let io_before = proc_io();
         let mut times = time_commits(c.as_mut(), &mut ckpt, n, || {})?;
+        let io = proc_io()
+            .zip(io_before)
+            .map(|((r1, w1), (r0, w0))| ((r1 - r0) / n as u64, (w1 - w0) / n as u64));
         // Peak memory in a fresh process: in this one, memory freed by
         // earlier contenders would hide new allocations.
         let extra_peak = if slow {
@@ -130,6 +138,9 @@ fn run_workload(w: &Workload, iters: usize) -> Result {
             Some(peak_in_child(w, kind)?)
         };
         let disk_per_step = c.disk_bytes()? as f64 / n as f64;
+        let file_len = (kind == 4)
+            .then(|| std::fs::metadata(dir.path().join("bench.ckpt")).map(|m| m.len()))
+            .transpose()?;
         let mut reads = Vec::new();
         for _ in 0..3 {
             let t = Instant::now();
@@ -147,12 +158,14 @@ fn run_workload(w: &Workload, iters: usize) -> Result {
             read: median(&mut reads),
             disk_per_step,
             extra_peak,
+            file_len,
+            io,
             n,
         });
         drop(c);
     }
 
-    println!("| contender | n | median commit | MB/s | commits/s | disk/step (x logical) | extra peak RSS | read latest MB/s |");
+    println!("| contender | n | median commit | MB/s | commits/s | disk/step, allocated (x logical) | extra peak RSS | read latest MB/s |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for r in &rows {
         println!(
@@ -208,8 +221,20 @@ fn run_workload(w: &Workload, iters: usize) -> Result {
         raw.read.as_secs_f64() / store.read.as_secs_f64()
     );
     println!(
-        "- ckptstore bytes on disk / logical: **{:.2}x**; extra peak memory {} for a {} checkpoint\n",
+        "- ckptstore bytes on disk (allocated blocks) / logical: **{:.2}x**; file length {:.2}x (redb extends the file ahead of use; the unwritten part is sparse)",
         store.disk_per_step / w.logical_bytes() as f64,
+        store.file_len.unwrap_or(0) as f64 / store.n as f64 / w.logical_bytes() as f64,
+    );
+    if let Some((read, written)) = store.io {
+        println!(
+            "- ckptstore I/O per commit (`/proc/self/io`): wrote {} ({:.2}x logical), read {}",
+            human(written),
+            written as f64 / w.logical_bytes() as f64,
+            human(read)
+        );
+    }
+    println!(
+        "- ckptstore extra peak memory {} for a {} checkpoint\n",
         store.extra_peak.map_or("-".to_owned(), human),
         human(w.logical_bytes())
     );
@@ -557,4 +582,16 @@ fn cpu_model() -> String {
                 .map(|m| m.trim().to_owned())
         })
         .unwrap_or_else(|| "unknown CPU".into())
+}
+
+/// Bytes this process has read and written through system calls so far
+/// (`rchar`, `wchar` of /proc/self/io), where Linux tells.
+fn proc_io() -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/self/io").ok()?;
+    let field = |key: &str| -> Option<u64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(key))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    Some((field("rchar:")?, field("wchar:")?))
 }

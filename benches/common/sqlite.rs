@@ -67,12 +67,12 @@ impl Contender for Sqlite {
         Ok(total)
     }
     fn disk_bytes(&self) -> Result<u64> {
-        let mut total = fs::metadata(&self.path)?.len();
+        let mut total = super::allocated(&fs::metadata(&self.path)?);
         for ext in ["-wal", "-shm"] {
             let mut p = self.path.clone().into_os_string();
             p.push(ext);
             if let Ok(m) = fs::metadata(&p) {
-                total += m.len();
+                total += super::allocated(&m);
             }
         }
         Ok(total)

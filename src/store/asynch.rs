@@ -86,7 +86,7 @@ impl AsyncWriter {
             .spawn(move || {
                 for job in jobs {
                     let step = job.ckpt.step;
-                    let outcome = store.commit(&job.ckpt);
+                    let outcome = store.commit_in_background(&job.ckpt);
                     if job.recycle {
                         // One spare at most: a burst of copies does not
                         // leave a pile of idle buffers behind.

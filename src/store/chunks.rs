@@ -66,13 +66,29 @@ pub(crate) fn split(blob: &[u8]) -> impl Iterator<Item = &[u8]> {
     })
 }
 
-/// Run `f` with an iterator over the hashes of `pieces`, in order. For
-/// large inputs a second thread hashes ahead while `f` consumes, so hashing
-/// overlaps the caller's writes; it stops when `f` returns.
+/// How a commit hashes its chunks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Hashing {
+    /// On a second thread, ahead of the writes, for large inputs: the
+    /// fastest commit.
+    Pipelined,
+    /// Each chunk just before it is written, on the committing thread: a
+    /// background commit then uses one core, leaving the other to training.
+    Inline,
+}
+
+/// Run `f` with an iterator over the hashes of `pieces`, in order. With
+/// [`Hashing::Pipelined`] and a large input, a second thread hashes ahead
+/// while `f` consumes, so hashing overlaps the caller's writes; it stops
+/// when `f` returns.
 pub(crate) fn with_hashes<T>(
     pieces: &[&[u8]],
+    hashing: Hashing,
     f: impl FnOnce(&mut dyn Iterator<Item = ChunkId>) -> T,
 ) -> T {
+    if hashing == Hashing::Inline {
+        return f(&mut pieces.iter().map(|p| *blake3::hash(p).as_bytes()));
+    }
     let total: usize = pieces.iter().map(|p| p.len()).sum();
     if total < PARALLEL_MIN_BYTES || pieces.len() < 2 {
         return f(&mut hash_all(pieces).into_iter());
@@ -267,10 +283,12 @@ mod tests {
             .collect();
         let pieces: Vec<&[u8]> = split(&data).collect();
         let direct = hash_all(&pieces);
-        let streamed = with_hashes(&pieces, |ids| ids.collect::<Vec<_>>());
-        assert_eq!(direct, streamed);
+        for hashing in [Hashing::Pipelined, Hashing::Inline] {
+            let streamed = with_hashes(&pieces, hashing, |ids| ids.collect::<Vec<_>>());
+            assert_eq!(direct, streamed, "{hashing:?}");
+        }
         // A consumer that stops early does not hang the hasher.
-        let first = with_hashes(&pieces, |ids| ids.next());
+        let first = with_hashes(&pieces, Hashing::Pipelined, |ids| ids.next());
         assert_eq!(first, direct.first().copied());
     }
 }

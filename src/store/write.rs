@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use redb::{ReadableTable, WriteTransaction};
 
-use super::chunks::{split, with_hashes, ChunkTables};
+use super::chunks::{split, with_hashes, ChunkTables, Hashing};
 use super::manifest::{decode_manifest, encode_manifest};
 use super::read::{read_pins, read_summaries};
 use super::retention::{Retention, StepSummary};
@@ -89,7 +89,13 @@ impl CheckpointStore {
     /// the step may or may not have been committed (the error can strike
     /// after the commit point); it is never partial: `get` tells.
     pub fn commit(&self, ckpt: &GradientCheckpoint) -> Result<CommitInfo> {
-        self.put(ckpt, false)
+        self.put(ckpt, false, Hashing::Pipelined)
+    }
+
+    /// [`commit`](Self::commit) for the background writer: hashing inline,
+    /// so that a background commit keeps to one core.
+    pub(crate) fn commit_in_background(&self, ckpt: &GradientCheckpoint) -> Result<CommitInfo> {
+        self.put(ckpt, false, Hashing::Inline)
     }
 
     /// Store `ckpt`, replacing the step of the same number if it is stored,
@@ -108,10 +114,15 @@ impl CheckpointStore {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn replace(&self, ckpt: &GradientCheckpoint) -> Result<CommitInfo> {
-        self.put(ckpt, true)
+        self.put(ckpt, true, Hashing::Pipelined)
     }
 
-    fn put(&self, ckpt: &GradientCheckpoint, replace: bool) -> Result<CommitInfo> {
+    fn put(
+        &self,
+        ckpt: &GradientCheckpoint,
+        replace: bool,
+        hashing: Hashing,
+    ) -> Result<CommitInfo> {
         let start = Instant::now();
         let step = ckpt.step;
         ckpt.validate()?;
@@ -143,7 +154,7 @@ impl CheckpointStore {
 
         let what = || format!("committing step {step}");
         let policy = &self.core.options.retention;
-        let mut info = with_hashes(&pieces, |hashes| {
+        let mut info = with_hashes(&pieces, hashing, |hashes| {
             self.write("commit", &what, |txn| {
                 let mut delta = Delta::default();
                 let mut info = {
