@@ -1,7 +1,7 @@
 //! A store written by ckptstore 0.1 (format 1: JSON manifests) still opens,
 //! reads back every step exactly and verifies; a read-only open leaves it
 //! untouched; a writable open marks it format 2, and old and new steps then
-//! live side by side: new commits, dedup against old chunks, removal.
+//! live side by side: new commits, removal of old and new steps, verify.
 //!
 //! `tests/fixtures/format1.ckpt` was written by commit 345e2e2 (format 1):
 //! steps 10, 20, 30 of `fixture_checkpoint` below, step 10 pinned, then
@@ -78,11 +78,14 @@ fn format1_store_reads_verifies_and_upgrades() -> Result {
 
     {
         let store = CheckpointStore::open(&path)?;
+        // New steps keep their chunks in the format 2 tables: `embed`, the
+        // same in every step, is written once more there, then shared.
         let info = store.commit(&fixture_checkpoint(40)?)?;
-        // `embed` is the same in every step: its chunks, written by 0.1,
-        // are referenced, not written again.
+        assert_eq!(info.bytes_reused, 0);
+        let info = store.commit(&fixture_checkpoint(50)?)?;
         assert_eq!(info.bytes_reused, 70_000);
         assert!(store.remove(20)?);
+        assert!(store.remove(50)?);
         let report = store.verify()?;
         assert!(report.is_ok(), "{report:?}");
     }

@@ -1,17 +1,19 @@
 //! Content-addressed chunks: splitting, hashing, and reference counting.
 //!
 //! Blobs are cut into chunks of [`CHUNK_SIZE`] bytes and a tail of smaller
-//! power-of-two-sized pieces ([`chunk_lengths`]), each stored once under its
-//! BLAKE3 hash. `refs` counts how many manifest
-//! entries use a chunk; a chunk is deleted in the transaction that drops its
-//! last reference.
+//! power-of-two-sized pieces ([`chunk_lengths`]), each stored once: its bytes
+//! under an id given out in ascending order (`chunk_data`), its BLAKE3 hash
+//! in the index (`chunk_index`) with the id and how many manifest entries
+//! use it. A chunk is deleted in the transaction that drops its last use.
 
 use std::thread;
 
-use redb::{ReadableTable, Table};
+use redb::{ReadableTable, Table, WriteTransaction};
 
 use super::manifest::Manifest;
-use super::schema::ChunkId;
+use super::schema::{
+    meta_u64, ChunkId, CHUNK_DATA, CHUNK_INDEX, LEGACY_CHUNKS, LEGACY_REFS, META, META_NEXT_CHUNK,
+};
 use crate::error::StorageContext;
 use crate::Result;
 
@@ -153,87 +155,170 @@ pub(crate) struct Added {
     pub(crate) chunks_reused: u64,
 }
 
-/// The `chunks` and `refs` tables of one write transaction.
+/// The chunk tables of one write transaction.
 pub(crate) struct ChunkTables<'txn> {
     /// What the transaction is doing, for error messages ("committing step 3").
-    pub(crate) op: String,
-    pub(crate) chunks: Table<'txn, &'static [u8; 32], &'static [u8]>,
-    pub(crate) refs: Table<'txn, &'static [u8; 32], u64>,
+    op: String,
+    txn: &'txn WriteTransaction,
+    data: Table<'txn, u64, &'static [u8]>,
+    index: Table<'txn, &'static [u8; 32], (u64, u64)>,
+    /// Format 1's tables, opened when a format 1 blob is released.
+    legacy: Option<LegacyTables<'txn>>,
+    /// The next chunk id to give out, and whether `meta` must learn it.
+    next_id: u64,
+    next_id_moved: bool,
 }
 
-impl ChunkTables<'_> {
+struct LegacyTables<'txn> {
+    chunks: Table<'txn, &'static [u8; 32], &'static [u8]>,
+    refs: Table<'txn, &'static [u8; 32], u64>,
+}
+
+impl<'txn> ChunkTables<'txn> {
+    /// Open the chunk tables of `txn`, which is doing `op`.
+    pub(crate) fn open(txn: &'txn WriteTransaction, op: String) -> Result<Self> {
+        let next_id = {
+            let meta = txn.open_table(META).context(|| op.clone())?;
+            meta_u64(&meta, META_NEXT_CHUNK)?
+        };
+        Ok(ChunkTables {
+            data: txn.open_table(CHUNK_DATA).context(|| op.clone())?,
+            index: txn.open_table(CHUNK_INDEX).context(|| op.clone())?,
+            op,
+            txn,
+            legacy: None,
+            next_id,
+            next_id_moved: false,
+        })
+    }
+
     /// Reference each piece: store the ones not yet stored, count one more
-    /// use of each. `ids` yields each piece's hash in order.
+    /// use of each. `hashes` yields each piece's hash in order. Returns
+    /// what it cost and each piece's hash and id.
     pub(crate) fn add(
         &mut self,
         pieces: &[&[u8]],
-        ids: &mut dyn Iterator<Item = ChunkId>,
-    ) -> Result<(Added, Vec<ChunkId>)> {
+        hashes: &mut dyn Iterator<Item = ChunkId>,
+    ) -> Result<(Added, Vec<ChunkId>, Vec<u64>)> {
         let mut added = Added::default();
         let mut all = Vec::with_capacity(pieces.len());
+        let mut ids = Vec::with_capacity(pieces.len());
         for piece in pieces {
-            let id = ids
+            let hash = hashes
                 .next()
                 .ok_or_else(|| crate::Error::corrupt(None, "chunk hasher stopped early"))?;
-            let count = self
-                .refs
-                .get(&id)
-                .context(|| format!("{}: reading table refs for chunk {}", self.op, hex(&id)))?
+            let op = &self.op;
+            let found = self
+                .index
+                .get(&hash)
+                .context(|| format!("{op}: reading table chunk_index for chunk {}", hex(&hash)))?
                 .map(|g| g.value());
             let len = piece.len() as u64;
-            match count {
-                Some(n) => {
+            let id = match found {
+                Some((id, uses)) => {
                     added.bytes_reused += len;
                     added.chunks_reused += 1;
-                    self.set_refs(&id, n + 1)?;
+                    self.set_index(&hash, id, uses + 1)?;
+                    id
                 }
                 None => {
                     added.bytes_written += len;
                     added.chunks_written += 1;
-                    self.chunks.insert(&id, *piece).context(|| {
-                        format!("{}: writing table chunks for chunk {}", self.op, hex(&id))
+                    let id = self.next_id;
+                    self.next_id += 1;
+                    self.next_id_moved = true;
+                    self.data.insert(id, *piece).context(|| {
+                        format!("{op}: writing table chunk_data for chunk {}", hex(&hash))
                     })?;
-                    self.set_refs(&id, 1)?;
+                    self.set_index(&hash, id, 1)?;
+                    id
                 }
-            }
-            all.push(id);
+            };
+            all.push(hash);
+            ids.push(id);
         }
-        Ok((added, all))
+        if self.next_id_moved {
+            let op = &self.op;
+            self.txn
+                .open_table(META)
+                .context(|| op.clone())?
+                .insert(META_NEXT_CHUNK, self.next_id.to_le_bytes().as_slice())
+                .context(|| format!("{op}: writing table meta"))?;
+            self.next_id_moved = false;
+        }
+        Ok((added, all, ids))
     }
 
     /// Drop one use of every chunk `manifest` references, deleting chunks
     /// that no manifest uses any more. Returns the bytes and chunks freed.
     pub(crate) fn release(&mut self, manifest: &Manifest) -> Result<(u64, u64)> {
-        let mut freed = 0;
-        let mut chunks = 0;
-        for id in manifest.chunk_refs() {
-            let count = self
-                .refs
-                .get(id)
-                .context(|| format!("{}: reading table refs for chunk {}", self.op, hex(id)))?
-                .map(|g| g.value())
-                .unwrap_or(0);
-            if count > 1 {
-                self.set_refs(id, count - 1)?;
-            } else {
-                self.refs
-                    .remove(id)
-                    .context(|| format!("{}: writing table refs for chunk {}", self.op, hex(id)))?;
-                if let Some(old) = self.chunks.remove(id).context(|| {
-                    format!("{}: writing table chunks for chunk {}", self.op, hex(id))
-                })? {
-                    freed += old.value().len() as u64;
-                    chunks += 1;
-                }
+        let (mut bytes, mut chunks) = (0, 0);
+        for (hash, id) in manifest.chunk_refs() {
+            let freed = match id {
+                Some(_) => self.release_one(hash)?,
+                None => self.release_legacy(hash)?,
+            };
+            if let Some(len) = freed {
+                bytes += len;
+                chunks += 1;
             }
         }
-        Ok((freed, chunks))
+        Ok((bytes, chunks))
     }
 
-    fn set_refs(&mut self, id: &ChunkId, n: u64) -> Result<()> {
-        self.refs
-            .insert(id, n)
-            .context(|| format!("{}: writing table refs for chunk {}", self.op, hex(id)))?;
+    /// Drop one use of chunk `hash`; the bytes freed if that was the last.
+    fn release_one(&mut self, hash: &ChunkId) -> Result<Option<u64>> {
+        let op = &self.op;
+        let ctx = |table: &str| format!("{op}: writing table {table} for chunk {}", hex(hash));
+        let found = self
+            .index
+            .get(hash)
+            .context(|| ctx("chunk_index"))?
+            .map(|g| g.value());
+        match found {
+            Some((id, uses)) if uses > 1 => {
+                self.set_index(hash, id, uses - 1)?;
+                Ok(None)
+            }
+            Some((id, _)) => {
+                self.index.remove(hash).context(|| ctx("chunk_index"))?;
+                let old = self.data.remove(id).context(|| ctx("chunk_data"))?;
+                Ok(old.map(|v| v.value().len() as u64))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Drop one use of format 1 chunk `hash`.
+    fn release_legacy(&mut self, hash: &ChunkId) -> Result<Option<u64>> {
+        let op = &self.op;
+        let ctx = |table: &str| format!("{op}: writing table {table} for chunk {}", hex(hash));
+        let legacy = match &mut self.legacy {
+            Some(l) => l,
+            None => self.legacy.insert(LegacyTables {
+                chunks: self.txn.open_table(LEGACY_CHUNKS).context(|| op.clone())?,
+                refs: self.txn.open_table(LEGACY_REFS).context(|| op.clone())?,
+            }),
+        };
+        let uses = legacy
+            .refs
+            .get(hash)
+            .context(|| ctx("refs"))?
+            .map_or(0, |g| g.value());
+        if uses > 1 {
+            legacy.refs.insert(hash, uses - 1).context(|| ctx("refs"))?;
+            return Ok(None);
+        }
+        legacy.refs.remove(hash).context(|| ctx("refs"))?;
+        let old = legacy.chunks.remove(hash).context(|| ctx("chunks"))?;
+        Ok(old.map(|v| v.value().len() as u64))
+    }
+
+    fn set_index(&mut self, hash: &ChunkId, id: u64, uses: u64) -> Result<()> {
+        let op = &self.op;
+        self.index
+            .insert(hash, (id, uses))
+            .context(|| format!("{op}: writing table chunk_index for chunk {}", hex(hash)))?;
         Ok(())
     }
 }

@@ -21,8 +21,8 @@
 //! edges:   count, then per edge two ends, each varint: 0 and a str, or
 //!          1 + the index of the node (in the order above) whose key it is
 //! blobs:   count, then per blob: name str, len varint, then byte 0 and
-//!          chunks (count, 32-byte BLAKE3 hash...) or byte 1 and the offset
-//!          in the step's packed bytes (varint)
+//!          chunks (count, then per chunk its 32-byte BLAKE3 hash and its id
+//!          varint) or byte 1 and the offset in the step's packed bytes
 //! packed:  opt<len varint, 32-byte BLAKE3 hash of the packed bytes>
 //! ```
 //!
@@ -73,9 +73,15 @@ impl Manifest {
         (ckpt, self.blobs)
     }
 
-    /// Every chunk reference, once per use.
-    pub(crate) fn chunk_refs(&self) -> impl Iterator<Item = &ChunkId> {
-        self.blobs.values().flat_map(|b| b.chunks.iter())
+    /// Every chunk reference, once per use: its hash, and its id (`None`
+    /// for a format 1 chunk, stored by hash).
+    pub(crate) fn chunk_refs(&self) -> impl Iterator<Item = (&ChunkId, Option<u64>)> {
+        self.blobs.values().flat_map(|b| {
+            b.chunks
+                .iter()
+                .enumerate()
+                .map(|(i, hash)| (hash, b.ids.as_ref().and_then(|ids| ids.get(i).copied())))
+        })
     }
 }
 
@@ -150,8 +156,11 @@ pub(crate) fn encode_manifest(
             None => {
                 w.0.push(0);
                 w.len(blob.chunks.len());
-                for id in &blob.chunks {
-                    w.0.extend_from_slice(id);
+                let ids = blob.ids.as_deref().unwrap_or_default();
+                for (i, hash) in blob.chunks.iter().enumerate() {
+                    w.0.extend_from_slice(hash);
+                    // Every blob put() encodes has an id per chunk.
+                    w.varint(ids.get(i).copied().unwrap_or(u64::MAX));
                 }
             }
         }
@@ -305,20 +314,24 @@ fn decode_binary(step: u64, body: &[u8]) -> Result<Manifest> {
         let len = r.varint("blob length")?;
         let blob = match r.u8("blob kind")? {
             0 => {
-                let n = r.count("chunk count", 32)?;
+                let n = r.count("chunk count", 33)?;
                 let mut chunks = Vec::with_capacity(n);
+                let mut ids = Vec::with_capacity(n);
                 for _ in 0..n {
                     chunks.push(r.id("chunk hash")?);
+                    ids.push(r.varint("chunk id")?);
                 }
                 BlobRef {
                     len,
                     chunks,
+                    ids: Some(ids),
                     packed: None,
                 }
             }
             1 => BlobRef {
                 len,
                 chunks: Vec::new(),
+                ids: Some(Vec::new()),
                 packed: Some(r.varint("packed offset")?),
             },
             _ => return Err(r.fail("blob kind")),
@@ -522,6 +535,7 @@ mod tests {
             BlobRef {
                 len: 3,
                 chunks: vec![[7u8; 32], [8u8; 32]],
+                ids: Some(vec![4, 300]),
                 packed: None,
             },
         );
@@ -530,6 +544,7 @@ mod tests {
             BlobRef {
                 len: 2,
                 chunks: Vec::new(),
+                ids: Some(Vec::new()),
                 packed: Some(1),
             },
         );
@@ -579,12 +594,15 @@ mod tests {
     #[test]
     fn both_formats_round_trip() -> Result<()> {
         let (ckpt, blobs, packed) = sample();
-        for bytes in [
-            encode_manifest(&ckpt, &blobs, Some(&packed)),
-            encode_v1(&ckpt, &blobs, Some(&packed)),
+        // Format 1 blobs have no chunk ids: their chunks are found by hash.
+        let mut v1_blobs = blobs.clone();
+        v1_blobs.values_mut().for_each(|b| b.ids = None);
+        for (bytes, blobs) in [
+            (encode_manifest(&ckpt, &blobs, Some(&packed)), &blobs),
+            (encode_v1(&ckpt, &blobs, Some(&packed)), &v1_blobs),
         ] {
             let m = decode_manifest(9, &bytes)?;
-            assert_same(&m, &ckpt, &blobs);
+            assert_same(&m, &ckpt, blobs);
             assert_eq!(m.packed, Some(packed.clone()));
         }
         Ok(())
@@ -648,6 +666,7 @@ mod tests {
             BlobRef {
                 len: u64::MAX,
                 chunks: vec![[1u8; 32]],
+                ids: Some(vec![0]),
                 packed: None,
             },
         );
@@ -686,6 +705,7 @@ mod proptests {
             BlobRef {
                 len: 10,
                 chunks: vec![[1u8; 32]],
+                ids: Some(vec![0]),
                 packed: None,
             },
         );
@@ -694,6 +714,7 @@ mod proptests {
             BlobRef {
                 len: 2,
                 chunks: Vec::new(),
+                ids: Some(Vec::new()),
                 packed: Some(0),
             },
         );

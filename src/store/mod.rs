@@ -590,6 +590,8 @@ fn init_or_check_meta(path: &Path, db: &Database) -> Result<()> {
                 .context(what)?
                 .insert(META_FORMAT, FORMAT_VERSION.to_le_bytes().as_slice())
                 .context(what)?;
+            txn.open_table(schema::CHUNK_DATA).context(what)?;
+            txn.open_table(schema::CHUNK_INDEX).context(what)?;
             return txn.commit().context(what);
         }
         other => return other.map(drop),
@@ -607,8 +609,8 @@ fn init_or_check_meta(path: &Path, db: &Database) -> Result<()> {
         meta.insert(META_CREATED, now.to_le_bytes().as_slice())
             .context(what)?;
         txn.open_table(schema::STEPS).context(what)?;
-        txn.open_table(schema::CHUNKS).context(what)?;
-        txn.open_table(schema::REFS).context(what)?;
+        txn.open_table(schema::CHUNK_DATA).context(what)?;
+        txn.open_table(schema::CHUNK_INDEX).context(what)?;
         txn.open_table(schema::SUMMARIES).context(what)?;
         txn.open_table(schema::PINS).context(what)?;
         txn.open_table(schema::PACKED).context(what)?;
@@ -648,14 +650,20 @@ fn check_meta(path: &Path, txn: &ReadTransaction) -> Result<u32> {
             supported: FORMAT_VERSION,
         });
     }
+    let chunk_tables = if found < 2 {
+        [schema::LEGACY_CHUNKS.name(), schema::LEGACY_REFS.name()]
+    } else {
+        [schema::CHUNK_DATA.name(), schema::CHUNK_INDEX.name()]
+    };
     for table in [
         schema::STEPS.name(),
-        schema::CHUNKS.name(),
-        schema::REFS.name(),
         schema::SUMMARIES.name(),
         schema::PINS.name(),
         schema::PACKED.name(),
-    ] {
+    ]
+    .into_iter()
+    .chain(chunk_tables)
+    {
         let exists = txn
             .list_tables()
             .context(|| format!("listing tables of {}", path.display()))?

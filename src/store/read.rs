@@ -3,14 +3,17 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::ops::RangeBounds;
 
-use redb::{ReadOnlyTable, ReadTransaction, ReadableTable, WriteTransaction};
+use redb::{
+    AccessGuard, Key, ReadOnlyTable, ReadTransaction, ReadableTable, TableDefinition, TableHandle,
+    Value, WriteTransaction,
+};
 
 use super::chunks::{chunk_lengths, hex};
 use super::manifest::{decode_manifest, Manifest};
 use super::retention::{Goal, StepSummary};
 use super::schema::{
-    meta_u64, BlobRef, ChunkId, PackedRef, CHUNKS, META, META_STORED_BYTES, META_STORED_CHUNKS,
-    PACKED, PINS, REFS, STEPS, SUMMARIES,
+    meta_u64, BlobRef, ChunkId, PackedRef, CHUNK_DATA, CHUNK_INDEX, LEGACY_CHUNKS, LEGACY_REFS,
+    META, META_STORED_BYTES, META_STORED_CHUNKS, PACKED, PINS, STEPS, SUMMARIES,
 };
 use super::{shield, CheckpointStore};
 use crate::error::StorageContext;
@@ -416,7 +419,7 @@ impl CheckpointStore {
             let txn = self.begin_read()?;
             let steps = open_steps(&txn)?;
             let mut report = VerifyReport::default();
-            let mut expected_refs: HashMap<ChunkId, u64> = HashMap::new();
+            let mut expected = Expected::default();
             let ctx = || "reading table steps".to_owned();
             for entry in steps.range::<u64>(..).context(ctx)? {
                 let (key, bytes) = match entry {
@@ -434,8 +437,17 @@ impl CheckpointStore {
                 let what = || format!("verifying step {step}");
                 let checked = shield(Some(step), &what, || {
                     let manifest = decode_manifest(step, bytes.value())?;
-                    for id in manifest.chunk_refs() {
-                        *expected_refs.entry(*id).or_insert(0) += 1;
+                    for (hash, id) in manifest.chunk_refs() {
+                        match id {
+                            Some(id) => {
+                                let e = expected.chunks.entry(*hash).or_insert((id, 0));
+                                e.1 += 1;
+                                if e.0 != id {
+                                    expected.mismatched.push((*hash, e.0, id));
+                                }
+                            }
+                            None => *expected.legacy.entry(*hash).or_insert(0) += 1,
+                        }
                     }
                     assemble(&txn, manifest)
                 });
@@ -452,53 +464,114 @@ impl CheckpointStore {
                 }
             }
             if report.damaged.is_empty() {
-                report.accounting = check_accounting(&txn, expected_refs)?;
+                report.accounting = check_accounting(&txn, expected)?;
             }
             Ok(report)
         })
     }
 }
 
-/// Compare reference counts, chunks and counters with what the manifests
-/// say; returns each discrepancy.
-fn check_accounting(
-    txn: &ReadTransaction,
-    mut expected: HashMap<ChunkId, u64>,
-) -> Result<Vec<String>> {
-    let mut problems = Vec::new();
-    let ctx = || "reading table refs".to_owned();
-    let refs = txn.open_table(REFS).context(ctx)?;
-    for entry in refs.range::<&[u8; 32]>(..).context(ctx)? {
-        let (id, count) = entry.context(ctx)?;
-        let (id, count) = (*id.value(), count.value());
-        let want = expected.remove(&id).unwrap_or(0);
-        if want != count {
-            problems.push(format!(
-                "chunk {} has {count} references recorded, {want} in manifests",
-                hex(&id)
-            ));
+/// What the manifests say the chunk tables hold.
+#[derive(Default)]
+struct Expected {
+    /// Hash -> (id, uses) of format 2 chunks.
+    chunks: HashMap<ChunkId, (u64, u64)>,
+    /// Hash -> uses of format 1 chunks.
+    legacy: HashMap<ChunkId, u64>,
+    /// Hashes that manifests give two different ids: (hash, one, other).
+    mismatched: Vec<(ChunkId, u64, u64)>,
+}
+
+/// Compare the chunk index, the chunks and the counters with what the
+/// manifests say; returns each discrepancy.
+fn check_accounting(txn: &ReadTransaction, mut expected: Expected) -> Result<Vec<String>> {
+    let mut problems: Vec<String> = expected
+        .mismatched
+        .iter()
+        .map(|(hash, a, b)| format!("chunk {} has ids {a} and {b} in manifests", hex(hash)))
+        .collect();
+    let (mut bytes, mut count) = (0u64, 0u64);
+
+    let ctx = || "reading table chunk_index".to_owned();
+    let mut indexed: HashMap<u64, ChunkId> = HashMap::new();
+    if let Some(index) = open_optional(txn, CHUNK_INDEX)? {
+        for entry in index.range::<&[u8; 32]>(..).context(ctx)? {
+            let (hash, value) = entry.context(ctx)?;
+            let (hash, (id, uses)) = (*hash.value(), value.value());
+            let want = expected.chunks.remove(&hash);
+            if want != Some((id, uses)) {
+                let (want_id, want_uses) =
+                    want.map_or(("none".to_owned(), 0), |(i, u)| (i.to_string(), u));
+                problems.push(format!(
+                    "chunk {} is indexed as id {id} with {uses} uses, manifests say id {want_id} with {want_uses}",
+                    hex(&hash)
+                ));
+            }
+            if let Some(other) = indexed.insert(id, hash) {
+                problems.push(format!(
+                    "chunks {} and {} share id {id}",
+                    hex(&other),
+                    hex(&hash)
+                ));
+            }
         }
     }
-    for id in expected.keys() {
+    for hash in expected.chunks.keys() {
+        problems.push(format!("chunk {} is used but not indexed", hex(hash)));
+    }
+    let ctx = || "reading table chunk_data".to_owned();
+    if let Some(data) = open_optional(txn, CHUNK_DATA)? {
+        for entry in data.range::<u64>(..).context(ctx)? {
+            let (id, value) = entry.context(ctx)?;
+            bytes += value.value().len() as u64;
+            count += 1;
+            if indexed.remove(&id.value()).is_none() {
+                problems.push(format!("chunk id {} is stored but not indexed", id.value()));
+            }
+        }
+    }
+    for (id, hash) in indexed {
         problems.push(format!(
-            "chunk {} is used but has no reference count",
+            "chunk {} (id {id}) is indexed but not stored",
+            hex(&hash)
+        ));
+    }
+
+    let ctx = || "reading table refs".to_owned();
+    if let Some(refs) = open_optional(txn, LEGACY_REFS)? {
+        for entry in refs.range::<&[u8; 32]>(..).context(ctx)? {
+            let (id, uses) = entry.context(ctx)?;
+            let (id, uses) = (*id.value(), uses.value());
+            let want = expected.legacy.remove(&id).unwrap_or(0);
+            if want != uses {
+                problems.push(format!(
+                    "format 1 chunk {} has {uses} references recorded, {want} in manifests",
+                    hex(&id)
+                ));
+            }
+        }
+        let ctx = || "reading table chunks".to_owned();
+        if let Some(chunks) = open_optional(txn, LEGACY_CHUNKS)? {
+            for entry in chunks.range::<&[u8; 32]>(..).context(ctx)? {
+                let (id, value) = entry.context(ctx)?;
+                bytes += value.value().len() as u64;
+                count += 1;
+                if refs.get(id.value()).context(ctx)?.is_none() {
+                    problems.push(format!(
+                        "format 1 chunk {} is stored but unreferenced",
+                        hex(id.value())
+                    ));
+                }
+            }
+        }
+    }
+    for id in expected.legacy.keys() {
+        problems.push(format!(
+            "format 1 chunk {} is used but has no reference count",
             hex(id)
         ));
     }
-    let ctx = || "reading table chunks".to_owned();
-    let chunks = txn.open_table(CHUNKS).context(ctx)?;
-    let (mut bytes, mut count) = (0u64, 0u64);
-    for entry in chunks.range::<&[u8; 32]>(..).context(ctx)? {
-        let (id, value) = entry.context(ctx)?;
-        bytes += value.value().len() as u64;
-        count += 1;
-        if refs.get(id.value()).context(ctx)?.is_none() {
-            problems.push(format!(
-                "chunk {} is stored but unreferenced",
-                hex(id.value())
-            ));
-        }
-    }
+
     let ctx = || "reading table packed".to_owned();
     let packed = txn.open_table(PACKED).context(ctx)?;
     for entry in packed.range::<(u64, u32)>(..).context(ctx)? {
@@ -517,6 +590,19 @@ fn check_accounting(
         }
     }
     Ok(problems)
+}
+
+/// A table that may not exist: a format 1 store opened read-only has no
+/// format 2 chunk tables, a format 2 store no format 1 ones.
+fn open_optional<K: Key + 'static, V: Value + 'static>(
+    txn: &ReadTransaction,
+    table: TableDefinition<K, V>,
+) -> Result<Option<ReadOnlyTable<K, V>>> {
+    match txn.open_table(table) {
+        Ok(t) => Ok(Some(t)),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+        Err(e) => Err(e).context(|| format!("opening table {}", table.name())),
+    }
 }
 
 /// Summaries of the steps in `range`, from any readable `summaries` table.
@@ -591,9 +677,10 @@ fn open_steps(txn: &ReadTransaction) -> Result<ReadOnlyTable<u64, &'static [u8]>
 /// Read a manifest's chunks into a checkpoint, checking every hash.
 fn assemble(txn: &ReadTransaction, manifest: Manifest) -> Result<GradientCheckpoint> {
     let step = manifest.step;
-    let chunks = txn
-        .open_table(CHUNKS)
-        .context(|| "opening table chunks".to_owned())?;
+    let chunks = ChunkSource {
+        data: open_optional(txn, CHUNK_DATA)?,
+        legacy: open_optional(txn, LEGACY_CHUNKS)?,
+    };
     let packed = match &manifest.packed {
         Some(p) => read_packed(txn, step, p)?,
         None => Vec::new(),
@@ -654,12 +741,7 @@ fn read_packed(txn: &ReadTransaction, step: u64, packed: &PackedRef) -> Result<V
 /// Read one blob's chunks, checking each length and hash. Chunk boundaries
 /// are a function of the blob's length; for large blobs a second thread
 /// hashes each chunk while the next is read.
-fn read_blob(
-    chunks: &ReadOnlyTable<&'static [u8; 32], &'static [u8]>,
-    step: u64,
-    name: &str,
-    blob: &BlobRef,
-) -> Result<Vec<u8>> {
+fn read_blob(chunks: &ChunkSource, step: u64, name: &str, blob: &BlobRef) -> Result<Vec<u8>> {
     let corrupt = |detail: String| Error::corrupt(Some(step), detail);
     // The manifest's hash was checked and its length bounded by its chunk
     // count when it was decoded.
@@ -708,9 +790,32 @@ fn read_blob(
     Ok(data)
 }
 
+/// Where chunks are read from: by id, or (format 1) by hash.
+struct ChunkSource {
+    data: Option<ReadOnlyTable<u64, &'static [u8]>>,
+    legacy: Option<ReadOnlyTable<&'static [u8; 32], &'static [u8]>>,
+}
+
+impl ChunkSource {
+    /// Chunk `hash` with id `id` (`None`: a format 1 chunk) of `step`.
+    fn get(
+        &self,
+        step: u64,
+        hash: &ChunkId,
+        id: Option<u64>,
+    ) -> Result<Option<AccessGuard<'_, &'static [u8]>>> {
+        let ctx = || format!("reading chunk {} of step {step}", hex(hash));
+        match (id, &self.data, &self.legacy) {
+            (Some(id), Some(data), _) => data.get(id).context(ctx),
+            (None, _, Some(legacy)) => legacy.get(hash).context(ctx),
+            _ => Ok(None),
+        }
+    }
+}
+
 /// What reading one blob needs.
 struct BlobCtx<'a> {
-    chunks: &'a ReadOnlyTable<&'static [u8; 32], &'static [u8]>,
+    chunks: &'a ChunkSource,
     step: u64,
     name: &'a str,
     blob: &'a BlobRef,
@@ -727,17 +832,19 @@ impl BlobCtx<'_> {
     ) -> Result<()> {
         let (step, name) = (self.step, self.name);
         let mut rest = data;
-        for (id, &n) in self.blob.chunks.iter().zip(self.lengths) {
-            let chunk = self
-                .chunks
-                .get(id)
-                .context(|| format!("reading chunk {} of step {step}", hex(id)))?
-                .ok_or_else(|| {
-                    Error::corrupt(
-                        Some(step),
-                        format!("chunk {} of blob {name:?} is missing", hex(id)),
-                    )
-                })?;
+        for (i, (id, &n)) in self.blob.chunks.iter().zip(self.lengths).enumerate() {
+            let chunk_id = match &self.blob.ids {
+                Some(ids) => Some(*ids.get(i).ok_or_else(|| {
+                    Error::corrupt(Some(step), format!("blob {name:?} lacks chunk ids"))
+                })?),
+                None => None,
+            };
+            let chunk = self.chunks.get(step, id, chunk_id)?.ok_or_else(|| {
+                Error::corrupt(
+                    Some(step),
+                    format!("chunk {} of blob {name:?} is missing", hex(id)),
+                )
+            })?;
             let bytes = chunk.value();
             if bytes.len() != n {
                 return Err(Error::corrupt(

@@ -4,8 +4,9 @@
 //! |----------|---------------------|----------------------------------------------|
 //! | `meta`   | `&str -> &[u8]`     | format version, store id, creation time      |
 //! | `steps`  | `u64 -> &[u8]`      | a step's manifest (see `manifest.rs`)        |
-//! | `chunks` | `[u8; 32] -> &[u8]` | raw blob bytes, keyed by their BLAKE3 hash   |
-//! | `refs`   | `[u8; 32] -> u64`   | how many manifest entries use each chunk     |
+//! | `chunk_data` | `u64 -> &[u8]`  | raw blob bytes by chunk id (ascending)      |
+//! | `chunk_index` | `[u8; 32] -> (u64, u64)` | BLAKE3 hash -> (chunk id, uses) |
+//! | `chunks`, `refs` | by hash     | format 1's chunks and counts (read only)     |
 //! | `summaries` | `u64 -> &[u8]`   | per step: time, metrics, sizes (small JSON)  |
 //! | `pins`   | `u64 -> ()`         | steps retention and removal must not delete  |
 //! | `packed` | `(u64, u32) -> &[u8]` | per step: its small blobs, concatenated    |
@@ -13,9 +14,12 @@
 //! A manifest value is the 32-byte BLAKE3 hash of the encoding that follows
 //! it, so a damaged manifest is detected on read rather than trusted.
 //!
-//! Format versions: 1 (ckptstore 0.1) wrote JSON manifests; 2 writes binary
-//! ones and reads both. Opening a format 1 store for writing marks it format
-//! 2, so that an older build refuses it instead of misreading new steps.
+//! Format versions: 1 (ckptstore 0.1) wrote JSON manifests and kept chunks
+//! by hash in `chunks`; 2 writes binary manifests and chunks by id, and reads
+//! both. Opening a format 1 store for writing adds the format 2 tables and
+//! marks it format 2, so that an older build refuses it instead of
+//! misreading new steps. Its format 1 steps stay where they are (new chunks
+//! are not deduplicated against them) until they are removed.
 
 use redb::TableDefinition;
 use serde::{Deserialize, Serialize};
@@ -26,10 +30,22 @@ use crate::{Error, Result};
 pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 /// Step number -> manifest.
 pub(crate) const STEPS: TableDefinition<u64, &[u8]> = TableDefinition::new("steps");
-/// Chunk hash -> chunk bytes.
-pub(crate) const CHUNKS: TableDefinition<&[u8; 32], &[u8]> = TableDefinition::new("chunks");
-/// Chunk hash -> number of references from manifests.
-pub(crate) const REFS: TableDefinition<&[u8; 32], u64> = TableDefinition::new("refs");
+/// Chunk id -> chunk bytes. Ids are given out in ascending order, so a
+/// commit appends its chunks at the right edge of the b-tree: redb never
+/// reads an older chunk's page to find where a new one goes (with hash keys
+/// every insert landed beside a random old 1 MiB leaf and read it: a commit
+/// read about its own size once the store outgrew the cache).
+pub(crate) const CHUNK_DATA: TableDefinition<u64, &[u8]> = TableDefinition::new("chunk_data");
+/// Chunk hash -> (chunk id, number of references from manifests): the
+/// content-addressed index, with small entries only.
+pub(crate) const CHUNK_INDEX: TableDefinition<&[u8; 32], (u64, u64)> =
+    TableDefinition::new("chunk_index");
+
+/// Format 1: chunk hash -> chunk bytes. Read, and emptied as steps go, in
+/// stores written by 0.1; never written to since.
+pub(crate) const LEGACY_CHUNKS: TableDefinition<&[u8; 32], &[u8]> = TableDefinition::new("chunks");
+/// Format 1: chunk hash -> number of references.
+pub(crate) const LEGACY_REFS: TableDefinition<&[u8; 32], u64> = TableDefinition::new("refs");
 
 /// Step number -> [`StepSummary`](crate::StepSummary) JSON: what listings,
 /// retention and metric queries read instead of whole manifests.
@@ -43,6 +59,8 @@ pub(crate) const PINS: TableDefinition<u64, ()> = TableDefinition::new("pins");
 pub(crate) const META_STORED_BYTES: &str = "stored_bytes";
 /// `meta` key of the number of chunks (u64, little endian).
 pub(crate) const META_STORED_CHUNKS: &str = "stored_chunks";
+/// `meta` key of the next chunk id to give out (u64, little endian).
+pub(crate) const META_NEXT_CHUNK: &str = "next_chunk_id";
 
 /// `meta` key of the store's format version (u32, little endian).
 pub(crate) const META_FORMAT: &str = "format_version";
@@ -78,8 +96,13 @@ pub(crate) type ChunkId = [u8; 32];
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub(crate) struct BlobRef {
     pub(crate) len: u64,
+    /// Each chunk's hash, in order.
     #[serde(with = "hex_ids")]
     pub(crate) chunks: Vec<ChunkId>,
+    /// Each chunk's id in [`CHUNK_DATA`], beside `chunks`; `None` for a
+    /// format 1 blob, whose chunks are in [`LEGACY_CHUNKS`] by hash.
+    #[serde(skip)]
+    pub(crate) ids: Option<Vec<u64>>,
     /// Offset in the step's packed bytes ([`PACKED`]), for a small blob.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) packed: Option<u64>,

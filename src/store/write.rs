@@ -10,8 +10,8 @@ use super::manifest::{decode_manifest, encode_manifest};
 use super::read::{read_pins, read_summaries};
 use super::retention::{Retention, StepSummary};
 use super::schema::{
-    meta_u64, BlobRef, PackedRef, CHUNKS, META, META_STORED_BYTES, META_STORED_CHUNKS, PACKED,
-    PINS, REFS, STEPS, SUMMARIES,
+    meta_u64, BlobRef, PackedRef, META, META_STORED_BYTES, META_STORED_CHUNKS, PACKED, PINS, STEPS,
+    SUMMARIES,
 };
 use super::CheckpointStore;
 use crate::error::StorageContext;
@@ -166,16 +166,16 @@ impl CheckpointStore {
                     let mut tables = chunk_tables(txn, &what)?;
                     // Add before releasing, so chunks shared with the
                     // replaced version are never deleted and written again.
-                    let (added, ids) = tables.add(&pieces, hashes)?;
+                    let (added, hashes, ids) = tables.add(&pieces, hashes)?;
                     delta.bytes += i128::from(added.bytes_written);
                     delta.chunks += i128::from(added.chunks_written);
                     let mut blobs: BTreeMap<String, BlobRef> = spans
                         .iter()
                         .map(|(name, len, range)| {
-                            let chunks = ids[range.clone()].to_vec();
                             let blob = BlobRef {
                                 len: *len,
-                                chunks,
+                                chunks: hashes[range.clone()].to_vec(),
+                                ids: Some(ids[range.clone()].to_vec()),
                                 packed: None,
                             };
                             ((*name).clone(), blob)
@@ -185,6 +185,7 @@ impl CheckpointStore {
                         let blob = BlobRef {
                             len: ckpt.optimizer_state[*name].len() as u64,
                             chunks: Vec::new(),
+                            ids: Some(Vec::new()),
                             packed: Some(offset),
                         };
                         blobs.insert((*name).clone(), blob);
@@ -450,11 +451,7 @@ fn chunk_tables<'txn>(
     txn: &'txn WriteTransaction,
     what: &dyn Fn() -> String,
 ) -> Result<ChunkTables<'txn>> {
-    Ok(ChunkTables {
-        op: what(),
-        chunks: txn.open_table(CHUNKS).context(what)?,
-        refs: txn.open_table(REFS).context(what)?,
-    })
+    ChunkTables::open(txn, what())
 }
 
 /// Remove `doomed` steps with their summaries and pins and release their
