@@ -2,6 +2,9 @@
 //! `commit`, never a panic; the same store handle recovers by itself (it
 //! reopens its database, as redb requires after an I/O error); every earlier
 //! step is intact and the failed step is wholly present or wholly absent.
+//! Run twice: with the default cache, and with a 1 MiB cache, where commits
+//! stage their chunks in transactions of their own first (nothing staged by
+//! a failed commit may outlive it).
 
 mod common;
 
@@ -12,10 +15,16 @@ use common::faults::{copy, Faulty, Op, Plan};
 
 type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
 
-fn open_faulty(path: &Path, plan: &std::sync::Arc<Plan>) -> Result<CheckpointStore> {
+fn open_faulty(
+    path: &Path,
+    plan: &std::sync::Arc<Plan>,
+    options: &StoreOptions,
+) -> Result<CheckpointStore> {
     let (path, plan) = (path.to_owned(), plan.clone());
     let p = path.clone();
-    Ok(StoreOptions::new().open_with_backend(p, move || Faulty::open(&path, plan.clone()))?)
+    Ok(options
+        .clone()
+        .open_with_backend(p, move || Faulty::open(&path, plan.clone()))?)
 }
 
 fn check_store(
@@ -47,6 +56,15 @@ fn check_store(
 
 #[test]
 fn every_io_fault_in_a_commit_is_an_error_and_the_store_recovers() -> Result {
+    every_fault(StoreOptions::new())
+}
+
+#[test]
+fn every_io_fault_in_a_staged_commit_is_an_error_and_the_store_recovers() -> Result {
+    every_fault(StoreOptions::new().cache_size(1 << 20))
+}
+
+fn every_fault(options: StoreOptions) -> Result {
     let dir = tempfile::tempdir()?;
     let base_path = dir.path().join("base.ckpt");
     let base: Vec<GradientCheckpoint> = (0..3).map(common::deterministic).collect();
@@ -63,7 +81,7 @@ fn every_io_fault_in_a_commit_is_an_error_and_the_store_recovers() -> Result {
     let dry = dir.path().join("dry.ckpt");
     copy(&base_path, &dry)?;
     let calls = {
-        let store = open_faulty(&dry, &plan)?;
+        let store = open_faulty(&dry, &plan, &options)?;
         let before = plan.calls();
         store.commit(&next)?;
         plan.calls() - before
@@ -82,7 +100,7 @@ fn every_io_fault_in_a_commit_is_an_error_and_the_store_recovers() -> Result {
             let path = dir.path().join("trial.ckpt");
             copy(&base_path, &path)?;
             let plan = Plan::new();
-            let store = open_faulty(&path, &plan)?;
+            let store = open_faulty(&path, &plan, &options)?;
             plan.arm(k, kinds);
             let result = store.commit(&next);
             plan.disarm();
@@ -103,7 +121,12 @@ fn every_io_fault_in_a_commit_is_an_error_and_the_store_recovers() -> Result {
             } else {
                 store.commit(&next)?; // a retry succeeds
             }
-            assert!(store.verify()?.is_ok(), "{ctx}");
+            let report = store.verify()?;
+            assert!(report.is_ok(), "{ctx}: {report:?}");
+            assert_eq!(
+                report.staged_chunks, 0,
+                "{ctx}: a failed commit left chunks staged"
+            );
             drop(store);
             // And a fresh open of the plain file agrees.
             let reopened = CheckpointStore::open(&path)?;

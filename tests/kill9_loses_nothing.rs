@@ -8,7 +8,11 @@
 //! 50 kills by default; CKPT_LONG=1 runs 2,000. The same runs with
 //! `commit_async`: the writer prints a step when its handle reports success,
 //! and a kill may leave only steps after the last acknowledged one in
-//! addition (the commit in flight and those queued, in order).
+//! addition (the commit in flight and those queued, in order). And once more
+//! with a 1 MiB cache, so that nearly every commit stages its chunks in
+//! transactions of their own before the one that makes the step (a kill
+//! between them must leave no step and, after the next writable open, no
+//! staged chunk).
 
 mod common;
 
@@ -18,12 +22,13 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use ckptstore::CheckpointStore;
+use ckptstore::{CheckpointStore, StoreOptions};
 
 type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
 
 const STORE_VAR: &str = "CKPT_KILL_STORE";
 const ASYNC_VAR: &str = "CKPT_KILL_ASYNC";
+const CACHE_VAR: &str = "CKPT_KILL_CACHE";
 
 /// The writer: runs only as a child of the test below.
 #[test]
@@ -31,7 +36,11 @@ fn writer_child() -> Result {
     let Some(path) = std::env::var_os(STORE_VAR) else {
         return Ok(());
     };
-    let store = CheckpointStore::open(Path::new(&path))?;
+    let mut options = StoreOptions::new();
+    if let Some(cache) = std::env::var(CACHE_VAR).ok().and_then(|c| c.parse().ok()) {
+        options = options.cache_size(cache);
+    }
+    let store = options.open(Path::new(&path))?;
     let mut step = store.latest_step()?.map_or(0, |s| s + 1);
     let mut out = std::io::stdout().lock();
     if std::env::var_os(ASYNC_VAR).is_some() {
@@ -58,48 +67,68 @@ fn writer_child() -> Result {
 
 #[test]
 fn kill9_during_commits_loses_no_acknowledged_step() -> Result {
-    kill_loop(false, common::trials(50, 2_000), 0x5EED_CAFE)
+    kill_loop(Mode::Commit, common::trials(50, 2_000), 0x5EED_CAFE)
 }
 
 #[test]
 fn kill9_during_async_commits_loses_no_acknowledged_step() -> Result {
-    kill_loop(true, common::trials(30, 1_000), 0xA5_5EED)
+    kill_loop(Mode::Async, common::trials(30, 1_000), 0xA5_5EED)
+}
+
+#[test]
+fn kill9_during_staged_commits_loses_no_acknowledged_step() -> Result {
+    kill_loop(Mode::Staged, common::trials(30, 1_000), 0x0057_A6ED)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Mode {
+    Commit,
+    Async,
+    /// `commit` with a 1 MiB cache: commits over 256 KiB stage their chunks.
+    Staged,
 }
 
 /// Kill the writer `kills` times, on a fresh store every 50 kills (a crash
 /// reopen repairs by reading the whole file, so one ever-growing store
 /// would make long runs quadratic).
-fn kill_loop(use_async: bool, kills: usize, seed: u64) -> Result {
+fn kill_loop(mode: Mode, kills: usize, seed: u64) -> Result {
     let dir = tempfile::tempdir()?;
     let mut rng = common::Rng(seed);
-    let (mut steps, mut in_flight) = (0, 0);
+    let (mut steps, mut in_flight, mut staged) = (0, 0, 0);
     let mut done = 0;
     let mut epoch = 0;
     while done < kills {
         let n = (kills - done).min(50);
         let path = dir.path().join(format!("crash{epoch}.ckpt"));
-        let (s, f) = kill_epoch(use_async, n, &mut rng, &path)?;
+        let (s, f, g) = kill_epoch(mode, n, &mut rng, &path)?;
         std::fs::remove_file(&path)?;
         steps += s;
         in_flight += f;
+        staged += g;
         done += n;
         epoch += 1;
     }
     println!(
-        "async={use_async}: {kills} kills, {steps} steps acknowledged and intact, \
-         {in_flight} kills left in-flight steps committed"
+        "{mode:?}: {kills} kills, {steps} steps acknowledged and intact, \
+         {in_flight} kills left in-flight steps committed, {staged} kills struck \
+         a commit staging chunks (deleted by the next writable open)"
+    );
+    assert!(
+        mode != Mode::Staged || staged > 0,
+        "no kill landed in a staged commit: the test tests nothing"
     );
     Ok(())
 }
 
 fn kill_epoch(
-    use_async: bool,
+    mode: Mode,
     kills: usize,
     rng: &mut common::Rng,
     path: &Path,
-) -> Result<(usize, usize)> {
+) -> Result<(usize, usize, usize)> {
     let mut acknowledged: Vec<u64> = Vec::new();
     let mut in_flight_found = 0;
+    let mut staged_found = 0;
 
     for kill in 0..kills {
         let mut cmd = Command::new(std::env::current_exe()?);
@@ -107,10 +136,15 @@ fn kill_epoch(
             .env(STORE_VAR, path)
             .stdout(Stdio::piped())
             .stderr(Stdio::null());
-        if use_async {
-            cmd.env(ASYNC_VAR, "1");
-        } else {
-            cmd.env_remove(ASYNC_VAR);
+        cmd.env_remove(ASYNC_VAR).env_remove(CACHE_VAR);
+        match mode {
+            Mode::Commit => {}
+            Mode::Async => {
+                cmd.env(ASYNC_VAR, "1");
+            }
+            Mode::Staged => {
+                cmd.env(CACHE_VAR, (1u32 << 20).to_string());
+            }
         }
         let mut child = cmd.spawn()?;
         let stdout = child.stdout.take().ok_or("no stdout")?;
@@ -137,10 +171,15 @@ fn kill_epoch(
         // byte-identical, and the only other steps allowed are those after
         // the last acknowledgement that were in flight: one for commit, the
         // queue and the running commit for commit_async, in order.
+        if mode == Mode::Staged && staging_under_way(path)? {
+            // The kill struck while a commit staged chunks: the writable
+            // open below must delete them (checked by verify at the end).
+            staged_found += 1;
+        }
         let store = CheckpointStore::open(path)?;
         let steps = store.steps()?;
         let expected_next = acknowledged.last().map_or(0, |s| s + 1);
-        let in_flight_max = if use_async { 3 } else { 1 };
+        let in_flight_max = if mode == Mode::Async { 3 } else { 1 };
         for &s in &acknowledged {
             assert!(
                 steps.contains(&s),
@@ -189,10 +228,37 @@ fn kill_epoch(
         report.damaged
     );
     assert_eq!(report.steps_ok as usize, acknowledged.len());
+    // The writable open above deleted whatever a killed commit had staged.
+    assert_eq!(
+        report.staged_chunks, 0,
+        "staged chunks survived a writable open"
+    );
     assert!(
         acknowledged.len() >= kills / 5,
         "the writer made too little progress to test anything: {} steps in {kills} kills",
         acknowledged.len()
     );
-    Ok((acknowledged.len(), in_flight_found))
+    Ok((acknowledged.len(), in_flight_found, staged_found))
+}
+
+/// Whether the store at `path` says a commit was staging chunks (read with
+/// redb itself, which repairs the file after the kill, before ckptstore's
+/// open deletes what was staged).
+fn staging_under_way(path: &Path) -> Result<bool> {
+    use redb::ReadableDatabase;
+    const META: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("meta");
+    if !path.exists() {
+        return Ok(false);
+    }
+    let db = redb::Database::builder()
+        .set_concurrency_mode(redb::ConcurrencyMode::SingleWriter)
+        .open(path)?;
+    let txn = db.begin_read()?;
+    let meta = match txn.open_table(META) {
+        Ok(meta) => meta,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(false),
+        Err(e) => return Err(e.into()),
+    };
+    let staging = meta.get("staging")?.is_some();
+    Ok(staging)
 }

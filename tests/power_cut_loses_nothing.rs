@@ -1,7 +1,10 @@
 //! A power cut at any backend call during a run of commits leaves a store
 //! that opens, holds every step whose commit had returned, and nothing but
 //! whole steps. Unsynced writes are all lost, or (seeded) any subset of them
-//! survives, as a disk may reorder writes.
+//! survives, as a disk may reorder writes. Shared and exclusive stores, each
+//! with the default cache and with a 1 MiB one, where commits stage their
+//! chunks in transactions of their own (durable ones when shared,
+//! non-durable when exclusive) before the transaction that makes the step.
 
 mod common;
 
@@ -12,10 +15,11 @@ use common::faults::{Disk, DiskBackend};
 
 type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
 
-fn open(disk: &Arc<Disk>, shared: bool) -> ckptstore::Result<CheckpointStore> {
+fn open(disk: &Arc<Disk>, (shared, cache): (bool, usize)) -> ckptstore::Result<CheckpointStore> {
     let disk = disk.clone();
     StoreOptions::new()
         .shared(shared)
+        .cache_size(cache)
         .open_with_backend("disk", move || Ok(DiskBackend(disk.clone())))
 }
 
@@ -23,7 +27,13 @@ fn open(disk: &Arc<Disk>, shared: bool) -> ckptstore::Result<CheckpointStore> {
 fn power_cut_at_every_call_keeps_acknowledged_steps() -> Result {
     let steps: Vec<GradientCheckpoint> = (0..6).map(common::deterministic).collect();
     let mut cuts = 0;
-    for shared in [true, false] {
+    let configs = [
+        (true, 64 << 20),
+        (false, 64 << 20),
+        (true, 1 << 20),
+        (false, 1 << 20),
+    ];
+    for shared in configs {
         // A store with two steps, then four more commits: how many calls?
         let base = Disk::from_bytes(Vec::new());
         {
@@ -51,7 +61,9 @@ fn power_cut_at_every_call_keeps_acknowledged_steps() -> Result {
         for seed in [0u64, 0x9E37_79B9, 0xDEAD_BEEF] {
             let mut at = 0;
             while at <= total {
-                let ctx = format!("shared={shared} seed={seed:#x} cut at call {at} of {total}");
+                let ctx = format!(
+                    "(shared, cache)={shared:?} seed={seed:#x} cut at call {at} of {total}"
+                );
                 let disk = Disk::from_bytes(base_image.clone());
                 let store = open(&disk, shared)?;
                 disk.plan_cut(disk.calls() + at, seed);
@@ -82,7 +94,12 @@ fn power_cut_at_every_call_keeps_acknowledged_steps() -> Result {
                         "{ctx}: step {s} differs"
                     );
                 }
-                assert!(store.verify()?.is_ok(), "{ctx}");
+                let report = store.verify()?;
+                assert!(report.is_ok(), "{ctx}: {report:?}");
+                assert_eq!(
+                    report.staged_chunks, 0,
+                    "{ctx}: staged chunks outlived the cut"
+                );
                 // The store takes new commits after the cut.
                 let resume = found.last().map_or(0, |s| s + 1) as usize;
                 if resume < steps.len() {

@@ -13,6 +13,7 @@ use redb::{ReadableTable, Table, WriteTransaction};
 use super::manifest::Manifest;
 use super::schema::{
     meta_u64, ChunkId, CHUNK_DATA, CHUNK_INDEX, LEGACY_CHUNKS, LEGACY_REFS, META, META_NEXT_CHUNK,
+    META_STAGING,
 };
 use crate::error::StorageContext;
 use crate::Result;
@@ -215,6 +216,13 @@ impl<'txn> ChunkTables<'txn> {
                 .map(|g| g.value());
             let len = piece.len() as u64;
             let id = match found {
+                // Staged by this commit (see `stage`): written now in effect.
+                Some((id, 0)) => {
+                    added.bytes_written += len;
+                    added.chunks_written += 1;
+                    self.set_index(&hash, id, 1)?;
+                    id
+                }
                 Some((id, uses)) => {
                     added.bytes_reused += len;
                     added.chunks_reused += 1;
@@ -237,6 +245,67 @@ impl<'txn> ChunkTables<'txn> {
             all.push(hash);
             ids.push(id);
         }
+        self.save_next_id()?;
+        Ok((added, all, ids))
+    }
+
+    /// Write the chunks among `pieces` that are not stored yet, unused
+    /// (`uses` 0: staged), for a later transaction's [`add`](Self::add) to
+    /// reference; push each piece's hash to `all`.
+    ///
+    /// A staged chunk belongs to no step: readers never reach it, and if the
+    /// commit that staged it does not finish, it is deleted by
+    /// [`unstage`](Self::unstage) or, after a crash, when the store is next
+    /// opened for writing ([`sweep_staged`]).
+    pub(crate) fn stage(
+        &mut self,
+        pieces: &[&[u8]],
+        hashes: &mut dyn Iterator<Item = ChunkId>,
+        all: &mut Vec<ChunkId>,
+    ) -> Result<()> {
+        for piece in pieces {
+            let hash = hashes
+                .next()
+                .ok_or_else(|| crate::Error::corrupt(None, "chunk hasher stopped early"))?;
+            let op = &self.op;
+            let found = self
+                .index
+                .get(&hash)
+                .context(|| format!("{op}: reading table chunk_index for chunk {}", hex(&hash)))?
+                .is_some();
+            if !found {
+                let id = self.next_id;
+                self.next_id += 1;
+                self.next_id_moved = true;
+                self.data.insert(id, *piece).context(|| {
+                    format!("{op}: writing table chunk_data for chunk {}", hex(&hash))
+                })?;
+                self.set_index(&hash, id, 0)?;
+            }
+            all.push(hash);
+        }
+        self.save_next_id()
+    }
+
+    /// Delete the chunks among `hashes` that are still staged (unused).
+    pub(crate) fn unstage(&mut self, hashes: &[ChunkId]) -> Result<()> {
+        for hash in hashes {
+            let op = &self.op;
+            let ctx = |table: &str| format!("{op}: writing table {table} for chunk {}", hex(hash));
+            let found = self
+                .index
+                .get(hash)
+                .context(|| ctx("chunk_index"))?
+                .map(|g| g.value());
+            if let Some((id, 0)) = found {
+                self.index.remove(hash).context(|| ctx("chunk_index"))?;
+                self.data.remove(id).context(|| ctx("chunk_data"))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn save_next_id(&mut self) -> Result<()> {
         if self.next_id_moved {
             let op = &self.op;
             self.txn
@@ -246,7 +315,7 @@ impl<'txn> ChunkTables<'txn> {
                 .context(|| format!("{op}: writing table meta"))?;
             self.next_id_moved = false;
         }
-        Ok((added, all, ids))
+        Ok(())
     }
 
     /// Drop one use of every chunk `manifest` references, deleting chunks
@@ -321,6 +390,35 @@ impl<'txn> ChunkTables<'txn> {
             .context(|| format!("{op}: writing table chunk_index for chunk {}", hex(hash)))?;
         Ok(())
     }
+}
+
+/// Delete the chunks a commit staged and did not finish (a crash, or an
+/// error whose clean-up failed), if the store says a staging was under
+/// way. Returns how many were deleted.
+pub(crate) fn sweep_staged(txn: &WriteTransaction, op: String) -> Result<usize> {
+    {
+        let meta = txn.open_table(META).context(|| op.clone())?;
+        if meta.get(META_STAGING).context(|| op.clone())?.is_none() {
+            return Ok(0);
+        }
+    }
+    let staged: Vec<ChunkId> = {
+        let index = txn.open_table(CHUNK_INDEX).context(|| op.clone())?;
+        let mut staged = Vec::new();
+        for entry in index.range::<&[u8; 32]>(..).context(|| op.clone())? {
+            let (hash, value) = entry.context(|| op.clone())?;
+            if value.value().1 == 0 {
+                staged.push(*hash.value());
+            }
+        }
+        staged
+    };
+    ChunkTables::open(txn, op.clone())?.unstage(&staged)?;
+    txn.open_table(META)
+        .context(|| op.clone())?
+        .remove(META_STAGING)
+        .context(|| op.clone())?;
+    Ok(staged.len())
 }
 
 #[cfg(test)]

@@ -192,6 +192,7 @@ impl StoreOptions {
             read_only: false,
             options: self,
             handle: RwLock::new(handle),
+            staging: Mutex::new(()),
         }))
     }
 
@@ -206,6 +207,7 @@ impl StoreOptions {
             read_only: true,
             options: self,
             handle: RwLock::new(handle),
+            staging: Mutex::new(()),
         }))
     }
 
@@ -253,6 +255,9 @@ struct Core {
     read_only: bool,
     options: StoreOptions,
     handle: RwLock<Handle>,
+    /// Held by a commit that stages its chunks in transactions of their
+    /// own, so that one staging runs at a time.
+    staging: Mutex<()>,
 }
 
 impl CheckpointStore {
@@ -471,6 +476,19 @@ impl CheckpointStore {
         what: &dyn Fn() -> String,
         f: impl FnOnce(&WriteTransaction) -> Result<T>,
     ) -> Result<T> {
+        self.write_with(op, what, false, f)
+    }
+
+    /// [`write`](Self::write); `part` marks a transaction that is one part
+    /// of a larger change, which need not be durable by itself when the
+    /// store is exclusive (the change's last transaction makes it durable).
+    pub(crate) fn write_with<T>(
+        &self,
+        op: &'static str,
+        what: &dyn Fn() -> String,
+        part: bool,
+        f: impl FnOnce(&WriteTransaction) -> Result<T>,
+    ) -> Result<T> {
         let result = self.shielded(None, what, || {
             let guard = self.live_handle()?;
             let Handle::Writable(db) = &*guard else {
@@ -480,7 +498,9 @@ impl CheckpointStore {
                 });
             };
             let mut txn = db.begin_write().context(what)?;
-            if self.core.options.durability == Durability::Eventual {
+            if self.core.options.durability == Durability::Eventual
+                || (part && !self.core.options.shared)
+            {
                 txn.set_durability(redb::Durability::None).context(what)?;
             }
             let value = f(&txn)?;
@@ -593,6 +613,25 @@ fn init_or_check_meta(path: &Path, db: &Database) -> Result<()> {
             txn.open_table(schema::CHUNK_DATA).context(what)?;
             txn.open_table(schema::CHUNK_INDEX).context(what)?;
             return txn.commit().context(what);
+        }
+        Ok(_) => {
+            let staging = txn
+                .open_table(META)
+                .and_then(|meta| Ok(meta.get(schema::META_STAGING)?.is_some()))
+                .context(what)?;
+            drop(txn);
+            if staging {
+                let what = || {
+                    format!(
+                        "deleting an unfinished commit's chunks in {}",
+                        path.display()
+                    )
+                };
+                let txn = db.begin_write().context(what)?;
+                chunks::sweep_staged(&txn, what())?;
+                return txn.commit().context(what);
+            }
+            return Ok(());
         }
         other => return other.map(drop),
     }

@@ -61,6 +61,9 @@ pub(crate) const META_STORED_BYTES: &str = "stored_bytes";
 pub(crate) const META_STORED_CHUNKS: &str = "stored_chunks";
 /// `meta` key of the next chunk id to give out (u64, little endian).
 pub(crate) const META_NEXT_CHUNK: &str = "next_chunk_id";
+/// `meta` key present while a commit stages chunks (see `stage` in
+/// write.rs): a writable open that finds it deletes the staged chunks.
+pub(crate) const META_STAGING: &str = "staging";
 
 /// `meta` key of the store's format version (u32, little endian).
 pub(crate) const META_FORMAT: &str = "format_version";

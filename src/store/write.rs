@@ -1,6 +1,7 @@
 //! Writing: commit, replace, remove, rollback, retention, pins.
 
 use std::collections::BTreeMap;
+use std::sync::PoisonError;
 use std::time::{Duration, Instant};
 
 use redb::{ReadableTable, WriteTransaction};
@@ -10,8 +11,8 @@ use super::manifest::{decode_manifest, encode_manifest};
 use super::read::{read_pins, read_summaries};
 use super::retention::{Retention, StepSummary};
 use super::schema::{
-    meta_u64, BlobRef, PackedRef, META, META_STORED_BYTES, META_STORED_CHUNKS, PACKED, PINS, STEPS,
-    SUMMARIES,
+    meta_u64, BlobRef, ChunkId, PackedRef, META, META_STAGING, META_STORED_BYTES,
+    META_STORED_CHUNKS, PACKED, PINS, STEPS, SUMMARIES,
 };
 use super::CheckpointStore;
 use crate::error::StorageContext;
@@ -154,8 +155,29 @@ impl CheckpointStore {
 
         let what = || format!("committing step {step}");
         let policy = &self.core.options.retention;
+        let chunk_bytes: usize = pieces.iter().map(|p| p.len()).sum();
         let mut info = with_hashes(&pieces, hashing, |hashes| {
-            self.write("commit", &what, |txn| {
+            // More new pages than redb's write buffer holds: stage the chunks
+            // in transactions of their own first (see `stage`).
+            let staging = (chunk_bytes > self.stage_above()).then(|| {
+                self.core
+                    .staging
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+            });
+            let mut staged = Vec::new();
+            let mut staged_hashes;
+            let hashes: &mut dyn Iterator<Item = ChunkId> = if staging.is_some() {
+                if let Err(e) = self.stage(step, replace, &pieces, hashes, &mut staged, &what) {
+                    self.unstage(&staged, &what);
+                    return Err(e);
+                }
+                staged_hashes = staged.clone().into_iter();
+                &mut staged_hashes
+            } else {
+                hashes
+            };
+            let outcome = self.write("commit", &what, |txn| {
                 let mut delta = Delta::default();
                 let mut info = {
                     let mut steps = txn.open_table(STEPS).context(what)?;
@@ -246,12 +268,75 @@ impl CheckpointStore {
                     info.removed = removed;
                     info.bytes_freed += freed;
                 }
+                if staging.is_some() {
+                    end_staging(txn, &what)?;
+                }
                 delta.apply(txn, &what)?;
                 Ok(info)
-            })
+            });
+            if outcome.is_err() && staging.is_some() {
+                self.unstage(&staged, &what);
+            }
+            outcome
         })?;
         info.duration = start.elapsed();
         Ok(info)
+    }
+
+    /// Chunk bytes above which a commit stages its chunks: a quarter of the
+    /// cache. redb keeps a transaction's new pages in a write buffer of half
+    /// its cache; pages it must evict before the commit it reads back and
+    /// writes again at the commit (to fill in their checksums). A 256 MiB
+    /// commit in one transaction read 256 MB and wrote 512 MB.
+    fn stage_above(&self) -> usize {
+        self.core.options.cache_size / 4
+    }
+
+    /// Write the chunks of `pieces` not yet stored, in transactions of up
+    /// to [`stage_above`](Self::stage_above) bytes each, as staged chunks
+    /// (used by no step); push every piece's hash to `staged`. Refuses a
+    /// stored step first, unless replacing.
+    fn stage(
+        &self,
+        step: u64,
+        replace: bool,
+        pieces: &[&[u8]],
+        hashes: &mut dyn Iterator<Item = ChunkId>,
+        staged: &mut Vec<ChunkId>,
+        what: &dyn Fn() -> String,
+    ) -> Result<()> {
+        if !replace && self.info(step)?.is_some() {
+            return Err(Error::StepExists { step });
+        }
+        let part_bytes = self.stage_above();
+        let mut rest = pieces;
+        while !rest.is_empty() {
+            let mut n = 1;
+            let mut bytes = rest[0].len();
+            while n < rest.len() && bytes + rest[n].len() <= part_bytes {
+                bytes += rest[n].len();
+                n += 1;
+            }
+            let (part, tail) = rest.split_at(n);
+            self.write_with("commit", what, true, |txn| {
+                txn.open_table(META)
+                    .context(what)?
+                    .insert(META_STAGING, [1u8].as_slice())
+                    .context(what)?;
+                chunk_tables(txn, what)?.stage(part, hashes, staged)
+            })?;
+            rest = tail;
+        }
+        Ok(())
+    }
+
+    /// Delete what a failed commit staged. Best effort: what is left is
+    /// deleted when the store is next opened for writing.
+    fn unstage(&self, staged: &[ChunkId], what: &dyn Fn() -> String) {
+        let _ = self.write("commit", what, |txn| {
+            chunk_tables(txn, what)?.unstage(staged)?;
+            end_staging(txn, what)
+        });
     }
 
     /// Remove `step` and free the chunks no other step uses, in one write
@@ -487,4 +572,13 @@ fn remove_steps(
         }
     }
     Ok((removed, freed))
+}
+
+/// Mark the store as having no staging in progress.
+fn end_staging(txn: &WriteTransaction, what: &dyn Fn() -> String) -> Result<()> {
+    txn.open_table(META)
+        .context(what)?
+        .remove(META_STAGING)
+        .context(what)?;
+    Ok(())
 }
