@@ -26,7 +26,7 @@ fn main() -> Result {
     println!("# ckptstore write-throughput comparison\n");
     println!("machine: {} cores, {}", cores(), cpu_model());
     println!("every commit durable except \"seed JSON (no fsync)\"; medians of N commits; reads warm (page cache)\n");
-    for (w, iters) in [(SMALL, 30), (MEDIUM, 10), (LARGE, 3)] {
+    for (w, iters) in [(SMALL, 30), (MEDIUM, 10), (LARGE, 7)] {
         if which.contains(&w.name) {
             run_workload(&w, iters)?;
         }

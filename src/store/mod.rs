@@ -68,7 +68,7 @@ pub struct StoreOptions {
 impl Default for StoreOptions {
     fn default() -> Self {
         StoreOptions {
-            cache_size: 64 << 20,
+            cache_size: 56 << 20,
             durability: Durability::Immediate,
             shared: true,
             retention: Retention::new(),
@@ -79,14 +79,18 @@ impl Default for StoreOptions {
 }
 
 impl StoreOptions {
-    /// The defaults: 64 MiB cache, durable commits, readable by other
+    /// The defaults: 56 MiB cache, durable commits, readable by other
     /// processes while this one writes.
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Bytes of memory redb may use to cache pages (default 64 MiB; redb's
-    /// own default of 1 GiB shows up as resident memory).
+    /// Bytes of memory redb may use to cache pages (default 56 MiB, so that
+    /// a commit needs at most the checkpoint plus 64 MiB of memory; redb's
+    /// own default of 1 GiB shows up as resident memory). A commit with
+    /// more than a quarter of this in new chunks writes them in
+    /// transactions of a quarter each before the one that makes the step:
+    /// redb would otherwise evict, read back and rewrite its pages.
     pub fn cache_size(mut self, bytes: usize) -> Self {
         self.cache_size = bytes;
         self
