@@ -205,17 +205,9 @@ impl<'txn> ChunkTables<'txn> {
         let mut all = Vec::with_capacity(pieces.len());
         let mut ids = Vec::with_capacity(pieces.len());
         for piece in pieces {
-            let hash = hashes
-                .next()
-                .ok_or_else(|| crate::Error::corrupt(None, "chunk hasher stopped early"))?;
-            let op = &self.op;
-            let found = self
-                .index
-                .get(&hash)
-                .context(|| format!("{op}: reading table chunk_index for chunk {}", hex(&hash)))?
-                .map(|g| g.value());
+            let hash = next_hash(hashes)?;
             let len = piece.len() as u64;
-            let id = match found {
+            let id = match self.lookup(&hash)? {
                 // Staged by this commit (see `stage`): written now in effect.
                 Some((id, 0)) => {
                     added.bytes_written += len;
@@ -232,14 +224,7 @@ impl<'txn> ChunkTables<'txn> {
                 None => {
                     added.bytes_written += len;
                     added.chunks_written += 1;
-                    let id = self.next_id;
-                    self.next_id += 1;
-                    self.next_id_moved = true;
-                    self.data.insert(id, *piece).context(|| {
-                        format!("{op}: writing table chunk_data for chunk {}", hex(&hash))
-                    })?;
-                    self.set_index(&hash, id, 1)?;
-                    id
+                    self.insert_new(&hash, piece, 1)?
                 }
             };
             all.push(hash);
@@ -264,23 +249,9 @@ impl<'txn> ChunkTables<'txn> {
         all: &mut Vec<ChunkId>,
     ) -> Result<()> {
         for piece in pieces {
-            let hash = hashes
-                .next()
-                .ok_or_else(|| crate::Error::corrupt(None, "chunk hasher stopped early"))?;
-            let op = &self.op;
-            let found = self
-                .index
-                .get(&hash)
-                .context(|| format!("{op}: reading table chunk_index for chunk {}", hex(&hash)))?
-                .is_some();
-            if !found {
-                let id = self.next_id;
-                self.next_id += 1;
-                self.next_id_moved = true;
-                self.data.insert(id, *piece).context(|| {
-                    format!("{op}: writing table chunk_data for chunk {}", hex(&hash))
-                })?;
-                self.set_index(&hash, id, 0)?;
+            let hash = next_hash(hashes)?;
+            if self.lookup(&hash)?.is_none() {
+                self.insert_new(&hash, piece, 0)?;
             }
             all.push(hash);
         }
@@ -290,19 +261,34 @@ impl<'txn> ChunkTables<'txn> {
     /// Delete the chunks among `hashes` that are still staged (unused).
     pub(crate) fn unstage(&mut self, hashes: &[ChunkId]) -> Result<()> {
         for hash in hashes {
-            let op = &self.op;
-            let ctx = |table: &str| format!("{op}: writing table {table} for chunk {}", hex(hash));
-            let found = self
-                .index
-                .get(hash)
-                .context(|| ctx("chunk_index"))?
-                .map(|g| g.value());
-            if let Some((id, 0)) = found {
-                self.index.remove(hash).context(|| ctx("chunk_index"))?;
-                self.data.remove(id).context(|| ctx("chunk_data"))?;
+            if let Some((id, 0)) = self.lookup(hash)? {
+                self.delete(hash, id)?;
             }
         }
         Ok(())
+    }
+
+    /// The id and uses of chunk `hash`, if it is stored.
+    fn lookup(&self, hash: &ChunkId) -> Result<Option<(u64, u64)>> {
+        let op = &self.op;
+        Ok(self
+            .index
+            .get(hash)
+            .context(|| format!("{op}: reading table chunk_index for chunk {}", hex(hash)))?
+            .map(|g| g.value()))
+    }
+
+    /// Store `piece` as chunk `hash` under a new id, with `uses` uses.
+    fn insert_new(&mut self, hash: &ChunkId, piece: &[u8], uses: u64) -> Result<u64> {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.next_id_moved = true;
+        let op = &self.op;
+        self.data
+            .insert(id, piece)
+            .context(|| format!("{op}: writing table chunk_data for chunk {}", hex(hash)))?;
+        self.set_index(hash, id, uses)?;
+        Ok(id)
     }
 
     fn save_next_id(&mut self) -> Result<()> {
@@ -337,25 +323,23 @@ impl<'txn> ChunkTables<'txn> {
 
     /// Drop one use of chunk `hash`; the bytes freed if that was the last.
     fn release_one(&mut self, hash: &ChunkId) -> Result<Option<u64>> {
-        let op = &self.op;
-        let ctx = |table: &str| format!("{op}: writing table {table} for chunk {}", hex(hash));
-        let found = self
-            .index
-            .get(hash)
-            .context(|| ctx("chunk_index"))?
-            .map(|g| g.value());
-        match found {
+        match self.lookup(hash)? {
             Some((id, uses)) if uses > 1 => {
                 self.set_index(hash, id, uses - 1)?;
                 Ok(None)
             }
-            Some((id, _)) => {
-                self.index.remove(hash).context(|| ctx("chunk_index"))?;
-                let old = self.data.remove(id).context(|| ctx("chunk_data"))?;
-                Ok(old.map(|v| v.value().len() as u64))
-            }
+            Some((id, _)) => self.delete(hash, id),
             None => Ok(None),
         }
+    }
+
+    /// Delete chunk `hash`, stored as `id`; the bytes freed.
+    fn delete(&mut self, hash: &ChunkId, id: u64) -> Result<Option<u64>> {
+        let op = &self.op;
+        let ctx = |table: &str| format!("{op}: writing table {table} for chunk {}", hex(hash));
+        self.index.remove(hash).context(|| ctx("chunk_index"))?;
+        let old = self.data.remove(id).context(|| ctx("chunk_data"))?;
+        Ok(old.map(|v| v.value().len() as u64))
     }
 
     /// Drop one use of format 1 chunk `hash`.
@@ -390,6 +374,13 @@ impl<'txn> ChunkTables<'txn> {
             .context(|| format!("{op}: writing table chunk_index for chunk {}", hex(hash)))?;
         Ok(())
     }
+}
+
+/// The next hash from a chunk hasher.
+fn next_hash(hashes: &mut dyn Iterator<Item = ChunkId>) -> Result<ChunkId> {
+    hashes
+        .next()
+        .ok_or_else(|| crate::Error::corrupt(None, "chunk hasher stopped early"))
 }
 
 /// Delete the chunks a commit staged and did not finish (a crash, or an

@@ -236,6 +236,13 @@ fn run(command: Command) -> Result<ExitCode> {
                 output::bytes(report.bytes_checked),
                 report.damaged.len() + usize::from(!report.accounting.is_empty())
             );
+            if report.staged_chunks > 0 {
+                println!(
+                    "{} chunks staged by a large commit under way or interrupted \
+                     (the next writable open deletes an interrupted one's)",
+                    report.staged_chunks
+                );
+            }
             if !report.is_ok() {
                 return Ok(ExitCode::from(EXIT_DAMAGED));
             }
