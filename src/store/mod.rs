@@ -7,6 +7,7 @@ mod manifest;
 mod read;
 mod retention;
 mod schema;
+mod verify;
 mod write;
 
 use std::path::{Path, PathBuf};
@@ -24,8 +25,9 @@ use backend::{DynBackend, Source};
 use schema::{FORMAT_VERSION, META, META_CREATED, META_FORMAT, META_STORE_ID};
 
 pub use asynch::CommitHandle;
-pub use read::{StepInfo, StoreStats, VerifyReport};
+pub use read::{StepInfo, StoreStats};
 pub use retention::{Goal, Retention, StepSummary};
+pub use verify::VerifyReport;
 pub use write::CommitInfo;
 
 /// When a commit is on disk.
