@@ -65,3 +65,41 @@ fn staged_commits_behave_like_any_commit() -> Result {
     assert_eq!(store.get(2)?, Some(third));
     Ok(())
 }
+
+#[test]
+fn staged_commits_work_in_the_background_and_without_fsync() -> Result {
+    let dir = tempfile::tempdir()?;
+    for (name, options) in [
+        ("shared", StoreOptions::new()),
+        (
+            "eventual",
+            StoreOptions::new()
+                .shared(false)
+                .durability(ckptstore::Durability::Eventual),
+        ),
+    ] {
+        let path = dir.path().join(format!("{name}.ckpt"));
+        let store = options.cache_size(1 << 20).open(&path)?;
+        let mut state = common::checkpoint(1, &[3 << 20, 700_000])?;
+        let mut handles = Vec::new();
+        let mut expected = Vec::new();
+        for step in 1..=4 {
+            state.step = step;
+            if let Some(blob) = state.optimizer_state.get_mut("param_0") {
+                blob[..8].copy_from_slice(&step.to_le_bytes());
+            }
+            expected.push(state.clone());
+            handles.push(store.commit_async_copy(&state)?);
+        }
+        for h in handles {
+            h.wait()?;
+        }
+        for want in &expected {
+            assert_eq!(store.get(want.step)?.as_ref(), Some(want), "{name}");
+        }
+        let report = store.verify()?;
+        assert!(report.is_ok(), "{name}: {report:?}");
+        assert_eq!(report.staged_chunks, 0, "{name}");
+    }
+    Ok(())
+}
