@@ -60,12 +60,12 @@ fn main() -> Result {
     println!(
         "== verify: {} steps intact, {:.1} MiB checked, {} damaged",
         report.steps_ok,
-        report.bytes_checked as f64 / 1048576.0,
+        report.bytes_checked as f64 / 1_048_576.0,
         report.damaged.len()
     );
     println!("   steps stored: {:?}", store.steps()?);
     let file = std::fs::metadata(&path)?.len();
-    println!("   file size: {:.1} MiB", file as f64 / 1048576.0);
+    println!("   file size: {:.1} MiB", file as f64 / 1_048_576.0);
     if !report.is_ok() {
         return Err("store failed verification".into());
     }
@@ -102,7 +102,9 @@ impl Model {
             }
             if let Some(p) = self.params.get_mut(name) {
                 for (i, b) in p.iter_mut().enumerate().step_by(4096) {
-                    *b = b.wrapping_add((step as u8).wrapping_add(1) ^ ((i >> 12) as u8));
+                    *b = b.wrapping_add(
+                        step.to_le_bytes()[0].wrapping_add(1) ^ (i >> 12).to_le_bytes()[0],
+                    );
                 }
             }
         }
@@ -138,27 +140,24 @@ fn noise(seed: u64, len: usize) -> Vec<u8> {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            (x >> 24) as u8
+            (x >> 24).to_le_bytes()[0]
         })
         .collect()
 }
 
 fn train(path: &Path, crash: bool) -> Result {
     let store = CheckpointStore::open(path)?;
-    let (mut model, start) = match store.latest()? {
-        Some(ckpt) => {
-            let step = ckpt.step;
-            println!(
-                "   resumed from step {step} (loss {:.3}, {} params)",
-                ckpt.metrics.get("loss").copied().unwrap_or(f64::NAN),
-                ckpt.optimizer_state.len()
-            );
-            (Model::from_checkpoint(ckpt), step + 1)
-        }
-        None => {
-            println!("   no checkpoint yet: starting at step 0");
-            (Model::new(), 0)
-        }
+    let (mut model, start) = if let Some(ckpt) = store.latest()? {
+        let step = ckpt.step;
+        println!(
+            "   resumed from step {step} (loss {:.3}, {} params)",
+            ckpt.metrics.get("loss").copied().unwrap_or(f64::NAN),
+            ckpt.optimizer_state.len()
+        );
+        (Model::from_checkpoint(ckpt), step + 1)
+    } else {
+        println!("   no checkpoint yet: starting at step 0");
+        (Model::new(), 0)
     };
 
     for step in start..=TOTAL_STEPS {
@@ -171,10 +170,10 @@ fn train(path: &Path, crash: bool) -> Result {
             let info = store.commit(&model.checkpoint(step)?)?;
             println!(
                 "   step {step:>4}: committed {:>5.1} MiB in {:>6.1} ms (wrote {:>4.1} MiB, reused {:>4.1} MiB)",
-                info.logical_bytes as f64 / 1048576.0,
+                info.logical_bytes as f64 / 1_048_576.0,
                 info.duration.as_secs_f64() * 1000.0,
-                info.bytes_written as f64 / 1048576.0,
-                info.bytes_reused as f64 / 1048576.0,
+                info.bytes_written as f64 / 1_048_576.0,
+                info.bytes_reused as f64 / 1_048_576.0,
             );
         }
     }

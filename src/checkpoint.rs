@@ -102,8 +102,8 @@ impl GradientCheckpoint {
     pub fn save(&self, path: &Path) -> Result<()> {
         self.validate()?;
         let bytes = serde_json::to_vec_pretty(self).map_err(|source| Error::Json {
-            path: path.to_owned(),
-            source,
+            path: Some(path.to_owned()),
+            source: Box::new(source),
         })?;
         write_durably(path, &bytes)
     }
@@ -112,9 +112,12 @@ impl GradientCheckpoint {
     /// by the original file-based implementation.
     pub fn load(path: &Path) -> Result<Self> {
         let bytes = fs::read(path).map_err(|e| Error::io("read", path, e))?;
-        Self::from_json(&bytes).map_err(|source| Error::Json {
-            path: path.to_owned(),
-            source,
+        Self::from_json(&bytes).map_err(|e| match e {
+            Error::Json { source, .. } => Error::Json {
+                path: Some(path.to_owned()),
+                source,
+            },
+            e => e,
         })
     }
 
@@ -131,8 +134,14 @@ impl GradientCheckpoint {
     }
 
     /// Decode a checkpoint from JSON bytes in the original file format.
-    pub fn from_json(bytes: &[u8]) -> Result<Self, serde_json::Error> {
-        serde_json::from_slice(bytes)
+    ///
+    /// # Errors
+    /// [`Error::Json`] when the bytes are not such a checkpoint.
+    pub fn from_json(bytes: &[u8]) -> Result<Self> {
+        serde_json::from_slice(bytes).map_err(|source| Error::Json {
+            path: None,
+            source: Box::new(source),
+        })
     }
 }
 
@@ -140,8 +149,7 @@ impl GradientCheckpoint {
 pub(crate) fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// Write `bytes` to `path` through a fsynced temporary file and a rename,
@@ -150,10 +158,11 @@ fn write_durably(path: &Path, bytes: &[u8]) -> Result<()> {
     let (dir, tmp) = temp_beside(path, "tmp");
 
     let result = (|| {
-        let mut file = File::create(&tmp).map_err(|e| Error::io("create", &tmp, e))?;
+        // Errors name the file the caller asked for, not the temporary one.
+        let mut file = File::create(&tmp).map_err(|e| Error::io("create", path, e))?;
         file.write_all(bytes)
-            .map_err(|e| Error::io("write", &tmp, e))?;
-        file.sync_all().map_err(|e| Error::io("fsync", &tmp, e))?;
+            .map_err(|e| Error::io("write", path, e))?;
+        file.sync_all().map_err(|e| Error::io("fsync", path, e))?;
         drop(file);
         fs::rename(&tmp, path).map_err(|e| Error::io("rename into", path, e))
     })();

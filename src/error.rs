@@ -2,11 +2,17 @@
 
 use std::path::PathBuf;
 
+/// A dependency's error, kept as [`source()`](std::error::Error::source)
+/// only, so that no dependency's type is part of this crate's API.
+pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// Everything that can go wrong in ckptstore.
 ///
 /// Each variant carries the context needed to act on it: the step, the file
-/// or the table involved. The enum is `#[non_exhaustive]`: match the variants
-/// you handle and keep a catch-all arm.
+/// or the operation involved; errors of redb and `serde_json` are kept as
+/// [`source()`](std::error::Error::source). The enum is `#[non_exhaustive]`:
+/// match the variants you handle and keep a catch-all arm, or ask
+/// [`is_io`](Error::is_io) and [`is_locked`](Error::is_locked).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -22,14 +28,26 @@ pub enum Error {
         source: std::io::Error,
     },
 
-    /// The store file could not be opened by redb.
+    /// The store file could not be opened (a directory, a file of another
+    /// kind, a damaged file).
     #[error("cannot open checkpoint store {path}: {source}")]
     Open {
         /// The store file.
         path: PathBuf,
-        /// redb's reason.
+        /// Why: redb's error.
         #[source]
-        source: redb::DatabaseError,
+        source: Cause,
+    },
+
+    /// Another process (or another handle in this one) holds the store for
+    /// writing, or holds it exclusively.
+    #[error(
+        "checkpoint store {path} is locked by another writer (a training run, or a \
+         `ckpt` command that writes); readers can open it read-only meanwhile"
+    )]
+    Locked {
+        /// The store file.
+        path: PathBuf,
     },
 
     /// The file is a redb database (or something else) but not a ckptstore.
@@ -53,7 +71,7 @@ pub enum Error {
     },
 
     /// `commit` was asked to store a step that is already stored.
-    #[error("step {step} is already stored; use replace() to overwrite it")]
+    #[error("step {step} is already stored; replace() overwrites it")]
     StepExists {
         /// The step number.
         step: u64,
@@ -78,12 +96,33 @@ pub enum Error {
     },
 
     /// One or more background commits failed.
-    #[error("background commit of step(s) {steps:?} failed: {reason}")]
+    #[error("background commit of step(s) {steps:?} failed: {source}")]
     AsyncCommitFailed {
         /// The steps whose commits failed.
         steps: Vec<u64>,
-        /// The first failure's message.
-        reason: String,
+        /// The first failure.
+        #[source]
+        source: Box<Error>,
+    },
+
+    /// The background writer of `commit_async` stopped.
+    #[error("{detail}")]
+    WriterStopped {
+        /// What happened.
+        detail: String,
+    },
+
+    /// An operation needs the store to itself and readers are using it.
+    #[error(
+        "{op} of {path} needs no read in progress, and a reader (in this process, or a \
+         `ckpt` command or job that opened it read-only) is reading; try again when \
+         it is done"
+    )]
+    Busy {
+        /// The store file.
+        path: PathBuf,
+        /// The refused operation.
+        op: &'static str,
     },
 
     /// A step named by the caller is not stored.
@@ -91,6 +130,16 @@ pub enum Error {
     StepNotFound {
         /// The step number.
         step: u64,
+    },
+
+    /// Steps named by the caller are not stored (nothing was changed).
+    #[error("{} not in the store; nothing was changed", match steps.as_slice() {
+        [one] => format!("step {one} is"),
+        many => format!("steps {many:?} are"),
+    })]
+    StepsNotFound {
+        /// The missing steps, ascending.
+        steps: Vec<u64>,
     },
 
     /// Stored data failed its integrity check (hash mismatch, missing chunk,
@@ -110,7 +159,18 @@ pub enum Error {
         context: String,
         /// redb's error.
         #[source]
-        source: redb::Error,
+        source: Cause,
+    },
+
+    /// redb panicked inside this handle (a damaged page, most likely): the
+    /// handle refuses all work. Drop it and open the store again; `ckpt
+    /// verify --pages` checks every page.
+    #[error("checkpoint store {path} can no longer be used through this handle: {detail}; open it again")]
+    Poisoned {
+        /// The store file.
+        path: PathBuf,
+        /// What happened.
+        detail: String,
     },
 
     /// The store was opened read-only and a write was attempted.
@@ -122,18 +182,19 @@ pub enum Error {
         op: &'static str,
     },
 
-    /// The options given to open a store contradict each other.
+    /// The options given to open a store are out of range or contradict
+    /// each other.
     #[error("invalid store options: {0}")]
     InvalidOptions(String),
 
     /// A checkpoint JSON file could not be encoded or decoded.
-    #[error("checkpoint JSON {path}: {source}")]
+    #[error("checkpoint JSON{}: {source}", path.as_ref().map(|p| format!(" {}", p.display())).unwrap_or_default())]
     Json {
-        /// The file involved.
-        path: PathBuf,
-        /// serde_json's error.
+        /// The file involved, if any.
+        path: Option<PathBuf>,
+        /// `serde_json`'s error.
         #[source]
-        source: serde_json::Error,
+        source: Cause,
     },
 
     /// A graph operation named a node that is not in the graph.
@@ -173,18 +234,157 @@ impl Error {
     }
 
     /// True when the error comes from the storage device (an I/O error, or
-    /// redb refusing work after one): the store reopens its file before the
-    /// next operation.
+    /// redb refusing work after one), here or in a background commit: the
+    /// store reopens its file before the next operation.
+    ///
+    /// ```
+    /// # use ckptstore::Error;
+    /// let e = Error::StepNotFound { step: 3 };
+    /// assert!(!e.is_io());
+    /// ```
     pub fn is_io(&self) -> bool {
         match self {
             Error::Io { .. } => true,
             Error::Storage { source, .. } => {
-                matches!(source, redb::Error::Io(_) | redb::Error::PreviousIo)
+                matches!(
+                    source.downcast_ref::<redb::Error>(),
+                    Some(redb::Error::Io(_) | redb::Error::PreviousIo)
+                ) || source.downcast_ref::<Detached>().is_some_and(|d| d.io)
             }
+            Error::AsyncCommitFailed { source, .. } => source.is_io(),
             _ => false,
         }
     }
+
+    /// True when the store is held by another writer: try again when it
+    /// has finished, or open it read-only.
+    ///
+    /// ```
+    /// # use ckptstore::CheckpointStore;
+    /// # let dir = tempfile::tempdir()?;
+    /// # let path = dir.path().join("run.ckpt");
+    /// let writer = CheckpointStore::open(&path)?;
+    /// let second = CheckpointStore::open(&path).expect_err("one writer at a time");
+    /// assert!(second.is_locked());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn is_locked(&self) -> bool {
+        matches!(self, Error::Locked { .. })
+    }
+
+    /// The error with `what` (the operation, naming its step) before a
+    /// storage error's context.
+    pub(crate) fn within(self, what: &dyn Fn() -> String) -> Error {
+        match self {
+            Error::Storage { context, source } => Error::Storage {
+                context: format!("{}: {context}", what()),
+                source,
+            },
+            e => e,
+        }
+    }
+
+    /// A copy for a second reader of one failure (a background commit's
+    /// error goes to its handle and to `flush`): the variant and its fields
+    /// are kept; a source is kept as its message, with its I/O kind.
+    pub(crate) fn duplicate(&self) -> Error {
+        let io = self.is_io();
+        let cause = |c: &Cause| -> Cause {
+            Box::new(Detached {
+                message: c.to_string(),
+                io,
+            })
+        };
+        match self {
+            Error::Io { op, path, source } => Error::Io {
+                op,
+                path: path.clone(),
+                source: std::io::Error::new(source.kind(), source.to_string()),
+            },
+            Error::Open { path, source } => Error::Open {
+                path: path.clone(),
+                source: cause(source),
+            },
+            Error::Storage { context, source } => Error::Storage {
+                context: context.clone(),
+                source: cause(source),
+            },
+            Error::Json { path, source } => Error::Json {
+                path: path.clone(),
+                source: cause(source),
+            },
+            Error::AsyncCommitFailed { steps, source } => Error::AsyncCommitFailed {
+                steps: steps.clone(),
+                source: Box::new(source.duplicate()),
+            },
+            Error::Locked { path } => Error::Locked { path: path.clone() },
+            Error::NotAStore { path, reason } => Error::NotAStore {
+                path: path.clone(),
+                reason: reason.clone(),
+            },
+            Error::UnsupportedFormat {
+                what,
+                found,
+                supported,
+            } => Error::UnsupportedFormat {
+                what: what.clone(),
+                found: *found,
+                supported: *supported,
+            },
+            Error::StepExists { step } => Error::StepExists { step: *step },
+            Error::InvalidCheckpoint { step, reason } => Error::InvalidCheckpoint {
+                step: *step,
+                reason: reason.clone(),
+            },
+            Error::StepPinned { step, op } => Error::StepPinned { step: *step, op },
+            Error::StepNotFound { step } => Error::StepNotFound { step: *step },
+            Error::WriterStopped { detail } => Error::WriterStopped {
+                detail: detail.clone(),
+            },
+            Error::Busy { path, op } => Error::Busy {
+                path: path.clone(),
+                op,
+            },
+            Error::StepsNotFound { steps } => Error::StepsNotFound {
+                steps: steps.clone(),
+            },
+            Error::Corrupt { step, detail } => Error::Corrupt {
+                step: *step,
+                detail: detail.clone(),
+            },
+            Error::Poisoned { path, detail } => Error::Poisoned {
+                path: path.clone(),
+                detail: detail.clone(),
+            },
+            Error::ReadOnly { path, op } => Error::ReadOnly {
+                path: path.clone(),
+                op,
+            },
+            Error::InvalidOptions(m) => Error::InvalidOptions(m.clone()),
+            Error::UnknownNode { id } => Error::UnknownNode { id: id.clone() },
+            Error::GraphCycle { stuck, total } => Error::GraphCycle {
+                stuck: *stuck,
+                total: *total,
+            },
+        }
+    }
 }
+
+/// An error kept as its message and whether it was an I/O error (see
+/// [`Error::duplicate`]).
+#[derive(Debug)]
+struct Detached {
+    message: String,
+    io: bool,
+}
+
+impl std::fmt::Display for Detached {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Detached {}
 
 /// Attach context to a redb result.
 pub(crate) trait StorageContext<T> {
@@ -196,7 +396,7 @@ impl<T, E: Into<redb::Error>> StorageContext<T> for std::result::Result<T, E> {
     fn context(self, what: impl FnOnce() -> String) -> Result<T> {
         self.map_err(|e| Error::Storage {
             context: what(),
-            source: e.into(),
+            source: Box::new(e.into()),
         })
     }
 }
@@ -218,5 +418,27 @@ mod tests {
         assert_eq!(e.to_string(), "corrupt data in step 42: chunk missing");
         let e = Error::corrupt(None, "bad meta");
         assert_eq!(e.to_string(), "corrupt data: bad meta");
+    }
+
+    #[test]
+    fn a_duplicate_keeps_the_kind_and_the_message() {
+        let io = Error::Storage {
+            context: "committing step 3".into(),
+            source: Box::new(redb::Error::Io(std::io::Error::other("disk gone"))),
+        };
+        assert!(io.is_io());
+        let copy = io.duplicate();
+        assert!(copy.is_io());
+        assert_eq!(copy.to_string(), io.to_string());
+        let failed = Error::AsyncCommitFailed {
+            steps: vec![3],
+            source: Box::new(copy),
+        };
+        assert!(failed.is_io());
+        let other = Error::Storage {
+            context: "x".into(),
+            source: Box::new(redb::Error::TransactionInProgress),
+        };
+        assert!(!other.duplicate().is_io());
     }
 }

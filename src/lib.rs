@@ -7,11 +7,13 @@
 //! state blobs, timestamp, metrics — is committed in **one redb write
 //! transaction** keyed by step: when [`CheckpointStore::commit`] returns the
 //! step is complete and durable, and a crash before that leaves no trace of
-//! it. No temp files, no renames, no half-written checkpoints.
+//! it: no half-written checkpoints, nothing to clean up by hand.
 //!
-//! - Blobs are stored as raw bytes in content-addressed chunks (BLAKE3): a
-//!   chunk that did not change since an earlier step is referenced, not
-//!   written again, and every chunk is hash-checked when read.
+//! - Blobs of 64 KiB and more are stored as raw bytes in content-addressed
+//!   chunks (BLAKE3): a chunk that did not change since an earlier step is
+//!   referenced, not written again. Smaller blobs are packed together per
+//!   step. Every chunk and every step's packed bytes are hash-checked when
+//!   read.
 //! - [`latest`](CheckpointStore::latest), [`get`](CheckpointStore::get),
 //!   [`steps`](CheckpointStore::steps), [`steps_in`](CheckpointStore::steps_in),
 //!   [`remove`](CheckpointStore::remove),
@@ -60,12 +62,15 @@
 //! ```
 
 mod checkpoint;
+mod db;
+mod engine;
 mod error;
+mod format;
 mod graph;
 mod store;
 
 pub use checkpoint::GradientCheckpoint;
-pub use error::{Error, Result};
+pub use error::{Cause, Error, Result};
 pub use graph::{ComputationGraphStore, ComputationNode};
 pub use store::{
     CheckpointStore, CommitHandle, CommitInfo, Durability, Goal, Retention, StepInfo, StepSummary,

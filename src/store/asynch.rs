@@ -1,11 +1,31 @@
 //! Asynchronous commits: a background writer with a bounded queue.
 
 use std::sync::mpsc::{self, Receiver, SyncSender};
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
+use super::commit::put;
 use super::CheckpointStore;
+use crate::db::Db;
+use crate::engine::hashing::Hashing;
 use crate::{CommitInfo, Error, GradientCheckpoint, Result};
+
+/// The error of a handle whose writer stopped before reporting.
+fn writer_stopped(step: u64, why: &str) -> Error {
+    Error::AsyncCommitFailed {
+        steps: vec![step],
+        source: Box::new(Error::WriterStopped {
+            detail: why.to_owned(),
+        }),
+    }
+}
+
+/// Lock `m`; a panic that poisoned it (in this crate's writer thread) is
+/// reported, not ignored.
+fn lock<'a, T>(m: &'a Mutex<T>, what: &str) -> Result<MutexGuard<'a, T>> {
+    m.lock()
+        .map_err(|_| writer_stopped(0, &format!("the background writer panicked ({what})")))
+}
 
 /// The outcome of one [`CheckpointStore::commit_async`], to wait for.
 ///
@@ -28,10 +48,10 @@ impl CommitHandle {
     /// the store's durability) and visible to readers.
     pub fn wait(self) -> Result<CommitInfo> {
         self.reply.recv().unwrap_or_else(|_| {
-            Err(Error::AsyncCommitFailed {
-                steps: vec![self.step],
-                reason: "the background writer stopped before reporting".into(),
-            })
+            Err(writer_stopped(
+                self.step,
+                "the background writer stopped before reporting",
+            ))
         })
     }
 
@@ -41,10 +61,10 @@ impl CommitHandle {
         match self.reply.try_recv() {
             Ok(outcome) => Ok(outcome),
             Err(mpsc::TryRecvError::Empty) => Err(self),
-            Err(mpsc::TryRecvError::Disconnected) => Ok(Err(Error::AsyncCommitFailed {
-                steps: vec![self.step],
-                reason: "the background writer stopped before reporting".into(),
-            })),
+            Err(mpsc::TryRecvError::Disconnected) => Ok(Err(writer_stopped(
+                self.step,
+                "the background writer stopped before reporting",
+            ))),
         }
     }
 }
@@ -61,7 +81,63 @@ struct Job {
 #[derive(Default)]
 struct Progress {
     in_flight: usize,
-    failed: Vec<(u64, String)>,
+    failed: Vec<(u64, Error)>,
+}
+
+/// Commit one job, then count it done and report its outcome.
+fn commit_job(
+    db: &Db,
+    job: Job,
+    progress: &(Mutex<Progress>, Condvar),
+    spare: &Mutex<Option<GradientCheckpoint>>,
+) {
+    let step = job.ckpt.step;
+    let done = Done { progress, step };
+    let outcome = put(db, &job.ckpt, false, Hashing::Inline);
+    if job.recycle {
+        // One spare at most: a burst of copies does not leave a pile of
+        // idle buffers behind.
+        if let Ok(mut slot) = spare.lock() {
+            slot.get_or_insert(job.ckpt);
+        }
+    } else {
+        drop(job.ckpt); // free the blobs before reporting
+    }
+    if let Err(e) = &outcome {
+        if let Ok(mut p) = progress.0.lock() {
+            p.failed.push((step, e.duplicate()));
+        }
+    }
+    drop(done);
+    // The caller may have dropped its handle: fine.
+    let _ = job.reply.send(outcome);
+}
+
+/// Counts a job done when dropped, also if the commit panicked (a bug in
+/// this crate: the failure is recorded, so `flush` reports it instead of
+/// waiting for ever).
+struct Done<'a> {
+    progress: &'a (Mutex<Progress>, Condvar),
+    step: u64,
+}
+
+impl Drop for Done<'_> {
+    fn drop(&mut self) {
+        let (mutex, cvar) = self.progress;
+        // Only a counter and a list are kept under this lock: a panic
+        // elsewhere leaves them consistent.
+        let mut p = mutex
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if std::thread::panicking() {
+            let e = Error::WriterStopped {
+                detail: "the background writer panicked".into(),
+            };
+            p.failed.push((self.step, e));
+        }
+        p.in_flight = p.in_flight.saturating_sub(1);
+        cvar.notify_all();
+    }
 }
 
 /// The background writer: one thread committing jobs in queue order.
@@ -74,39 +150,18 @@ pub(crate) struct AsyncWriter {
 }
 
 impl AsyncWriter {
-    fn start(store: CheckpointStore, depth: usize) -> Result<Self> {
+    fn start(db: Arc<Db>, depth: usize) -> Result<Self> {
         let (queue, jobs) = mpsc::sync_channel::<Job>(depth);
         let progress: Arc<(Mutex<Progress>, Condvar)> = Arc::default();
         let shared = progress.clone();
         let spare: Arc<Mutex<Option<GradientCheckpoint>>> = Arc::default();
         let spare_slot = spare.clone();
-        let path = store.path().to_owned();
+        let path = db.path().to_owned();
         let thread = std::thread::Builder::new()
             .name("ckptstore-writer".into())
             .spawn(move || {
                 for job in jobs {
-                    let step = job.ckpt.step;
-                    let outcome = store.commit_in_background(&job.ckpt);
-                    if job.recycle {
-                        // One spare at most: a burst of copies does not
-                        // leave a pile of idle buffers behind.
-                        let mut slot = spare_slot.lock().unwrap_or_else(PoisonError::into_inner);
-                        if slot.is_none() {
-                            *slot = Some(job.ckpt);
-                        }
-                    } else {
-                        drop(job.ckpt); // free the blobs before reporting
-                    }
-                    let (lock, cvar) = &*shared;
-                    let mut p = lock.lock().unwrap_or_else(PoisonError::into_inner);
-                    if let Err(e) = &outcome {
-                        p.failed.push((step, e.to_string()));
-                    }
-                    p.in_flight -= 1;
-                    cvar.notify_all();
-                    drop(p);
-                    // The caller may have dropped its handle: fine.
-                    let _ = job.reply.send(outcome);
+                    commit_job(&db, job, &shared, &spare_slot);
                 }
             })
             .map_err(|e| Error::io("start the background writer of", path, e))?;
@@ -121,11 +176,7 @@ impl AsyncWriter {
     /// A copy of `ckpt` in the spare checkpoint's buffers (allocated and
     /// paged in by an earlier copy), or in new ones.
     fn copy(&self, ckpt: &GradientCheckpoint) -> GradientCheckpoint {
-        let spare = self
-            .spare
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
+        let spare = self.spare.lock().ok().and_then(|mut s| s.take());
         let Some(mut out) = spare else {
             return ckpt.clone();
         };
@@ -151,34 +202,19 @@ impl AsyncWriter {
     fn submit(&self, ckpt: GradientCheckpoint, recycle: bool) -> Result<CommitHandle> {
         let step = ckpt.step;
         let (reply, outcome) = mpsc::sync_channel(1);
-        {
-            let (lock, _) = &*self.progress;
-            lock.lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .in_flight += 1;
-        }
-        let sent = self
-            .queue
-            .as_ref()
-            .map(|q| {
-                q.send(Job {
-                    ckpt,
-                    recycle,
-                    reply,
-                })
-                .is_ok()
+        lock(&self.progress.0, "counting commits")?.in_flight += 1;
+        let sent = self.queue.as_ref().is_some_and(|q| {
+            q.send(Job {
+                ckpt,
+                recycle,
+                reply,
             })
-            .unwrap_or(false);
+            .is_ok()
+        });
         if !sent {
-            let (lock, cvar) = &*self.progress;
-            lock.lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .in_flight -= 1;
-            cvar.notify_all();
-            return Err(Error::AsyncCommitFailed {
-                steps: vec![step],
-                reason: "the background writer has stopped".into(),
-            });
+            lock(&self.progress.0, "counting commits")?.in_flight -= 1;
+            self.progress.1.notify_all();
+            return Err(writer_stopped(step, "the background writer has stopped"));
         }
         Ok(CommitHandle {
             step,
@@ -187,23 +223,22 @@ impl AsyncWriter {
     }
 
     fn flush(&self) -> Result<()> {
-        let (lock, cvar) = &*self.progress;
-        let mut p = lock.lock().unwrap_or_else(PoisonError::into_inner);
+        let (mutex, cvar) = &*self.progress;
+        let mut p = lock(mutex, "waiting for commits")?;
         while p.in_flight > 0 {
-            p = cvar.wait(p).unwrap_or_else(PoisonError::into_inner);
-        }
-        if p.failed.is_empty() {
-            return Ok(());
+            p = cvar
+                .wait(p)
+                .map_err(|_| writer_stopped(0, "the background writer panicked"))?;
         }
         let failed = std::mem::take(&mut p.failed);
-        Err(Error::AsyncCommitFailed {
-            steps: failed.iter().map(|(s, _)| *s).collect(),
-            reason: failed
-                .into_iter()
-                .next()
-                .map(|(_, e)| e)
-                .unwrap_or_default(),
-        })
+        let steps: Vec<u64> = failed.iter().map(|(s, _)| *s).collect();
+        match failed.into_iter().next() {
+            None => Ok(()),
+            Some((_, first)) => Err(Error::AsyncCommitFailed {
+                steps,
+                source: Box::new(first),
+            }),
+        }
     }
 }
 
@@ -311,15 +346,14 @@ impl CheckpointStore {
         step: u64,
         f: impl FnOnce(&AsyncWriter) -> Result<CommitHandle>,
     ) -> Result<CommitHandle> {
-        let mut writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut writer = lock(&self.writer, "starting")?;
         if writer.is_none() {
-            let depth = self.core.options.async_queue_depth;
-            *writer = Some(AsyncWriter::start(self.worker_handle(), depth)?);
+            let depth = self.db.options().async_queue_depth;
+            *writer = Some(AsyncWriter::start(self.db.clone(), depth)?);
         }
-        let writer = writer.as_ref().ok_or_else(|| Error::AsyncCommitFailed {
-            steps: vec![step],
-            reason: "the background writer did not start".into(),
-        })?;
+        let writer = writer
+            .as_ref()
+            .ok_or_else(|| writer_stopped(step, "the background writer did not start"))?;
         f(writer)
     }
 
@@ -330,7 +364,7 @@ impl CheckpointStore {
     /// failed since the last `flush` (whether or not its handle reported
     /// it). The store keeps working.
     pub fn flush(&self) -> Result<()> {
-        let writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        let writer = lock(&self.writer, "flushing")?;
         match writer.as_ref() {
             Some(w) => w.flush(),
             None => Ok(()),

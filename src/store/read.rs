@@ -1,26 +1,11 @@
-//! Reading: get, latest, listing, info, stats.
+//! Reading: get, latest, listing, info, summaries, stats.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::ops::RangeBounds;
 
-use redb::{
-    AccessGuard, Key, ReadOnlyTable, ReadTransaction, ReadableTable, TableDefinition, TableHandle,
-    Value, WriteTransaction,
-};
-
-use super::chunks::{chunk_lengths, hex};
-use super::manifest::{decode_manifest, Manifest};
-use super::retention::{Goal, StepSummary};
-use super::schema::{
-    meta_u64, BlobRef, ChunkId, PackedRef, CHUNK_DATA, LEGACY_CHUNKS, META, META_STORED_BYTES,
-    META_STORED_CHUNKS, PACKED, PINS, STEPS, SUMMARIES,
-};
 use super::CheckpointStore;
-use crate::error::StorageContext;
-use crate::{Error, GradientCheckpoint, Result};
-
-/// Blobs at least this large are read and hashed in a pipeline.
-const PIPELINE_MIN_BYTES: usize = 4 << 20;
+use crate::engine::View;
+use crate::{Goal, GradientCheckpoint, Result, Retention, StepSummary};
 
 /// A step's metadata, read without its blobs.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -90,12 +75,8 @@ impl CheckpointStore {
     /// is an [`Error::Corrupt`] naming the step, never a wrong checkpoint.
     pub fn get(&self, step: u64) -> Result<Option<GradientCheckpoint>> {
         let what = || format!("reading step {step}");
-        self.shielded(Some(step), &what, || {
-            let txn = self.begin_read()?;
-            match manifest_of(&txn, step)? {
-                Some(manifest) => assemble(&txn, manifest).map(Some),
-                None => Ok(None),
-            }
+        self.db.read(&what, |view| {
+            view.manifest(step)?.map(|m| view.assemble(m)).transpose()
         })
     }
 
@@ -114,27 +95,17 @@ impl CheckpointStore {
     /// ```
     pub fn latest(&self) -> Result<Option<GradientCheckpoint>> {
         let what = || "reading the latest step".to_owned();
-        self.shielded(None, &what, || {
-            let txn = self.begin_read()?;
-            let steps = open_steps(&txn)?;
-            let Some((key, bytes)) = steps.last().context(|| "reading table steps".into())? else {
-                return Ok(None);
-            };
-            let step = key.value();
-            let manifest = decode_manifest(step, bytes.value())?;
-            assemble(&txn, manifest).map(Some)
+        self.db.read(&what, |view| {
+            view.latest_manifest()?
+                .map(|m| view.assemble(m))
+                .transpose()
         })
     }
 
     /// The highest stored step, or `None` for an empty store. Reads no blob.
     pub fn latest_step(&self) -> Result<Option<u64>> {
         let what = || "reading the latest step number".to_owned();
-        self.shielded(None, &what, || {
-            let txn = self.begin_read()?;
-            let steps = open_steps(&txn)?;
-            let last = steps.last().context(|| "reading table steps".into())?;
-            Ok(last.map(|(k, _)| k.value()))
-        })
+        self.db.read(&what, View::latest_step)
     }
 
     /// Every stored step, ascending.
@@ -157,15 +128,7 @@ impl CheckpointStore {
     /// ```
     pub fn steps_in(&self, range: impl RangeBounds<u64>) -> Result<Vec<u64>> {
         let what = || "listing steps".to_owned();
-        self.shielded(None, &what, || {
-            let txn = self.begin_read()?;
-            let steps = open_steps(&txn)?;
-            let ctx = || "reading table steps".to_owned();
-            let iter = steps.range(range).context(ctx)?;
-            iter.map(|r| r.map(|(k, _)| k.value()))
-                .collect::<Result<_, _>>()
-                .context(ctx)
-        })
+        self.db.read(&what, |view| view.steps_in(range))
     }
 
     /// The metadata of `step` (graph size, loss CID, metrics, blob lengths)
@@ -184,21 +147,16 @@ impl CheckpointStore {
     /// ```
     pub fn info(&self, step: u64) -> Result<Option<StepInfo>> {
         let what = || format!("reading step {step}");
-        self.shielded(Some(step), &what, || {
-            let txn = self.begin_read()?;
-            let Some(m) = manifest_of(&txn, step)? else {
-                return Ok(None);
-            };
-            Ok(Some(StepInfo {
-                step,
-                timestamp: m.timestamp,
-                loss_cid: m.loss_cid,
-                metrics: m.metrics,
-                node_count: m.graph.node_count(),
-                edge_count: m.graph.edge_count(),
-                blobs: m.blobs.into_iter().map(|(k, b)| (k, b.len)).collect(),
-            }))
-        })
+        let manifest = self.db.read(&what, |view| view.manifest(step))?;
+        Ok(manifest.map(|m| StepInfo {
+            step,
+            timestamp: m.timestamp,
+            loss_cid: m.loss_cid,
+            metrics: m.metrics,
+            node_count: m.graph.node_count(),
+            edge_count: m.graph.edge_count(),
+            blobs: m.blobs.into_iter().map(|(k, b)| (k, b.len)).collect(),
+        }))
     }
 
     /// The summaries (time, loss CID, metrics, sizes) of the steps in
@@ -219,13 +177,7 @@ impl CheckpointStore {
     /// ```
     pub fn summaries(&self, range: impl RangeBounds<u64>) -> Result<Vec<StepSummary>> {
         let what = || "listing step summaries".to_owned();
-        self.shielded(None, &what, || {
-            let txn = self.begin_read()?;
-            let table = txn
-                .open_table(SUMMARIES)
-                .context(|| "opening table summaries".to_owned())?;
-            collect_summaries(&table, range)
-        })
+        self.db.read(&what, |view| view.summaries(range))
     }
 
     /// The step with the best value of `metric`, or `None` if no step has
@@ -276,46 +228,33 @@ impl CheckpointStore {
     /// ```
     pub fn get_blob(&self, step: u64, name: &str) -> Result<Option<Vec<u8>>> {
         let what = || format!("reading blob {name:?} of step {step}");
-        self.shielded(Some(step), &what, || {
-            let txn = self.begin_read()?;
-            let Some(mut manifest) = manifest_of(&txn, step)? else {
+        self.db.read(&what, |view| {
+            let Some(mut manifest) = view.manifest(step)? else {
                 return Ok(None);
             };
             let Some(blob) = manifest.blobs.remove(name) else {
                 return Ok(None);
             };
             manifest.blobs = [(name.to_owned(), blob)].into();
-            let mut ckpt = assemble(&txn, manifest)?;
+            let mut ckpt = view.assemble(manifest)?;
             Ok(ckpt.optimizer_state.remove(name))
         })
     }
 
     /// The steps [`apply_retention`](Self::apply_retention) would delete
     /// now, without deleting them.
-    pub fn retention_preview(&self, policy: &crate::Retention) -> Result<Vec<u64>> {
+    pub fn retention_preview(&self, policy: &Retention) -> Result<Vec<u64>> {
         let what = || "previewing a retention policy".to_owned();
-        self.shielded(None, &what, || {
-            let txn = self.begin_read()?;
-            let summaries = txn
-                .open_table(SUMMARIES)
-                .context(|| "opening table summaries".to_owned())?;
-            let pins = txn
-                .open_table(PINS)
-                .context(|| "opening table pins".to_owned())?;
-            Ok(policy.doomed(&collect_summaries(&summaries, ..)?, &collect_keys(&pins)?))
+        self.db.read(&what, |view| {
+            Ok(policy.doomed(&view.summaries(..)?, &view.pinned()?))
         })
     }
 
     /// The pinned steps, ascending.
     pub fn pinned(&self) -> Result<Vec<u64>> {
         let what = || "listing pinned steps".to_owned();
-        self.shielded(None, &what, || {
-            let txn = self.begin_read()?;
-            let table = txn
-                .open_table(PINS)
-                .context(|| "opening table pins".to_owned())?;
-            Ok(collect_keys(&table)?.into_iter().collect())
-        })
+        self.db
+            .read(&what, |view| Ok(view.pinned()?.into_iter().collect()))
     }
 
     /// Space and deduplication figures for the whole store.
@@ -337,313 +276,17 @@ impl CheckpointStore {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn stats(&self) -> Result<StoreStats> {
-        let summaries = self.summaries(..)?;
         let what = || "reading store statistics".to_owned();
-        let (stored_bytes, chunks) = self.shielded(None, &what, || {
-            let txn = self.begin_read()?;
-            let meta = txn
-                .open_table(META)
-                .context(|| "opening table meta".to_owned())?;
-            Ok((
-                meta_u64(&meta, META_STORED_BYTES)?,
-                meta_u64(&meta, META_STORED_CHUNKS)?,
-            ))
-        })?;
-        // Pages in use, from redb: needs a write transaction (then aborted),
-        // so a read-only store reports 0.
-        let allocated_bytes = self.shielded(None, &what, || {
-            let guard = self.live_handle()?;
-            let super::Handle::Writable(db) = &*guard else {
-                return Ok(0);
-            };
-            let txn = db.begin_write().context(what)?;
-            let stats = txn.stats().context(what)?;
-            let bytes = stats.allocated_pages() * stats.page_size() as u64;
-            txn.abort().context(what)?;
-            Ok(bytes)
-        })?;
+        let (summaries, (stored_bytes, chunks)) = self
+            .db
+            .read(&what, |view| Ok((view.summaries(..)?, view.counters()?)))?;
         Ok(StoreStats {
-            allocated_bytes,
+            allocated_bytes: self.db.allocated_bytes()?,
             steps: summaries.len() as u64,
             logical_bytes: summaries.iter().map(|s| s.logical_bytes).sum(),
             stored_bytes,
             chunks,
             file_bytes: std::fs::metadata(self.path()).map_or(0, |m| m.len()),
         })
-    }
-}
-
-/// A table that may not exist: a format 1 store opened read-only has no
-/// format 2 chunk tables, a format 2 store no format 1 ones.
-pub(super) fn open_optional<K: Key + 'static, V: Value + 'static>(
-    txn: &ReadTransaction,
-    table: TableDefinition<K, V>,
-) -> Result<Option<ReadOnlyTable<K, V>>> {
-    match txn.open_table(table) {
-        Ok(t) => Ok(Some(t)),
-        Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
-        Err(e) => Err(e).context(|| format!("opening table {}", table.name())),
-    }
-}
-
-/// Summaries of the steps in `range`, from any readable `summaries` table.
-fn collect_summaries(
-    table: &impl ReadableTable<u64, &'static [u8]>,
-    range: impl RangeBounds<u64>,
-) -> Result<Vec<StepSummary>> {
-    let ctx = || "reading table summaries".to_owned();
-    let mut out = Vec::new();
-    for entry in table.range(range).context(ctx)? {
-        let (key, value) = entry.context(ctx)?;
-        let step = key.value();
-        let summary: StepSummary = serde_json::from_slice(value.value())
-            .map_err(|e| Error::corrupt(Some(step), format!("summary does not decode: {e}")))?;
-        if summary.step != step {
-            return Err(Error::corrupt(Some(step), "summary names another step"));
-        }
-        out.push(summary);
-    }
-    Ok(out)
-}
-
-/// Summaries of the steps in `range`, inside a write transaction.
-pub(crate) fn read_summaries(
-    txn: &WriteTransaction,
-    range: impl RangeBounds<u64>,
-) -> Result<Vec<StepSummary>> {
-    let table = txn
-        .open_table(SUMMARIES)
-        .context(|| "opening table summaries".to_owned())?;
-    collect_summaries(&table, range)
-}
-
-/// Pinned steps, inside a write transaction.
-pub(crate) fn read_pins(txn: &WriteTransaction) -> Result<BTreeSet<u64>> {
-    let table = txn
-        .open_table(PINS)
-        .context(|| "opening table pins".to_owned())?;
-    collect_keys(&table)
-}
-
-fn collect_keys<V: redb::Value + 'static>(
-    table: &impl ReadableTable<u64, V>,
-) -> Result<BTreeSet<u64>> {
-    let ctx = || "reading table pins".to_owned();
-    table
-        .range::<u64>(..)
-        .context(ctx)?
-        .map(|r| r.map(|(k, _)| k.value()))
-        .collect::<Result<_, _>>()
-        .context(ctx)
-}
-
-/// The decoded, hash-checked manifest of `step`, if stored.
-fn manifest_of(txn: &ReadTransaction, step: u64) -> Result<Option<Manifest>> {
-    let steps = open_steps(txn)?;
-    let Some(bytes) = steps.get(step).context(|| read_ctx(step))? else {
-        return Ok(None);
-    };
-    decode_manifest(step, bytes.value()).map(Some)
-}
-
-fn read_ctx(step: u64) -> String {
-    format!("reading step {step} from table steps")
-}
-
-pub(super) fn open_steps(txn: &ReadTransaction) -> Result<ReadOnlyTable<u64, &'static [u8]>> {
-    txn.open_table(STEPS)
-        .context(|| "opening table steps".to_owned())
-}
-
-/// Read a manifest's chunks into a checkpoint, checking every hash.
-pub(super) fn assemble(txn: &ReadTransaction, manifest: Manifest) -> Result<GradientCheckpoint> {
-    let step = manifest.step;
-    let chunks = ChunkSource {
-        data: open_optional(txn, CHUNK_DATA)?,
-        legacy: open_optional(txn, LEGACY_CHUNKS)?,
-    };
-    let packed = match &manifest.packed {
-        Some(p) => read_packed(txn, step, p)?,
-        None => Vec::new(),
-    };
-    let (mut ckpt, blobs) = manifest.into_parts();
-    for (name, blob) in blobs {
-        let data = match blob.packed {
-            // Bounds were checked when the manifest was decoded.
-            Some(offset) => packed
-                .get(offset as usize..(offset + blob.len) as usize)
-                .ok_or_else(|| {
-                    Error::corrupt(
-                        Some(step),
-                        format!("blob {name:?} is outside the packed bytes"),
-                    )
-                })?
-                .to_vec(),
-            None => read_blob(&chunks, step, &name, &blob)?,
-        };
-        ckpt.optimizer_state.insert(name, data);
-    }
-    Ok(ckpt)
-}
-
-/// A step's packed small blobs, checked against their length and hash.
-fn read_packed(txn: &ReadTransaction, step: u64, packed: &PackedRef) -> Result<Vec<u8>> {
-    let ctx = || format!("reading the packed blobs of step {step}");
-    let table = txn.open_table(PACKED).context(ctx)?;
-    let len = usize::try_from(packed.len)
-        .map_err(|_| Error::corrupt(Some(step), "packed blobs too long to load"))?;
-    let mut expected = chunk_lengths(len);
-    let mut data = Vec::new();
-    data.try_reserve_exact(len)
-        .map_err(|e| Error::corrupt(Some(step), format!("cannot allocate packed blobs: {e}")))?;
-    for entry in table.range((step, 0)..=(step, u32::MAX)).context(ctx)? {
-        let (_, piece) = entry.context(ctx)?;
-        let piece = piece.value();
-        if expected.next() != Some(piece.len()) {
-            return Err(Error::corrupt(
-                Some(step),
-                "packed blobs have the wrong layout",
-            ));
-        }
-        data.extend_from_slice(piece);
-    }
-    if expected.next().is_some() || data.len() != len {
-        return Err(Error::corrupt(Some(step), "packed blobs are incomplete"));
-    }
-    if blake3::hash(&data).as_bytes() != &packed.hash {
-        return Err(Error::corrupt(
-            Some(step),
-            "packed blobs fail their hash check",
-        ));
-    }
-    Ok(data)
-}
-
-/// Read one blob's chunks, checking each length and hash. Chunk boundaries
-/// are a function of the blob's length; for large blobs a second thread
-/// hashes each chunk while the next is read.
-fn read_blob(chunks: &ChunkSource, step: u64, name: &str, blob: &BlobRef) -> Result<Vec<u8>> {
-    let corrupt = |detail: String| Error::corrupt(Some(step), detail);
-    // The manifest's hash was checked and its length bounded by its chunk
-    // count when it was decoded.
-    let len = usize::try_from(blob.len)
-        .map_err(|_| corrupt(format!("blob {name:?} is too long to load")))?;
-    let lengths: Vec<usize> = chunk_lengths(len).collect();
-    if lengths.len() != blob.chunks.len() {
-        return Err(corrupt(format!(
-            "blob {name:?} lists {} chunks, its length {len} needs {}",
-            blob.chunks.len(),
-            lengths.len()
-        )));
-    }
-    let mut data = vec![0u8; len];
-    let ctx = BlobCtx {
-        chunks,
-        step,
-        name,
-        blob,
-        lengths: &lengths,
-    };
-    let hashes_ok = if len < PIPELINE_MIN_BYTES {
-        let mut ok = true;
-        ctx.fill(&mut data, &mut |piece, id| {
-            ok = blake3::hash(piece).as_bytes() == id;
-            ok
-        })?;
-        ok
-    } else {
-        std::thread::scope(|s| -> Result<bool> {
-            let (tx, rx) = std::sync::mpsc::sync_channel::<(&[u8], ChunkId)>(16);
-            let hasher = s.spawn(move || {
-                rx.into_iter()
-                    .all(|(piece, id)| blake3::hash(piece).as_bytes() == &id)
-            });
-            // Each piece of `data` is written here, then only read there.
-            let filled = ctx.fill(&mut data, &mut |piece, id| tx.send((piece, *id)).is_ok());
-            drop(tx);
-            let ok = hasher.join().unwrap_or(false);
-            filled.map(|()| ok)
-        })?
-    };
-    if !hashes_ok {
-        return Err(corrupt(format!("blob {name:?} fails its hash check")));
-    }
-    Ok(data)
-}
-
-/// Where chunks are read from: by id, or (format 1) by hash.
-struct ChunkSource {
-    data: Option<ReadOnlyTable<u64, &'static [u8]>>,
-    legacy: Option<ReadOnlyTable<&'static [u8; 32], &'static [u8]>>,
-}
-
-impl ChunkSource {
-    /// Chunk `hash` with id `id` (`None`: a format 1 chunk) of `step`.
-    fn get(
-        &self,
-        step: u64,
-        hash: &ChunkId,
-        id: Option<u64>,
-    ) -> Result<Option<AccessGuard<'_, &'static [u8]>>> {
-        let ctx = || format!("reading chunk {} of step {step}", hex(hash));
-        match (id, &self.data, &self.legacy) {
-            (Some(id), Some(data), _) => data.get(id).context(ctx),
-            (None, _, Some(legacy)) => legacy.get(hash).context(ctx),
-            _ => Ok(None),
-        }
-    }
-}
-
-/// What reading one blob needs.
-struct BlobCtx<'a> {
-    chunks: &'a ChunkSource,
-    step: u64,
-    name: &'a str,
-    blob: &'a BlobRef,
-    lengths: &'a [usize],
-}
-
-impl BlobCtx<'_> {
-    /// Copy each chunk into its piece of `data`, checking its length, and
-    /// hand the piece with its id to `sink`; stop early if `sink` says so.
-    fn fill<'d>(
-        &self,
-        data: &'d mut [u8],
-        sink: &mut dyn FnMut(&'d [u8], &ChunkId) -> bool,
-    ) -> Result<()> {
-        let (step, name) = (self.step, self.name);
-        let mut rest = data;
-        for (i, (id, &n)) in self.blob.chunks.iter().zip(self.lengths).enumerate() {
-            let chunk_id = match &self.blob.ids {
-                Some(ids) => Some(*ids.get(i).ok_or_else(|| {
-                    Error::corrupt(Some(step), format!("blob {name:?} lacks chunk ids"))
-                })?),
-                None => None,
-            };
-            let chunk = self.chunks.get(step, id, chunk_id)?.ok_or_else(|| {
-                Error::corrupt(
-                    Some(step),
-                    format!("chunk {} of blob {name:?} is missing", hex(id)),
-                )
-            })?;
-            let bytes = chunk.value();
-            if bytes.len() != n {
-                return Err(Error::corrupt(
-                    Some(step),
-                    format!(
-                        "chunk {} of blob {name:?} has {} bytes, expected {n}",
-                        hex(id),
-                        bytes.len()
-                    ),
-                ));
-            }
-            let (piece, tail) = std::mem::take(&mut rest).split_at_mut(n);
-            piece.copy_from_slice(bytes);
-            rest = tail;
-            if !sink(piece, id) {
-                break; // a hash already failed
-            }
-        }
-        Ok(())
     }
 }

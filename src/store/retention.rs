@@ -35,6 +35,7 @@ pub struct Retention {
     keep_every: Option<u64>,
     keep_one_per: Option<Duration>,
     keep_best: Vec<(String, usize, Goal)>,
+    allow_deleting_all: bool,
 }
 
 impl Retention {
@@ -68,6 +69,45 @@ impl Retention {
     pub fn keep_best(mut self, metric: impl Into<String>, k: usize, goal: Goal) -> Self {
         self.keep_best.push((metric.into(), k, goal));
         self
+    }
+
+    /// Allow a policy whose rules keep no step (`keep_last(0)`,
+    /// `keep_every(0)`, `keep_best(_, 0, _)` and nothing else): without
+    /// this, [`CheckpointStore::apply_retention`](crate::CheckpointStore::apply_retention)
+    /// and opening a store with it refuse such a policy as a likely mistake.
+    ///
+    /// ```
+    /// use ckptstore::Retention;
+    /// assert!(Retention::new().keep_last(0).keeps_nothing());
+    /// assert!(!Retention::new().keep_last(0).keep_every(10).keeps_nothing());
+    /// ```
+    pub fn allow_deleting_all(mut self) -> Self {
+        self.allow_deleting_all = true;
+        self
+    }
+
+    /// True when the policy has rules and none of them can keep a step:
+    /// it deletes every unpinned step.
+    pub fn keeps_nothing(&self) -> bool {
+        !self.is_empty()
+            && self.keep_last.is_none_or(|n| n == 0)
+            && self.keep_every.is_none_or(|n| n == 0)
+            && self.keep_one_per.is_none()
+            && self.keep_best.iter().all(|(_, k, _)| *k == 0)
+    }
+
+    /// Refuse a policy that deletes every unpinned step unless
+    /// [`allow_deleting_all`](Self::allow_deleting_all) was said.
+    pub(crate) fn check_keeps_something(&self) -> crate::Result<()> {
+        if self.keeps_nothing() && !self.allow_deleting_all {
+            return Err(crate::Error::InvalidOptions(
+                "the retention policy keeps no step (every rule is zero: keep_last(0), \
+                 keep_every(0), keep_best(_, 0, _)) and would delete every unpinned step; \
+                 call Retention::allow_deleting_all() if that is what you want"
+                    .to_owned(),
+            ));
+        }
+        Ok(())
     }
 
     /// True when the policy has no rules, and so deletes nothing.

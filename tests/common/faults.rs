@@ -273,8 +273,9 @@ impl StorageBackend for DiskBackend {
     }
     fn sync_data(&self) -> io::Result<()> {
         self.0.count_call();
-        let mut st = self.0.state.lock().expect("disk lock");
-        st.durable = st.current.clone();
+        let mut guard = self.0.state.lock().expect("disk lock");
+        let st = &mut *guard;
+        st.durable.clone_from(&st.current);
         st.pending.clear();
         Ok(())
     }

@@ -90,7 +90,7 @@ impl Rng {
 }
 
 /// How many times to repeat a randomized trial: `ci` normally, `long` when
-/// the environment variable CKPT_LONG is set.
+/// the environment variable `CKPT_LONG` is set.
 pub fn trials(ci: usize, long: usize) -> usize {
     if std::env::var_os("CKPT_LONG").is_some() {
         long

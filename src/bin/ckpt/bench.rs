@@ -1,11 +1,11 @@
 //! `ckpt bench`: the write-throughput comparison, shared with
-//! `benches/compare.rs` (SQLite is in the benches only).
+//! `benches/compare.rs` (`SQLite` is in the benches only).
 
 use std::path::Path;
 use std::time::Duration;
 
 #[allow(unreachable_pub)]
-#[path = "../../../benches/common/mod.rs"]
+#[path = "../../../bench/benches/common/mod.rs"]
 mod common;
 
 use common::{checkpoint, time_commits, Contender, RawFsync, SeedJson, Store, Workload};

@@ -1,28 +1,38 @@
 //! `ckpt`: look into and manage a ckptstore file from the shell.
 //!
 //! A thin shell over the library: it parses arguments, calls
-//! `ckptstore::CheckpointStore`, and prints. Exit codes: 0 success, 1 error,
-//! 2 usage, 3 `verify` found damage.
+//! `ckptstore::CheckpointStore`, and prints; one function per subcommand.
+//! Exit codes: 0 success, 1 error, 2 usage, 3 `verify` found damage.
+//!
+//! Which commands may do what: `import` creates a store if it is missing;
+//! `rm`, `gc` (without `--dry-run`) and `compact` change an existing store;
+//! every other command only reads, never changes a byte of the file, and
+//! works beside a training process that is writing.
 
 mod bench;
 mod output;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use ckptstore::{CheckpointStore, Error, Goal, GradientCheckpoint, Retention, StoreOptions};
+use ckptstore::{CheckpointStore, Error, Goal, GradientCheckpoint, Retention};
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// Exit code: `verify` found damage.
 const EXIT_DAMAGED: u8 = 3;
 
+/// How often `compact --wait` tries again while readers are busy.
+const COMPACT_RETRY: Duration = Duration::from_millis(100);
+
 #[derive(Parser)]
 #[command(
     name = "ckpt",
     version,
-    about = "Inspect and manage ckptstore checkpoint stores"
+    about = "Inspect and manage ckptstore checkpoint stores",
+    after_help = "Only `import` creates a store. `rm`, `gc` and `compact` change one; \
+                  every other command only reads, beside a training run that writes."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -31,7 +41,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// List the steps: time, loss CID, metrics, size.
+    /// List the steps: time, loss CID, metrics, size. Reads.
     Ls {
         /// The store file.
         store: PathBuf,
@@ -39,7 +49,7 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Show one step's manifest: graph summary, blobs and sizes.
+    /// Show one step's manifest: graph summary, blobs and sizes. Reads.
     Show {
         /// The store file.
         store: PathBuf,
@@ -49,7 +59,7 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Write one step to a file in the original JSON checkpoint format.
+    /// Write one step to a file in the original JSON checkpoint format. Reads.
     Export {
         /// The store file.
         store: PathBuf,
@@ -59,7 +69,8 @@ enum Command {
         #[arg(short, long)]
         output: PathBuf,
     },
-    /// Commit checkpoints from JSON files of the original format.
+    /// Commit checkpoints from JSON files of the original format. Creates
+    /// the store if it is missing (the only command that does).
     Import {
         /// The store file (created if missing).
         store: PathBuf,
@@ -70,16 +81,16 @@ enum Command {
         #[arg(long)]
         replace: bool,
     },
-    /// Check every hash and reference count; exit 3 on any damage.
+    /// Check every hash and reference count; exit 3 on any damage. Reads.
     Verify {
         /// The store file.
         store: PathBuf,
-        /// Also check redb's page checksums (reads the whole file; needs
-        /// write access).
+        /// Also check redb's page checksums (reads the whole file; changes
+        /// nothing).
         #[arg(long)]
         pages: bool,
     },
-    /// Remove steps.
+    /// Remove steps, all or none. Writes.
     Rm {
         /// The store file.
         store: PathBuf,
@@ -88,31 +99,36 @@ enum Command {
         steps: Vec<u64>,
     },
     /// Apply a retention policy: keep what any rule keeps, delete the rest.
+    /// Writes (reads only, with --dry-run).
     Gc {
         /// The store file.
         store: PathBuf,
-        /// Keep the N highest steps.
-        #[arg(long, value_name = "N")]
-        keep_last: Option<usize>,
-        /// Keep every step that is a multiple of N.
-        #[arg(long, value_name = "N")]
+        /// Keep the N highest steps (N >= 1).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+        keep_last: Option<u64>,
+        /// Keep every step that is a multiple of N (N >= 1).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
         keep_every: Option<u64>,
         /// Keep the last step of each interval of this many seconds.
-        #[arg(long, value_name = "SECS")]
+        #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
         keep_one_per: Option<u64>,
-        /// Keep the K best steps by a metric, as METRIC:K:min or METRIC:K:max.
+        /// Keep the K best steps by a metric, as METRIC:K:min or METRIC:K:max (K >= 1).
         #[arg(long, value_name = "METRIC:K:min|max")]
         keep_best: Vec<String>,
-        /// Show what would be deleted without deleting.
+        /// Show what would be deleted without deleting (reads only).
         #[arg(long)]
         dry_run: bool,
     },
-    /// Hand free space in the file back to the filesystem.
+    /// Hand free space in the file back to the filesystem. Writes.
     Compact {
         /// The store file.
         store: PathBuf,
+        /// While other processes are reading the store, wait up to this
+        /// many seconds for them to finish (default: fail at once).
+        #[arg(long, value_name = "SECS", default_value_t = 0)]
+        wait: u64,
     },
-    /// Steps, sizes, deduplication ratio, file size.
+    /// Steps, sizes, deduplication ratio, file size. Reads.
     Stats {
         /// The store file.
         store: PathBuf,
@@ -161,102 +177,20 @@ type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
 fn run(command: Command) -> Result<ExitCode> {
     match command {
-        Command::Ls { store, json } => {
-            let s = open_read(&store)?;
-            output::ls(&s.summaries(..)?, json)?;
-        }
-        Command::Show { store, step, json } => {
-            let s = open_read(&store)?;
-            let step = resolve(&s, &step)?;
-            let info = s.info(step)?.ok_or(Error::StepNotFound { step })?;
-            let pinned = s.pinned()?.contains(&step);
-            output::show(&info, pinned, json)?;
-        }
+        Command::Ls { store, json } => ls(&store, json),
+        Command::Show { store, step, json } => show(&store, &step, json),
         Command::Export {
             store,
             step,
             output,
-        } => {
-            let s = open_read(&store)?;
-            let step = resolve(&s, &step)?;
-            let bar = spinner(format!("exporting step {step}"));
-            let ckpt = s.get(step)?.ok_or(Error::StepNotFound { step })?;
-            ckpt.save(&output)?;
-            bar.finish_and_clear();
-            println!("exported step {step} to {}", output.display());
-        }
+        } => export(&store, &step, &output),
         Command::Import {
             store,
             files,
             replace,
-        } => {
-            let s = open_write(&store)?;
-            let bar = bar(files.len() as u64, "importing");
-            for file in &files {
-                let ckpt = GradientCheckpoint::load(file)?;
-                let info = if replace {
-                    s.replace(&ckpt)?
-                } else {
-                    s.commit(&ckpt)?
-                };
-                bar.inc(1);
-                bar.suspend(|| {
-                    println!(
-                        "imported step {} from {} ({} written, {} reused)",
-                        info.step,
-                        file.display(),
-                        output::bytes(info.bytes_written),
-                        output::bytes(info.bytes_reused)
-                    )
-                });
-            }
-            bar.finish_and_clear();
-        }
-        Command::Verify { store, pages } => {
-            let s = if pages {
-                StoreOptions::new()
-                    .check_integrity(true)
-                    .open(existing(&store)?)?
-            } else {
-                open_read(&store)?
-            };
-            let total = s.steps()?.len() as u64;
-            let bar = bar(total, "verifying");
-            let report = s.verify_with(&mut |_, _| bar.inc(1))?;
-            bar.finish_and_clear();
-            for (step, e) in &report.damaged {
-                println!("DAMAGED step {step}: {}", one_line(e));
-            }
-            for problem in &report.accounting {
-                println!("DAMAGED accounting: {problem}");
-            }
-            println!(
-                "{} steps ok, {} checked, {} damaged",
-                report.steps_ok,
-                output::bytes(report.bytes_checked),
-                report.damaged.len() + usize::from(!report.accounting.is_empty())
-            );
-            if report.staged_chunks > 0 {
-                println!(
-                    "{} chunks staged by a large commit under way or interrupted \
-                     (the next writable open deletes an interrupted one's)",
-                    report.staged_chunks
-                );
-            }
-            if !report.is_ok() {
-                return Ok(ExitCode::from(EXIT_DAMAGED));
-            }
-        }
-        Command::Rm { store, steps } => {
-            let s = open_write(&store)?;
-            for step in steps {
-                if s.remove(step)? {
-                    println!("removed step {step}");
-                } else {
-                    return Err(Error::StepNotFound { step }.into());
-                }
-            }
-        }
+        } => import(&store, &files, replace),
+        Command::Verify { store, pages } => verify(&store, pages),
+        Command::Rm { store, steps } => rm(&store, &steps),
         Command::Gc {
             store,
             keep_last,
@@ -265,89 +199,271 @@ fn run(command: Command) -> Result<ExitCode> {
             keep_best,
             dry_run,
         } => {
-            let mut policy = Retention::new();
-            if let Some(n) = keep_last {
-                policy = policy.keep_last(n);
-            }
-            if let Some(n) = keep_every {
-                policy = policy.keep_every(n);
-            }
-            if let Some(secs) = keep_one_per {
-                policy = policy.keep_one_per(Duration::from_secs(secs));
-            }
-            for rule in &keep_best {
-                let (metric, k, goal) = parse_best(rule)?;
-                policy = policy.keep_best(metric, k, goal);
-            }
-            if policy.is_empty() {
-                return Err("gc needs at least one --keep-* rule".into());
-            }
-            let s = open_write(&store)?;
-            let removed = if dry_run {
-                s.retention_preview(&policy)?
-            } else {
-                s.apply_retention(&policy)?
-            };
-            let verb = if dry_run { "would remove" } else { "removed" };
-            println!("{verb} {} steps: {removed:?}", removed.len());
+            let policy = policy(keep_last, keep_every, keep_one_per, &keep_best)?;
+            gc(&store, &policy, dry_run)
         }
-        Command::Compact { store } => {
-            let s = open_write(&store)?;
-            let before = std::fs::metadata(&store).map_or(0, |m| m.len());
-            let bar = spinner("compacting".into());
-            s.compact()?;
-            bar.finish_and_clear();
-            let after = std::fs::metadata(&store).map_or(0, |m| m.len());
+        Command::Compact { store, wait } => compact(&store, Duration::from_secs(wait)),
+        Command::Stats { store, json } => stats(&store, json),
+        Command::Bench { sizes, dir } => {
+            bench::run(&sizes, dir.as_deref()).map(|()| ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn ls(store: &Path, json: bool) -> Result<ExitCode> {
+    let s = open_read(store)?;
+    output::ls(&s.summaries(..)?, json)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn show(store: &Path, step: &str, json: bool) -> Result<ExitCode> {
+    let s = open_read(store)?;
+    let step = resolve(&s, step)?;
+    let info = s.info(step)?.ok_or(Error::StepNotFound { step })?;
+    let pinned = s.pinned()?.contains(&step);
+    output::show(&info, pinned, json)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn export(store: &Path, step: &str, output: &Path) -> Result<ExitCode> {
+    let s = open_read(store)?;
+    let step = resolve(&s, step)?;
+    let bar = spinner(format!("exporting step {step}"));
+    let ckpt = s.get(step)?.ok_or(Error::StepNotFound { step })?;
+    if let Some(dir) = output.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if !dir.is_dir() {
+            return Err(format!(
+                "cannot export to {}: directory {} does not exist (create it first, or pick \
+                 another --output)",
+                output.display(),
+                dir.display()
+            )
+            .into());
+        }
+    }
+    ckpt.save(output)?;
+    bar.finish_and_clear();
+    println!("exported step {step} to {}", output.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+fn import(store: &Path, files: &[PathBuf], replace: bool) -> Result<ExitCode> {
+    // Read every file first: a bad one leaves no trace, not even a new store.
+    let ckpts = files
+        .iter()
+        .map(|f| GradientCheckpoint::load(f).map(|c| (f, c)))
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let s = CheckpointStore::open(store).map_err(|e| explain(store, e))?;
+    let bar = bar(files.len() as u64, "importing");
+    for (file, ckpt) in &ckpts {
+        let info = if replace {
+            s.replace(ckpt)
+        } else {
+            s.commit(ckpt)
+        };
+        let info = info.map_err(|e| match e {
+            Error::StepExists { step } => format!(
+                "{}: step {step} is already stored in {}; pass --replace to overwrite it",
+                file.display(),
+                store.display()
+            )
+            .into(),
+            e => explain(store, e),
+        })?;
+        bar.inc(1);
+        bar.suspend(|| {
             println!(
-                "compacted {}: {} -> {}",
-                store.display(),
-                output::bytes(before),
-                output::bytes(after)
+                "imported step {} from {} ({} written, {} reused)",
+                info.step,
+                file.display(),
+                output::bytes(info.bytes_written),
+                output::bytes(info.bytes_reused)
             );
+        });
+    }
+    bar.finish_and_clear();
+    Ok(ExitCode::SUCCESS)
+}
+
+fn verify(store: &Path, pages: bool) -> Result<ExitCode> {
+    let s = open_read(store)?;
+    let pages_ok = if pages {
+        let bar = spinner("checking every page".into());
+        let ok = CheckpointStore::check_pages(store)?;
+        bar.finish_and_clear();
+        if !ok {
+            println!("DAMAGED pages: redb's page checksums do not match");
         }
-        Command::Stats { store, json } => {
-            let s = open_read(&store)?;
-            output::stats(&s.stats()?, json)?;
-        }
-        Command::Bench { sizes, dir } => bench::run(&sizes, dir.as_deref())?,
+        ok
+    } else {
+        true
+    };
+    let total = s.steps()?.len() as u64;
+    let bar = bar(total, "verifying");
+    let report = s.verify_with(&mut |_, _| bar.inc(1))?;
+    bar.finish_and_clear();
+    for (step, e) in &report.damaged {
+        println!("DAMAGED step {step}: {}", one_line(e));
+    }
+    for problem in &report.accounting {
+        println!("DAMAGED accounting: {problem}");
+    }
+    println!(
+        "{} steps ok, {} checked, {} damaged{}",
+        report.steps_ok,
+        output::bytes(report.bytes_checked),
+        report.damaged.len() + usize::from(!report.accounting.is_empty()),
+        if pages { ", every page checked" } else { "" }
+    );
+    if report.staged_chunks > 0 {
+        println!(
+            "{} chunks staged by a large commit under way or interrupted \
+             (the next writable open deletes an interrupted one's)",
+            report.staged_chunks
+        );
+    }
+    if !report.is_ok() || !pages_ok {
+        return Ok(ExitCode::from(EXIT_DAMAGED));
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// The path of a store that must exist (read commands never create one).
+fn rm(store: &Path, steps: &[u64]) -> Result<ExitCode> {
+    let s = open_write(store)?;
+    s.remove_all(steps).map_err(|e| explain(store, e))?;
+    for step in steps {
+        println!("removed step {step}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn policy(
+    keep_last: Option<u64>,
+    keep_every: Option<u64>,
+    keep_one_per: Option<u64>,
+    keep_best: &[String],
+) -> Result<Retention> {
+    let mut policy = Retention::new();
+    if let Some(n) = keep_last {
+        policy = policy.keep_last(usize::try_from(n)?);
+    }
+    if let Some(n) = keep_every {
+        policy = policy.keep_every(n);
+    }
+    if let Some(secs) = keep_one_per {
+        policy = policy.keep_one_per(Duration::from_secs(secs));
+    }
+    for rule in keep_best {
+        let (metric, k, goal) = parse_best(rule)?;
+        policy = policy.keep_best(metric, k, goal);
+    }
+    if policy.is_empty() {
+        return Err("gc needs at least one --keep-* rule".into());
+    }
+    Ok(policy)
+}
+
+fn gc(store: &Path, policy: &Retention, dry_run: bool) -> Result<ExitCode> {
+    let (verb, removed) = if dry_run {
+        ("would remove", open_read(store)?.retention_preview(policy)?)
+    } else {
+        let s = open_write(store)?;
+        (
+            "removed",
+            s.apply_retention(policy).map_err(|e| explain(store, e))?,
+        )
+    };
+    println!("{verb} {} steps: {removed:?}", removed.len());
+    Ok(ExitCode::SUCCESS)
+}
+
+fn compact(store: &Path, wait: Duration) -> Result<ExitCode> {
+    let s = open_write(store)?;
+    let before = std::fs::metadata(store).map_or(0, |m| m.len());
+    let bar = spinner("compacting".into());
+    let deadline = Instant::now() + wait;
+    loop {
+        match s.compact() {
+            Ok(_) => break,
+            Err(Error::Busy { .. }) if Instant::now() < deadline => {
+                std::thread::sleep(COMPACT_RETRY);
+            }
+            Err(e @ Error::Busy { .. }) => {
+                return Err(format!(
+                    "{}{}; `ckpt compact --wait SECS` waits for readers",
+                    e,
+                    if wait.is_zero() {
+                        String::new()
+                    } else {
+                        format!(" (waited {}s)", wait.as_secs())
+                    }
+                )
+                .into())
+            }
+            Err(e) => return Err(explain(store, e)),
+        }
+    }
+    bar.finish_and_clear();
+    let after = std::fs::metadata(store).map_or(0, |m| m.len());
+    println!(
+        "compacted {}: {} -> {}",
+        store.display(),
+        output::bytes(before),
+        output::bytes(after)
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn stats(store: &Path, json: bool) -> Result<ExitCode> {
+    let s = open_read(store)?;
+    output::stats(&s.stats()?, json)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The path of a store that must exist: only `import` creates one.
 fn existing(path: &Path) -> Result<&Path> {
     if path.exists() {
         Ok(path)
     } else {
-        Err(format!("{}: no such store", path.display()).into())
+        Err(format!(
+            "{}: no such store (check the path; only `ckpt import` creates a store)",
+            path.display()
+        )
+        .into())
     }
 }
 
 /// Open for reading, alongside a training process that may be writing.
 fn open_read(path: &Path) -> Result<CheckpointStore> {
-    CheckpointStore::open_read_only(existing(path)?).map_err(|e| busy(path, e))
+    let s = CheckpointStore::open_read_only(existing(path)?).map_err(|e| explain(path, e))?;
+    if s.recovered_in_memory() {
+        eprintln!(
+            "ckpt: {} was not closed cleanly (its writer died); reading it as recovery \
+             will leave it, without changing the file",
+            path.display()
+        );
+    }
+    Ok(s)
 }
 
-/// Open for writing; refused while another process writes.
+/// Open an existing store for writing; refused while another process
+/// writes.
 fn open_write(path: &Path) -> Result<CheckpointStore> {
-    CheckpointStore::open(path).map_err(|e| busy(path, e))
+    CheckpointStore::open(existing(path)?).map_err(|e| explain(path, e))
 }
 
-/// Explain a lock conflict in terms of what the user can do.
-fn busy(path: &Path, e: Error) -> Box<dyn std::error::Error> {
-    match &e {
-        Error::Open {
-            source: redb::DatabaseError::DatabaseAlreadyOpen,
-            ..
-        } => format!(
+/// An error in terms of what the user can do about it.
+fn explain(path: &Path, e: Error) -> Box<dyn std::error::Error> {
+    if e.is_locked() {
+        return format!(
             "{} is open by another process that does not share it (opened with \
              shared(false), or writing while this command needs to write); \
              try again when it has finished",
             path.display()
         )
-        .into(),
-        _ => e.into(),
+        .into();
     }
+    e.into()
 }
 
 /// `latest` or a step number.
@@ -362,14 +478,18 @@ fn resolve(store: &CheckpointStore, step: &str) -> Result<u64> {
 }
 
 fn parse_best(rule: &str) -> Result<(String, usize, Goal)> {
-    let bad = || format!("--keep-best {rule:?}: expected METRIC:K:min or METRIC:K:max");
+    let bad = || format!("--keep-best {rule:?}: expected METRIC:K:min or METRIC:K:max with K >= 1");
     let mut parts = rule.rsplitn(3, ':');
     let goal = match parts.next() {
         Some("min") => Goal::Minimize,
         Some("max") => Goal::Maximize,
         _ => return Err(bad().into()),
     };
-    let k = parts.next().and_then(|k| k.parse().ok()).ok_or_else(bad)?;
+    let k = parts
+        .next()
+        .and_then(|k| k.parse().ok())
+        .filter(|&k| k > 0)
+        .ok_or_else(bad)?;
     let metric = parts.next().filter(|m| !m.is_empty()).ok_or_else(bad)?;
     Ok((metric.to_owned(), k, goal))
 }

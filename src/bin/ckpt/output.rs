@@ -22,7 +22,7 @@ pub fn bytes(n: u64) -> String {
 
 /// Unix seconds as `YYYY-MM-DD HH:MM:SS` UTC.
 pub fn time(unix: u64) -> String {
-    let days = (unix / 86_400) as i64;
+    let days = i64::try_from(unix / 86_400).unwrap_or(i64::MAX);
     let secs = unix % 86_400;
     // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
     let z = days + 719_468;

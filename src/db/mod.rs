@@ -1,0 +1,430 @@
+//! The database handle: its lifecycle, and the one place where redb is
+//! called behind a panic boundary.
+//!
+//! redb trusts the pages of a cleanly closed file and panics on some kinds
+//! of damage (an invalid page type, a malformed allocator state) instead of
+//! returning an error. Every transaction runs behind [`Db::read`] or
+//! [`Db::write`], which catch such a panic and poison the handle: the call
+//! and every later one fail with [`Error::Poisoned`], as a fjall keyspace
+//! does after a panic. After an I/O error redb refuses all work until the
+//! database is reopened, so the handle is closed and reopened on next use.
+
+pub(crate) mod backend;
+mod open;
+mod overlay;
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use redb::{Database, ReadOnlyDatabase, ReadableDatabase};
+
+use crate::engine::{Engine, View};
+use crate::error::StorageContext;
+use crate::{Durability, Error, Result, StoreOptions};
+use backend::{DynBackend, Source};
+
+/// What a write transaction is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TxnKind {
+    /// A whole change: durable when it commits (with the store's
+    /// durability).
+    Whole,
+    /// One part of a larger change whose last transaction makes it
+    /// durable; need not be durable itself on an exclusive store.
+    Part,
+}
+
+/// The open database, or why there is none.
+enum State {
+    Writable(Database),
+    ReadOnly(ReadOnlyDatabase),
+    /// A store whose writer died without closing it, repaired in memory
+    /// over the unchanged file ([`overlay`]) and used read-only.
+    Recovered(Database),
+    /// Dropped after an I/O error; reopened by the next operation.
+    Closed,
+    /// redb panicked: the handle is unusable.
+    Poisoned(String),
+}
+
+/// A store's database handle, shared by the caller's handle and the
+/// background writer.
+pub(crate) struct Db {
+    source: Source,
+    read_only: bool,
+    options: StoreOptions,
+    state: RwLock<State>,
+    /// Held by a commit that stages its chunks in transactions of their
+    /// own, so that one staging runs at a time.
+    staging: Mutex<()>,
+}
+
+impl Db {
+    /// Open `source` for reading and writing, creating a missing file.
+    pub(crate) fn open(source: Source, options: StoreOptions) -> Result<Db> {
+        let state = open_writable(&source, &options)?;
+        Ok(Db::with_state(source, false, options, state))
+    }
+
+    /// Open the store at `path` read-only.
+    pub(crate) fn open_read_only(path: PathBuf, options: StoreOptions) -> Result<Db> {
+        let source = Source::Path(path);
+        let state = open_read_only(&source, &options)?;
+        Ok(Db::with_state(source, true, options, state))
+    }
+
+    fn with_state(source: Source, read_only: bool, options: StoreOptions, state: State) -> Db {
+        Db {
+            source,
+            read_only,
+            options,
+            state: RwLock::new(state),
+            staging: Mutex::new(()),
+        }
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        self.source.path()
+    }
+
+    pub(crate) fn is_read_only(&self) -> bool {
+        self.read_only
+    }
+
+    pub(crate) fn options(&self) -> &StoreOptions {
+        &self.options
+    }
+
+    /// The lock one staging commit holds.
+    pub(crate) fn staging(&self) -> Result<MutexGuard<'_, ()>> {
+        self.staging
+            .lock()
+            .map_err(|_| self.poisoned("a commit panicked while staging"))
+    }
+
+    /// Run `f` in a read transaction.
+    pub(crate) fn read<T>(
+        &self,
+        what: &dyn Fn() -> String,
+        f: impl FnOnce(&View) -> Result<T>,
+    ) -> Result<T> {
+        self.guarded(what, |state| {
+            let txn = match state {
+                State::Writable(db) | State::Recovered(db) => db.begin_read(),
+                State::ReadOnly(db) => db.begin_read(),
+                State::Closed | State::Poisoned(_) => {
+                    return Err(self.poisoned("the handle is closed"))
+                }
+            }
+            .context(what)?;
+            f(&View { txn })
+        })
+    }
+
+    /// Run `f` in one write transaction and commit it; abort if `f` fails.
+    /// `op` names the operation for a read-only store's refusal.
+    pub(crate) fn write<T>(
+        &self,
+        op: &'static str,
+        what: &dyn Fn() -> String,
+        kind: TxnKind,
+        f: impl FnOnce(&mut Engine<'_>) -> Result<T>,
+    ) -> Result<T> {
+        if self.read_only {
+            return Err(self.read_only_error(op));
+        }
+        self.guarded(what, |state| {
+            let State::Writable(db) = state else {
+                return Err(self.read_only_error(op));
+            };
+            let mut txn = begin_write(db, what)?;
+            if self.options.durability == Durability::Eventual
+                || (kind == TxnKind::Part && !self.options.shared)
+            {
+                txn.set_durability(redb::Durability::None).context(what)?;
+            }
+            let in_engine = || -> Result<T> {
+                let mut engine = Engine::open(&txn)?;
+                let value = f(&mut engine)?;
+                engine.finish()?;
+                Ok(value)
+            };
+            let value = in_engine().map_err(|e| e.within(what))?;
+            txn.commit().context(what)?;
+            Ok(value)
+        })
+    }
+
+    /// Hand free space back to the filesystem (redb compaction).
+    pub(crate) fn compact(&self) -> Result<bool> {
+        let what = || format!("compacting {}", self.path().display());
+        if self.read_only {
+            return Err(self.read_only_error("compact"));
+        }
+        let mut guard = self.live_mut()?;
+        let State::Writable(db) = &mut *guard else {
+            return Err(self.poisoned("the handle is closed"));
+        };
+        let outcome = catch_unwind(AssertUnwindSafe(|| match db.compact() {
+            Err(redb::CompactionError::TransactionInProgress) => Err(Error::Busy {
+                path: self.path().to_owned(),
+                op: "compaction",
+            }),
+            result => {
+                let compacted = result.context(what)?;
+                // Compaction's own commits record no allocator state: record
+                // it now, so that a crash after this still recovers quickly.
+                begin_write(db, &what)?.commit().context(what)?;
+                Ok(compacted)
+            }
+        }));
+        drop(guard);
+        self.settle(&what, outcome)
+    }
+
+    /// Whether the store was opened read-only after its writer died: what
+    /// is read is the store as a writable open would repair it, and the
+    /// file stays as it is.
+    pub(crate) fn is_recovered_view(&self) -> bool {
+        matches!(self.state.read().as_deref(), Ok(State::Recovered(_)))
+    }
+
+    /// Bytes of the file redb has allocated; 0 for a read-only store (redb
+    /// reports it only in a write transaction, which is then aborted).
+    pub(crate) fn allocated_bytes(&self) -> Result<u64> {
+        let what = || "reading store statistics".to_owned();
+        self.guarded(&what, |state| {
+            let State::Writable(db) = state else {
+                return Ok(0);
+            };
+            let txn = db.begin_write().context(what)?;
+            let stats = txn.stats().context(what)?;
+            let bytes = stats.allocated_pages() * stats.page_size() as u64;
+            txn.abort().context(what)?;
+            Ok(bytes)
+        })
+    }
+
+    /// Run `f` on the live state behind the panic boundary; close the
+    /// handle after an I/O error, poison it after a panic.
+    fn guarded<T>(
+        &self,
+        what: &dyn Fn() -> String,
+        f: impl FnOnce(&State) -> Result<T>,
+    ) -> Result<T> {
+        let outcome = {
+            let guard = self.live()?;
+            catch_unwind(AssertUnwindSafe(|| f(&guard)))
+        };
+        self.settle(what, outcome)
+    }
+
+    fn settle<T>(
+        &self,
+        what: &dyn Fn() -> String,
+        outcome: std::thread::Result<Result<T>>,
+    ) -> Result<T> {
+        match outcome {
+            Ok(result) => {
+                if matches!(&result, Err(e) if e.is_io()) {
+                    self.set_state(State::Closed);
+                }
+                result
+            }
+            Err(payload) => {
+                let detail = format!(
+                    "redb panicked while {}: {}",
+                    what(),
+                    panic_message(&*payload)
+                );
+                self.set_state(State::Poisoned(detail));
+                Err(self.unusable())
+            }
+        }
+    }
+
+    /// The state, reopened first if an I/O error closed it.
+    fn live(&self) -> Result<RwLockReadGuard<'_, State>> {
+        {
+            let guard = self
+                .state
+                .read()
+                .map_err(|_| self.poisoned("lock poisoned"))?;
+            match &*guard {
+                State::Closed => {}
+                State::Poisoned(_) => return Err(self.unusable()),
+                _ => return Ok(guard),
+            }
+        }
+        drop(self.live_mut()?);
+        self.state
+            .read()
+            .map_err(|_| self.poisoned("lock poisoned"))
+    }
+
+    /// The state for exclusive use, reopened first if closed.
+    fn live_mut(&self) -> Result<RwLockWriteGuard<'_, State>> {
+        let mut guard = self
+            .state
+            .write()
+            .map_err(|_| self.poisoned("lock poisoned"))?;
+        match &*guard {
+            State::Closed => {
+                *guard = if self.read_only {
+                    open_read_only(&self.source, &self.options)?
+                } else {
+                    open_writable(&self.source, &self.options)?
+                };
+            }
+            State::Poisoned(_) => return Err(self.unusable()),
+            _ => {}
+        }
+        Ok(guard)
+    }
+
+    fn set_state(&self, state: State) {
+        // A poisoned lock holds nothing that must be kept: replace it.
+        let mut guard = self
+            .state
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !matches!(&*guard, State::Poisoned(_)) {
+            *guard = state;
+        }
+    }
+
+    /// The error for a handle that cannot be used.
+    fn unusable(&self) -> Error {
+        let detail = match self.state.read().as_deref() {
+            Ok(State::Poisoned(detail)) => detail.clone(),
+            _ => "it was closed after an I/O error and could not be reopened".to_owned(),
+        };
+        self.poisoned(&detail)
+    }
+
+    fn poisoned(&self, detail: &str) -> Error {
+        Error::Poisoned {
+            path: self.path().to_owned(),
+            detail: detail.to_owned(),
+        }
+    }
+
+    fn read_only_error(&self, op: &'static str) -> Error {
+        Error::ReadOnly {
+            path: self.path().to_owned(),
+            op,
+        }
+    }
+}
+
+/// A write transaction that records redb's allocator state and commits in
+/// two phases ("quick repair"): after a crash, opening the store loads that
+/// state instead of walking every page of the file, so recovery reads
+/// megabytes, not the whole store.
+pub(crate) fn begin_write(
+    db: &Database,
+    what: &dyn Fn() -> String,
+) -> Result<redb::WriteTransaction> {
+    let mut txn = db.begin_write().context(what)?;
+    txn.set_quick_repair(true);
+    Ok(txn)
+}
+
+/// The message of a panic's payload.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+        .unwrap_or_else(|| "unknown panic".to_owned())
+}
+
+/// Run an open behind the panic boundary: a panic there means a damaged
+/// file, reported as an open error.
+fn open_guarded(path: &Path, f: impl FnOnce() -> Result<State>) -> Result<State> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|payload| {
+        Err(Error::Open {
+            path: path.to_owned(),
+            source: format!("redb panicked: {}", panic_message(&*payload)).into(),
+        })
+    })
+}
+
+fn open_writable(source: &Source, options: &StoreOptions) -> Result<State> {
+    let path = source.path();
+    match source {
+        Source::Path(p) => {
+            if !p.exists() {
+                open::create_atomically(p, options)?;
+            }
+            open_guarded(path, || {
+                let db = open::builder(options)
+                    .create(p)
+                    .map_err(|e| open::open_error(path, e))?;
+                open::prepare_writable(path, &db)?;
+                Ok(State::Writable(db))
+            })
+        }
+        Source::Backend(_, factory) => {
+            // The caller's factory runs outside the boundary: its panics
+            // are its own.
+            let backend: DynBackend =
+                factory().map_err(|e| Error::io("open backend of", path, e))?;
+            open_guarded(path, || {
+                let db = open::builder(options)
+                    .create_with_backend(backend)
+                    .map_err(|e| open::open_error(path, e))?;
+                open::prepare_writable(path, &db)?;
+                Ok(State::Writable(db))
+            })
+        }
+    }
+}
+
+fn open_read_only(source: &Source, options: &StoreOptions) -> Result<State> {
+    let path = source.path();
+    open_guarded(path, || {
+        let db = match open::builder(options).open_read_only(path) {
+            // The writer died: redb would repair the file, which a reader
+            // must not change. Repair a copy in memory instead.
+            Err(redb::DatabaseError::RepairAborted) => {
+                let db = open_overlay(path, options)?;
+                open::check_tables_of(path, &db)?;
+                return Ok(State::Recovered(db));
+            }
+            opened => opened.map_err(|e| open::open_error(path, e))?,
+        };
+        open::check_read_only(path, &db)?;
+        Ok(State::ReadOnly(db))
+    })
+}
+
+/// Open the file at `path` for redb through an [`overlay::Overlay`]: redb
+/// may repair it, and nothing reaches the file.
+fn open_overlay(path: &Path, options: &StoreOptions) -> Result<Database> {
+    let file = std::fs::File::open(path).map_err(|e| Error::io("open", path, e))?;
+    let overlay = overlay::Overlay::new(file).map_err(|e| Error::io("read", path, e))?;
+    let mut builder = open::builder(options);
+    // The overlay has no locks: no other handle shares it.
+    builder.set_concurrency_mode(redb::ConcurrencyMode::ExclusiveWriter);
+    builder.set_check_integrity_on_open(false);
+    builder
+        .create_with_backend(overlay)
+        .map_err(|e| open::open_error(path, e))
+}
+
+/// Check the checksum of every redb page of the store at `path` without
+/// changing the file. `Ok(false)`: damage was found.
+pub(crate) fn check_pages(path: &Path, options: &StoreOptions) -> Result<bool> {
+    let checked = catch_unwind(AssertUnwindSafe(|| {
+        let mut db = open_overlay(path, options)?;
+        open::check_tables_of(path, &db)?;
+        match db.check_integrity() {
+            Ok(ok) => Ok(ok),
+            Err(redb::DatabaseError::Storage(redb::StorageError::Corrupted(_))) => Ok(false),
+            Err(e) => Err(open::open_error(path, e)),
+        }
+    }));
+    checked.unwrap_or(Ok(false))
+}

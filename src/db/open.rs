@@ -1,0 +1,126 @@
+//! Opening a store's database: atomic creation, format checks, upgrade
+//! from format 1, and the clean-up of an interrupted staging.
+
+use std::path::Path;
+
+use redb::{Database, ReadOnlyDatabase, ReadableDatabase};
+
+use crate::engine::Engine;
+use crate::error::StorageContext;
+use crate::format::tables::{Found, META, META_STAGING};
+use crate::format::{check_tables, create_tables, upgrade_to_current, FORMAT_VERSION};
+use crate::{Error, Result, StoreOptions};
+
+/// redb's builder for `options`.
+pub(crate) fn builder(options: &StoreOptions) -> redb::Builder {
+    let mut builder = Database::builder();
+    builder.set_cache_size(options.cache_size);
+    builder.set_check_integrity_on_open(options.check_integrity);
+    builder.set_concurrency_mode(if options.shared {
+        redb::ConcurrencyMode::SingleWriter
+    } else {
+        redb::ConcurrencyMode::ExclusiveWriter
+    });
+    builder
+}
+
+/// An error of redb's `open`/`create`, in our terms.
+pub(crate) fn open_error(path: &Path, e: redb::DatabaseError) -> Error {
+    match e {
+        redb::DatabaseError::DatabaseAlreadyOpen => Error::Locked {
+            path: path.to_owned(),
+        },
+        e => Error::Open {
+            path: path.to_owned(),
+            source: Box::new(e),
+        },
+    }
+}
+
+/// Check a writable database's format and bring it to the current one:
+/// initialise an empty database, upgrade a format 1 store, delete the
+/// chunks of a staging a crash interrupted.
+pub(crate) fn prepare_writable(path: &Path, db: &Database) -> Result<()> {
+    let what = || format!("opening {}", path.display());
+    let (found, staging) = {
+        let txn = db.begin_read().context(what)?;
+        let found = check_tables(path, &txn)?;
+        let staging = found != Found::Empty && staging_flag(&txn)?;
+        (found, staging)
+    };
+    if found == Found::Store(FORMAT_VERSION) && !staging {
+        return Ok(());
+    }
+    let txn = super::begin_write(db, &what)?;
+    match found {
+        Found::Empty => create_tables(&txn, &|| format!("initialising {}", path.display()))?,
+        Found::Store(v) if v < FORMAT_VERSION => upgrade_to_current(&txn, &|| {
+            format!("upgrading {} to format {FORMAT_VERSION}", path.display())
+        })?,
+        Found::Store(_) => {}
+    }
+    let mut engine = Engine::open(&txn)?;
+    engine.sweep_staged()?;
+    engine.finish()?;
+    txn.commit().context(what)
+}
+
+/// Whether a commit was staging chunks when the store was last written.
+fn staging_flag(txn: &redb::ReadTransaction) -> Result<bool> {
+    let ctx = || "reading table meta".to_owned();
+    let meta = txn.open_table(META).context(ctx)?;
+    Ok(meta.get(META_STAGING).context(ctx)?.is_some())
+}
+
+/// Check that a read-only database is a store this build reads.
+pub(crate) fn check_read_only(path: &Path, db: &ReadOnlyDatabase) -> Result<()> {
+    check_txn(path, db.begin_read())
+}
+
+/// [`check_read_only`] for a database opened through an overlay.
+pub(crate) fn check_tables_of(path: &Path, db: &Database) -> Result<()> {
+    check_txn(path, db.begin_read())
+}
+
+fn check_txn(
+    path: &Path,
+    txn: std::result::Result<redb::ReadTransaction, redb::TransactionError>,
+) -> Result<()> {
+    let txn = txn.context(|| format!("reading {}", path.display()))?;
+    match check_tables(path, &txn)? {
+        Found::Store(_) => Ok(()),
+        Found::Empty => Err(Error::NotAStore {
+            path: path.to_owned(),
+            reason: "it has no tables".into(),
+        }),
+    }
+}
+
+/// Create a new store at `path` so that a crash leaves either no file or a
+/// complete, initialised store: build it under a temporary name beside
+/// `path`, fsync it, link it into place (never over an existing file), and
+/// fsync the directory. redb writes a new file's header in place, so a
+/// process killed while creating one in place leaves a file no open accepts.
+pub(crate) fn create_atomically(path: &Path, options: &StoreOptions) -> Result<()> {
+    let (dir, tmp) = crate::checkpoint::temp_beside(path, "creating");
+    let result = (|| {
+        let db = builder(options)
+            .create(&tmp)
+            .map_err(|e| open_error(path, e))?;
+        prepare_writable(path, &db)?;
+        drop(db);
+        std::fs::File::open(&tmp)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| Error::io("fsync", &tmp, e))?;
+        match std::fs::hard_link(&tmp, path) {
+            // Another process created it first: use theirs.
+            Ok(()) | Err(_) if path.exists() => Ok(()),
+            // A filesystem without hard links: rename (not atomic against a
+            // concurrent creator, still atomic against a crash).
+            _ => std::fs::rename(&tmp, path).map_err(|e| Error::io("rename new store to", path, e)),
+        }
+    })();
+    let _ = std::fs::remove_file(&tmp);
+    result?;
+    crate::checkpoint::sync_dir(&dir)
+}

@@ -1,0 +1,245 @@
+//! Content-addressed chunks in one write transaction: add, stage, release.
+//!
+//! A chunk's bytes are stored under an id given out in ascending order
+//! (`chunk_data`); its BLAKE3 hash is indexed (`chunk_index`) with the id
+//! and how many manifest entries use it. A chunk is deleted in the
+//! transaction that drops its last use. A chunk with no use is *staged*: a
+//! large commit writes its new chunks in transactions of their own first
+//! (see `store/commit.rs`), and deletes them if it does not finish.
+
+use redb::{ReadableTable, Table, WriteTransaction};
+
+use crate::error::StorageContext;
+use crate::format::manifest::{hex, ChunkRef, ChunkUse, Hash};
+use crate::format::tables::{CHUNK_DATA, CHUNK_INDEX, LEGACY_CHUNKS, LEGACY_REFS};
+use crate::Result;
+
+/// What adding chunks to the store cost.
+#[derive(Default)]
+pub(crate) struct Added {
+    pub(crate) bytes_written: u64,
+    pub(crate) bytes_reused: u64,
+    pub(crate) chunks_written: u64,
+    pub(crate) chunks_reused: u64,
+    /// The stored chunk of each piece, in order.
+    pub(crate) refs: Vec<ChunkRef>,
+}
+
+/// Bytes and chunks a transaction freed.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Freed {
+    pub(crate) bytes: u64,
+    pub(crate) chunks: u64,
+}
+
+/// The chunk tables of one write transaction.
+pub(crate) struct ChunkTables<'txn> {
+    txn: &'txn WriteTransaction,
+    data: Table<'txn, u64, &'static [u8]>,
+    index: Table<'txn, &'static [u8; 32], (u64, u64)>,
+    /// Format 1's tables, opened when a format 1 chunk is released.
+    legacy: Option<LegacyTables<'txn>>,
+    /// The next chunk id to give out.
+    pub(crate) next_id: u64,
+}
+
+struct LegacyTables<'txn> {
+    chunks: Table<'txn, &'static [u8; 32], &'static [u8]>,
+    refs: Table<'txn, &'static [u8; 32], u64>,
+}
+
+impl<'txn> ChunkTables<'txn> {
+    pub(crate) fn open(txn: &'txn WriteTransaction, next_id: u64) -> Result<Self> {
+        let ctx = || "opening the chunk tables".to_owned();
+        Ok(ChunkTables {
+            data: txn.open_table(CHUNK_DATA).context(ctx)?,
+            index: txn.open_table(CHUNK_INDEX).context(ctx)?,
+            txn,
+            legacy: None,
+            next_id,
+        })
+    }
+
+    /// Reference each piece: store the ones not yet stored, count one more
+    /// use of each. `hashes` yields each piece's hash in order.
+    pub(crate) fn add(
+        &mut self,
+        pieces: &[&[u8]],
+        hashes: &mut dyn Iterator<Item = Hash>,
+    ) -> Result<Added> {
+        let mut added = Added {
+            refs: Vec::with_capacity(pieces.len()),
+            ..Added::default()
+        };
+        for piece in pieces {
+            let hash = next_hash(hashes)?;
+            let len = piece.len() as u64;
+            let (id, written) = match self.lookup(&hash)? {
+                // Staged by this commit: written now, in effect.
+                Some((id, 0)) => {
+                    self.set_index(&hash, id, 1)?;
+                    (id, true)
+                }
+                Some((id, uses)) => {
+                    self.set_index(&hash, id, uses + 1)?;
+                    (id, false)
+                }
+                None => (self.insert_new(&hash, piece, 1)?, true),
+            };
+            if written {
+                added.bytes_written += len;
+                added.chunks_written += 1;
+            } else {
+                added.bytes_reused += len;
+                added.chunks_reused += 1;
+            }
+            added.refs.push(ChunkRef { hash, id });
+        }
+        Ok(added)
+    }
+
+    /// Write the chunks among `pieces` that are not stored yet, with no use
+    /// (staged), for a later transaction's [`add`](Self::add) to reference;
+    /// push each piece's hash to `staged`.
+    pub(crate) fn stage(
+        &mut self,
+        pieces: &[&[u8]],
+        hashes: &mut dyn Iterator<Item = Hash>,
+        staged: &mut Vec<Hash>,
+    ) -> Result<()> {
+        for piece in pieces {
+            let hash = next_hash(hashes)?;
+            if self.lookup(&hash)?.is_none() {
+                self.insert_new(&hash, piece, 0)?;
+            }
+            staged.push(hash);
+        }
+        Ok(())
+    }
+
+    /// Delete the chunks among `hashes` that are still staged (unused).
+    pub(crate) fn unstage(&mut self, hashes: &[Hash]) -> Result<usize> {
+        let mut deleted = 0;
+        for hash in hashes {
+            if let Some((id, 0)) = self.lookup(hash)? {
+                self.delete(hash, id)?;
+                deleted += 1;
+            }
+        }
+        Ok(deleted)
+    }
+
+    /// Every staged chunk's hash.
+    pub(crate) fn staged(&self) -> Result<Vec<Hash>> {
+        let ctx = || "reading table chunk_index".to_owned();
+        let mut staged = Vec::new();
+        for entry in self.index.range::<&[u8; 32]>(..).context(ctx)? {
+            let (hash, value) = entry.context(ctx)?;
+            if value.value().1 == 0 {
+                staged.push(*hash.value());
+            }
+        }
+        Ok(staged)
+    }
+
+    /// Drop one use of each chunk in `uses`, deleting chunks no manifest
+    /// uses any more.
+    pub(crate) fn release<'m>(
+        &mut self,
+        uses: impl Iterator<Item = ChunkUse<'m>>,
+    ) -> Result<Freed> {
+        let mut freed = Freed::default();
+        for chunk in uses {
+            let bytes = match chunk {
+                ChunkUse::Current(c) => self.release_one(&c.hash)?,
+                ChunkUse::Format1(hash) => self.release_legacy(hash)?,
+            };
+            if let Some(len) = bytes {
+                freed.bytes += len;
+                freed.chunks += 1;
+            }
+        }
+        Ok(freed)
+    }
+
+    /// The id and uses of chunk `hash`, if it is stored.
+    fn lookup(&self, hash: &Hash) -> Result<Option<(u64, u64)>> {
+        Ok(self
+            .index
+            .get(hash)
+            .context(|| format!("reading table chunk_index for chunk {}", hex(hash)))?
+            .map(|g| g.value()))
+    }
+
+    /// Store `piece` as chunk `hash` under a new id, with `uses` uses.
+    fn insert_new(&mut self, hash: &Hash, piece: &[u8], uses: u64) -> Result<u64> {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.data
+            .insert(id, piece)
+            .context(|| format!("writing table chunk_data for chunk {}", hex(hash)))?;
+        self.set_index(hash, id, uses)?;
+        Ok(id)
+    }
+
+    fn set_index(&mut self, hash: &Hash, id: u64, uses: u64) -> Result<()> {
+        self.index
+            .insert(hash, (id, uses))
+            .context(|| format!("writing table chunk_index for chunk {}", hex(hash)))?;
+        Ok(())
+    }
+
+    /// Drop one use of chunk `hash`; the bytes freed if that was the last.
+    fn release_one(&mut self, hash: &Hash) -> Result<Option<u64>> {
+        match self.lookup(hash)? {
+            Some((id, uses)) if uses > 1 => {
+                self.set_index(hash, id, uses - 1)?;
+                Ok(None)
+            }
+            Some((id, _)) => self.delete(hash, id),
+            None => Ok(None),
+        }
+    }
+
+    /// Delete chunk `hash`, stored as `id`; the bytes freed.
+    fn delete(&mut self, hash: &Hash, id: u64) -> Result<Option<u64>> {
+        let ctx = |table: &str| format!("writing table {table} for chunk {}", hex(hash));
+        self.index.remove(hash).context(|| ctx("chunk_index"))?;
+        let old = self.data.remove(id).context(|| ctx("chunk_data"))?;
+        Ok(old.map(|v| v.value().len() as u64))
+    }
+
+    /// Drop one use of format 1 chunk `hash`.
+    fn release_legacy(&mut self, hash: &Hash) -> Result<Option<u64>> {
+        let ctx = |table: &str| format!("writing table {table} for chunk {}", hex(hash));
+        let legacy = match &mut self.legacy {
+            Some(l) => l,
+            None => self.legacy.insert(LegacyTables {
+                chunks: self
+                    .txn
+                    .open_table(LEGACY_CHUNKS)
+                    .context(|| ctx("chunks"))?,
+                refs: self.txn.open_table(LEGACY_REFS).context(|| ctx("refs"))?,
+            }),
+        };
+        let uses = legacy
+            .refs
+            .get(hash)
+            .context(|| ctx("refs"))?
+            .map_or(0, |g| g.value());
+        if uses > 1 {
+            legacy.refs.insert(hash, uses - 1).context(|| ctx("refs"))?;
+            return Ok(None);
+        }
+        legacy.refs.remove(hash).context(|| ctx("refs"))?;
+        let old = legacy.chunks.remove(hash).context(|| ctx("chunks"))?;
+        Ok(old.map(|v| v.value().len() as u64))
+    }
+}
+
+/// The next hash from a chunk hasher.
+fn next_hash(hashes: &mut dyn Iterator<Item = Hash>) -> Result<Hash> {
+    hashes
+        .next()
+        .ok_or_else(|| crate::Error::corrupt(None, "chunk hasher stopped early"))
+}

@@ -1,0 +1,356 @@
+//! The engine: every operation on the store's tables, inside one redb
+//! transaction, with no knowledge of handles, options or threads.
+//!
+//! [`Engine`] owns a write transaction's tables and carries the operations
+//! that change them; [`View`] reads a read transaction's. The layer above
+//! (`db`) decides when transactions begin and commit.
+
+mod chunks;
+pub(crate) mod hashing;
+pub(crate) mod plan;
+mod read;
+mod verify;
+
+use std::collections::BTreeSet;
+use std::ops::RangeBounds;
+
+use redb::{ReadableTable, Table, WriteTransaction};
+
+use crate::error::StorageContext;
+use crate::format::layout::split;
+use crate::format::manifest::{decode_manifest, encode_manifest, Hash};
+use crate::format::summary;
+use crate::format::tables::{
+    meta_u64, META, META_NEXT_CHUNK, META_STAGING, META_STORED_BYTES, META_STORED_CHUNKS, PACKED,
+    PINS, STEPS, SUMMARIES,
+};
+use crate::{CommitInfo, Error, Result, Retention, StepSummary};
+use chunks::{ChunkTables, Freed};
+use plan::Plan;
+
+pub(crate) use read::View;
+pub(crate) use verify::Checked;
+
+/// The tables of one write transaction, and the operations on them.
+pub(crate) struct Engine<'txn> {
+    meta: Table<'txn, &'static str, &'static [u8]>,
+    steps: Table<'txn, u64, &'static [u8]>,
+    summaries: Table<'txn, u64, &'static [u8]>,
+    pins: Table<'txn, u64, ()>,
+    packed: Table<'txn, (u64, u32), &'static [u8]>,
+    chunks: ChunkTables<'txn>,
+    /// Changes to the stored-bytes and stored-chunks counters.
+    bytes_delta: i128,
+    chunks_delta: i128,
+    first_id: u64,
+}
+
+impl<'txn> Engine<'txn> {
+    /// Open the tables of `txn`.
+    pub(crate) fn open(txn: &'txn WriteTransaction) -> Result<Self> {
+        let ctx = || "opening the store's tables".to_owned();
+        let meta = txn.open_table(META).context(ctx)?;
+        let first_id = meta_u64(&meta, META_NEXT_CHUNK)?;
+        Ok(Engine {
+            meta,
+            steps: txn.open_table(STEPS).context(ctx)?,
+            summaries: txn.open_table(SUMMARIES).context(ctx)?,
+            pins: txn.open_table(PINS).context(ctx)?,
+            packed: txn.open_table(PACKED).context(ctx)?,
+            chunks: ChunkTables::open(txn, first_id)?,
+            bytes_delta: 0,
+            chunks_delta: 0,
+            first_id,
+        })
+    }
+
+    /// Write the counters this transaction changed; the last call before
+    /// the transaction commits.
+    pub(crate) fn finish(mut self) -> Result<()> {
+        let ctx = || "writing table meta".to_owned();
+        for (key, delta) in [
+            (META_STORED_BYTES, self.bytes_delta),
+            (META_STORED_CHUNKS, self.chunks_delta),
+        ] {
+            if delta != 0 {
+                let old = meta_u64(&self.meta, key)?;
+                let new = u64::try_from((i128::from(old) + delta).max(0)).unwrap_or(u64::MAX);
+                self.meta
+                    .insert(key, new.to_le_bytes().as_slice())
+                    .context(ctx)?;
+            }
+        }
+        if self.chunks.next_id != self.first_id {
+            let next = self.chunks.next_id.to_le_bytes();
+            self.meta
+                .insert(META_NEXT_CHUNK, next.as_slice())
+                .context(ctx)?;
+        }
+        Ok(())
+    }
+
+    /// Store the step `plan` describes, its chunk hashes from `hashes`;
+    /// replace a stored step of that number only if `replace`. Then apply
+    /// `policy` (which may be empty).
+    pub(crate) fn put(
+        &mut self,
+        plan: &Plan<'_>,
+        hashes: &mut dyn Iterator<Item = Hash>,
+        replace: bool,
+        policy: &Retention,
+    ) -> Result<CommitInfo> {
+        let step = plan.step();
+        let old = self.manifest_bytes(step)?;
+        if old.is_some() && !replace {
+            return Err(Error::StepExists { step });
+        }
+        // Add before releasing, so chunks shared with the replaced version
+        // are never deleted and written again.
+        let added = self.chunks.add(&plan.pieces, hashes)?;
+        let manifest = encode_manifest(
+            plan.ckpt,
+            &plan.placements(&added.refs),
+            plan.packed_ref().as_ref(),
+        )?;
+        let mut freed = match old {
+            Some(old) => self.forget(step, &old)?,
+            None => Freed::default(),
+        };
+        self.steps
+            .insert(step, manifest.as_slice())
+            .context(|| format!("writing step {step} to table steps"))?;
+        self.put_packed(step, &plan.packed)?;
+        let bytes_written = added.bytes_written + plan.packed.len() as u64;
+        self.put_summary(&plan.summary(bytes_written))?;
+        self.count(bytes_written, added.chunks_written, Freed::default());
+        let mut removed = Vec::new();
+        if !policy.is_empty() {
+            let doomed = self.retention_doomed(policy)?;
+            let (gone, also) = self.remove_steps(&doomed)?;
+            removed = gone;
+            freed.bytes += also.bytes;
+        }
+        Ok(CommitInfo {
+            step,
+            logical_bytes: plan.ckpt.logical_bytes(),
+            bytes_written,
+            bytes_reused: added.bytes_reused,
+            chunks_written: added.chunks_written,
+            chunks_reused: added.chunks_reused,
+            manifest_bytes: manifest.len() as u64,
+            bytes_freed: freed.bytes,
+            removed,
+            duration: std::time::Duration::ZERO,
+        })
+    }
+
+    /// Whether `step` is stored.
+    pub(crate) fn has_step(&self, step: u64) -> Result<bool> {
+        Ok(self.manifest_bytes(step)?.is_some())
+    }
+
+    fn manifest_bytes(&self, step: u64) -> Result<Option<Vec<u8>>> {
+        Ok(self
+            .steps
+            .get(step)
+            .context(|| format!("reading step {step} from table steps"))?
+            .map(|g| g.value().to_vec()))
+    }
+
+    /// Delete what a stored version of `step` holds besides its manifest
+    /// entry: its chunk uses and packed bytes. A manifest that no longer
+    /// decodes cannot tell which chunks it held; they stay referenced.
+    fn forget(&mut self, step: u64, old_manifest: &[u8]) -> Result<Freed> {
+        let mut freed = match decode_manifest(step, old_manifest) {
+            Ok(m) => self.chunks.release(m.chunk_uses())?,
+            Err(_) => Freed::default(),
+        };
+        freed.bytes += self.remove_packed(step)?;
+        self.count(0, 0, freed);
+        Ok(freed)
+    }
+
+    fn count(&mut self, bytes_added: u64, chunks_added: u64, freed: Freed) {
+        self.bytes_delta += i128::from(bytes_added) - i128::from(freed.bytes);
+        self.chunks_delta += i128::from(chunks_added) - i128::from(freed.chunks);
+    }
+
+    /// Remove the steps of `doomed` that are stored, with their summaries,
+    /// pins and packed bytes, releasing their chunks; returns the steps
+    /// removed and what was freed.
+    pub(crate) fn remove_steps(&mut self, doomed: &[u64]) -> Result<(Vec<u64>, Freed)> {
+        let mut removed = Vec::with_capacity(doomed.len());
+        let mut total = Freed::default();
+        for &step in doomed {
+            let ctx = || format!("removing step {step}");
+            self.summaries.remove(step).context(ctx)?;
+            self.pins.remove(step).context(ctx)?;
+            let Some(old) = self
+                .steps
+                .remove(step)
+                .context(ctx)?
+                .map(|g| g.value().to_vec())
+            else {
+                continue;
+            };
+            let freed = self.forget(step, &old)?;
+            total.bytes += freed.bytes;
+            total.chunks += freed.chunks;
+            removed.push(step);
+        }
+        Ok((removed, total))
+    }
+
+    /// The steps `policy` would delete now.
+    pub(crate) fn retention_doomed(&self, policy: &Retention) -> Result<Vec<u64>> {
+        Ok(policy.doomed(&summaries(&self.summaries, ..)?, &pins(&self.pins)?))
+    }
+
+    /// The pinned steps.
+    pub(crate) fn pinned(&self) -> Result<BTreeSet<u64>> {
+        pins(&self.pins)
+    }
+
+    /// The stored steps in `range`, ascending.
+    pub(crate) fn steps_in(&self, range: impl RangeBounds<u64>) -> Result<Vec<u64>> {
+        step_keys(&self.steps, range)
+    }
+
+    /// Pin (`true`) or unpin `step`; whether that changed anything.
+    pub(crate) fn set_pin(&mut self, step: u64, pinned: bool) -> Result<bool> {
+        let ctx = || format!("writing table pins for step {step}");
+        if pinned {
+            if !self.has_step(step)? {
+                return Err(Error::StepNotFound { step });
+            }
+            Ok(self.pins.insert(step, ()).context(ctx)?.is_none())
+        } else {
+            Ok(self.pins.remove(step).context(ctx)?.is_some())
+        }
+    }
+
+    /// Stage the new chunks among `pieces` (see [`ChunkTables::stage`]),
+    /// marking the store as staging.
+    pub(crate) fn stage(
+        &mut self,
+        pieces: &[&[u8]],
+        hashes: &mut dyn Iterator<Item = Hash>,
+        staged: &mut Vec<Hash>,
+    ) -> Result<()> {
+        self.meta
+            .insert(META_STAGING, [1u8].as_slice())
+            .context(|| "writing table meta".to_owned())?;
+        self.chunks.stage(pieces, hashes, staged)
+    }
+
+    /// Delete the chunks among `staged` that are still unused and mark the
+    /// store as not staging.
+    pub(crate) fn unstage(&mut self, staged: &[Hash]) -> Result<usize> {
+        let deleted = self.chunks.unstage(staged)?;
+        self.end_staging()?;
+        Ok(deleted)
+    }
+
+    /// Mark the store as not staging.
+    pub(crate) fn end_staging(&mut self) -> Result<()> {
+        self.meta
+            .remove(META_STAGING)
+            .context(|| "writing table meta".to_owned())?;
+        Ok(())
+    }
+
+    /// After a crash: delete every staged chunk if a staging was under
+    /// way. Returns how many were deleted.
+    pub(crate) fn sweep_staged(&mut self) -> Result<usize> {
+        let staging = self
+            .meta
+            .get(META_STAGING)
+            .context(|| "reading table meta".to_owned())?
+            .is_some();
+        if !staging {
+            return Ok(0);
+        }
+        let staged = self.chunks.staged()?;
+        self.unstage(&staged)
+    }
+
+    fn put_summary(&mut self, s: &StepSummary) -> Result<()> {
+        let bytes = summary::encode(s)?;
+        self.summaries
+            .insert(s.step, bytes.as_slice())
+            .context(|| format!("writing step {} to table summaries", s.step))?;
+        Ok(())
+    }
+
+    /// Store a step's packed small blobs (nothing if empty).
+    fn put_packed(&mut self, step: u64, packed: &[u8]) -> Result<()> {
+        for (i, piece) in split(packed).enumerate() {
+            let i = u32::try_from(i).map_err(|_| Error::InvalidCheckpoint {
+                step,
+                reason: "too many small blobs to pack".into(),
+            })?;
+            self.packed
+                .insert((step, i), piece)
+                .context(|| format!("writing step {step} to table packed"))?;
+        }
+        Ok(())
+    }
+
+    /// Delete a step's packed small blobs; returns the bytes deleted.
+    fn remove_packed(&mut self, step: u64) -> Result<u64> {
+        let ctx = || format!("removing step {step} from table packed");
+        let keys: Vec<(u64, u32)> = self
+            .packed
+            .range((step, 0)..=(step, u32::MAX))
+            .context(ctx)?
+            .map(|r| r.map(|(k, _)| k.value()))
+            .collect::<Result<_, _>>()
+            .context(ctx)?;
+        let mut freed = 0;
+        for key in keys {
+            if let Some(v) = self.packed.remove(key).context(ctx)? {
+                freed += v.value().len() as u64;
+            }
+        }
+        Ok(freed)
+    }
+}
+
+/// Summaries of the steps in `range`, from any readable `summaries` table.
+pub(crate) fn summaries(
+    table: &impl ReadableTable<u64, &'static [u8]>,
+    range: impl RangeBounds<u64>,
+) -> Result<Vec<StepSummary>> {
+    let ctx = || "reading table summaries".to_owned();
+    let mut out = Vec::new();
+    for entry in table.range(range).context(ctx)? {
+        let (key, value) = entry.context(ctx)?;
+        out.push(summary::decode(key.value(), value.value())?);
+    }
+    Ok(out)
+}
+
+/// The pinned steps, from any readable `pins` table.
+pub(crate) fn pins(table: &impl ReadableTable<u64, ()>) -> Result<BTreeSet<u64>> {
+    let ctx = || "reading table pins".to_owned();
+    table
+        .range::<u64>(..)
+        .context(ctx)?
+        .map(|r| r.map(|(k, _)| k.value()))
+        .collect::<Result<_, _>>()
+        .context(ctx)
+}
+
+/// The keys in `range` of any readable `steps` table.
+pub(crate) fn step_keys(
+    table: &impl ReadableTable<u64, &'static [u8]>,
+    range: impl RangeBounds<u64>,
+) -> Result<Vec<u64>> {
+    let ctx = || "reading table steps".to_owned();
+    table
+        .range(range)
+        .context(ctx)?
+        .map(|r| r.map(|(k, _)| k.value()))
+        .collect::<Result<_, _>>()
+        .context(ctx)
+}

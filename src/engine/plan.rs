@@ -1,0 +1,155 @@
+//! The first part of a commit, with no database: cut the checkpoint's
+//! blobs into chunks and packed bytes, and say where each blob will lie.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+use crate::format::layout::{split, PACK_BELOW};
+use crate::format::manifest::{BlobRef, ChunkRef, PackedRef, Placement};
+use crate::{GradientCheckpoint, StepSummary};
+
+/// A checkpoint cut up for storing.
+pub(crate) struct Plan<'a> {
+    pub(crate) ckpt: &'a GradientCheckpoint,
+    /// Every chunk of every chunked blob, blobs in name order.
+    pub(crate) pieces: Vec<&'a [u8]>,
+    /// Each chunked blob: its name, length, and its range of `pieces`.
+    chunked: Vec<(&'a str, u64, Range<usize>)>,
+    /// Each packed blob: its name, length, and offset in `packed`.
+    packed_at: Vec<(&'a str, u64, u64)>,
+    /// The small blobs, concatenated.
+    pub(crate) packed: Vec<u8>,
+}
+
+impl<'a> Plan<'a> {
+    /// Cut `ckpt`: blobs of [`PACK_BELOW`] bytes or more into chunks, the
+    /// rest packed together.
+    pub(crate) fn new(ckpt: &'a GradientCheckpoint) -> Self {
+        let mut names: Vec<&String> = ckpt.optimizer_state.keys().collect();
+        names.sort_unstable();
+        let mut plan = Plan {
+            ckpt,
+            pieces: Vec::new(),
+            chunked: Vec::new(),
+            packed_at: Vec::new(),
+            packed: Vec::new(),
+        };
+        for name in names {
+            let blob = &ckpt.optimizer_state[name];
+            let len = blob.len() as u64;
+            if blob.len() < PACK_BELOW {
+                plan.packed_at.push((name, len, plan.packed.len() as u64));
+                plan.packed.extend_from_slice(blob);
+            } else {
+                let first = plan.pieces.len();
+                plan.pieces.extend(split(blob));
+                plan.chunked.push((name, len, first..plan.pieces.len()));
+            }
+        }
+        plan
+    }
+
+    pub(crate) fn step(&self) -> u64 {
+        self.ckpt.step
+    }
+
+    /// Bytes of all chunks (before deduplication).
+    pub(crate) fn chunk_bytes(&self) -> usize {
+        self.pieces.iter().map(|p| p.len()).sum()
+    }
+
+    /// The packed bytes' length and hash, if there are any.
+    pub(crate) fn packed_ref(&self) -> Option<PackedRef> {
+        (!self.packed.is_empty()).then(|| PackedRef {
+            len: self.packed.len() as u64,
+            hash: *blake3::hash(&self.packed).as_bytes(),
+        })
+    }
+
+    /// Where each blob lies, given the stored chunk of each piece.
+    pub(crate) fn placements(&self, chunks: &[ChunkRef]) -> BTreeMap<String, BlobRef> {
+        let chunked = self.chunked.iter().map(|(name, len, range)| {
+            let at = Placement::Chunks(chunks[range.clone()].to_vec());
+            ((*name).to_owned(), BlobRef { len: *len, at })
+        });
+        let packed = self.packed_at.iter().map(|&(name, len, offset)| {
+            let at = Placement::Packed { offset };
+            (name.to_owned(), BlobRef { len, at })
+        });
+        chunked.chain(packed).collect()
+    }
+
+    /// The step's summary record, given the bytes the commit wrote.
+    pub(crate) fn summary(&self, bytes_written: u64) -> StepSummary {
+        StepSummary {
+            step: self.ckpt.step,
+            timestamp: self.ckpt.timestamp,
+            loss_cid: self.ckpt.loss_cid.clone(),
+            metrics: self.ckpt.metrics.clone(),
+            logical_bytes: self.ckpt.logical_bytes(),
+            bytes_written,
+            blobs: self.ckpt.optimizer_state.len(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::layout::{chunk_lengths, CHUNK_SIZE};
+    use crate::ComputationGraphStore;
+
+    #[test]
+    fn small_blobs_are_packed_and_large_ones_chunked_in_name_order() {
+        let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), 7);
+        c.set_optimizer_state("b_small", vec![1; 10]);
+        c.set_optimizer_state("a_small", vec![2; PACK_BELOW - 1]);
+        c.set_optimizer_state("z_large", vec![3; CHUNK_SIZE + 5]);
+        c.set_optimizer_state("m_edge", vec![4; PACK_BELOW]);
+        let plan = Plan::new(&c);
+        assert_eq!(plan.packed.len(), PACK_BELOW - 1 + 10);
+        assert_eq!(plan.packed[0], 2, "a_small comes first");
+        let lens: Vec<usize> = chunk_lengths(PACK_BELOW)
+            .chain(chunk_lengths(CHUNK_SIZE + 5))
+            .collect();
+        assert_eq!(
+            plan.pieces.iter().map(|p| p.len()).collect::<Vec<_>>(),
+            lens
+        );
+        assert_eq!(plan.chunk_bytes(), PACK_BELOW + CHUNK_SIZE + 5);
+
+        let refs: Vec<ChunkRef> = (0..plan.pieces.len() as u64)
+            .map(|id| ChunkRef { hash: [0; 32], id })
+            .collect();
+        let placed = plan.placements(&refs);
+        assert_eq!(placed.len(), 4);
+        assert_eq!(placed["a_small"].at, Placement::Packed { offset: 0 });
+        assert_eq!(
+            placed["b_small"].at,
+            Placement::Packed {
+                offset: PACK_BELOW as u64 - 1
+            }
+        );
+        let Placement::Chunks(edge) = &placed["m_edge"].at else {
+            panic!("m_edge is chunked");
+        };
+        assert_eq!(edge[0].id, 0);
+        let Placement::Chunks(large) = &placed["z_large"].at else {
+            panic!("z_large is chunked");
+        };
+        assert_eq!(large.first().map(|c| c.id), Some(edge.len() as u64));
+        assert_eq!(placed["z_large"].len, CHUNK_SIZE as u64 + 5);
+        let packed = plan.packed_ref().expect("two blobs are packed");
+        assert_eq!(packed.hash, *blake3::hash(&plan.packed).as_bytes());
+    }
+
+    #[test]
+    fn an_empty_checkpoint_plans_nothing() {
+        let c = GradientCheckpoint::new(ComputationGraphStore::new(), 1);
+        let plan = Plan::new(&c);
+        assert!(plan.pieces.is_empty() && plan.packed.is_empty());
+        assert!(plan.packed_ref().is_none());
+        assert!(plan.placements(&[]).is_empty());
+        assert_eq!(plan.summary(0).blobs, 0);
+    }
+}

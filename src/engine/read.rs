@@ -1,0 +1,308 @@
+//! Reading in one read transaction: manifests, listings, and blobs, with
+//! every hash checked.
+
+use std::collections::BTreeSet;
+use std::ops::RangeBounds;
+
+use redb::{
+    AccessGuard, Key, ReadOnlyTable, ReadTransaction, ReadableTable, TableDefinition, TableHandle,
+    Value,
+};
+
+use crate::error::StorageContext;
+use crate::format::layout::chunk_lengths;
+use crate::format::manifest::{
+    decode_manifest, hex, BlobRef, Hash, Manifest, PackedRef, Placement,
+};
+use crate::format::tables::{
+    meta_u64, CHUNK_DATA, LEGACY_CHUNKS, META, META_STORED_BYTES, META_STORED_CHUNKS, PACKED, PINS,
+    STEPS, SUMMARIES,
+};
+use crate::{Error, GradientCheckpoint, Result, StepSummary};
+
+/// Blobs at least this large are read and hashed in a pipeline.
+const PIPELINE_MIN_BYTES: usize = 4 << 20;
+
+/// Chunks a reader may run ahead of the hashing thread.
+const PIPELINE_DEPTH: usize = 16;
+
+/// A read transaction's view of the store.
+pub(crate) struct View {
+    pub(crate) txn: ReadTransaction,
+}
+
+impl View {
+    pub(crate) fn steps_table(&self) -> Result<ReadOnlyTable<u64, &'static [u8]>> {
+        self.txn
+            .open_table(STEPS)
+            .context(|| "opening table steps".to_owned())
+    }
+
+    /// The decoded, hash-checked manifest of `step`, if stored.
+    pub(crate) fn manifest(&self, step: u64) -> Result<Option<Manifest>> {
+        let steps = self.steps_table()?;
+        let Some(bytes) = steps
+            .get(step)
+            .context(|| format!("reading step {step} from table steps"))?
+        else {
+            return Ok(None);
+        };
+        decode_manifest(step, bytes.value()).map(Some)
+    }
+
+    /// The manifest of the highest step, if any.
+    pub(crate) fn latest_manifest(&self) -> Result<Option<Manifest>> {
+        let steps = self.steps_table()?;
+        let last = steps.last().context(|| "reading table steps".to_owned())?;
+        last.map(|(k, v)| decode_manifest(k.value(), v.value()))
+            .transpose()
+    }
+
+    /// The highest stored step.
+    pub(crate) fn latest_step(&self) -> Result<Option<u64>> {
+        let steps = self.steps_table()?;
+        let last = steps.last().context(|| "reading table steps".to_owned())?;
+        Ok(last.map(|(k, _)| k.value()))
+    }
+
+    pub(crate) fn steps_in(&self, range: impl RangeBounds<u64>) -> Result<Vec<u64>> {
+        super::step_keys(&self.steps_table()?, range)
+    }
+
+    pub(crate) fn summaries(&self, range: impl RangeBounds<u64>) -> Result<Vec<StepSummary>> {
+        let table = self
+            .txn
+            .open_table(SUMMARIES)
+            .context(|| "opening table summaries".to_owned())?;
+        super::summaries(&table, range)
+    }
+
+    pub(crate) fn pinned(&self) -> Result<BTreeSet<u64>> {
+        let table = self
+            .txn
+            .open_table(PINS)
+            .context(|| "opening table pins".to_owned())?;
+        super::pins(&table)
+    }
+
+    /// The stored-bytes and stored-chunks counters.
+    pub(crate) fn counters(&self) -> Result<(u64, u64)> {
+        let meta = self
+            .txn
+            .open_table(META)
+            .context(|| "opening table meta".to_owned())?;
+        Ok((
+            meta_u64(&meta, META_STORED_BYTES)?,
+            meta_u64(&meta, META_STORED_CHUNKS)?,
+        ))
+    }
+
+    /// A table that may not exist: a format 1 store opened read-only has
+    /// no format 2 chunk tables, a format 2 store no format 1 ones.
+    pub(crate) fn optional<K: Key + 'static, V: Value + 'static>(
+        &self,
+        table: TableDefinition<K, V>,
+    ) -> Result<Option<ReadOnlyTable<K, V>>> {
+        match self.txn.open_table(table) {
+            Ok(t) => Ok(Some(t)),
+            Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+            Err(e) => Err(e).context(|| format!("opening table {}", table.name())),
+        }
+    }
+
+    /// Read a manifest's blobs into a checkpoint, checking every hash.
+    pub(crate) fn assemble(&self, manifest: Manifest) -> Result<GradientCheckpoint> {
+        let step = manifest.step;
+        let chunks = ChunkSource {
+            data: self.optional(CHUNK_DATA)?,
+            legacy: self.optional(LEGACY_CHUNKS)?,
+        };
+        let packed = match &manifest.packed {
+            Some(p) => self.read_packed(step, p)?,
+            None => Vec::new(),
+        };
+        let (mut ckpt, blobs) = manifest.into_parts();
+        for (name, blob) in blobs {
+            let data = match &blob.at {
+                // Bounds were checked when the manifest was decoded.
+                Placement::Packed { offset } => usize::try_from(*offset)
+                    .ok()
+                    .zip(usize::try_from(offset + blob.len).ok())
+                    .and_then(|(from, to)| packed.get(from..to))
+                    .ok_or_else(|| {
+                        Error::corrupt(
+                            Some(step),
+                            format!("blob {name:?} is outside the packed bytes"),
+                        )
+                    })?
+                    .to_vec(),
+                _ => read_blob(&chunks, step, &name, &blob)?,
+            };
+            ckpt.optimizer_state.insert(name, data);
+        }
+        Ok(ckpt)
+    }
+
+    /// A step's packed small blobs, checked against their length and hash.
+    fn read_packed(&self, step: u64, packed: &PackedRef) -> Result<Vec<u8>> {
+        let ctx = || format!("reading the packed blobs of step {step}");
+        let table = self.txn.open_table(PACKED).context(ctx)?;
+        let corrupt = |what: &str| Error::corrupt(Some(step), format!("packed blobs {what}"));
+        let len = usize::try_from(packed.len).map_err(|_| corrupt("are too long to load"))?;
+        let mut expected = chunk_lengths(len);
+        let mut data = Vec::new();
+        data.try_reserve_exact(len)
+            .map_err(|_| corrupt("cannot be allocated"))?;
+        for entry in table.range((step, 0)..=(step, u32::MAX)).context(ctx)? {
+            let (_, piece) = entry.context(ctx)?;
+            let piece = piece.value();
+            if expected.next() != Some(piece.len()) {
+                return Err(corrupt("have the wrong layout"));
+            }
+            data.extend_from_slice(piece);
+        }
+        if expected.next().is_some() || data.len() != len {
+            return Err(corrupt("are incomplete"));
+        }
+        if blake3::hash(&data).as_bytes() != &packed.hash {
+            return Err(corrupt("fail their hash check"));
+        }
+        Ok(data)
+    }
+}
+
+/// Where chunks are read from: by id, or (format 1) by hash.
+struct ChunkSource {
+    data: Option<ReadOnlyTable<u64, &'static [u8]>>,
+    legacy: Option<ReadOnlyTable<&'static [u8; 32], &'static [u8]>>,
+}
+
+/// Where one chunk of a blob is.
+#[derive(Clone, Copy)]
+enum ChunkAt {
+    Id(u64),
+    Hash,
+}
+
+impl ChunkSource {
+    fn get(
+        &self,
+        step: u64,
+        hash: &Hash,
+        at: ChunkAt,
+    ) -> Result<Option<AccessGuard<'_, &'static [u8]>>> {
+        let ctx = || format!("reading chunk {} of step {step}", hex(hash));
+        match (at, &self.data, &self.legacy) {
+            (ChunkAt::Id(id), Some(data), _) => data.get(id).context(ctx),
+            (ChunkAt::Hash, _, Some(legacy)) => legacy.get(hash).context(ctx),
+            _ => Ok(None),
+        }
+    }
+}
+
+/// Read one chunked blob, checking each chunk's length and hash. Chunk
+/// boundaries are a function of the blob's length; for large blobs a second
+/// thread hashes each chunk while the next is read.
+fn read_blob(chunks: &ChunkSource, step: u64, name: &str, blob: &BlobRef) -> Result<Vec<u8>> {
+    let corrupt = |detail: String| Error::corrupt(Some(step), detail);
+    let refs: Vec<(Hash, ChunkAt)> = match &blob.at {
+        Placement::Chunks(c) => c.iter().map(|c| (c.hash, ChunkAt::Id(c.id))).collect(),
+        Placement::Format1Chunks(h) => h.iter().map(|h| (*h, ChunkAt::Hash)).collect(),
+        Placement::Packed { .. } => Vec::new(),
+    };
+    // The manifest's hash was checked and its length bounded by its chunk
+    // count when it was decoded.
+    let len = usize::try_from(blob.len)
+        .map_err(|_| corrupt(format!("blob {name:?} is too long to load")))?;
+    let lengths: Vec<usize> = chunk_lengths(len).collect();
+    if lengths.len() != refs.len() {
+        return Err(corrupt(format!(
+            "blob {name:?} lists {} chunks, its length {len} needs {}",
+            refs.len(),
+            lengths.len()
+        )));
+    }
+    let mut data = vec![0u8; len];
+    let reader = BlobReader {
+        chunks,
+        step,
+        name,
+        refs: &refs,
+        lengths: &lengths,
+    };
+    let hashes_ok = if len < PIPELINE_MIN_BYTES {
+        let mut ok = true;
+        reader.fill(&mut data, &mut |piece, hash| {
+            ok = blake3::hash(piece).as_bytes() == hash;
+            ok
+        })?;
+        ok
+    } else {
+        std::thread::scope(|s| -> Result<bool> {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<(&[u8], Hash)>(PIPELINE_DEPTH);
+            let hasher = s.spawn(move || {
+                rx.into_iter()
+                    .all(|(piece, hash)| blake3::hash(piece).as_bytes() == &hash)
+            });
+            // Each piece of `data` is written here, then only read there.
+            let filled = reader.fill(&mut data, &mut |piece, hash| {
+                tx.send((piece, *hash)).is_ok()
+            });
+            drop(tx);
+            let ok = hasher.join().unwrap_or(false);
+            filled.map(|()| ok)
+        })?
+    };
+    if !hashes_ok {
+        return Err(corrupt(format!("blob {name:?} fails its hash check")));
+    }
+    Ok(data)
+}
+
+/// What reading one blob needs.
+struct BlobReader<'a> {
+    chunks: &'a ChunkSource,
+    step: u64,
+    name: &'a str,
+    refs: &'a [(Hash, ChunkAt)],
+    lengths: &'a [usize],
+}
+
+impl BlobReader<'_> {
+    /// Copy each chunk into its piece of `data`, checking its length, and
+    /// hand the piece with its hash to `sink`; stop early if `sink` says so.
+    fn fill<'d>(
+        &self,
+        data: &'d mut [u8],
+        sink: &mut dyn FnMut(&'d [u8], &Hash) -> bool,
+    ) -> Result<()> {
+        let (step, name) = (self.step, self.name);
+        let mut rest = data;
+        for ((hash, at), &n) in self.refs.iter().zip(self.lengths) {
+            let chunk = self.chunks.get(step, hash, *at)?.ok_or_else(|| {
+                Error::corrupt(
+                    Some(step),
+                    format!("chunk {} of blob {name:?} is missing", hex(hash)),
+                )
+            })?;
+            let bytes = chunk.value();
+            if bytes.len() != n {
+                return Err(Error::corrupt(
+                    Some(step),
+                    format!(
+                        "chunk {} of blob {name:?} has {} bytes, expected {n}",
+                        hex(hash),
+                        bytes.len()
+                    ),
+                ));
+            }
+            let (piece, tail) = std::mem::take(&mut rest).split_at_mut(n);
+            piece.copy_from_slice(bytes);
+            rest = tail;
+            if !sink(piece, hash) {
+                break; // a hash already failed
+            }
+        }
+        Ok(())
+    }
+}

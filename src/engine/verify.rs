@@ -1,0 +1,252 @@
+//! Verification in one read transaction: every step's hashes, then every
+//! reference count and counter against what the manifests say.
+
+use std::collections::HashMap;
+
+use crate::error::StorageContext;
+use crate::format::manifest::{decode_manifest, hex, ChunkUse, Hash};
+use crate::format::tables::{
+    meta_u64, CHUNK_DATA, CHUNK_INDEX, LEGACY_CHUNKS, LEGACY_REFS, META, META_STORED_BYTES,
+    META_STORED_CHUNKS, PACKED,
+};
+use crate::{Result, VerifyReport};
+
+use super::View;
+
+/// What the manifests say the chunk tables hold.
+#[derive(Default)]
+pub(crate) struct Expected {
+    /// Hash -> (id, uses) of format 2 chunks.
+    chunks: HashMap<Hash, (u64, u64)>,
+    /// Hash -> uses of format 1 chunks.
+    legacy: HashMap<Hash, u64>,
+    /// Hashes that manifests give two different ids: (hash, one, other).
+    mismatched: Vec<(Hash, u64, u64)>,
+}
+
+/// One step's verdict.
+pub(crate) enum Checked {
+    /// Every hash checked out: the step's blob bytes.
+    Ok(u64),
+    /// The first problem found.
+    Damaged(crate::Error),
+}
+
+impl View {
+    /// Check every step, calling `each(step, verdict)` after each; stop
+    /// when it returns `false`. Then, if nothing was damaged, check the
+    /// accounting. Fills `report`.
+    pub(crate) fn verify(
+        &self,
+        report: &mut VerifyReport,
+        each: &mut dyn FnMut(u64, &Checked) -> bool,
+    ) -> Result<()> {
+        let steps = self.steps_table()?;
+        let mut expected = Expected::default();
+        let ctx = || "reading table steps".to_owned();
+        for entry in steps.range::<u64>(..).context(ctx)? {
+            let (key, bytes) = entry.context(ctx)?;
+            let step = key.value();
+            let checked = match decode_manifest(step, bytes.value()).and_then(|m| {
+                expected.record(m.chunk_uses());
+                self.assemble(m)
+            }) {
+                Ok(ckpt) => Checked::Ok(ckpt.logical_bytes()),
+                Err(e) => Checked::Damaged(e),
+            };
+            let go_on = each(step, &checked);
+            match checked {
+                Checked::Ok(bytes) => {
+                    report.steps_ok += 1;
+                    report.bytes_checked += bytes;
+                }
+                Checked::Damaged(e) => report.damaged.push((step, e)),
+            }
+            if !go_on {
+                return Ok(());
+            }
+        }
+        if report.damaged.is_empty() {
+            (report.accounting, report.staged_chunks) = self.check_accounting(expected)?;
+        }
+        Ok(())
+    }
+
+    /// Compare the chunk index, the chunks and the counters with what the
+    /// manifests say; returns each discrepancy, and the number of staged
+    /// chunks.
+    fn check_accounting(&self, mut expected: Expected) -> Result<(Vec<String>, u64)> {
+        let mut problems: Vec<String> = expected
+            .mismatched
+            .iter()
+            .map(|(hash, a, b)| format!("chunk {} has ids {a} and {b} in manifests", hex(hash)))
+            .collect();
+        let (indexed, staged) = self.check_index(&mut expected, &mut problems)?;
+        let (mut bytes, mut count) = self.check_chunk_data(indexed, &mut problems)?;
+        let (legacy_bytes, legacy_count) = self.check_legacy(&mut expected, &mut problems)?;
+        bytes += legacy_bytes;
+        count += legacy_count;
+
+        let ctx = || "reading table packed".to_owned();
+        let packed = self.txn.open_table(PACKED).context(ctx)?;
+        for entry in packed.range::<(u64, u32)>(..).context(ctx)? {
+            let (_, value) = entry.context(ctx)?;
+            bytes += value.value().len() as u64;
+        }
+        let meta = self
+            .txn
+            .open_table(META)
+            .context(|| "opening table meta".to_owned())?;
+        for (key, actual) in [(META_STORED_BYTES, bytes), (META_STORED_CHUNKS, count)] {
+            let recorded = meta_u64(&meta, key)?;
+            if recorded != actual {
+                problems.push(format!(
+                    "meta {key} says {recorded}, the chunks hold {actual}"
+                ));
+            }
+        }
+        Ok((problems, staged))
+    }
+
+    /// Check the index against the manifests; returns id -> (hash, staged)
+    /// and the number of staged chunks.
+    #[allow(clippy::type_complexity)]
+    fn check_index(
+        &self,
+        expected: &mut Expected,
+        problems: &mut Vec<String>,
+    ) -> Result<(HashMap<u64, (Hash, bool)>, u64)> {
+        let ctx = || "reading table chunk_index".to_owned();
+        let mut indexed: HashMap<u64, (Hash, bool)> = HashMap::new();
+        let mut staged_chunks = 0;
+        let Some(index) = self.optional(CHUNK_INDEX)? else {
+            return Ok((indexed, 0));
+        };
+        for entry in index.range::<&[u8; 32]>(..).context(ctx)? {
+            let (hash, value) = entry.context(ctx)?;
+            let (hash, (id, uses)) = (*hash.value(), value.value());
+            // Written by a commit still under way: used by no step, not
+            // counted yet.
+            let staged = uses == 0 && !expected.chunks.contains_key(&hash);
+            if let Some((other, _)) = indexed.insert(id, (hash, staged)) {
+                problems.push(format!(
+                    "chunks {} and {} share id {id}",
+                    hex(&other),
+                    hex(&hash)
+                ));
+            }
+            if staged {
+                staged_chunks += 1;
+                continue;
+            }
+            let want = expected.chunks.remove(&hash);
+            if want != Some((id, uses)) {
+                let (want_id, want_uses) =
+                    want.map_or(("none".to_owned(), 0), |(i, u)| (i.to_string(), u));
+                problems.push(format!(
+                    "chunk {} is indexed as id {id} with {uses} uses, manifests say id {want_id} with {want_uses}",
+                    hex(&hash)
+                ));
+            }
+        }
+        for hash in expected.chunks.keys() {
+            problems.push(format!("chunk {} is used but not indexed", hex(hash)));
+        }
+        Ok((indexed, staged_chunks))
+    }
+
+    /// Check `chunk_data` against the index; returns the bytes and chunks
+    /// held by chunks in use.
+    fn check_chunk_data(
+        &self,
+        mut indexed: HashMap<u64, (Hash, bool)>,
+        problems: &mut Vec<String>,
+    ) -> Result<(u64, u64)> {
+        let ctx = || "reading table chunk_data".to_owned();
+        let (mut bytes, mut count) = (0, 0);
+        if let Some(data) = self.optional(CHUNK_DATA)? {
+            for entry in data.range::<u64>(..).context(ctx)? {
+                let (id, value) = entry.context(ctx)?;
+                match indexed.remove(&id.value()) {
+                    Some((_, true)) => {}
+                    Some((_, false)) => {
+                        bytes += value.value().len() as u64;
+                        count += 1;
+                    }
+                    None => {
+                        problems.push(format!("chunk id {} is stored but not indexed", id.value()));
+                    }
+                }
+            }
+        }
+        for (id, (hash, _)) in indexed {
+            problems.push(format!(
+                "chunk {} (id {id}) is indexed but not stored",
+                hex(&hash)
+            ));
+        }
+        Ok((bytes, count))
+    }
+
+    /// Check format 1's chunks and counts; returns the bytes and chunks
+    /// they hold.
+    fn check_legacy(
+        &self,
+        expected: &mut Expected,
+        problems: &mut Vec<String>,
+    ) -> Result<(u64, u64)> {
+        let (mut bytes, mut count) = (0, 0);
+        if let Some(refs) = self.optional(LEGACY_REFS)? {
+            let ctx = || "reading table refs".to_owned();
+            for entry in refs.range::<&[u8; 32]>(..).context(ctx)? {
+                let (hash, uses) = entry.context(ctx)?;
+                let (hash, uses) = (*hash.value(), uses.value());
+                let want = expected.legacy.remove(&hash).unwrap_or(0);
+                if want != uses {
+                    problems.push(format!(
+                        "format 1 chunk {} has {uses} references recorded, {want} in manifests",
+                        hex(&hash)
+                    ));
+                }
+            }
+            let ctx = || "reading table chunks".to_owned();
+            if let Some(chunks) = self.optional(LEGACY_CHUNKS)? {
+                for entry in chunks.range::<&[u8; 32]>(..).context(ctx)? {
+                    let (hash, value) = entry.context(ctx)?;
+                    bytes += value.value().len() as u64;
+                    count += 1;
+                    if refs.get(hash.value()).context(ctx)?.is_none() {
+                        problems.push(format!(
+                            "format 1 chunk {} is stored but unreferenced",
+                            hex(hash.value())
+                        ));
+                    }
+                }
+            }
+        }
+        for hash in expected.legacy.keys() {
+            problems.push(format!(
+                "format 1 chunk {} is used but has no reference count",
+                hex(hash)
+            ));
+        }
+        Ok((bytes, count))
+    }
+}
+
+impl Expected {
+    fn record<'m>(&mut self, uses: impl Iterator<Item = ChunkUse<'m>>) {
+        for chunk in uses {
+            match chunk {
+                ChunkUse::Current(c) => {
+                    let e = self.chunks.entry(c.hash).or_insert((c.id, 0));
+                    e.1 += 1;
+                    if e.0 != c.id {
+                        self.mismatched.push((c.hash, e.0, c.id));
+                    }
+                }
+                ChunkUse::Format1(hash) => *self.legacy.entry(*hash).or_insert(0) += 1,
+            }
+        }
+    }
+}

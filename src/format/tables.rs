@@ -1,0 +1,168 @@
+//! Table definitions, `meta` keys, and the checks and changes of a whole
+//! store's format: creation, recognition, upgrade from format 1.
+
+use std::path::Path;
+
+use redb::{ReadTransaction, ReadableTable, TableDefinition, TableHandle, WriteTransaction};
+
+use crate::error::StorageContext;
+use crate::{Error, Result};
+
+/// The newest store and manifest format this build reads, and the one it
+/// writes.
+pub(crate) const FORMAT_VERSION: u32 = 2;
+
+/// Store-wide facts and counters, under the `META_*` keys below.
+pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+/// Step number -> manifest.
+pub(crate) const STEPS: TableDefinition<u64, &[u8]> = TableDefinition::new("steps");
+/// Chunk id -> chunk bytes. Ids are given out in ascending order, so a
+/// commit appends its chunks at the right edge of the b-tree: redb never
+/// reads an older chunk's page to find where a new one goes.
+pub(crate) const CHUNK_DATA: TableDefinition<u64, &[u8]> = TableDefinition::new("chunk_data");
+/// Chunk hash -> (chunk id, uses by manifests): the content-addressed
+/// index, with small entries only. A chunk with 0 uses is staged.
+pub(crate) const CHUNK_INDEX: TableDefinition<&[u8; 32], (u64, u64)> =
+    TableDefinition::new("chunk_index");
+/// Step number -> summary record ([`super::summary`]): what listings,
+/// retention and metric queries read instead of whole manifests.
+pub(crate) const SUMMARIES: TableDefinition<u64, &[u8]> = TableDefinition::new("summaries");
+/// `(step, piece)` -> a piece of the step's packed small blobs.
+pub(crate) const PACKED: TableDefinition<(u64, u32), &[u8]> = TableDefinition::new("packed");
+/// Pinned steps: never deleted by retention, remove or rollback.
+pub(crate) const PINS: TableDefinition<u64, ()> = TableDefinition::new("pins");
+
+/// Format 1: chunk hash -> chunk bytes. Read, and emptied as steps go, in
+/// stores written by 0.1; never written to since.
+pub(crate) const LEGACY_CHUNKS: TableDefinition<&[u8; 32], &[u8]> = TableDefinition::new("chunks");
+/// Format 1: chunk hash -> number of references.
+pub(crate) const LEGACY_REFS: TableDefinition<&[u8; 32], u64> = TableDefinition::new("refs");
+
+/// Tables every store has, whatever its format.
+const COMMON_TABLES: [&str; 5] = ["meta", "steps", "summaries", "pins", "packed"];
+/// Chunk tables of format 2 ([`CHUNK_DATA`], [`CHUNK_INDEX`]).
+const CHUNK_TABLES: [&str; 2] = ["chunk_data", "chunk_index"];
+/// Chunk tables of format 1 ([`LEGACY_CHUNKS`], [`LEGACY_REFS`]).
+const LEGACY_TABLES: [&str; 2] = ["chunks", "refs"];
+
+/// `meta`: the store's format version (u32, little endian).
+pub(crate) const META_FORMAT: &str = "format_version";
+/// `meta`: the store's UUID (text).
+pub(crate) const META_STORE_ID: &str = "store_id";
+/// `meta`: creation time (u64 Unix seconds, little endian).
+pub(crate) const META_CREATED: &str = "created_at";
+/// `meta`: bytes held in chunks and packed blobs (u64, little endian).
+pub(crate) const META_STORED_BYTES: &str = "stored_bytes";
+/// `meta`: number of chunks, staged ones excluded (u64, little endian).
+pub(crate) const META_STORED_CHUNKS: &str = "stored_chunks";
+/// `meta`: the next chunk id to give out (u64, little endian).
+pub(crate) const META_NEXT_CHUNK: &str = "next_chunk_id";
+/// `meta`: present while a commit stages chunks; a writable open that finds
+/// it deletes the staged chunks (an interrupted commit's).
+pub(crate) const META_STAGING: &str = "staging";
+
+/// A `u64` of the `meta` table (0 when absent or malformed).
+pub(crate) fn meta_u64(
+    meta: &impl ReadableTable<&'static str, &'static [u8]>,
+    key: &str,
+) -> Result<u64> {
+    Ok(meta
+        .get(key)
+        .context(|| format!("reading {key} from table meta"))?
+        .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
+        .map_or(0, u64::from_le_bytes))
+}
+
+/// Make an empty database a store of the current format.
+pub(crate) fn create_tables(txn: &WriteTransaction, what: &dyn Fn() -> String) -> Result<()> {
+    let mut meta = txn.open_table(META).context(what)?;
+    meta.insert(META_FORMAT, FORMAT_VERSION.to_le_bytes().as_slice())
+        .context(what)?;
+    let id = uuid::Uuid::new_v4().to_string();
+    meta.insert(META_STORE_ID, id.as_bytes()).context(what)?;
+    let now = crate::checkpoint::unix_now();
+    meta.insert(META_CREATED, now.to_le_bytes().as_slice())
+        .context(what)?;
+    txn.open_table(STEPS).context(what)?;
+    txn.open_table(SUMMARIES).context(what)?;
+    txn.open_table(PINS).context(what)?;
+    txn.open_table(PACKED).context(what)?;
+    txn.open_table(CHUNK_DATA).context(what)?;
+    txn.open_table(CHUNK_INDEX).context(what)?;
+    Ok(())
+}
+
+/// Mark a format 1 store as the current format and add the tables it
+/// lacks.
+pub(crate) fn upgrade_to_current(txn: &WriteTransaction, what: &dyn Fn() -> String) -> Result<()> {
+    txn.open_table(META)
+        .context(what)?
+        .insert(META_FORMAT, FORMAT_VERSION.to_le_bytes().as_slice())
+        .context(what)?;
+    txn.open_table(CHUNK_DATA).context(what)?;
+    txn.open_table(CHUNK_INDEX).context(what)?;
+    Ok(())
+}
+
+/// What a database holds, as far as ckptstore is concerned.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Found {
+    /// No table at all: a database just created.
+    Empty,
+    /// A store of this format version (at most [`FORMAT_VERSION`]).
+    Store(u32),
+}
+
+/// Check that a database is empty or a store of a format this build reads.
+///
+/// # Errors
+/// [`Error::NotAStore`] for any other database, [`Error::UnsupportedFormat`]
+/// for a newer store.
+pub(crate) fn check_tables(path: &Path, txn: &ReadTransaction) -> Result<Found> {
+    let ctx = || format!("listing tables of {}", path.display());
+    let names: Vec<String> = txn
+        .list_tables()
+        .context(ctx)?
+        .map(|t| t.name().to_owned())
+        .collect();
+    if names.is_empty() {
+        return Ok(Found::Empty);
+    }
+    let not_a_store = |reason: String| Error::NotAStore {
+        path: path.to_owned(),
+        reason,
+    };
+    if !names.iter().any(|n| n == META.name()) {
+        return Err(not_a_store("it has no meta table".into()));
+    }
+    let meta = txn
+        .open_table(META)
+        .context(|| format!("reading table meta of {}", path.display()))?;
+    let version = meta
+        .get(META_FORMAT)
+        .context(|| format!("reading table meta of {}", path.display()))?
+        .ok_or_else(|| not_a_store("its meta table has no format version".into()))?;
+    let bytes: [u8; 4] = version
+        .value()
+        .try_into()
+        .map_err(|_| not_a_store("its format version is not 4 bytes".into()))?;
+    let found = u32::from_le_bytes(bytes);
+    if found > FORMAT_VERSION {
+        return Err(Error::UnsupportedFormat {
+            what: format!("store {}", path.display()),
+            found,
+            supported: FORMAT_VERSION,
+        });
+    }
+    let chunk_tables = if found < 2 {
+        LEGACY_TABLES
+    } else {
+        CHUNK_TABLES
+    };
+    for table in COMMON_TABLES.iter().chain(&chunk_tables) {
+        if !names.iter().any(|n| n == table) {
+            return Err(not_a_store(format!("table {table} is missing")));
+        }
+    }
+    Ok(Found::Store(found))
+}

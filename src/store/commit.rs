@@ -1,0 +1,185 @@
+//! Commits, in three parts: a plan with no database ([`Plan`]), staging
+//! (large commits only), and the one transaction that makes the step.
+
+use std::time::{Duration, Instant};
+
+use super::CheckpointStore;
+use crate::db::{Db, TxnKind};
+use crate::engine::hashing::{with_hashes, Hashing};
+use crate::engine::plan::Plan;
+use crate::format::manifest::Hash;
+use crate::{GradientCheckpoint, Result};
+
+/// A commit stages its chunks when they exceed this fraction of the page
+/// cache: redb keeps a transaction's new pages in a write buffer of half
+/// its cache, and pages it must evict before the commit it reads back and
+/// writes again at the commit (to fill in their checksums).
+const STAGE_ABOVE_CACHE_FRACTION: usize = 4;
+
+/// What a commit did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CommitInfo {
+    /// The step committed.
+    pub step: u64,
+    /// Bytes of optimizer state in the checkpoint.
+    pub logical_bytes: u64,
+    /// Blob bytes this commit wrote as new chunks.
+    pub bytes_written: u64,
+    /// Blob bytes already stored and referenced instead of written.
+    pub bytes_reused: u64,
+    /// Chunks written.
+    pub chunks_written: u64,
+    /// Chunks referenced without writing.
+    pub chunks_reused: u64,
+    /// Bytes of the step's manifest (graph and metadata).
+    pub manifest_bytes: u64,
+    /// Blob bytes freed: of the step this commit replaced, and of the steps
+    /// the retention policy removed.
+    pub bytes_freed: u64,
+    /// Steps the store's retention policy removed in the same transaction.
+    pub removed: Vec<u64>,
+    /// Wall time of the whole commit, hashing and fsync included.
+    pub duration: Duration,
+}
+
+impl CheckpointStore {
+    /// Store `ckpt` under `ckpt.step` in one write transaction.
+    ///
+    /// When it returns `Ok`, the step is complete and (with the default
+    /// [`Durability::Immediate`](crate::Durability::Immediate)) on disk.
+    /// Unchanged chunks already in the store are referenced, not rewritten.
+    /// The store's retention policy, if any, runs in the same transaction.
+    ///
+    /// # Errors
+    /// [`Error::InvalidCheckpoint`] for a non-finite metric (nothing is
+    /// written); [`Error::StepExists`] if the step is stored already (nothing
+    /// is changed; use [`replace`](Self::replace)); [`Error::ReadOnly`] on a
+    /// read-only store; [`Error::Storage`] when redb or the disk fails, after
+    /// which the store reopens its file on the next call. After an I/O error
+    /// the step may or may not have been committed (the error can strike
+    /// after the commit point); it is never partial: `get` tells.
+    pub fn commit(&self, ckpt: &GradientCheckpoint) -> Result<CommitInfo> {
+        put(&self.db, ckpt, false, Hashing::Pipelined)
+    }
+
+    /// Store `ckpt`, replacing the step of the same number if it is stored,
+    /// in one write transaction.
+    ///
+    /// ```
+    /// # use ckptstore::{CheckpointStore, ComputationGraphStore, GradientCheckpoint};
+    /// # let dir = tempfile::tempdir()?;
+    /// # let store = CheckpointStore::open(dir.path().join("run.ckpt"))?;
+    /// let first = GradientCheckpoint::new(ComputationGraphStore::new(), 5);
+    /// store.commit(&first)?;
+    /// let second = first.clone().with_loss_cid("cid_new_loss");
+    /// assert!(store.commit(&second).is_err());
+    /// store.replace(&second)?;
+    /// assert_eq!(store.get(5)?, Some(second));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn replace(&self, ckpt: &GradientCheckpoint) -> Result<CommitInfo> {
+        put(&self.db, ckpt, true, Hashing::Pipelined)
+    }
+}
+
+/// Store `ckpt`: plan it, hash its chunks (as `hashing` says) while the
+/// transactions write, stage its chunks first if there are many.
+pub(crate) fn put(
+    db: &Db,
+    ckpt: &GradientCheckpoint,
+    replace: bool,
+    hashing: Hashing,
+) -> Result<CommitInfo> {
+    let start = Instant::now();
+    ckpt.validate()?;
+    let plan = Plan::new(ckpt);
+    let stage_above = db.options().cache_size / STAGE_ABOVE_CACHE_FRACTION;
+    let mut info = with_hashes(&plan.pieces, hashing, |hashes| {
+        if plan.chunk_bytes() > stage_above {
+            commit_staged(db, &plan, replace, hashes, stage_above)
+        } else {
+            commit_once(db, &plan, replace, hashes, false)
+        }
+    })?;
+    info.duration = start.elapsed();
+    Ok(info)
+}
+
+/// The transaction that makes the step (and applies the store's retention
+/// policy); `staged` ends a staging.
+fn commit_once(
+    db: &Db,
+    plan: &Plan<'_>,
+    replace: bool,
+    hashes: &mut dyn Iterator<Item = Hash>,
+    staged: bool,
+) -> Result<CommitInfo> {
+    let step = plan.step();
+    let what = || format!("committing step {step}");
+    let policy = &db.options().retention;
+    db.write("commit", &what, TxnKind::Whole, |engine| {
+        let info = engine.put(plan, hashes, replace, policy)?;
+        if staged {
+            engine.end_staging()?;
+        }
+        Ok(info)
+    })
+}
+
+/// Write the new chunks in transactions of up to `part_bytes` each, as
+/// staged chunks that no step uses, then make the step. A failure deletes
+/// what was staged (or, after a crash, the next writable open does).
+fn commit_staged(
+    db: &Db,
+    plan: &Plan<'_>,
+    replace: bool,
+    hashes: &mut dyn Iterator<Item = Hash>,
+    part_bytes: usize,
+) -> Result<CommitInfo> {
+    let step = plan.step();
+    let what = || format!("committing step {step}");
+    let _one_staging_at_a_time = db.staging()?;
+    let mut staged = Vec::with_capacity(plan.pieces.len());
+    let result = stage(db, plan, replace, hashes, part_bytes, &mut staged)
+        .and_then(|()| commit_once(db, plan, replace, &mut staged.iter().copied(), true));
+    if result.is_err() {
+        // Best effort: what is left is deleted at the next writable open.
+        let _ = db.write("commit", &what, TxnKind::Whole, |engine| {
+            engine.unstage(&staged)
+        });
+    }
+    result
+}
+
+fn stage(
+    db: &Db,
+    plan: &Plan<'_>,
+    replace: bool,
+    hashes: &mut dyn Iterator<Item = Hash>,
+    part_bytes: usize,
+    staged: &mut Vec<Hash>,
+) -> Result<()> {
+    let step = plan.step();
+    let what = || format!("committing step {step}");
+    let mut rest = plan.pieces.as_slice();
+    let mut first = true;
+    while !rest.is_empty() {
+        let mut n = 1;
+        let mut bytes = rest[0].len();
+        while n < rest.len() && bytes + rest[n].len() <= part_bytes {
+            bytes += rest[n].len();
+            n += 1;
+        }
+        let (part, tail) = rest.split_at(n);
+        db.write("commit", &what, TxnKind::Part, |engine| {
+            if first && !replace && engine.has_step(step)? {
+                return Err(crate::Error::StepExists { step });
+            }
+            engine.stage(part, hashes, staged)
+        })?;
+        first = false;
+        rest = tail;
+    }
+    Ok(())
+}

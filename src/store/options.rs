@@ -1,0 +1,215 @@
+//! How to open a store: [`StoreOptions`] and [`Durability`].
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::CheckpointStore;
+use crate::db::backend::{DynBackend, Source};
+use crate::db::Db;
+use crate::{Error, Result, Retention};
+
+/// When a commit is on disk.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Durability {
+    /// Every commit is fsynced before it returns. The default.
+    #[default]
+    Immediate,
+    /// Commits are not fsynced: a crash may lose the latest commits, though
+    /// never leave a partial one. Faster; needs an exclusive store
+    /// ([`StoreOptions::shared`]`(false)`), since readers in other processes
+    /// only see durable commits.
+    Eventual,
+}
+
+/// How to open a [`CheckpointStore`].
+///
+/// ```
+/// use ckptstore::{Durability, StoreOptions};
+/// # let dir = tempfile::tempdir()?;
+/// let store = StoreOptions::new()
+///     .cache_size(16 << 20)
+///     .shared(false)
+///     .durability(Durability::Eventual)
+///     .open(dir.path().join("run.ckpt"))?;
+/// assert!(store.steps()?.is_empty());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct StoreOptions {
+    pub(crate) cache_size: usize,
+    pub(crate) durability: Durability,
+    pub(crate) shared: bool,
+    pub(crate) retention: Retention,
+    pub(crate) check_integrity: bool,
+    pub(crate) async_queue_depth: usize,
+}
+
+/// Default page cache: a commit then needs at most the checkpoint plus
+/// 64 MiB of memory (redb's own default of 1 GiB shows up as resident
+/// memory).
+const DEFAULT_CACHE_SIZE: usize = 56 << 20;
+
+/// Smallest page cache accepted.
+pub(crate) const MIN_CACHE_SIZE: usize = 1 << 20;
+
+/// Most background commits that may wait in the queue.
+pub(crate) const MAX_ASYNC_QUEUE_DEPTH: usize = 1024;
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            cache_size: DEFAULT_CACHE_SIZE,
+            durability: Durability::Immediate,
+            shared: true,
+            retention: Retention::new(),
+            check_integrity: false,
+            async_queue_depth: 2,
+        }
+    }
+}
+
+impl StoreOptions {
+    /// The defaults: 56 MiB cache, durable commits, readable by other
+    /// processes while this one writes.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Bytes of memory redb may use to cache pages (default 56 MiB, so that
+    /// a commit needs at most the checkpoint plus 64 MiB of memory; redb's
+    /// own default of 1 GiB shows up as resident memory). A commit with
+    /// more than a quarter of this in new chunks writes them in
+    /// transactions of a quarter each before the one that makes the step:
+    /// redb would otherwise evict, read back and rewrite its pages.
+    pub fn cache_size(mut self, bytes: usize) -> Self {
+        self.cache_size = bytes;
+        self
+    }
+
+    /// When a commit reaches the disk (default [`Durability::Immediate`]).
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
+    /// Whether other processes may open the store read-only while this one
+    /// writes (default `true`). With `false` the writer locks the file for
+    /// itself.
+    pub fn shared(mut self, shared: bool) -> Self {
+        self.shared = shared;
+        self
+    }
+
+    /// How many checkpoints [`CheckpointStore::commit_async`] may queue
+    /// before it blocks the caller (default 2; at least 1). Memory held by
+    /// queued commits is at most this many checkpoints plus the one being
+    /// written.
+    ///
+    /// 0 counts as 1; more than 1,024 is refused when the store opens
+    /// ([`Error::InvalidOptions`]).
+    pub fn async_queue_depth(mut self, depth: usize) -> Self {
+        self.async_queue_depth = depth.max(1);
+        self
+    }
+
+    /// Check the checksum of every redb page when opening for writing
+    /// (default `false`).
+    ///
+    /// redb trusts a cleanly closed file. ckptstore hashes every chunk and
+    /// manifest, so damage inside them is always reported, and panics redb
+    /// raises on damaged pages are turned into [`Error::Corrupt`]; but some
+    /// damage to redb's own pages can make redb panic while already
+    /// unwinding, which aborts the process. With this set, a damaged file is
+    /// refused at open instead, at the cost of reading the whole file on
+    /// every open, and with no partial access to the intact steps. Read-only
+    /// opens never check.
+    pub fn check_integrity(mut self, enabled: bool) -> Self {
+        self.check_integrity = enabled;
+        self
+    }
+
+    /// A retention policy applied in the transaction of every commit: the
+    /// steps it does not keep are deleted with the commit, atomically
+    /// (default: keep everything). See also
+    /// [`CheckpointStore::apply_retention`].
+    pub fn retention(mut self, policy: Retention) -> Self {
+        self.retention = policy;
+        self
+    }
+
+    /// Open the store at `path` for reading and writing, creating it if it
+    /// does not exist.
+    pub fn open(self, path: impl AsRef<Path>) -> Result<CheckpointStore> {
+        self.open_source(Source::Path(path.as_ref().to_owned()))
+    }
+
+    /// Open a store kept in a custom redb [`StorageBackend`](redb::StorageBackend)
+    /// instead of a file: for fault injection in tests, or storage of your
+    /// own. `open` makes a fresh backend each time the store opens its
+    /// database: once now, and again after an I/O error (redb refuses all
+    /// work after one until it is reopened). `name` stands for the store in
+    /// messages.
+    ///
+    /// ```
+    /// use ckptstore::{ComputationGraphStore, GradientCheckpoint, StoreOptions};
+    /// use redb::backends::InMemoryBackend;
+    ///
+    /// let store = StoreOptions::new()
+    ///     .shared(false) // an in-memory backend has no locks to share
+    ///     .open_with_backend("in-memory", || Ok(InMemoryBackend::new()))?;
+    /// store.commit(&GradientCheckpoint::new(ComputationGraphStore::new(), 1))?;
+    /// assert_eq!(store.steps()?, vec![1]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn open_with_backend<B, F>(
+        self,
+        name: impl Into<PathBuf>,
+        open: F,
+    ) -> Result<CheckpointStore>
+    where
+        B: redb::StorageBackend,
+        F: Fn() -> std::io::Result<B> + Send + Sync + 'static,
+    {
+        let factory = move || open().map(|b| DynBackend(Box::new(b)));
+        self.open_source(Source::Backend(name.into(), Arc::new(factory)))
+    }
+
+    fn open_source(self, source: Source) -> Result<CheckpointStore> {
+        self.validate()?;
+        if self.shared && self.durability == Durability::Eventual {
+            return Err(Error::InvalidOptions(
+                "Durability::Eventual needs shared(false): readers in other processes \
+                 only see durable commits"
+                    .into(),
+            ));
+        }
+        Ok(CheckpointStore::from_db(Db::open(source, self)?))
+    }
+
+    /// Check each option's range.
+    fn validate(&self) -> Result<()> {
+        if !(1..=MAX_ASYNC_QUEUE_DEPTH).contains(&self.async_queue_depth) {
+            return Err(Error::InvalidOptions(format!(
+                "async_queue_depth is {}; it must be from 1 to {MAX_ASYNC_QUEUE_DEPTH}",
+                self.async_queue_depth
+            )));
+        }
+        self.retention.check_keeps_something()?;
+        if self.cache_size < MIN_CACHE_SIZE {
+            return Err(Error::InvalidOptions(format!(
+                "cache_size is {} bytes; it must be at least {MIN_CACHE_SIZE} (1 MiB)",
+                self.cache_size
+            )));
+        }
+        Ok(())
+    }
+
+    /// Open an existing store read-only. With a shared writer (the default)
+    /// in another process, the reader sees each step that writer commits.
+    pub fn open_read_only(self, path: impl AsRef<Path>) -> Result<CheckpointStore> {
+        self.validate()?;
+        let db = Db::open_read_only(path.as_ref().to_owned(), self)?;
+        Ok(CheckpointStore::from_db(db))
+    }
+}

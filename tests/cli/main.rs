@@ -1,0 +1,13 @@
+//! The `ckpt` command-line tool.
+
+#![allow(clippy::cast_possible_truncation)] // test sizes and indices are small; 64-bit only
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod bench;
+mod export_import;
+mod inspect;
+mod manage;
+mod reads_live_store;
+mod verify_exit_codes;

@@ -1,0 +1,126 @@
+//! Readers see only complete steps while a writer commits: on other threads
+//! of the writing process, and in another process that opened the store
+//! read-only (the default store is shared).
+
+use crate::common;
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ckptstore::CheckpointStore;
+
+type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+const STORE_VAR: &str = "CKPT_READERS_STORE";
+const STEPS: u64 = 40;
+
+/// The writer process: runs only as a child of the cross-process test.
+#[test]
+#[ignore = "child-process entry point, run by the tests below"]
+fn writer_child() -> Result {
+    let path = std::env::var_os(STORE_VAR).ok_or("run only as a child of the tests below")?;
+    let store = CheckpointStore::open(Path::new(&path))?;
+    println!("READY");
+    std::io::stdout().flush()?;
+    for step in 0..STEPS {
+        store.commit(&common::deterministic(step))?;
+        std::thread::sleep(Duration::from_millis(15));
+    }
+    Ok(())
+}
+
+#[test]
+fn threads_reading_during_commits_see_whole_steps() -> Result {
+    let dir = tempfile::tempdir()?;
+    let store = Arc::new(CheckpointStore::open(dir.path().join("run.ckpt"))?);
+    let done = Arc::new(AtomicBool::new(false));
+    let readers: Vec<_> = (0..2)
+        .map(|_| {
+            let (store, done) = (store.clone(), done.clone());
+            std::thread::spawn(move || -> std::result::Result<usize, String> {
+                let mut seen = std::collections::BTreeSet::new();
+                while !done.load(Ordering::SeqCst) {
+                    if let Some(c) = store.latest().map_err(|e| e.to_string())? {
+                        if c != common::deterministic(c.step) {
+                            return Err(format!("step {} read back partial", c.step));
+                        }
+                        seen.insert(c.step);
+                    }
+                    let steps = store.steps().map_err(|e| e.to_string())?;
+                    if steps.iter().enumerate().any(|(i, &s)| s != i as u64) {
+                        return Err(format!("listing has a hole: {steps:?}"));
+                    }
+                }
+                Ok(seen.len())
+            })
+        })
+        .collect();
+    for step in 0..STEPS {
+        store.commit(&common::deterministic(step))?;
+    }
+    done.store(true, Ordering::SeqCst);
+    for r in readers {
+        let seen = r.join().map_err(|_| "reader panicked")??;
+        assert!(seen >= 1, "reader saw no step");
+    }
+    Ok(())
+}
+
+#[test]
+fn another_process_reads_while_this_one_commits() -> Result {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("shared.ckpt");
+    let mut child = Command::new(std::env::current_exe()?)
+        .args([
+            "--exact",
+            "concurrent_readers::writer_child",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(STORE_VAR, &path)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    // Wait until the writer has created the store.
+    let stdout = child.stdout.take().ok_or("no stdout")?;
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+    loop {
+        let line = lines.next().ok_or("writer exited before it was ready")??;
+        if line.contains("READY") {
+            break;
+        }
+    }
+
+    let reader = CheckpointStore::open_read_only(&path)?;
+    let mut latest_seen = std::collections::BTreeSet::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while child.try_wait()?.is_none() {
+        assert!(Instant::now() < deadline, "writer did not finish");
+        if let Some(c) = reader.latest()? {
+            assert!(
+                c == common::deterministic(c.step),
+                "step {} partial in reader",
+                c.step
+            );
+            latest_seen.insert(c.step);
+        }
+    }
+    let status = child.wait()?;
+    assert!(status.success(), "writer failed: {status}");
+    // The reader followed the writer's commits as they happened...
+    assert!(
+        latest_seen.len() >= 3,
+        "reader saw too few distinct steps: {latest_seen:?}"
+    );
+    // ...and, with the writer gone, sees every step.
+    assert_eq!(reader.steps()?, (0..STEPS).collect::<Vec<_>>());
+    for s in 0..STEPS {
+        assert!(reader.get(s)? == Some(common::deterministic(s)), "step {s}");
+    }
+    Ok(())
+}
