@@ -7,6 +7,7 @@ mod common;
 
 mod bench;
 mod export_import;
+mod hardening;
 mod inspect;
 mod manage;
 mod reads_live_store;

@@ -146,6 +146,8 @@ pub struct Disk {
     /// Seed choosing which unsynced writes survive the cut (0: none do).
     cut_seed: AtomicU64,
     cut: Mutex<Option<Vec<u8>>>,
+    /// The call number of every sync so far.
+    syncs: Mutex<Vec<u64>>,
 }
 
 #[derive(Debug, Default)]
@@ -174,7 +176,13 @@ impl Disk {
             cut_at: AtomicU64::new(u64::MAX),
             cut_seed: AtomicU64::new(0),
             cut: Mutex::new(None),
+            syncs: Mutex::new(Vec::new()),
         })
+    }
+
+    /// The call number of every sync so far.
+    pub fn sync_calls(&self) -> Vec<u64> {
+        self.syncs.lock().expect("syncs lock").clone()
     }
 
     /// Backend calls so far.
@@ -272,6 +280,11 @@ impl StorageBackend for DiskBackend {
         Ok(())
     }
     fn sync_data(&self) -> io::Result<()> {
+        self.0
+            .syncs
+            .lock()
+            .expect("syncs lock")
+            .push(self.0.calls());
         self.0.count_call();
         let mut guard = self.0.state.lock().expect("disk lock");
         let st = &mut *guard;

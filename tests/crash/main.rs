@@ -10,3 +10,4 @@ mod damaged_files_never_lie;
 mod io_errors_are_recovered;
 mod kill9_loses_nothing;
 mod power_cut_loses_nothing;
+mod recovery_is_quick;
