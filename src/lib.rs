@@ -67,12 +67,15 @@ mod engine;
 mod error;
 mod format;
 mod graph;
+mod options;
+mod report;
+mod retention;
 mod store;
 
 pub use checkpoint::GradientCheckpoint;
 pub use error::{Cause, Error, Result};
 pub use graph::{ComputationGraphStore, ComputationNode};
-pub use store::{
-    CheckpointStore, CommitHandle, CommitInfo, Durability, Goal, Retention, StepInfo, StepSummary,
-    StoreOptions, StoreStats, VerifyReport,
-};
+pub use options::{Durability, StoreOptions};
+pub use report::{CommitInfo, StepInfo, StoreStats, VerifyReport};
+pub use retention::{Goal, Retention, StepSummary};
+pub use store::{CheckpointStore, CommitHandle};

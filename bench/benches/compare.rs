@@ -3,11 +3,12 @@
 //! markdown table with medians and ratios.
 //!
 //! ```text
-//! cargo bench --bench compare                      # small, medium, large, scale
-//! CKPT_BENCH=small,medium cargo bench --bench compare
+//! cargo bench -p ckptstore-bench --bench compare   # every section
+//! CKPT_BENCH=small,recovery cargo bench -p ckptstore-bench --bench compare
 //! ```
 
 mod common;
+mod recovery;
 #[path = "common/sqlite.rs"]
 mod sqlite;
 
@@ -20,8 +21,11 @@ fn main() -> Result {
     if let Ok(spec) = std::env::var(CHILD_VAR) {
         return peak_child(&spec);
     }
+    if let Ok(spec) = std::env::var(recovery::CHILD_VAR) {
+        return recovery::child(&spec);
+    }
     let which = std::env::var("CKPT_BENCH")
-        .unwrap_or_else(|_| "small,medium,large,paired,incremental,async,scale".into());
+        .unwrap_or_else(|_| "small,medium,large,paired,incremental,async,scale,recovery".into());
     let which: Vec<&str> = which.split(',').map(str::trim).collect();
     println!("# ckptstore write-throughput comparison\n");
     println!("machine: {} cores, {}", cores(), cpu_model());
@@ -42,6 +46,10 @@ fn main() -> Result {
     }
     if which.contains(&"scale") {
         run_scale()?;
+    }
+    if which.contains(&"recovery") {
+        let dir = tempfile::tempdir_in(bench_dir())?;
+        recovery::run(dir.path())?;
     }
     Ok(())
 }

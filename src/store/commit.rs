@@ -1,47 +1,20 @@
 //! Commits, in three parts: a plan with no database ([`Plan`]), staging
 //! (large commits only), and the one transaction that makes the step.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::CheckpointStore;
 use crate::db::{Db, TxnKind};
 use crate::engine::hashing::{with_hashes, Hashing};
 use crate::engine::plan::Plan;
 use crate::format::manifest::Hash;
-use crate::{GradientCheckpoint, Result};
+use crate::{CommitInfo, GradientCheckpoint, Result};
 
 /// A commit stages its chunks when they exceed this fraction of the page
 /// cache: redb keeps a transaction's new pages in a write buffer of half
 /// its cache, and pages it must evict before the commit it reads back and
 /// writes again at the commit (to fill in their checksums).
 const STAGE_ABOVE_CACHE_FRACTION: usize = 4;
-
-/// What a commit did.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct CommitInfo {
-    /// The step committed.
-    pub step: u64,
-    /// Bytes of optimizer state in the checkpoint.
-    pub logical_bytes: u64,
-    /// Blob bytes this commit wrote as new chunks.
-    pub bytes_written: u64,
-    /// Blob bytes already stored and referenced instead of written.
-    pub bytes_reused: u64,
-    /// Chunks written.
-    pub chunks_written: u64,
-    /// Chunks referenced without writing.
-    pub chunks_reused: u64,
-    /// Bytes of the step's manifest (graph and metadata).
-    pub manifest_bytes: u64,
-    /// Blob bytes freed: of the step this commit replaced, and of the steps
-    /// the retention policy removed.
-    pub bytes_freed: u64,
-    /// Steps the store's retention policy removed in the same transaction.
-    pub removed: Vec<u64>,
-    /// Wall time of the whole commit, hashing and fsync included.
-    pub duration: Duration,
-}
 
 impl CheckpointStore {
     /// Store `ckpt` under `ckpt.step` in one write transaction.

@@ -5,24 +5,18 @@
 mod asynch;
 mod commit;
 mod manage;
-mod options;
+mod open;
 mod read;
-mod retention;
 mod verify;
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use crate::db::Db;
-use crate::Result;
+use crate::{Result, StoreOptions};
 use asynch::AsyncWriter;
 
 pub use asynch::CommitHandle;
-pub use commit::CommitInfo;
-pub use options::{Durability, StoreOptions};
-pub use read::{StepInfo, StoreStats};
-pub use retention::{Goal, Retention, StepSummary};
-pub use verify::VerifyReport;
 
 /// A store of training checkpoints in one redb file, keyed by step.
 ///

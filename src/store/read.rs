@@ -1,72 +1,10 @@
 //! Reading: get, latest, listing, info, summaries, stats.
 
-use std::collections::BTreeMap;
 use std::ops::RangeBounds;
 
 use super::CheckpointStore;
 use crate::engine::View;
-use crate::{Goal, GradientCheckpoint, Result, Retention, StepSummary};
-
-/// A step's metadata, read without its blobs.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
-#[non_exhaustive]
-pub struct StepInfo {
-    /// The step number.
-    pub step: u64,
-    /// Unix time in seconds of the checkpoint.
-    pub timestamp: u64,
-    /// CID of the loss tensor.
-    pub loss_cid: Option<String>,
-    /// Named metrics.
-    pub metrics: BTreeMap<String, f64>,
-    /// Nodes in the computation graph.
-    pub node_count: usize,
-    /// Edges in the computation graph.
-    pub edge_count: usize,
-    /// Each optimizer blob's length in bytes, by name.
-    pub blobs: BTreeMap<String, u64>,
-}
-
-impl StepInfo {
-    /// Total bytes of optimizer state.
-    pub fn logical_bytes(&self) -> u64 {
-        self.blobs.values().sum()
-    }
-}
-
-/// What [`CheckpointStore::stats`] reports.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-#[non_exhaustive]
-pub struct StoreStats {
-    /// Steps stored.
-    pub steps: u64,
-    /// Bytes of optimizer state over all steps, as if stored separately.
-    pub logical_bytes: u64,
-    /// Bytes of blob data actually stored: each chunk once, plus the
-    /// packed small blobs of every step.
-    pub stored_bytes: u64,
-    /// Chunks stored.
-    pub chunks: u64,
-    /// Size of the store file (0 for a custom backend). redb grows the
-    /// file in large steps, so this runs ahead of `allocated_bytes`.
-    pub file_bytes: u64,
-    /// Bytes of the file redb has allocated (pages in use, including pages
-    /// freed by recent commits that are not reusable yet); 0 for a
-    /// read-only store.
-    pub allocated_bytes: u64,
-}
-
-impl StoreStats {
-    /// `logical_bytes / stored_bytes`: how many times over deduplication
-    /// saves (1.0 with nothing shared or nothing stored).
-    pub fn dedup_ratio(&self) -> f64 {
-        if self.stored_bytes == 0 {
-            1.0
-        } else {
-            self.logical_bytes as f64 / self.stored_bytes as f64
-        }
-    }
-}
+use crate::{Goal, GradientCheckpoint, Result, Retention, StepInfo, StepSummary, StoreStats};
 
 impl CheckpointStore {
     /// The checkpoint stored under `step`, or `None`.

@@ -4,33 +4,7 @@ use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 
 use super::CheckpointStore;
 use crate::engine::Checked;
-use crate::{Error, Result};
-
-/// What [`CheckpointStore::verify`] found.
-#[derive(Debug, Default)]
-#[non_exhaustive]
-pub struct VerifyReport {
-    /// Steps whose manifest and every chunk checked out.
-    pub steps_ok: u64,
-    /// Blob bytes hashed and found good.
-    pub bytes_checked: u64,
-    /// Each damaged step with the first problem found in it.
-    pub damaged: Vec<(u64, Error)>,
-    /// Disagreements between the reference counts, the chunks and the
-    /// manifests (checked when no step is damaged).
-    pub accounting: Vec<String>,
-    /// Chunks staged by a large commit still under way, used by no step
-    /// yet (checked with the accounting). A commit that crashes leaves its
-    /// staged chunks behind; the next writable open deletes them.
-    pub staged_chunks: u64,
-}
-
-impl VerifyReport {
-    /// True when nothing is damaged.
-    pub fn is_ok(&self) -> bool {
-        self.damaged.is_empty() && self.accounting.is_empty()
-    }
-}
+use crate::{Result, VerifyReport};
 
 impl CheckpointStore {
     /// Read every step and check every hash. Damage is reported per step in

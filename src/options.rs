@@ -1,11 +1,5 @@
 //! How to open a store: [`StoreOptions`] and [`Durability`].
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
-
-use super::CheckpointStore;
-use crate::db::backend::{DynBackend, Source};
-use crate::db::Db;
 use crate::{Error, Result, Retention};
 
 /// When a commit is on disk.
@@ -138,57 +132,8 @@ impl StoreOptions {
         self
     }
 
-    /// Open the store at `path` for reading and writing, creating it if it
-    /// does not exist.
-    pub fn open(self, path: impl AsRef<Path>) -> Result<CheckpointStore> {
-        self.open_source(Source::Path(path.as_ref().to_owned()))
-    }
-
-    /// Open a store kept in a custom redb [`StorageBackend`](redb::StorageBackend)
-    /// instead of a file: for fault injection in tests, or storage of your
-    /// own. `open` makes a fresh backend each time the store opens its
-    /// database: once now, and again after an I/O error (redb refuses all
-    /// work after one until it is reopened). `name` stands for the store in
-    /// messages.
-    ///
-    /// ```
-    /// use ckptstore::{ComputationGraphStore, GradientCheckpoint, StoreOptions};
-    /// use redb::backends::InMemoryBackend;
-    ///
-    /// let store = StoreOptions::new()
-    ///     .shared(false) // an in-memory backend has no locks to share
-    ///     .open_with_backend("in-memory", || Ok(InMemoryBackend::new()))?;
-    /// store.commit(&GradientCheckpoint::new(ComputationGraphStore::new(), 1))?;
-    /// assert_eq!(store.steps()?, vec![1]);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn open_with_backend<B, F>(
-        self,
-        name: impl Into<PathBuf>,
-        open: F,
-    ) -> Result<CheckpointStore>
-    where
-        B: redb::StorageBackend,
-        F: Fn() -> std::io::Result<B> + Send + Sync + 'static,
-    {
-        let factory = move || open().map(|b| DynBackend(Box::new(b)));
-        self.open_source(Source::Backend(name.into(), Arc::new(factory)))
-    }
-
-    fn open_source(self, source: Source) -> Result<CheckpointStore> {
-        self.validate()?;
-        if self.shared && self.durability == Durability::Eventual {
-            return Err(Error::InvalidOptions(
-                "Durability::Eventual needs shared(false): readers in other processes \
-                 only see durable commits"
-                    .into(),
-            ));
-        }
-        Ok(CheckpointStore::from_db(Db::open(source, self)?))
-    }
-
     /// Check each option's range.
-    fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         if !(1..=MAX_ASYNC_QUEUE_DEPTH).contains(&self.async_queue_depth) {
             return Err(Error::InvalidOptions(format!(
                 "async_queue_depth is {}; it must be from 1 to {MAX_ASYNC_QUEUE_DEPTH}",
@@ -203,13 +148,5 @@ impl StoreOptions {
             )));
         }
         Ok(())
-    }
-
-    /// Open an existing store read-only. With a shared writer (the default)
-    /// in another process, the reader sees each step that writer commits.
-    pub fn open_read_only(self, path: impl AsRef<Path>) -> Result<CheckpointStore> {
-        self.validate()?;
-        let db = Db::open_read_only(path.as_ref().to_owned(), self)?;
-        Ok(CheckpointStore::from_db(db))
     }
 }

@@ -1,0 +1,121 @@
+//! What operations report: a commit, a step's metadata, the store's
+//! figures, a verification.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::Error;
+
+/// What a commit did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CommitInfo {
+    /// The step committed.
+    pub step: u64,
+    /// Bytes of optimizer state in the checkpoint.
+    pub logical_bytes: u64,
+    /// Blob bytes this commit wrote as new chunks.
+    pub bytes_written: u64,
+    /// Blob bytes already stored and referenced instead of written.
+    pub bytes_reused: u64,
+    /// Chunks written.
+    pub chunks_written: u64,
+    /// Chunks referenced without writing.
+    pub chunks_reused: u64,
+    /// Bytes of the step's manifest (graph and metadata).
+    pub manifest_bytes: u64,
+    /// Blob bytes freed: of the step this commit replaced, and of the steps
+    /// the retention policy removed.
+    pub bytes_freed: u64,
+    /// Steps the store's retention policy removed in the same transaction.
+    pub removed: Vec<u64>,
+    /// Wall time of the whole commit, hashing and fsync included.
+    pub duration: Duration,
+}
+
+/// A step's metadata, read without its blobs.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[non_exhaustive]
+pub struct StepInfo {
+    /// The step number.
+    pub step: u64,
+    /// Unix time in seconds of the checkpoint.
+    pub timestamp: u64,
+    /// CID of the loss tensor.
+    pub loss_cid: Option<String>,
+    /// Named metrics.
+    pub metrics: BTreeMap<String, f64>,
+    /// Nodes in the computation graph.
+    pub node_count: usize,
+    /// Edges in the computation graph.
+    pub edge_count: usize,
+    /// Each optimizer blob's length in bytes, by name.
+    pub blobs: BTreeMap<String, u64>,
+}
+
+impl StepInfo {
+    /// Total bytes of optimizer state.
+    pub fn logical_bytes(&self) -> u64 {
+        self.blobs.values().sum()
+    }
+}
+
+/// What [`CheckpointStore::stats`](crate::CheckpointStore::stats) reports.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct StoreStats {
+    /// Steps stored.
+    pub steps: u64,
+    /// Bytes of optimizer state over all steps, as if stored separately.
+    pub logical_bytes: u64,
+    /// Bytes of blob data actually stored: each chunk once, plus the
+    /// packed small blobs of every step.
+    pub stored_bytes: u64,
+    /// Chunks stored.
+    pub chunks: u64,
+    /// Size of the store file (0 for a custom backend). redb grows the
+    /// file in large steps, so this runs ahead of `allocated_bytes`.
+    pub file_bytes: u64,
+    /// Bytes of the file redb has allocated (pages in use, including pages
+    /// freed by recent commits that are not reusable yet); 0 for a
+    /// read-only store.
+    pub allocated_bytes: u64,
+}
+
+impl StoreStats {
+    /// `logical_bytes / stored_bytes`: how many times over deduplication
+    /// saves (1.0 with nothing shared or nothing stored).
+    pub fn dedup_ratio(&self) -> f64 {
+        if self.stored_bytes == 0 {
+            1.0
+        } else {
+            self.logical_bytes as f64 / self.stored_bytes as f64
+        }
+    }
+}
+
+/// What [`CheckpointStore::verify`](crate::CheckpointStore::verify) found.
+#[derive(Debug, Default)]
+#[non_exhaustive]
+pub struct VerifyReport {
+    /// Steps whose manifest and every chunk checked out.
+    pub steps_ok: u64,
+    /// Blob bytes hashed and found good.
+    pub bytes_checked: u64,
+    /// Each damaged step with the first problem found in it.
+    pub damaged: Vec<(u64, Error)>,
+    /// Disagreements between the reference counts, the chunks and the
+    /// manifests (checked when no step is damaged).
+    pub accounting: Vec<String>,
+    /// Chunks staged by a large commit still under way, used by no step
+    /// yet (checked with the accounting). A commit that crashes leaves its
+    /// staged chunks behind; the next writable open deletes them.
+    pub staged_chunks: u64,
+}
+
+impl VerifyReport {
+    /// True when nothing is damaged.
+    pub fn is_ok(&self) -> bool {
+        self.damaged.is_empty() && self.accounting.is_empty()
+    }
+}
