@@ -8,6 +8,7 @@
 //! ```
 
 mod common;
+#[path = "common/recovery.rs"]
 mod recovery;
 #[path = "common/sqlite.rs"]
 mod sqlite;
@@ -49,6 +50,7 @@ fn main() -> Result {
     }
     if which.contains(&"recovery") {
         let dir = tempfile::tempdir_in(bench_dir())?;
+        recovery::run_commit_cost(dir.path())?;
         recovery::run(dir.path())?;
     }
     Ok(())
@@ -545,12 +547,12 @@ fn bench_dir() -> std::path::PathBuf {
         .unwrap_or_else(|| std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")))
 }
 
-fn median(v: &mut [Duration]) -> Duration {
+pub fn median(v: &mut [Duration]) -> Duration {
     v.sort_unstable();
     v[v.len() / 2]
 }
 
-fn fmt_dur(d: Duration) -> String {
+pub fn fmt_dur(d: Duration) -> String {
     let s = d.as_secs_f64();
     if s >= 1.0 {
         format!("{s:.2} s")

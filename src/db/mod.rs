@@ -138,7 +138,7 @@ impl Db {
             let State::Writable(db) = state else {
                 return Err(self.read_only_error(op));
             };
-            let mut txn = begin_write(db, what)?;
+            let mut txn = begin_write(db, &self.options, what)?;
             if self.options.durability == Durability::Eventual
                 || (kind == TxnKind::Part && !self.options.shared)
             {
@@ -175,7 +175,9 @@ impl Db {
                 let compacted = result.context(what)?;
                 // Compaction's own commits record no allocator state: record
                 // it now, so that a crash after this still recovers quickly.
-                begin_write(db, &what)?.commit().context(what)?;
+                begin_write(db, &self.options, &what)?
+                    .commit()
+                    .context(what)?;
                 Ok(compacted)
             }
         }));
@@ -318,16 +320,17 @@ impl Db {
     }
 }
 
-/// A write transaction that records redb's allocator state and commits in
-/// two phases ("quick repair"): after a crash, opening the store loads that
-/// state instead of walking every page of the file, so recovery reads
-/// megabytes, not the whole store.
+/// A write transaction that (unless the options say otherwise) records
+/// redb's allocator state and commits in two phases ("quick repair"): after
+/// a crash, opening the store loads that state instead of walking every
+/// page of the file, so recovery reads megabytes, not the whole store.
 pub(crate) fn begin_write(
     db: &Database,
+    options: &StoreOptions,
     what: &dyn Fn() -> String,
 ) -> Result<redb::WriteTransaction> {
     let mut txn = db.begin_write().context(what)?;
-    txn.set_quick_repair(true);
+    txn.set_quick_repair(options.quick_repair);
     Ok(txn)
 }
 
@@ -362,7 +365,7 @@ fn open_writable(source: &Source, options: &StoreOptions) -> Result<State> {
                 let db = open::builder(options)
                     .create(p)
                     .map_err(|e| open::open_error(path, e))?;
-                open::prepare_writable(path, &db)?;
+                open::prepare_writable(path, &db, options)?;
                 Ok(State::Writable(db))
             })
         }
@@ -375,7 +378,7 @@ fn open_writable(source: &Source, options: &StoreOptions) -> Result<State> {
                 let db = open::builder(options)
                     .create_with_backend(backend)
                     .map_err(|e| open::open_error(path, e))?;
-                open::prepare_writable(path, &db)?;
+                open::prepare_writable(path, &db, options)?;
                 Ok(State::Writable(db))
             })
         }

@@ -40,7 +40,7 @@ pub(crate) fn open_error(path: &Path, e: redb::DatabaseError) -> Error {
 /// Check a writable database's format and bring it to the current one:
 /// initialise an empty database, upgrade a format 1 store, delete the
 /// chunks of a staging a crash interrupted.
-pub(crate) fn prepare_writable(path: &Path, db: &Database) -> Result<()> {
+pub(crate) fn prepare_writable(path: &Path, db: &Database, options: &StoreOptions) -> Result<()> {
     let what = || format!("opening {}", path.display());
     let (found, staging) = {
         let txn = db.begin_read().context(what)?;
@@ -51,7 +51,7 @@ pub(crate) fn prepare_writable(path: &Path, db: &Database) -> Result<()> {
     if found == Found::Store(FORMAT_VERSION) && !staging {
         return Ok(());
     }
-    let txn = super::begin_write(db, &what)?;
+    let txn = super::begin_write(db, options, &what)?;
     match found {
         Found::Empty => create_tables(&txn, &|| format!("initialising {}", path.display()))?,
         Found::Store(v) if v < FORMAT_VERSION => upgrade_to_current(&txn, &|| {
@@ -107,7 +107,7 @@ pub(crate) fn create_atomically(path: &Path, options: &StoreOptions) -> Result<(
         let db = builder(options)
             .create(&tmp)
             .map_err(|e| open_error(path, e))?;
-        prepare_writable(path, &db)?;
+        prepare_writable(path, &db, options)?;
         drop(db);
         std::fs::File::open(&tmp)
             .and_then(|f| f.sync_all())

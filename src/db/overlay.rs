@@ -78,22 +78,12 @@ impl StorageBackend for Overlay {
                 "read past the end",
             ));
         }
-        let mut done = 0usize;
-        while done < out.len() {
-            let pos = offset + done as u64;
-            let (page, within) = (pos / PAGE, pos % PAGE);
-            let n = usize::try_from(PAGE - within)
-                .unwrap_or(usize::MAX)
-                .min(out.len() - done);
-            let dst = &mut out[done..done + n];
+        for (page, at, span) in pieces(offset, out.len()) {
+            let dst = &mut out[span];
             match st.pages.get(&page) {
-                Some(bytes) => {
-                    let at = usize::try_from(within).unwrap_or(0);
-                    dst.copy_from_slice(&bytes[at..at + n]);
-                }
-                None => self.read_file(pos, dst, st.zero_from)?,
+                Some(bytes) => dst.copy_from_slice(&bytes[at..at + dst.len()]),
+                None => self.read_file(page * PAGE + at as u64, dst, st.zero_from)?,
             }
-            done += n;
         }
         Ok(())
     }
@@ -122,26 +112,36 @@ impl StorageBackend for Overlay {
 
     fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
         let mut st = self.state()?;
-        let mut done = 0usize;
-        while done < data.len() {
-            let pos = offset + done as u64;
-            let (page, within) = (pos / PAGE, pos % PAGE);
-            let n = usize::try_from(PAGE - within)
-                .unwrap_or(usize::MAX)
-                .min(data.len() - done);
+        for (page, at, span) in pieces(offset, data.len()) {
             if !st.pages.contains_key(&page) {
                 let mut bytes = vec![0u8; PAGE_BYTES];
                 self.read_file(page * PAGE, &mut bytes, st.zero_from.min(st.len))?;
                 st.pages.insert(page, bytes);
             }
-            let at = usize::try_from(within).unwrap_or(0);
             if let Some(bytes) = st.pages.get_mut(&page) {
-                bytes[at..at + n].copy_from_slice(&data[done..done + n]);
+                let src = &data[span];
+                bytes[at..at + src.len()].copy_from_slice(src);
             }
-            done += n;
         }
         Ok(())
     }
+}
+
+/// The pages that `len` bytes from `offset` touch: each page's index, the
+/// offset within it, and the range of the caller's buffer that falls in it.
+fn pieces(offset: u64, len: usize) -> impl Iterator<Item = (u64, usize, std::ops::Range<usize>)> {
+    let mut done = 0usize;
+    std::iter::from_fn(move || {
+        if done >= len {
+            return None;
+        }
+        let pos = offset + done as u64;
+        let at = usize::try_from(pos % PAGE).unwrap_or(0);
+        let n = (PAGE_BYTES - at).min(len - done);
+        let piece = (pos / PAGE, at, done..done + n);
+        done += n;
+        Some(piece)
+    })
 }
 
 #[cfg(test)]

@@ -299,10 +299,9 @@ impl CheckpointStore {
     /// committed (the store keeps one such spare checkpoint), so a training
     /// loop that checkpoints the same parameters again and again copies
     /// into memory that is already allocated and paged in, instead of
-    /// `clone()`-ing into fresh pages every time: for 64 MiB of state the
-    /// copy took 6.0 ms against 32.6 ms for a clone (`cargo bench --bench
-    /// compare`, async section). Memory: the copies queued and running, plus
-    /// one spare, which the store holds until it is dropped.
+    /// `clone()`-ing into fresh pages every time (the README's benchmark,
+    /// async section, compares the two). Memory: the copies queued and
+    /// running, plus one spare, which the store holds until it is dropped.
     ///
     /// # Errors
     /// As [`commit_async`](Self::commit_async).

@@ -261,7 +261,11 @@ pub struct Store {
 
 impl Store {
     pub fn new(path: PathBuf) -> Result<Self> {
-        let store = StoreOptions::new().open(&path)?;
+        Self::with_options(path, StoreOptions::new())
+    }
+
+    pub fn with_options(path: PathBuf, options: StoreOptions) -> Result<Self> {
+        let store = options.open(&path)?;
         Ok(Store { path, store })
     }
 }

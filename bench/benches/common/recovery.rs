@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 use ckptstore::{CheckpointStore, ComputationGraphStore, GradientCheckpoint};
 use redb::{ReadableDatabase, TableDefinition};
 
-use crate::common::Result;
+use crate::common::{checkpoint, touch, Contender, Result, Store, LARGE, SMALL};
+use crate::{fmt_dur, median};
+use ckptstore::StoreOptions;
 
 pub const CHILD_VAR: &str = "CKPT_BENCH_RECOVERY_CHILD";
 const STEP_BYTES: usize = 64 << 20;
@@ -189,6 +191,51 @@ pub fn run(dir: &Path) -> Result {
             }
         );
         std::fs::remove_file(&path)?;
+    }
+    Ok(())
+}
+
+/// What quick repair costs each commit: two stores, with and without it,
+/// alternating commit by commit (drift of the shared disk hits both alike).
+pub fn run_commit_cost(dir: &Path) -> Result {
+    println!("\n### what quick repair costs a commit: with and without, alternating\n");
+    println!("| workload | pairs | with (default) | without | median of per-pair ratios (without / with) |");
+    println!("|---|---:|---:|---:|---:|");
+    for (w, pairs) in [(SMALL, 41), (LARGE, 11)] {
+        let sub = tempfile::tempdir_in(dir)?;
+        let mut with = Store::new(sub.path().join("with.ckpt"))?;
+        let mut without = Store::with_options(
+            sub.path().join("without.ckpt"),
+            StoreOptions::new().quick_repair(false),
+        )?;
+        let mut ckpt = checkpoint(&w);
+        let (mut wt, mut ot, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+        for i in 0..pairs {
+            touch(&mut ckpt, i as u64);
+            let time = |c: &mut Store| -> Result<Duration> {
+                let t = Instant::now();
+                c.commit(&ckpt)?;
+                Ok(t.elapsed())
+            };
+            let (a, b) = if i % 2 == 0 {
+                let a = time(&mut with)?;
+                (a, time(&mut without)?)
+            } else {
+                let b = time(&mut without)?;
+                (time(&mut with)?, b)
+            };
+            wt.push(a);
+            ot.push(b);
+            ratios.push(b.as_secs_f64() / a.as_secs_f64());
+        }
+        ratios.sort_by(f64::total_cmp);
+        println!(
+            "| {} | {pairs} | {} | {} | **{:.2}x** |",
+            w.name,
+            fmt_dur(median(&mut wt)),
+            fmt_dur(median(&mut ot)),
+            ratios[ratios.len() / 2]
+        );
     }
     Ok(())
 }
