@@ -146,11 +146,13 @@ fn noise(seed: u64, len: usize) -> Vec<u8> {
 }
 
 fn train(path: &Path, crash: bool) -> Result {
+    let opened = std::time::Instant::now();
     let store = CheckpointStore::open(path)?;
     let (mut model, start) = if let Some(ckpt) = store.latest()? {
         let step = ckpt.step;
         println!(
-            "   resumed from step {step} (loss {:.3}, {} params)",
+            "   resumed from step {step} in {:.1} ms (loss {:.3}, {} params)",
+            opened.elapsed().as_secs_f64() * 1000.0,
             ckpt.metrics.get("loss").copied().unwrap_or(f64::NAN),
             ckpt.optimizer_state.len()
         );

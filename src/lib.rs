@@ -29,6 +29,9 @@
 //!   [`compact`](CheckpointStore::compact) track and reclaim space.
 //! - Other processes can open the store read-only while a training run
 //!   writes to it ([`CheckpointStore::open_read_only`]); the `ckpt` tool does.
+//! - After a crash, the store reopens in milliseconds whatever its size
+//!   ([`StoreOptions::quick_repair`]), and can be read at once, before
+//!   anything reopens it for writing, without a byte of it changing.
 //! - [`GradientCheckpoint::save`] / [`GradientCheckpoint::load`] keep the
 //!   original one-JSON-file-per-step format for import and export.
 //!
