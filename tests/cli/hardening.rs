@@ -286,10 +286,12 @@ fn compact_waits_for_readers_when_asked() -> Result {
             .stdout(Stdio::piped())
             .spawn()?;
         let out = child.stdout.take().ok_or("stdout")?;
-        let ready = BufReader::new(out)
-            .lines()
-            .any(|l| l.is_ok_and(|l| l.contains("READING")));
+        let mut lines = BufReader::new(out).lines();
+        let ready = lines.any(|l| l.is_ok_and(|l| l.contains("READING")));
         assert!(ready, "reader did not start");
+        // Keep reading what the child prints, so that it never writes to
+        // a closed pipe.
+        std::thread::spawn(move || lines.for_each(drop));
         Ok(child)
     };
     let mut child = reader()?;
