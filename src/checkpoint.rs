@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::{ComputationGraphStore, Error, Result};
+use crate::{ComputationGraphStore, Error, Result, Tensor};
 
 /// A snapshot of training state at one optimizer step.
 ///
@@ -43,6 +43,10 @@ pub struct GradientCheckpoint {
     /// policies and queries.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub metrics: BTreeMap<String, f64>,
+    /// Typed tensors (parameters, optimizer moments...), by name. A name
+    /// may not also be an optimizer blob. Left out of the JSON when empty.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tensors: BTreeMap<String, Tensor>,
 }
 
 impl GradientCheckpoint {
@@ -55,6 +59,7 @@ impl GradientCheckpoint {
             optimizer_state: HashMap::new(),
             timestamp: unix_now(),
             metrics: BTreeMap::new(),
+            tensors: BTreeMap::new(),
         }
     }
 
@@ -75,9 +80,25 @@ impl GradientCheckpoint {
         self.optimizer_state.insert(param.into(), state);
     }
 
-    /// Total bytes of optimizer state.
+    /// Store a typed tensor under `name`, replacing any earlier one.
+    ///
+    /// ```
+    /// use ckptstore::{ComputationGraphStore, Dtype, GradientCheckpoint, Tensor};
+    /// let mut ckpt = GradientCheckpoint::new(ComputationGraphStore::new(), 1);
+    /// ckpt.set_tensor("w", Tensor::new(Dtype::F32, vec![2], vec![0; 8])?);
+    /// assert_eq!(ckpt.tensors["w"].shape, vec![2]);
+    /// assert_eq!(ckpt.logical_bytes(), 8);
+    /// # Ok::<(), ckptstore::Error>(())
+    /// ```
+    pub fn set_tensor(&mut self, name: impl Into<String>, tensor: Tensor) {
+        self.tensors.insert(name.into(), tensor);
+    }
+
+    /// Total bytes of state: optimizer blobs and tensor data.
     pub fn logical_bytes(&self) -> u64 {
-        self.optimizer_state.values().map(|b| b.len() as u64).sum()
+        let blobs: u64 = self.optimizer_state.values().map(|b| b.len() as u64).sum();
+        let tensors: u64 = self.tensors.values().map(|t| t.data.len() as u64).sum();
+        blobs + tensors
     }
 
     /// Write the checkpoint to `path` in the original JSON file format
@@ -124,13 +145,31 @@ impl GradientCheckpoint {
     /// Check that the checkpoint can be stored and read back exactly: JSON
     /// has no NaN or infinity, so every metric must be finite.
     pub(crate) fn validate(&self) -> Result<()> {
-        match self.metrics.iter().find(|(_, v)| !v.is_finite()) {
-            Some((name, v)) => Err(Error::InvalidCheckpoint {
+        if let Some((name, v)) = self.metrics.iter().find(|(_, v)| !v.is_finite()) {
+            return Err(Error::InvalidCheckpoint {
                 step: self.step,
                 reason: format!("metric {name:?} is {v}; metrics must be finite"),
-            }),
-            None => Ok(()),
+            });
         }
+        if let Some(name) = self
+            .tensors
+            .keys()
+            .find(|n| self.optimizer_state.contains_key(*n))
+        {
+            return Err(Error::InvalidCheckpoint {
+                step: self.step,
+                reason: format!(
+                    "{name:?} is both a tensor and an optimizer blob; a name must be one"
+                ),
+            });
+        }
+        for (name, t) in &self.tensors {
+            t.check().map_err(|reason| Error::InvalidTensor {
+                name: Some(name.clone()),
+                reason,
+            })?;
+        }
+        Ok(())
     }
 
     /// Decode a checkpoint from JSON bytes in the original file format.

@@ -86,6 +86,15 @@ pub enum Error {
         reason: String,
     },
 
+    /// A tensor's data does not match its dtype and shape.
+    #[error("tensor{}: {reason}", name.as_ref().map(|n| format!(" {n:?}")).unwrap_or_default())]
+    InvalidTensor {
+        /// The tensor's name, when it has one.
+        name: Option<String>,
+        /// What is wrong, with the numbers.
+        reason: String,
+    },
+
     /// An operation would delete a pinned step.
     #[error("step {step} is pinned; unpin it before {op}")]
     StepPinned {
@@ -332,6 +341,10 @@ impl Error {
                 supported: *supported,
             },
             Error::StepExists { step } => Error::StepExists { step: *step },
+            Error::InvalidTensor { name, reason } => Error::InvalidTensor {
+                name: name.clone(),
+                reason: reason.clone(),
+            },
             Error::InvalidCheckpoint { step, reason } => Error::InvalidCheckpoint {
                 step: *step,
                 reason: reason.clone(),

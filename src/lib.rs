@@ -74,11 +74,13 @@ mod options;
 mod report;
 mod retention;
 mod store;
+mod tensor;
 
 pub use checkpoint::GradientCheckpoint;
 pub use error::{Cause, Error, Result};
 pub use graph::{ComputationGraphStore, ComputationNode};
 pub use options::{Durability, StoreOptions};
-pub use report::{CommitInfo, StepInfo, StoreStats, VerifyReport};
+pub use report::{CommitInfo, StepInfo, StoreStats, TensorInfo, VerifyReport};
 pub use retention::{Goal, Retention, StepSummary};
 pub use store::{CheckpointStore, CommitHandle};
+pub use tensor::{Dtype, Tensor};

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::Error;
+use crate::{Dtype, Error};
 
 /// What a commit did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,12 +51,26 @@ pub struct StepInfo {
     pub edge_count: usize,
     /// Each optimizer blob's length in bytes, by name.
     pub blobs: BTreeMap<String, u64>,
+    /// Each tensor's dtype and shape, by name.
+    pub tensors: BTreeMap<String, TensorInfo>,
+}
+
+/// A stored tensor's type, without its data.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct TensorInfo {
+    /// The element type.
+    pub dtype: Dtype,
+    /// The size of each dimension.
+    pub shape: Vec<u64>,
+    /// Bytes of data.
+    pub bytes: u64,
 }
 
 impl StepInfo {
-    /// Total bytes of optimizer state.
+    /// Total bytes of state: optimizer blobs and tensor data.
     pub fn logical_bytes(&self) -> u64 {
-        self.blobs.values().sum()
+        self.blobs.values().sum::<u64>() + self.tensors.values().map(|t| t.bytes).sum::<u64>()
     }
 }
 

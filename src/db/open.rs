@@ -7,8 +7,8 @@ use redb::{Database, ReadOnlyDatabase, ReadableDatabase};
 
 use crate::engine::Engine;
 use crate::error::StorageContext;
-use crate::format::tables::{Found, META, META_STAGING};
-use crate::format::{check_tables, create_tables, upgrade_to_current, FORMAT_VERSION};
+use crate::format::tables::{Found, META, META_STAGING, TABLES_FORMAT};
+use crate::format::{check_tables, create_tables, upgrade_to_current};
 use crate::{Error, Result, StoreOptions};
 
 /// redb's builder for `options`.
@@ -48,14 +48,14 @@ pub(crate) fn prepare_writable(path: &Path, db: &Database, options: &StoreOption
         let staging = found != Found::Empty && staging_flag(&txn)?;
         (found, staging)
     };
-    if found == Found::Store(FORMAT_VERSION) && !staging {
+    if matches!(found, Found::Store(v) if v >= TABLES_FORMAT) && !staging {
         return Ok(());
     }
     let txn = super::begin_write(db, options, &what)?;
     match found {
         Found::Empty => create_tables(&txn, &|| format!("initialising {}", path.display()))?,
-        Found::Store(v) if v < FORMAT_VERSION => upgrade_to_current(&txn, &|| {
-            format!("upgrading {} to format {FORMAT_VERSION}", path.display())
+        Found::Store(v) if v < TABLES_FORMAT => upgrade_to_current(&txn, &|| {
+            format!("upgrading {} to format {TABLES_FORMAT}", path.display())
         })?,
         Found::Store(_) => {}
     }

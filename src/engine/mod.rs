@@ -21,8 +21,8 @@ use crate::format::layout::split;
 use crate::format::manifest::{decode_manifest, encode_manifest, Hash};
 use crate::format::summary;
 use crate::format::tables::{
-    meta_u64, META, META_NEXT_CHUNK, META_STAGING, META_STORED_BYTES, META_STORED_CHUNKS, PACKED,
-    PINS, STEPS, SUMMARIES,
+    meta_format, meta_u64, META, META_FORMAT, META_NEXT_CHUNK, META_STAGING, META_STORED_BYTES,
+    META_STORED_CHUNKS, PACKED, PINS, STEPS, SUMMARIES, TENSOR_FORMAT,
 };
 use crate::{CommitInfo, Error, Result, Retention, StepSummary};
 use chunks::{ChunkTables, Freed};
@@ -104,6 +104,9 @@ impl<'txn> Engine<'txn> {
         if old.is_some() && !replace {
             return Err(Error::StepExists { step });
         }
+        if !plan.ckpt.tensors.is_empty() {
+            self.require_format(TENSOR_FORMAT)?;
+        }
         // Add before releasing, so chunks shared with the replaced version
         // are never deleted and written again.
         let added = self.chunks.add(&plan.pieces, hashes)?;
@@ -142,6 +145,17 @@ impl<'txn> Engine<'txn> {
             removed,
             duration: std::time::Duration::ZERO,
         })
+    }
+
+    /// Mark the store as at least `format`, so that older builds that
+    /// cannot read what this transaction writes refuse the store.
+    fn require_format(&mut self, format: u32) -> Result<()> {
+        if meta_format(&self.meta)? < format {
+            self.meta
+                .insert(META_FORMAT, format.to_le_bytes().as_slice())
+                .context(|| "writing the format version to table meta".to_owned())?;
+        }
+        Ok(())
     }
 
     /// Whether `step` is stored.

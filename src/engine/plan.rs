@@ -25,8 +25,14 @@ impl<'a> Plan<'a> {
     /// Cut `ckpt`: blobs of [`PACK_BELOW`] bytes or more into chunks, the
     /// rest packed together.
     pub(crate) fn new(ckpt: &'a GradientCheckpoint) -> Self {
-        let mut names: Vec<&String> = ckpt.optimizer_state.keys().collect();
-        names.sort_unstable();
+        // Tensors' data is stored as blobs are; the manifest types them.
+        let mut named: Vec<(&'a String, &'a [u8])> = ckpt
+            .optimizer_state
+            .iter()
+            .map(|(n, b)| (n, b.as_slice()))
+            .chain(ckpt.tensors.iter().map(|(n, t)| (n, t.data.as_slice())))
+            .collect();
+        named.sort_unstable_by_key(|(n, _)| *n);
         let mut plan = Plan {
             ckpt,
             pieces: Vec::new(),
@@ -34,8 +40,7 @@ impl<'a> Plan<'a> {
             packed_at: Vec::new(),
             packed: Vec::new(),
         };
-        for name in names {
-            let blob = &ckpt.optimizer_state[name];
+        for (name, blob) in named {
             let len = blob.len() as u64;
             if blob.len() < PACK_BELOW {
                 plan.packed_at.push((name, len, plan.packed.len() as u64));

@@ -18,7 +18,7 @@ use crate::format::tables::{
     meta_u64, CHUNK_DATA, LEGACY_CHUNKS, META, META_STORED_BYTES, META_STORED_CHUNKS, PACKED, PINS,
     STEPS, SUMMARIES,
 };
-use crate::{Error, GradientCheckpoint, Result, StepSummary};
+use crate::{Error, GradientCheckpoint, Result, StepSummary, Tensor};
 
 /// Blobs at least this large are read and hashed in a pipeline.
 const PIPELINE_MIN_BYTES: usize = 4 << 20;
@@ -121,7 +121,7 @@ impl View {
             Some(p) => self.read_packed(step, p)?,
             None => Vec::new(),
         };
-        let (mut ckpt, blobs) = manifest.into_parts();
+        let (mut ckpt, blobs, mut typed) = manifest.into_parts();
         for (name, blob) in blobs {
             let data = match &blob.at {
                 // Bounds were checked when the manifest was decoded.
@@ -138,7 +138,16 @@ impl View {
                     .to_vec(),
                 _ => read_blob(&chunks, step, &name, &blob)?,
             };
-            ckpt.optimizer_state.insert(name, data);
+            match typed.remove(&name) {
+                // Lengths were checked against dtype and shape when the
+                // manifest was decoded.
+                Some((dtype, shape)) => {
+                    ckpt.tensors.insert(name, Tensor { dtype, shape, data });
+                }
+                None => {
+                    ckpt.optimizer_state.insert(name, data);
+                }
+            }
         }
         Ok(ckpt)
     }

@@ -3,7 +3,10 @@
 //! A manifest is the BLAKE3 hash of the bytes that follow it, then one of
 //! two encodings, told apart by their first byte:
 //!
-//! - **format 2**: the byte [`BINARY`], then the binary encoding below.
+//! - **format 2**: the byte [`BINARY`], then the binary encoding below;
+//!   **format 3** ([`BINARY_TYPED`]) is the same followed by a section
+//!   that types some blobs as tensors. Only steps with tensors use it, so
+//!   an older build reads every other step.
 //! - **format 1** (ckptstore 0.1, read only): JSON, starting with `{`
 //!   ([`super::manifest_v1`]).
 //!
@@ -23,6 +26,8 @@
 //!          chunks (count, then per chunk its 32-byte BLAKE3 hash and its id
 //!          varint) or byte 1 and the offset in the step's packed bytes
 //! packed:  opt<len varint, 32-byte BLAKE3 hash of the packed bytes>
+//! typed (format 3 only): count, then per tensor: name str (a blob's name),
+//!          dtype byte (its code, see `Dtype`), shape (count, varint...)
 //! ```
 //!
 //! Nothing may follow. Decoding trusts nothing: every count is checked
@@ -33,17 +38,21 @@ use std::collections::{BTreeMap, HashMap};
 
 use super::codec::{Reader, Writer, HASH_LEN};
 use super::layout::CHUNK_SIZE;
-use crate::{ComputationGraphStore, ComputationNode, Error, GradientCheckpoint, Result};
+use crate::{
+    ComputationGraphStore, ComputationNode, Dtype, Error, GradientCheckpoint, Result, Tensor,
+};
 
 pub(crate) use super::codec::{hex, Hash};
 
 /// The first byte of a format 2 manifest (after its hash).
 pub(crate) const BINARY: u8 = 2;
+/// The first byte of a format 3 manifest: format 2 with typed tensors.
+pub(crate) const BINARY_TYPED: u8 = 3;
 /// The first byte of a format 1 (JSON) manifest.
 pub(crate) const JSON: u8 = b'{';
 /// First bytes a later format may use: a build that finds one of these says
 /// the manifest is newer than it, not that it is damaged.
-const FUTURE: std::ops::RangeInclusive<u8> = 3..=31;
+const FUTURE: std::ops::RangeInclusive<u8> = 4..=31;
 /// Bytes before the body: the hash, then the version byte.
 const HEADER_LEN: usize = HASH_LEN + 1;
 
@@ -56,6 +65,8 @@ const MIN_NODE: usize = 8;
 const MIN_EDGE: usize = 2;
 const MIN_BLOB: usize = 4;
 const MIN_CHUNK: usize = HASH_LEN + 1;
+/// A typed entry: a name, a dtype and a shape count.
+const MIN_TYPED: usize = 3;
 
 /// Blob kinds in the encoding.
 const KIND_CHUNKS: u8 = 0;
@@ -94,6 +105,9 @@ pub(crate) struct PackedRef {
     pub(crate) hash: Hash,
 }
 
+/// Dtype and shape of each blob that is a tensor, by name.
+pub(crate) type Typed = BTreeMap<String, (Dtype, Vec<u64>)>;
+
 /// One use of a chunk by a manifest.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum ChunkUse<'a> {
@@ -111,11 +125,14 @@ pub(crate) struct Manifest {
     pub(crate) graph: ComputationGraphStore,
     pub(crate) blobs: BTreeMap<String, BlobRef>,
     pub(crate) packed: Option<PackedRef>,
+    /// The blobs that are tensors: their dtype and shape.
+    pub(crate) typed: BTreeMap<String, (Dtype, Vec<u64>)>,
 }
 
 impl Manifest {
-    /// The checkpoint this manifest describes, with its blobs still to read.
-    pub(crate) fn into_parts(self) -> (GradientCheckpoint, BTreeMap<String, BlobRef>) {
+    /// The checkpoint this manifest describes, with its blobs still to read,
+    /// and which of them are tensors.
+    pub(crate) fn into_parts(self) -> (GradientCheckpoint, BTreeMap<String, BlobRef>, Typed) {
         let ckpt = GradientCheckpoint {
             graph: self.graph,
             step: self.step,
@@ -123,8 +140,9 @@ impl Manifest {
             optimizer_state: HashMap::new(),
             timestamp: self.timestamp,
             metrics: self.metrics,
+            tensors: BTreeMap::new(),
         };
-        (ckpt, self.blobs)
+        (ckpt, self.blobs, self.typed)
     }
 
     /// Every chunk use, once per use.
@@ -155,7 +173,11 @@ pub(crate) fn encode_manifest(
         64 + nodes.len() * 128 + blobs.len() * 80,
     ));
     w.0.resize(HASH_LEN, 0);
-    w.u8(BINARY);
+    w.u8(if ckpt.tensors.is_empty() {
+        BINARY
+    } else {
+        BINARY_TYPED
+    });
     w.varint(ckpt.step);
     w.varint(ckpt.timestamp);
     w.opt_str(ckpt.loss_cid.as_deref());
@@ -196,6 +218,17 @@ pub(crate) fn encode_manifest(
             w.u8(1);
             w.varint(p.len);
             w.hash(&p.hash);
+        }
+    }
+    if !ckpt.tensors.is_empty() {
+        w.len(ckpt.tensors.len());
+        for (name, t) in &ckpt.tensors {
+            w.str(name);
+            w.u8(t.dtype.code());
+            w.len(t.shape.len());
+            for &d in &t.shape {
+                w.varint(d);
+            }
         }
     }
     let mut bytes = w.0;
@@ -271,7 +304,7 @@ pub(crate) fn decode_manifest(step: u64, bytes: &[u8]) -> Result<Manifest> {
 /// Decode a manifest body whose hash has been checked (or that is fuzzed).
 pub(crate) fn decode_body(step: u64, body: &[u8]) -> Result<Manifest> {
     let manifest = match body.first() {
-        Some(&BINARY) => decode_binary(step, body)?,
+        Some(&(BINARY | BINARY_TYPED)) => decode_binary(step, body)?,
         Some(&JSON) => super::manifest_v1::decode(step, body)?,
         Some(&v) if FUTURE.contains(&v) => {
             return Err(Error::UnsupportedFormat {
@@ -313,6 +346,11 @@ fn decode_binary(step: u64, body: &[u8]) -> Result<Manifest> {
         }),
         _ => return Err(r.fail("packed flag")),
     };
+    let typed = if body.first() == Some(&BINARY_TYPED) {
+        decode_typed(&mut r)?
+    } else {
+        Typed::new()
+    };
     if !r.at_end() {
         return Err(r.fail("bytes after the end"));
     }
@@ -324,7 +362,25 @@ fn decode_binary(step: u64, body: &[u8]) -> Result<Manifest> {
         graph,
         blobs,
         packed,
+        typed,
     })
+}
+
+fn decode_typed(r: &mut Reader<'_>) -> Result<Typed> {
+    let mut typed = Typed::new();
+    for _ in 0..r.count("tensor count", MIN_TYPED)? {
+        let name = r.str("tensor name")?;
+        let dtype =
+            Dtype::from_code(r.u8("tensor dtype")?).ok_or_else(|| r.fail("tensor dtype"))?;
+        let mut shape = Vec::new();
+        for _ in 0..r.count("tensor rank", 1)? {
+            shape.push(r.varint("tensor dimension")?);
+        }
+        if typed.insert(name, (dtype, shape)).is_some() {
+            return Err(r.fail("a repeated tensor name"));
+        }
+    }
+    Ok(typed)
 }
 
 fn decode_blob(r: &mut Reader<'_>) -> Result<BlobRef> {
@@ -421,6 +477,19 @@ fn check(step: u64, manifest: Manifest) -> Result<Manifest> {
                 manifest.step
             ),
         ));
+    }
+    for (name, (dtype, shape)) in &manifest.typed {
+        let want = Tensor::expected_bytes(*dtype, shape)
+            .map_err(|e| Error::corrupt(Some(step), format!("tensor {name:?}: {e}")))?;
+        match manifest.blobs.get(name) {
+            Some(b) if b.len == want => {}
+            _ => {
+                return Err(Error::corrupt(
+                    Some(step),
+                    format!("tensor {name:?} has no data of its {want} bytes"),
+                ))
+            }
+        }
     }
     let packed_len = manifest.packed.as_ref().map_or(0, |p| p.len);
     for (name, blob) in &manifest.blobs {

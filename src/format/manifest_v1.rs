@@ -79,6 +79,7 @@ pub(crate) fn decode(step: u64, json: &[u8]) -> Result<Manifest> {
             len: p.len,
             hash: p.hash,
         }),
+        typed: super::manifest::Typed::new(),
     })
 }
 

@@ -8,9 +8,14 @@ use redb::{ReadTransaction, ReadableTable, TableDefinition, TableHandle, WriteTr
 use crate::error::StorageContext;
 use crate::{Error, Result};
 
-/// The newest store and manifest format this build reads, and the one it
-/// writes.
-pub(crate) const FORMAT_VERSION: u32 = 2;
+/// The newest store and manifest format this build reads.
+pub(crate) const FORMAT_VERSION: u32 = 3;
+/// The format of a store's tables (chunks by id): what a new store is and
+/// what a format 1 store is upgraded to when opened for writing.
+pub(crate) const TABLES_FORMAT: u32 = 2;
+/// The format a store is marked with by its first step with tensors
+/// (format 3 manifests, which older builds refuse).
+pub(crate) const TENSOR_FORMAT: u32 = 3;
 
 /// Store-wide facts and counters, under the `META_*` keys below.
 pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
@@ -61,6 +66,15 @@ pub(crate) const META_NEXT_CHUNK: &str = "next_chunk_id";
 /// it deletes the staged chunks (an interrupted commit's).
 pub(crate) const META_STAGING: &str = "staging";
 
+/// The store's format version (0 when absent or malformed).
+pub(crate) fn meta_format(meta: &impl ReadableTable<&'static str, &'static [u8]>) -> Result<u32> {
+    Ok(meta
+        .get(META_FORMAT)
+        .context(|| "reading the format version from table meta".to_owned())?
+        .and_then(|v| <[u8; 4]>::try_from(v.value()).ok())
+        .map_or(0, u32::from_le_bytes))
+}
+
 /// A `u64` of the `meta` table (0 when absent or malformed).
 pub(crate) fn meta_u64(
     meta: &impl ReadableTable<&'static str, &'static [u8]>,
@@ -76,7 +90,7 @@ pub(crate) fn meta_u64(
 /// Make an empty database a store of the current format.
 pub(crate) fn create_tables(txn: &WriteTransaction, what: &dyn Fn() -> String) -> Result<()> {
     let mut meta = txn.open_table(META).context(what)?;
-    meta.insert(META_FORMAT, FORMAT_VERSION.to_le_bytes().as_slice())
+    meta.insert(META_FORMAT, TABLES_FORMAT.to_le_bytes().as_slice())
         .context(what)?;
     let id = uuid::Uuid::new_v4().to_string();
     meta.insert(META_STORE_ID, id.as_bytes()).context(what)?;
@@ -92,12 +106,11 @@ pub(crate) fn create_tables(txn: &WriteTransaction, what: &dyn Fn() -> String) -
     Ok(())
 }
 
-/// Mark a format 1 store as the current format and add the tables it
-/// lacks.
+/// Mark a format 1 store as format 2 and add the tables it lacks.
 pub(crate) fn upgrade_to_current(txn: &WriteTransaction, what: &dyn Fn() -> String) -> Result<()> {
     txn.open_table(META)
         .context(what)?
-        .insert(META_FORMAT, FORMAT_VERSION.to_le_bytes().as_slice())
+        .insert(META_FORMAT, TABLES_FORMAT.to_le_bytes().as_slice())
         .context(what)?;
     txn.open_table(CHUNK_DATA).context(what)?;
     txn.open_table(CHUNK_INDEX).context(what)?;

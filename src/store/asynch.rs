@@ -185,6 +185,16 @@ impl AsyncWriter {
         out.loss_cid.clone_from(&ckpt.loss_cid);
         out.metrics.clone_from(&ckpt.metrics);
         out.graph.clone_from(&ckpt.graph);
+        out.tensors
+            .retain(|name, _| ckpt.tensors.contains_key(name));
+        for (name, t) in &ckpt.tensors {
+            match out.tensors.get_mut(name) {
+                Some(mine) => mine.clone_from(t),
+                None => {
+                    out.tensors.insert(name.clone(), t.clone());
+                }
+            }
+        }
         let state = &mut out.optimizer_state;
         state.retain(|name, _| ckpt.optimizer_state.contains_key(name));
         for (name, blob) in &ckpt.optimizer_state {

@@ -4,7 +4,10 @@ use std::ops::RangeBounds;
 
 use super::CheckpointStore;
 use crate::engine::View;
-use crate::{Goal, GradientCheckpoint, Result, Retention, StepInfo, StepSummary, StoreStats};
+use crate::{
+    Goal, GradientCheckpoint, Result, Retention, StepInfo, StepSummary, StoreStats, Tensor,
+    TensorInfo,
+};
 
 impl CheckpointStore {
     /// The checkpoint stored under `step`, or `None`.
@@ -86,14 +89,34 @@ impl CheckpointStore {
     pub fn info(&self, step: u64) -> Result<Option<StepInfo>> {
         let what = || format!("reading step {step}");
         let manifest = self.db.read(&what, |view| view.manifest(step))?;
-        Ok(manifest.map(|m| StepInfo {
-            step,
-            timestamp: m.timestamp,
-            loss_cid: m.loss_cid,
-            metrics: m.metrics,
-            node_count: m.graph.node_count(),
-            edge_count: m.graph.edge_count(),
-            blobs: m.blobs.into_iter().map(|(k, b)| (k, b.len)).collect(),
+        Ok(manifest.map(|m| {
+            let (tensors, blobs) = m
+                .blobs
+                .into_iter()
+                .partition::<Vec<_>, _>(|(k, _)| m.typed.contains_key(k));
+            StepInfo {
+                step,
+                timestamp: m.timestamp,
+                loss_cid: m.loss_cid,
+                metrics: m.metrics,
+                node_count: m.graph.node_count(),
+                edge_count: m.graph.edge_count(),
+                blobs: blobs.into_iter().map(|(k, b)| (k, b.len)).collect(),
+                tensors: tensors
+                    .into_iter()
+                    .filter_map(|(k, b)| {
+                        let (dtype, shape) = m.typed.get(&k)?.clone();
+                        Some((
+                            k,
+                            TensorInfo {
+                                dtype,
+                                shape,
+                                bytes: b.len,
+                            },
+                        ))
+                    })
+                    .collect(),
+            }
         }))
     }
 
@@ -165,6 +188,34 @@ impl CheckpointStore {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn get_blob(&self, step: u64, name: &str) -> Result<Option<Vec<u8>>> {
+        Ok(self
+            .get_one(step, name)?
+            .and_then(|mut c| c.optimizer_state.remove(name)))
+    }
+
+    /// One tensor of `step`, read and hash-checked without the rest. `None`
+    /// if the step or the tensor is not stored.
+    ///
+    /// ```
+    /// # use ckptstore::{CheckpointStore, ComputationGraphStore, Dtype, GradientCheckpoint, Tensor};
+    /// # let dir = tempfile::tempdir()?;
+    /// # let store = CheckpointStore::open(dir.path().join("run.ckpt"))?;
+    /// let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), 1);
+    /// c.set_tensor("w", Tensor::new(Dtype::BF16, vec![2, 2], vec![1; 8])?);
+    /// store.commit(&c)?;
+    /// let w = store.get_tensor(1, "w")?.expect("stored");
+    /// assert_eq!((w.dtype, w.shape), (Dtype::BF16, vec![2, 2]));
+    /// assert_eq!(store.get_tensor(1, "nope")?, None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn get_tensor(&self, step: u64, name: &str) -> Result<Option<Tensor>> {
+        Ok(self
+            .get_one(step, name)?
+            .and_then(|mut c| c.tensors.remove(name)))
+    }
+
+    /// Step `step` with only the blob or tensor `name` read.
+    fn get_one(&self, step: u64, name: &str) -> Result<Option<GradientCheckpoint>> {
         let what = || format!("reading blob {name:?} of step {step}");
         self.db.read(&what, |view| {
             let Some(mut manifest) = view.manifest(step)? else {
@@ -174,8 +225,7 @@ impl CheckpointStore {
                 return Ok(None);
             };
             manifest.blobs = [(name.to_owned(), blob)].into();
-            let mut ckpt = view.assemble(manifest)?;
-            Ok(ckpt.optimizer_state.remove(name))
+            view.assemble(manifest).map(Some)
         })
     }
 

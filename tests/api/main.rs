@@ -20,3 +20,4 @@ mod retention_policies;
 mod save_is_durable_and_clean;
 mod space_stays_bounded;
 mod store_options;
+mod tensors;

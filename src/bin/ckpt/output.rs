@@ -97,10 +97,22 @@ pub fn show(info: &StepInfo, pinned: bool, json: bool) -> Result {
     println!(
         "blobs:     {} ({} total)",
         info.blobs.len(),
-        bytes(info.logical_bytes())
+        bytes(info.blobs.values().sum())
     );
     for (name, len) in &info.blobs {
         println!("  {name:<30} {:>12}", bytes(*len));
+    }
+    if !info.tensors.is_empty() {
+        let total = info.tensors.values().map(|t| t.bytes).sum();
+        println!("tensors:   {} ({} total)", info.tensors.len(), bytes(total));
+        for (name, t) in &info.tensors {
+            let shape = format!("{:?}", t.shape);
+            println!(
+                "  {name:<30} {:>12}  {:<8} {shape}",
+                bytes(t.bytes),
+                t.dtype.name()
+            );
+        }
     }
     Ok(())
 }

@@ -183,7 +183,7 @@ fn blob_longer_than_its_chunks_is_rejected() -> Result<()> {
 
 #[test]
 fn newer_manifest_formats_are_refused() {
-    for body in [&br#"{"format":99,"step":1}"#[..], &[3u8, 1, 0][..]] {
+    for body in [&br#"{"format":99,"step":1}"#[..], &[4u8, 1, 0][..]] {
         assert!(matches!(
             decode_body(1, body),
             Err(Error::UnsupportedFormat { .. })
@@ -211,6 +211,18 @@ mod proptests {
                 at: Placement::Packed { offset: 0 },
             },
         );
+        // A typed blob: the format 3 section is fuzzed too.
+        ckpt.set_tensor(
+            "t",
+            Tensor::new(Dtype::I16, vec![1], vec![0, 0]).expect("valid"),
+        );
+        blobs.insert(
+            "t".to_owned(),
+            BlobRef {
+                len: 2,
+                at: Placement::Packed { offset: 0 },
+            },
+        );
         let packed = PackedRef {
             len: 2,
             hash: [2u8; 32],
@@ -220,6 +232,10 @@ mod proptests {
 
     fn assert_consistent(m: &Manifest) -> std::result::Result<(), TestCaseError> {
         prop_assert_eq!(m.step, 5);
+        for (name, (dtype, shape)) in &m.typed {
+            let want = Tensor::expected_bytes(*dtype, shape);
+            prop_assert_eq!(want.ok(), m.blobs.get(name).map(|b| b.len));
+        }
         let packed = m.packed.as_ref().map_or(0, |p| p.len);
         for blob in m.blobs.values() {
             let chunks = match &blob.at {

@@ -1,0 +1,301 @@
+//! Typed tensors: a dtype, a shape, and little-endian row-major bytes — the
+//! model of safetensors, which every ML framework reads.
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Result};
+
+/// An element type: every dtype safetensors knows, by its safetensors name.
+#[allow(non_camel_case_types, clippy::upper_case_acronyms)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum Dtype {
+    /// Boolean, one byte.
+    BOOL,
+    /// 4-bit float (E2M1), two per byte.
+    F4,
+    /// 6-bit float, E2M3.
+    F6_E2M3,
+    /// 6-bit float, E3M2.
+    F6_E3M2,
+    /// Unsigned 8-bit integer.
+    U8,
+    /// Signed 8-bit integer.
+    I8,
+    /// 8-bit float, E5M2.
+    F8_E5M2,
+    /// 8-bit float, E4M3.
+    F8_E4M3,
+    /// 8-bit exponent-only scale, E8M0.
+    F8_E8M0,
+    /// Signed 16-bit integer.
+    I16,
+    /// Unsigned 16-bit integer.
+    U16,
+    /// IEEE half precision.
+    F16,
+    /// bfloat16.
+    BF16,
+    /// Signed 32-bit integer.
+    I32,
+    /// Unsigned 32-bit integer.
+    U32,
+    /// IEEE single precision.
+    F32,
+    /// Complex of two single-precision floats.
+    C64,
+    /// IEEE double precision.
+    F64,
+    /// Signed 64-bit integer.
+    I64,
+    /// Unsigned 64-bit integer.
+    U64,
+}
+
+/// Every dtype with its code in the manifest (the order is the format:
+/// append only).
+const DTYPES: [Dtype; 20] = [
+    Dtype::BOOL,
+    Dtype::F4,
+    Dtype::F6_E2M3,
+    Dtype::F6_E3M2,
+    Dtype::U8,
+    Dtype::I8,
+    Dtype::F8_E5M2,
+    Dtype::F8_E4M3,
+    Dtype::F8_E8M0,
+    Dtype::I16,
+    Dtype::U16,
+    Dtype::F16,
+    Dtype::BF16,
+    Dtype::I32,
+    Dtype::U32,
+    Dtype::F32,
+    Dtype::C64,
+    Dtype::F64,
+    Dtype::I64,
+    Dtype::U64,
+];
+
+impl Dtype {
+    /// Bits per element.
+    ///
+    /// ```
+    /// use ckptstore::Dtype;
+    /// assert_eq!(Dtype::F32.bits(), 32);
+    /// assert_eq!(Dtype::F4.bits(), 4);
+    /// assert_eq!(Dtype::C64.bits(), 64);
+    /// ```
+    pub fn bits(self) -> u64 {
+        match self {
+            Dtype::F4 => 4,
+            Dtype::F6_E2M3 | Dtype::F6_E3M2 => 6,
+            Dtype::BOOL
+            | Dtype::U8
+            | Dtype::I8
+            | Dtype::F8_E5M2
+            | Dtype::F8_E4M3
+            | Dtype::F8_E8M0 => 8,
+            Dtype::I16 | Dtype::U16 | Dtype::F16 | Dtype::BF16 => 16,
+            Dtype::I32 | Dtype::U32 | Dtype::F32 => 32,
+            Dtype::C64 | Dtype::F64 | Dtype::I64 | Dtype::U64 => 64,
+        }
+    }
+
+    /// The safetensors name (`F32`, `BF16`, `F8_E4M3`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::BOOL => "BOOL",
+            Dtype::F4 => "F4",
+            Dtype::F6_E2M3 => "F6_E2M3",
+            Dtype::F6_E3M2 => "F6_E3M2",
+            Dtype::U8 => "U8",
+            Dtype::I8 => "I8",
+            Dtype::F8_E5M2 => "F8_E5M2",
+            Dtype::F8_E4M3 => "F8_E4M3",
+            Dtype::F8_E8M0 => "F8_E8M0",
+            Dtype::I16 => "I16",
+            Dtype::U16 => "U16",
+            Dtype::F16 => "F16",
+            Dtype::BF16 => "BF16",
+            Dtype::I32 => "I32",
+            Dtype::U32 => "U32",
+            Dtype::F32 => "F32",
+            Dtype::C64 => "C64",
+            Dtype::F64 => "F64",
+            Dtype::I64 => "I64",
+            Dtype::U64 => "U64",
+        }
+    }
+
+    /// The dtype of a safetensors name, if there is one.
+    ///
+    /// ```
+    /// use ckptstore::Dtype;
+    /// assert_eq!(Dtype::from_name("BF16"), Some(Dtype::BF16));
+    /// assert_eq!(Dtype::from_name("F128"), None);
+    /// ```
+    pub fn from_name(name: &str) -> Option<Dtype> {
+        DTYPES.into_iter().find(|d| d.name() == name)
+    }
+
+    /// The dtype's code in a manifest.
+    pub(crate) fn code(self) -> u8 {
+        let at = DTYPES.iter().position(|&d| d == self).unwrap_or(0);
+        u8::try_from(at).unwrap_or(u8::MAX)
+    }
+
+    /// The dtype of a manifest code.
+    pub(crate) fn from_code(code: u8) -> Option<Dtype> {
+        DTYPES.get(usize::from(code)).copied()
+    }
+}
+
+impl Serialize for Dtype {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl std::fmt::Display for Dtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A typed tensor: little-endian, row-major bytes of `shape` elements of
+/// `dtype`. A scalar has shape `[]`; a dimension may be 0.
+///
+/// ```
+/// use ckptstore::{Dtype, Tensor};
+/// let t = Tensor::new(Dtype::F32, vec![2, 3], vec![0u8; 24])?;
+/// assert_eq!(t.elements(), 6);
+/// assert!(Tensor::new(Dtype::F32, vec![2, 3], vec![0u8; 23]).is_err());
+/// let scalar = Tensor::new(Dtype::F64, vec![], 1.5f64.to_le_bytes().to_vec())?;
+/// assert_eq!(scalar.shape, Vec::<u64>::new());
+/// # Ok::<(), ckptstore::Error>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "RawTensor", into = "RawTensor")]
+pub struct Tensor {
+    /// The element type.
+    pub dtype: Dtype,
+    /// The size of each dimension, outermost first.
+    pub shape: Vec<u64>,
+    /// The elements, little-endian, row-major.
+    pub data: Vec<u8>,
+}
+
+impl Tensor {
+    /// A tensor, if `data` holds exactly the elements `shape` says.
+    ///
+    /// # Errors
+    /// [`Error::InvalidTensor`] naming the numbers when it does not.
+    pub fn new(dtype: Dtype, shape: Vec<u64>, data: Vec<u8>) -> Result<Tensor> {
+        let t = Tensor { dtype, shape, data };
+        t.check()
+            .map_err(|reason| Error::InvalidTensor { name: None, reason })?;
+        Ok(t)
+    }
+
+    /// Elements in the tensor (1 for a scalar), if that fits a `u64`.
+    pub fn elements(&self) -> u64 {
+        element_count(&self.shape).unwrap_or(u64::MAX)
+    }
+
+    /// Bytes `dtype` and `shape` call for.
+    pub(crate) fn expected_bytes(dtype: Dtype, shape: &[u64]) -> std::result::Result<u64, String> {
+        let elements =
+            element_count(shape).ok_or_else(|| format!("shape {shape:?} has too many elements"))?;
+        let bits = elements
+            .checked_mul(dtype.bits())
+            .ok_or_else(|| format!("shape {shape:?} of {dtype} is too large"))?;
+        if bits % 8 != 0 {
+            return Err(format!(
+                "{elements} elements of {dtype} ({} bits each) do not fill whole bytes",
+                dtype.bits()
+            ));
+        }
+        Ok(bits / 8)
+    }
+
+    /// Why the tensor is not valid, if it is not.
+    pub(crate) fn check(&self) -> std::result::Result<(), String> {
+        let want = Self::expected_bytes(self.dtype, &self.shape)?;
+        if self.data.len() as u64 != want {
+            return Err(format!(
+                "shape {:?} of {} needs {want} bytes, the data has {}",
+                self.shape,
+                self.dtype,
+                self.data.len()
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn element_count(shape: &[u64]) -> Option<u64> {
+    shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d))
+}
+
+/// A tensor's serde form: the dtype by name.
+#[derive(Serialize, Deserialize)]
+struct RawTensor {
+    dtype: String,
+    shape: Vec<u64>,
+    data: Vec<u8>,
+}
+
+impl TryFrom<RawTensor> for Tensor {
+    type Error = String;
+
+    fn try_from(raw: RawTensor) -> std::result::Result<Self, String> {
+        let dtype =
+            Dtype::from_name(&raw.dtype).ok_or_else(|| format!("unknown dtype {:?}", raw.dtype))?;
+        let t = Tensor {
+            dtype,
+            shape: raw.shape,
+            data: raw.data,
+        };
+        t.check()?;
+        Ok(t)
+    }
+}
+
+impl From<Tensor> for RawTensor {
+    fn from(t: Tensor) -> Self {
+        RawTensor {
+            dtype: t.dtype.name().to_owned(),
+            shape: t.shape,
+            data: t.data,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_and_names_round_trip() {
+        for d in DTYPES {
+            assert_eq!(Dtype::from_code(d.code()), Some(d));
+            assert_eq!(Dtype::from_name(d.name()), Some(d));
+        }
+        assert_eq!(Dtype::from_code(200), None);
+    }
+
+    #[test]
+    fn lengths_are_checked() {
+        assert!(
+            Tensor::new(Dtype::F4, vec![3], vec![0; 2]).is_err(),
+            "12 bits"
+        );
+        assert!(Tensor::new(Dtype::F4, vec![4], vec![0; 2]).is_ok());
+        assert!(Tensor::new(Dtype::F6_E2M3, vec![4], vec![0; 3]).is_ok());
+        assert!(Tensor::new(Dtype::U8, vec![0, 5], vec![]).is_ok());
+        assert!(Tensor::new(Dtype::U64, vec![u64::MAX, 2], vec![]).is_err());
+        let e = Tensor::new(Dtype::BF16, vec![2, 2], vec![0; 7]).expect_err("7 bytes");
+        assert!(e.to_string().contains("needs 8 bytes"), "{e}");
+    }
+}
