@@ -142,6 +142,16 @@ impl GradientCheckpoint {
         })
     }
 
+    /// Read a safetensors file as step `step`: its tensors, and for a file
+    /// [`CheckpointStore::export_safetensors`](crate::CheckpointStore::export_safetensors)
+    /// wrote, the rest of the step it came from (see there).
+    ///
+    /// # Errors
+    /// [`Error::InvalidSafetensors`] naming the file and the problem.
+    pub fn load_safetensors(path: &Path, step: u64) -> Result<Self> {
+        crate::exchange::read::read_file(path, step)
+    }
+
     /// Check that the checkpoint can be stored and read back exactly: JSON
     /// has no NaN or infinity, so every metric must be finite.
     pub(crate) fn validate(&self) -> Result<()> {
@@ -194,13 +204,21 @@ pub(crate) fn unix_now() -> u64 {
 /// Write `bytes` to `path` through a fsynced temporary file and a rename,
 /// then fsync the directory. Removes the temporary file on failure.
 fn write_durably(path: &Path, bytes: &[u8]) -> Result<()> {
-    let (dir, tmp) = temp_beside(path, "tmp");
+    write_durably_with(path, |file| file.write_all(bytes))
+}
 
+/// Write `path` through `write`, which fills a temporary file beside it;
+/// fsync it, rename it over `path`, fsync the directory. On any failure the
+/// temporary file is removed and `path` is untouched; errors name `path`.
+pub(crate) fn write_durably_with(
+    path: &Path,
+    write: impl FnOnce(&mut File) -> std::io::Result<()>,
+) -> Result<()> {
+    let (dir, tmp) = temp_beside(path, "tmp");
     let result = (|| {
         // Errors name the file the caller asked for, not the temporary one.
         let mut file = File::create(&tmp).map_err(|e| Error::io("create", path, e))?;
-        file.write_all(bytes)
-            .map_err(|e| Error::io("write", path, e))?;
+        write(&mut file).map_err(|e| Error::io("write", path, e))?;
         file.sync_all().map_err(|e| Error::io("fsync", path, e))?;
         drop(file);
         fs::rename(&tmp, path).map_err(|e| Error::io("rename into", path, e))

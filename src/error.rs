@@ -95,6 +95,15 @@ pub enum Error {
         reason: String,
     },
 
+    /// A safetensors file cannot be imported (nothing was written).
+    #[error("safetensors file {path}: {reason}")]
+    InvalidSafetensors {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+
     /// An operation would delete a pinned step.
     #[error("step {step} is pinned; unpin it before {op}")]
     StepPinned {
@@ -341,6 +350,10 @@ impl Error {
                 supported: *supported,
             },
             Error::StepExists { step } => Error::StepExists { step: *step },
+            Error::InvalidSafetensors { path, reason } => Error::InvalidSafetensors {
+                path: path.clone(),
+                reason: reason.clone(),
+            },
             Error::InvalidTensor { name, reason } => Error::InvalidTensor {
                 name: name.clone(),
                 reason: reason.clone(),

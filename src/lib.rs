@@ -68,6 +68,7 @@ mod checkpoint;
 mod db;
 mod engine;
 mod error;
+mod exchange;
 mod format;
 mod graph;
 mod options;

@@ -50,11 +50,15 @@ pub enum Dtype {
     I64,
     /// Unsigned 64-bit integer.
     U64,
+    /// 8-bit float, E4M3 (FNUZ variant).
+    F8_E4M3FNUZ,
+    /// 8-bit float, E5M2 (FNUZ variant).
+    F8_E5M2FNUZ,
 }
 
 /// Every dtype with its code in the manifest (the order is the format:
 /// append only).
-const DTYPES: [Dtype; 20] = [
+const DTYPES: [Dtype; 22] = [
     Dtype::BOOL,
     Dtype::F4,
     Dtype::F6_E2M3,
@@ -75,6 +79,8 @@ const DTYPES: [Dtype; 20] = [
     Dtype::F64,
     Dtype::I64,
     Dtype::U64,
+    Dtype::F8_E4M3FNUZ,
+    Dtype::F8_E5M2FNUZ,
 ];
 
 impl Dtype {
@@ -95,7 +101,9 @@ impl Dtype {
             | Dtype::I8
             | Dtype::F8_E5M2
             | Dtype::F8_E4M3
-            | Dtype::F8_E8M0 => 8,
+            | Dtype::F8_E8M0
+            | Dtype::F8_E4M3FNUZ
+            | Dtype::F8_E5M2FNUZ => 8,
             Dtype::I16 | Dtype::U16 | Dtype::F16 | Dtype::BF16 => 16,
             Dtype::I32 | Dtype::U32 | Dtype::F32 => 32,
             Dtype::C64 | Dtype::F64 | Dtype::I64 | Dtype::U64 => 64,
@@ -125,6 +133,8 @@ impl Dtype {
             Dtype::F64 => "F64",
             Dtype::I64 => "I64",
             Dtype::U64 => "U64",
+            Dtype::F8_E4M3FNUZ => "F8_E4M3FNUZ",
+            Dtype::F8_E5M2FNUZ => "F8_E5M2FNUZ",
         }
     }
 

@@ -1,5 +1,6 @@
 //! Reading: get, latest, listing, info, summaries, stats.
 
+use std::collections::BTreeMap;
 use std::ops::RangeBounds;
 
 use super::CheckpointStore;
@@ -87,37 +88,43 @@ impl CheckpointStore {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn info(&self, step: u64) -> Result<Option<StepInfo>> {
+        Ok(self.skeleton(step)?.map(|(_, info)| info))
+    }
+
+    /// The metadata of `step` and its checkpoint without blob or tensor
+    /// data, from one read.
+    pub(crate) fn skeleton(&self, step: u64) -> Result<Option<(GradientCheckpoint, StepInfo)>> {
         let what = || format!("reading step {step}");
-        let manifest = self.db.read(&what, |view| view.manifest(step))?;
-        Ok(manifest.map(|m| {
-            let (tensors, blobs) = m
-                .blobs
-                .into_iter()
-                .partition::<Vec<_>, _>(|(k, _)| m.typed.contains_key(k));
-            StepInfo {
-                step,
-                timestamp: m.timestamp,
-                loss_cid: m.loss_cid,
-                metrics: m.metrics,
-                node_count: m.graph.node_count(),
-                edge_count: m.graph.edge_count(),
-                blobs: blobs.into_iter().map(|(k, b)| (k, b.len)).collect(),
-                tensors: tensors
-                    .into_iter()
-                    .filter_map(|(k, b)| {
-                        let (dtype, shape) = m.typed.get(&k)?.clone();
-                        Some((
-                            k,
-                            TensorInfo {
-                                dtype,
-                                shape,
-                                bytes: b.len,
-                            },
-                        ))
-                    })
-                    .collect(),
+        let Some(manifest) = self.db.read(&what, |view| view.manifest(step))? else {
+            return Ok(None);
+        };
+        let (ckpt, blobs, typed) = manifest.into_parts();
+        let mut info = StepInfo {
+            step,
+            timestamp: ckpt.timestamp,
+            loss_cid: ckpt.loss_cid.clone(),
+            metrics: ckpt.metrics.clone(),
+            node_count: ckpt.graph.node_count(),
+            edge_count: ckpt.graph.edge_count(),
+            blobs: BTreeMap::new(),
+            tensors: BTreeMap::new(),
+        };
+        for (name, blob) in blobs {
+            match typed.get(&name) {
+                Some((dtype, shape)) => {
+                    let t = TensorInfo {
+                        dtype: *dtype,
+                        shape: shape.clone(),
+                        bytes: blob.len,
+                    };
+                    info.tensors.insert(name, t);
+                }
+                None => {
+                    info.blobs.insert(name, blob.len);
+                }
             }
-        }))
+        }
+        Ok(Some((ckpt, info)))
     }
 
     /// The summaries (time, loss CID, metrics, sizes) of the steps in
@@ -276,5 +283,53 @@ impl CheckpointStore {
             chunks,
             file_bytes: std::fs::metadata(self.path()).map_or(0, |m| m.len()),
         })
+    }
+
+    /// Write step `step` to `path` as a safetensors file that every ML
+    /// framework reads: typed tensors with their dtype and shape, untyped
+    /// optimizer blobs as 1-D `U8` tensors, and the rest of the step in
+    /// the file's metadata, so that
+    /// [`import_safetensors`](Self::import_safetensors) gives the same
+    /// checkpoint back. One tensor is in memory at a time; the file is
+    /// written durably (temporary file, fsync, rename, fsync of the
+    /// directory), and a failure leaves no file.
+    ///
+    /// ```
+    /// # use ckptstore::{CheckpointStore, ComputationGraphStore, Dtype, GradientCheckpoint, Tensor};
+    /// # let dir = tempfile::tempdir()?;
+    /// # let store = CheckpointStore::open(dir.path().join("run.ckpt"))?;
+    /// let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), 7).with_metric("loss", 0.5);
+    /// c.set_tensor("w", Tensor::new(Dtype::F32, vec![2], vec![0; 8])?);
+    /// c.set_optimizer_state("rng", vec![1, 2, 3]);
+    /// store.commit(&c)?;
+    /// let file = dir.path().join("step7.safetensors");
+    /// store.export_safetensors(7, &file)?;
+    /// store.remove(7)?;
+    /// store.import_safetensors(&file, 7)?;
+    /// assert_eq!(store.get(7)?, Some(c));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn export_safetensors(&self, step: u64, path: impl AsRef<std::path::Path>) -> Result<()> {
+        crate::exchange::write::export(self, step, path.as_ref())
+    }
+
+    /// Commit the safetensors file at `path` as step `step`: its tensors
+    /// with their dtypes and shapes, and, for a file
+    /// [`export_safetensors`](Self::export_safetensors) wrote, the rest of
+    /// that step (blobs, metrics, graph, time). The file is read and
+    /// checked whole before the store is touched.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSafetensors`](crate::Error::InvalidSafetensors)
+    /// naming the file and the problem (a header longer than the file or
+    /// than 100 MB, invalid JSON or UTF-8, overlapping or gapped offsets,
+    /// sizes not matching dtype x shape, unknown dtypes, duplicate names);
+    /// then as [`commit`](Self::commit).
+    pub fn import_safetensors(
+        &self,
+        path: impl AsRef<std::path::Path>,
+        step: u64,
+    ) -> Result<crate::CommitInfo> {
+        self.commit(&GradientCheckpoint::load_safetensors(path.as_ref(), step)?)
     }
 }

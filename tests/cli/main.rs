@@ -11,4 +11,5 @@ mod hardening;
 mod inspect;
 mod manage;
 mod reads_live_store;
+mod safetensors;
 mod verify_exit_codes;

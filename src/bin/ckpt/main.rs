@@ -59,27 +59,38 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Write one step to a file in the original JSON checkpoint format. Reads.
+    /// Write one step to a file: safetensors (`.safetensors`) or the
+    /// original JSON checkpoint format (any other name). Reads.
     Export {
         /// The store file.
         store: PathBuf,
         /// A step number, or `latest`.
         step: String,
-        /// The JSON file to write.
+        /// The file to write.
         #[arg(short, long)]
         output: PathBuf,
+        /// The file's format, instead of guessing it from its name.
+        #[arg(long, value_enum)]
+        format: Option<Format>,
     },
-    /// Commit checkpoints from JSON files of the original format. Creates
-    /// the store if it is missing (the only command that does).
+    /// Commit checkpoints from files: JSON of the original format, or
+    /// safetensors (`.safetensors`, with --step). Creates the store if it
+    /// is missing (the only command that does).
     Import {
         /// The store file (created if missing).
         store: PathBuf,
-        /// The JSON files.
+        /// The files.
         #[arg(required = true)]
         files: Vec<PathBuf>,
         /// Replace steps that are already stored.
         #[arg(long)]
         replace: bool,
+        /// The step a safetensors file is stored as (one file only).
+        #[arg(long)]
+        step: Option<u64>,
+        /// The files' format, instead of guessing it from their names.
+        #[arg(long, value_enum)]
+        format: Option<Format>,
     },
     /// Check every hash and reference count; exit 3 on any damage. Reads.
     Verify {
@@ -147,6 +158,31 @@ enum Command {
     },
 }
 
+/// A file format of `export` and `import`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Format {
+    /// safetensors: tensors every ML framework reads.
+    Safetensors,
+    /// The original one-JSON-file-per-step format.
+    Json,
+}
+
+impl Format {
+    /// `given`, or the format `path`'s name says.
+    fn of(path: &Path, given: Option<Format>) -> Format {
+        given.unwrap_or_else(|| {
+            let safetensors = path
+                .extension()
+                .is_some_and(|e| e.eq_ignore_ascii_case("safetensors"));
+            if safetensors {
+                Format::Safetensors
+            } else {
+                Format::Json
+            }
+        })
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli.command) {
@@ -183,12 +219,15 @@ fn run(command: Command) -> Result<ExitCode> {
             store,
             step,
             output,
-        } => export(&store, &step, &output),
+            format,
+        } => export(&store, &step, &output, Format::of(&output, format)),
         Command::Import {
             store,
             files,
             replace,
-        } => import(&store, &files, replace),
+            step,
+            format,
+        } => import(&store, &files, replace, step, format),
         Command::Verify { store, pages } => verify(&store, pages),
         Command::Rm { store, steps } => rm(&store, &steps),
         Command::Gc {
@@ -225,11 +264,10 @@ fn show(store: &Path, step: &str, json: bool) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn export(store: &Path, step: &str, output: &Path) -> Result<ExitCode> {
+fn export(store: &Path, step: &str, output: &Path, format: Format) -> Result<ExitCode> {
     let s = open_read(store)?;
     let step = resolve(&s, step)?;
     let bar = spinner(format!("exporting step {step}"));
-    let ckpt = s.get(step)?.ok_or(Error::StepNotFound { step })?;
     if let Some(dir) = output.parent().filter(|d| !d.as_os_str().is_empty()) {
         if !dir.is_dir() {
             return Err(format!(
@@ -241,17 +279,46 @@ fn export(store: &Path, step: &str, output: &Path) -> Result<ExitCode> {
             .into());
         }
     }
-    ckpt.save(output)?;
+    match format {
+        Format::Safetensors => s.export_safetensors(step, output)?,
+        Format::Json => s
+            .get(step)?
+            .ok_or(Error::StepNotFound { step })?
+            .save(output)?,
+    }
     bar.finish_and_clear();
     println!("exported step {step} to {}", output.display());
     Ok(ExitCode::SUCCESS)
 }
 
-fn import(store: &Path, files: &[PathBuf], replace: bool) -> Result<ExitCode> {
+fn import(
+    store: &Path,
+    files: &[PathBuf],
+    replace: bool,
+    step: Option<u64>,
+    format: Option<Format>,
+) -> Result<ExitCode> {
+    let safetensors = files
+        .iter()
+        .any(|f| Format::of(f, format) == Format::Safetensors);
+    if safetensors && (files.len() != 1 || step.is_none()) {
+        return Err(
+            "a safetensors file is imported alone, with --step N (the step to store it as)".into(),
+        );
+    }
+    if !safetensors && step.is_some() {
+        return Err("--step is for safetensors files; a JSON checkpoint names its own step".into());
+    }
     // Read every file first: a bad one leaves no trace, not even a new store.
     let ckpts = files
         .iter()
-        .map(|f| GradientCheckpoint::load(f).map(|c| (f, c)))
+        .map(|f| {
+            match (Format::of(f, format), step) {
+                (Format::Safetensors, Some(step)) => GradientCheckpoint::load_safetensors(f, step),
+                _ => GradientCheckpoint::load(f),
+            }
+            .map(|c| (f, c))
+        })
         .collect::<std::result::Result<Vec<_>, _>>()?;
     let s = CheckpointStore::open(store).map_err(|e| explain(store, e))?;
     let bar = bar(files.len() as u64, "importing");

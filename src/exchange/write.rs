@@ -1,0 +1,132 @@
+//! Export of a step as a safetensors file, one tensor in memory at a time.
+//!
+//! The `safetensors` crate's writer takes each tensor's bytes through an
+//! infallible `View::data()`, which would force reading every tensor from
+//! the store before writing (or panicking on a read error); so the file is
+//! written here: the header (built with `serde_json`), then each tensor's
+//! bytes, read from the store just before they are written.
+
+use std::collections::BTreeMap;
+use std::io::{BufWriter, Write};
+use std::path::Path;
+
+use serde_json::{json, Map, Value};
+
+use super::{
+    HEADER_ALIGN, KEY_BLOBS, KEY_GRAPH, KEY_LOSS_CID, KEY_METRICS, KEY_STEP, KEY_TIMESTAMP,
+    METADATA,
+};
+use crate::{CheckpointStore, Dtype, Error, Result};
+
+/// One tensor of the file to write.
+struct Entry {
+    name: String,
+    dtype: Dtype,
+    shape: Vec<u64>,
+    len: u64,
+    typed: bool,
+}
+
+/// Write step `step` of `store` to `path` as safetensors, durably.
+pub(crate) fn export(store: &CheckpointStore, step: u64, path: &Path) -> Result<()> {
+    let (skeleton, info) = store.skeleton(step)?.ok_or(Error::StepNotFound { step })?;
+    let mut entries: Vec<Entry> = info
+        .tensors
+        .iter()
+        .map(|(name, t)| Entry {
+            name: name.clone(),
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+            len: t.bytes,
+            typed: true,
+        })
+        .chain(info.blobs.iter().map(|(name, &len)| Entry {
+            name: name.clone(),
+            dtype: Dtype::U8,
+            shape: vec![len],
+            len,
+            typed: false,
+        }))
+        .collect();
+    entries.sort_by(|a, b| a.name.cmp(&b.name));
+    if entries.iter().any(|e| e.name == METADATA) {
+        return Err(Error::InvalidCheckpoint {
+            step,
+            reason: format!(
+                "a blob or tensor named {METADATA:?} cannot be exported to safetensors"
+            ),
+        });
+    }
+    let mut metadata = BTreeMap::new();
+    metadata.insert(KEY_STEP, step.to_string());
+    metadata.insert(KEY_TIMESTAMP, skeleton.timestamp.to_string());
+    if let Some(cid) = &skeleton.loss_cid {
+        metadata.insert(KEY_LOSS_CID, cid.clone());
+    }
+    let json_err = |e: serde_json::Error| Error::Json {
+        path: Some(path.to_owned()),
+        source: Box::new(e),
+    };
+    metadata.insert(
+        KEY_METRICS,
+        serde_json::to_string(&skeleton.metrics).map_err(json_err)?,
+    );
+    metadata.insert(
+        KEY_GRAPH,
+        serde_json::to_string(&skeleton.graph).map_err(json_err)?,
+    );
+    let blobs: Vec<&str> = entries
+        .iter()
+        .filter(|e| !e.typed)
+        .map(|e| e.name.as_str())
+        .collect();
+    metadata.insert(KEY_BLOBS, serde_json::to_string(&blobs).map_err(json_err)?);
+    let header = header(&metadata, &entries).map_err(json_err)?;
+
+    crate::checkpoint::write_durably_with(path, |file| {
+        let mut out = BufWriter::new(file);
+        out.write_all(&(header.len() as u64).to_le_bytes())?;
+        out.write_all(&header)?;
+        for e in &entries {
+            let data = if e.typed {
+                store.get_tensor(step, &e.name).map(|t| t.map(|t| t.data))
+            } else {
+                store.get_blob(step, &e.name)
+            }
+            .map_err(std::io::Error::other)?
+            .ok_or_else(|| {
+                std::io::Error::other(format!("step {step} lost {:?} while exporting", e.name))
+            })?;
+            if data.len() as u64 != e.len {
+                // Replaced since the header was written: refuse, not lie.
+                return Err(std::io::Error::other(format!(
+                    "step {step} changed while exporting ({:?})",
+                    e.name
+                )));
+            }
+            out.write_all(&data)?;
+        }
+        out.flush()
+    })
+}
+
+/// The header: `__metadata__` and each tensor at consecutive offsets, in
+/// the order given, padded with spaces to a multiple of 8 bytes.
+fn header(metadata: &BTreeMap<&str, String>, entries: &[Entry]) -> serde_json::Result<Vec<u8>> {
+    let mut map = Map::new();
+    map.insert(METADATA.to_owned(), serde_json::to_value(metadata)?);
+    let mut at = 0u64;
+    for e in entries {
+        let value: Value = json!({
+            "dtype": e.dtype.name(),
+            "shape": e.shape,
+            "data_offsets": [at, at + e.len],
+        });
+        map.insert(e.name.clone(), value);
+        at += e.len;
+    }
+    let mut bytes = serde_json::to_vec(&Value::Object(map))?;
+    let padded = bytes.len().div_ceil(HEADER_ALIGN) * HEADER_ALIGN;
+    bytes.resize(padded, b' ');
+    Ok(bytes)
+}
