@@ -8,6 +8,8 @@
 //! ```
 
 mod common;
+#[path = "common/exchange.rs"]
+mod exchange;
 #[path = "common/recovery.rs"]
 mod recovery;
 #[path = "common/sqlite.rs"]
@@ -25,8 +27,9 @@ fn main() -> Result {
     if let Ok(spec) = std::env::var(recovery::CHILD_VAR) {
         return recovery::child(&spec);
     }
-    let which = std::env::var("CKPT_BENCH")
-        .unwrap_or_else(|_| "small,medium,large,paired,incremental,async,scale,recovery".into());
+    let which = std::env::var("CKPT_BENCH").unwrap_or_else(|_| {
+        "small,medium,large,paired,incremental,async,scale,tensors,recovery".into()
+    });
     let which: Vec<&str> = which.split(',').map(str::trim).collect();
     println!("# ckptstore write-throughput comparison\n");
     println!("machine: {} cores, {}", cores(), cpu_model());
@@ -47,6 +50,10 @@ fn main() -> Result {
     }
     if which.contains(&"scale") {
         run_scale()?;
+    }
+    if which.contains(&"tensors") {
+        let dir = tempfile::tempdir_in(bench_dir())?;
+        exchange::run(dir.path())?;
     }
     if which.contains(&"recovery") {
         let dir = tempfile::tempdir_in(bench_dir())?;

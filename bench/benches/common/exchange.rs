@@ -1,0 +1,118 @@
+//! Typed tensors and safetensors: commit of typed tensors against the same
+//! bytes as blobs, and export / import of a step against a raw copy of the
+//! same bytes (read a file, write another, fsync).
+
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use ckptstore::{CheckpointStore, ComputationGraphStore, Dtype, GradientCheckpoint, Tensor};
+
+use crate::common::{noise, Result};
+use crate::{fmt_dur, median};
+
+const TENSORS: usize = 4;
+const TENSOR_BYTES: usize = 64 << 20;
+const ROUNDS: u64 = 5;
+
+fn step(step: u64, typed: bool) -> Result<GradientCheckpoint> {
+    let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), step);
+    for i in 0..TENSORS {
+        let mut data = noise(i as u64 + 1, TENSOR_BYTES);
+        // Every 4 KiB page changes from step to step: no deduplication.
+        for page in data.chunks_mut(4096) {
+            page[..8].copy_from_slice(&step.to_le_bytes());
+        }
+        if typed {
+            let shape = vec![(TENSOR_BYTES / 4 / 1024) as u64, 1024];
+            c.set_tensor(format!("t{i}"), Tensor::new(Dtype::F32, shape, data)?);
+        } else {
+            c.set_optimizer_state(format!("t{i}"), data);
+        }
+    }
+    Ok(c)
+}
+
+fn time(f: impl FnOnce() -> Result) -> Result<Duration> {
+    let t = Instant::now();
+    f()?;
+    Ok(t.elapsed())
+}
+
+/// Read `from` whole and write it to `to`, fsynced: the baseline.
+fn raw_copy(from: &Path, to: &Path) -> Result {
+    let bytes = std::fs::read(from)?;
+    let mut f = std::fs::File::create(to)?;
+    f.write_all(&bytes)?;
+    f.sync_all()?;
+    Ok(())
+}
+
+pub fn run(dir: &Path) -> Result {
+    println!("\n## tensors and safetensors: {TENSORS} tensors x 64 MiB = 256 MiB per step\n");
+    let store = CheckpointStore::open(dir.join("x.ckpt"))?;
+    let (mut typed, mut blobs, mut export, mut import, mut raw) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for round in 0..ROUNDS {
+        let (t, b) = (step(2 * round, true)?, step(2 * round + 1, false)?);
+        // Alternate which goes first.
+        if round % 2 == 0 {
+            typed.push(time(|| store.commit(&t).map(drop).map_err(Into::into))?);
+            blobs.push(time(|| store.commit(&b).map(drop).map_err(Into::into))?);
+        } else {
+            blobs.push(time(|| store.commit(&b).map(drop).map_err(Into::into))?);
+            typed.push(time(|| store.commit(&t).map(drop).map_err(Into::into))?);
+        }
+        drop((t, b));
+        let file = dir.join("step.safetensors");
+        if round == 0 {
+            store.export_safetensors(2 * round, &file)?;
+        }
+        // Alternate which goes first: the second writer may wait for the
+        // first one's data on the shared device.
+        if round % 2 == 0 {
+            raw.push(time(|| raw_copy(&file, &dir.join("copy.bin")))?);
+            export.push(time(|| Ok(store.export_safetensors(2 * round, &file)?))?);
+        } else {
+            export.push(time(|| Ok(store.export_safetensors(2 * round, &file)?))?);
+            raw.push(time(|| raw_copy(&file, &dir.join("copy.bin")))?);
+        }
+        store.remove(2 * round)?;
+        import.push(time(|| {
+            store
+                .import_safetensors(&file, 2 * round)
+                .map(drop)
+                .map_err(Into::into)
+        })?);
+        store.remove(2 * round)?;
+        store.remove(2 * round + 1)?;
+    }
+    let (typed, blobs) = (median(&mut typed), median(&mut blobs));
+    let (export, import, raw) = (median(&mut export), median(&mut import), median(&mut raw));
+    println!("| operation ({ROUNDS} rounds, medians) | time | ratio |");
+    println!("|---|---:|---:|");
+    println!(
+        "| commit, same bytes as blobs | {} | 1.00x |",
+        fmt_dur(blobs)
+    );
+    println!(
+        "| commit, typed tensors | {} | {:.2}x the blobs' time |",
+        fmt_dur(typed),
+        typed.as_secs_f64() / blobs.as_secs_f64()
+    );
+    println!(
+        "| raw copy of the file (read, write, fsync) | {} | 1.00x |",
+        fmt_dur(raw)
+    );
+    println!(
+        "| `export_safetensors` (read from the store, write, fsync, rename) | {} | {:.2}x raw copy time |",
+        fmt_dur(export),
+        export.as_secs_f64() / raw.as_secs_f64()
+    );
+    println!(
+        "| `import_safetensors` (read the file, commit) | {} | {:.2}x raw copy time |",
+        fmt_dur(import),
+        import.as_secs_f64() / raw.as_secs_f64()
+    );
+    Ok(())
+}
