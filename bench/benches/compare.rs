@@ -24,6 +24,9 @@ fn main() -> Result {
     if let Ok(spec) = std::env::var(CHILD_VAR) {
         return peak_child(&spec);
     }
+    if let Ok(spec) = std::env::var(exchange::CHILD_VAR) {
+        return exchange::child(&spec);
+    }
     if let Ok(spec) = std::env::var(recovery::CHILD_VAR) {
         return recovery::child(&spec);
     }

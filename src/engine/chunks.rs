@@ -10,6 +10,7 @@
 use redb::{ReadableTable, Table, WriteTransaction};
 
 use crate::error::StorageContext;
+use crate::format::layout::chunk_lengths;
 use crate::format::manifest::{hex, ChunkRef, ChunkUse, Hash};
 use crate::format::tables::{CHUNK_DATA, CHUNK_INDEX, LEGACY_CHUNKS, LEGACY_REFS};
 use crate::Result;
@@ -96,6 +97,36 @@ impl<'txn> ChunkTables<'txn> {
             added.refs.push(ChunkRef { hash, id });
         }
         Ok(added)
+    }
+
+    /// Reference the chunks of a blob staged earlier (`hashes`, for a blob
+    /// of `len` bytes): one more use of each, counted into `added`.
+    pub(crate) fn add_staged(
+        &mut self,
+        len: u64,
+        hashes: &[Hash],
+        added: &mut Added,
+    ) -> Result<Vec<ChunkRef>> {
+        let lens = usize::try_from(len)
+            .map(chunk_lengths)
+            .map_err(|_| crate::Error::corrupt(None, "a streamed blob is too long"))?;
+        let mut refs = Vec::with_capacity(hashes.len());
+        for (hash, piece_len) in hashes.iter().zip(lens) {
+            let piece_len = piece_len as u64;
+            let (id, uses) = self.lookup(hash)?.ok_or_else(|| {
+                crate::Error::corrupt(None, format!("staged chunk {} is gone", hex(hash)))
+            })?;
+            self.set_index(hash, id, uses + 1)?;
+            if uses == 0 {
+                added.bytes_written += piece_len;
+                added.chunks_written += 1;
+            } else {
+                added.bytes_reused += piece_len;
+                added.chunks_reused += 1;
+            }
+            refs.push(ChunkRef { hash: *hash, id });
+        }
+        Ok(refs)
     }
 
     /// Write the chunks among `pieces` that are not stored yet, with no use

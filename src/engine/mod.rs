@@ -109,12 +109,13 @@ impl<'txn> Engine<'txn> {
         }
         // Add before releasing, so chunks shared with the replaced version
         // are never deleted and written again.
-        let added = self.chunks.add(&plan.pieces, hashes)?;
-        let manifest = encode_manifest(
-            plan.ckpt,
-            &plan.placements(&added.refs),
-            plan.packed_ref().as_ref(),
-        )?;
+        let mut added = self.chunks.add(&plan.pieces, hashes)?;
+        let mut streamed = Vec::with_capacity(plan.streamed.len());
+        for s in plan.streamed {
+            streamed.push(self.chunks.add_staged(s.len, &s.hashes, &mut added)?);
+        }
+        let placements = plan.placements_with(&added.refs, streamed);
+        let manifest = encode_manifest(plan.ckpt, &placements, plan.packed_ref().as_ref())?;
         let mut freed = match old {
             Some(old) => self.forget(step, &old)?,
             None => Freed::default(),
@@ -135,7 +136,7 @@ impl<'txn> Engine<'txn> {
         }
         Ok(CommitInfo {
             step,
-            logical_bytes: plan.ckpt.logical_bytes(),
+            logical_bytes: plan.logical_bytes(),
             bytes_written,
             bytes_reused: added.bytes_reused,
             chunks_written: added.chunks_written,

@@ -5,8 +5,19 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 
 use crate::format::layout::{split, PACK_BELOW};
-use crate::format::manifest::{BlobRef, ChunkRef, PackedRef, Placement};
+use crate::format::manifest::{BlobRef, ChunkRef, Hash, PackedRef, Placement};
 use crate::{GradientCheckpoint, StepSummary};
+
+/// A blob or tensor whose chunks an earlier transaction staged and whose
+/// bytes are no longer in memory (an import that streams a large file).
+pub(crate) struct Streamed {
+    pub(crate) name: String,
+    pub(crate) len: u64,
+    /// Each chunk's hash, in order.
+    pub(crate) hashes: Vec<Hash>,
+    /// A tensor (typed in the checkpoint, with no data there), or a blob.
+    pub(crate) typed: bool,
+}
 
 /// A checkpoint cut up for storing.
 pub(crate) struct Plan<'a> {
@@ -19,18 +30,29 @@ pub(crate) struct Plan<'a> {
     packed_at: Vec<(&'a str, u64, u64)>,
     /// The small blobs, concatenated.
     pub(crate) packed: Vec<u8>,
+    /// Blobs and tensors already staged, without their bytes.
+    pub(crate) streamed: &'a [Streamed],
 }
 
 impl<'a> Plan<'a> {
     /// Cut `ckpt`: blobs of [`PACK_BELOW`] bytes or more into chunks, the
     /// rest packed together.
     pub(crate) fn new(ckpt: &'a GradientCheckpoint) -> Self {
+        Self::with_streamed(ckpt, &[])
+    }
+
+    /// [`new`](Self::new) for a checkpoint some of whose blobs and tensors
+    /// are `streamed`: staged already, their names left out of the plan
+    /// (a streamed tensor stays in `ckpt` without data, for its type).
+    pub(crate) fn with_streamed(ckpt: &'a GradientCheckpoint, streamed: &'a [Streamed]) -> Self {
+        let elsewhere = |name: &String| streamed.iter().any(|s| &s.name == name);
         // Tensors' data is stored as blobs are; the manifest types them.
         let mut named: Vec<(&'a String, &'a [u8])> = ckpt
             .optimizer_state
             .iter()
             .map(|(n, b)| (n, b.as_slice()))
             .chain(ckpt.tensors.iter().map(|(n, t)| (n, t.data.as_slice())))
+            .filter(|(n, _)| !elsewhere(n))
             .collect();
         named.sort_unstable_by_key(|(n, _)| *n);
         let mut plan = Plan {
@@ -39,6 +61,7 @@ impl<'a> Plan<'a> {
             chunked: Vec::new(),
             packed_at: Vec::new(),
             packed: Vec::new(),
+            streamed,
         };
         for (name, blob) in named {
             let len = blob.len() as u64;
@@ -71,6 +94,29 @@ impl<'a> Plan<'a> {
         })
     }
 
+    /// Bytes of state: in memory and streamed.
+    pub(crate) fn logical_bytes(&self) -> u64 {
+        self.ckpt.logical_bytes() + self.streamed.iter().map(|s| s.len).sum::<u64>()
+    }
+
+    /// Where each blob lies, given the stored chunk of each piece and of
+    /// each streamed blob.
+    pub(crate) fn placements_with(
+        &self,
+        chunks: &[ChunkRef],
+        streamed: Vec<Vec<ChunkRef>>,
+    ) -> BTreeMap<String, BlobRef> {
+        let mut all = self.placements(chunks);
+        for (s, refs) in self.streamed.iter().zip(streamed) {
+            let blob = BlobRef {
+                len: s.len,
+                at: Placement::Chunks(refs),
+            };
+            all.insert(s.name.clone(), blob);
+        }
+        all
+    }
+
     /// Where each blob lies, given the stored chunk of each piece.
     pub(crate) fn placements(&self, chunks: &[ChunkRef]) -> BTreeMap<String, BlobRef> {
         let chunked = self.chunked.iter().map(|(name, len, range)| {
@@ -91,9 +137,10 @@ impl<'a> Plan<'a> {
             timestamp: self.ckpt.timestamp,
             loss_cid: self.ckpt.loss_cid.clone(),
             metrics: self.ckpt.metrics.clone(),
-            logical_bytes: self.ckpt.logical_bytes(),
+            logical_bytes: self.logical_bytes(),
             bytes_written,
-            blobs: self.ckpt.optimizer_state.len(),
+            blobs: self.ckpt.optimizer_state.len()
+                + self.streamed.iter().filter(|s| !s.typed).count(),
         }
     }
 }

@@ -15,9 +15,47 @@ use super::{
     KEY_BLOBS, KEY_GRAPH, KEY_LOSS_CID, KEY_METRICS, KEY_TIMESTAMP, LEN_PREFIX, MAX_HEADER,
     METADATA,
 };
+use crate::store::Incoming;
 use crate::{ComputationGraphStore, Dtype, Error, GradientCheckpoint, Result, Tensor};
 
-/// Read the safetensors file at `path` as step `step`.
+/// A checked header: the step's metadata, and each blob or tensor in the
+/// order its bytes follow.
+pub(crate) struct Header {
+    pub(crate) skeleton: GradientCheckpoint,
+    pub(crate) entries: Vec<Incoming>,
+}
+
+/// An open file, positioned at its data.
+pub(crate) struct Source {
+    pub(crate) header: Header,
+    pub(crate) input: std::io::BufReader<std::fs::File>,
+}
+
+/// Open the safetensors file at `path` as step `step` and check its header.
+pub(crate) fn open(path: &Path, step: u64) -> Result<Source> {
+    let file = std::fs::File::open(path).map_err(|e| Error::io("open", path, e))?;
+    let len = file
+        .metadata()
+        .map_err(|e| Error::io("read", path, e))?
+        .len();
+    let mut input = std::io::BufReader::new(file);
+    let header = read_header(&mut input, len, step).map_err(|e| in_file(path, e))?;
+    Ok(Source { header, input })
+}
+
+/// Read the next entry's bytes.
+pub(crate) fn read_entry(
+    input: &mut impl Read,
+    entry: &Incoming,
+) -> std::result::Result<Vec<u8>, Parse> {
+    // The length was checked against the file's when the header was read.
+    let len = usize::try_from(entry.len).map_err(|_| bad("a tensor too large to load"))?;
+    let mut data = vec![0u8; len];
+    input.read_exact(&mut data)?;
+    Ok(data)
+}
+
+/// Read the safetensors file at `path` as step `step`, whole.
 pub(crate) fn read_file(path: &Path, step: u64) -> Result<GradientCheckpoint> {
     let file = std::fs::File::open(path).map_err(|e| Error::io("open", path, e))?;
     let len = file
@@ -25,13 +63,18 @@ pub(crate) fn read_file(path: &Path, step: u64) -> Result<GradientCheckpoint> {
         .map_err(|e| Error::io("read", path, e))?
         .len();
     let mut reader = std::io::BufReader::new(file);
-    parse(&mut reader, len, step).map_err(|e| match e {
+    parse(&mut reader, len, step).map_err(|e| in_file(path, e))
+}
+
+/// A parse error as the crate's error, naming the file.
+pub(crate) fn in_file(path: &Path, e: Parse) -> Error {
+    match e {
         Parse::Bad(reason) => Error::InvalidSafetensors {
             path: path.to_owned(),
             reason,
         },
         Parse::Io(e) => Error::io("read", path, e),
-    })
+    }
 }
 
 /// Why parsing failed.
@@ -61,6 +104,28 @@ pub(crate) fn parse(
     len: u64,
     step: u64,
 ) -> std::result::Result<GradientCheckpoint, Parse> {
+    let Header {
+        mut skeleton,
+        entries,
+    } = read_header(input, len, step)?;
+    for entry in &entries {
+        let data = read_entry(input, entry)?;
+        match &entry.tensor {
+            Some((dtype, shape)) => {
+                let tensor = Tensor::new(*dtype, shape.clone(), data)
+                    .map_err(|e| bad(format!("tensor {:?}: {e}", entry.name)))?;
+                skeleton.tensors.insert(entry.name.clone(), tensor);
+            }
+            None => {
+                skeleton.optimizer_state.insert(entry.name.clone(), data);
+            }
+        }
+    }
+    Ok(skeleton)
+}
+
+/// Read and check the header of a safetensors stream of `len` bytes.
+fn read_header(input: &mut impl Read, len: u64, step: u64) -> std::result::Result<Header, Parse> {
     if len < LEN_PREFIX {
         return Err(bad(format!(
             "{len} bytes: too short for the 8-byte header length"
@@ -91,8 +156,9 @@ pub(crate) fn parse(
             len - LEN_PREFIX - n
         )));
     }
-    let mut ckpt = skeleton(metadata.metadata().as_ref(), step)?;
+    let skeleton = skeleton(metadata.metadata().as_ref(), step)?;
     let blob_names = blob_names(metadata.metadata().as_ref())?;
+    let mut entries = Vec::new();
     // In offset order, so the file is read once, front to back.
     for name in metadata.offset_keys() {
         let info = metadata
@@ -100,18 +166,15 @@ pub(crate) fn parse(
             .ok_or_else(|| bad(format!("tensor {name:?} vanished")))?;
         let dtype = dtype_of(info.dtype)?;
         let (start, end) = info.data_offsets;
-        let mut data = vec![0u8; end - start];
-        input.read_exact(&mut data)?;
         let shape: Vec<u64> = info.shape.iter().map(|&d| d as u64).collect();
-        if blob_names.contains(&name) && dtype == Dtype::U8 && shape.len() == 1 {
-            ckpt.optimizer_state.insert(name, data);
-        } else {
-            let tensor = Tensor::new(dtype, shape, data)
-                .map_err(|e| bad(format!("tensor {name:?}: {e}")))?;
-            ckpt.tensors.insert(name, tensor);
-        }
+        let blob = blob_names.contains(&name) && dtype == Dtype::U8 && shape.len() == 1;
+        entries.push(Incoming {
+            name,
+            len: (end - start) as u64,
+            tensor: (!blob).then_some((dtype, shape)),
+        });
     }
-    Ok(ckpt)
+    Ok(Header { skeleton, entries })
 }
 
 /// The checkpoint's fields other than its data, from `__metadata__` (a

@@ -6,9 +6,10 @@ use std::time::Instant;
 use super::CheckpointStore;
 use crate::db::{Db, TxnKind};
 use crate::engine::hashing::{with_hashes, Hashing};
-use crate::engine::plan::Plan;
+use crate::engine::plan::{Plan, Streamed};
+use crate::format::layout::{split, PACK_BELOW};
 use crate::format::manifest::Hash;
-use crate::{CommitInfo, GradientCheckpoint, Result};
+use crate::{CommitInfo, Dtype, GradientCheckpoint, Result, Tensor};
 
 /// A commit stages its chunks when they exceed this fraction of the page
 /// cache: redb keeps a transaction's new pages in a write buffer of half
@@ -114,8 +115,17 @@ fn commit_staged(
     let what = || format!("committing step {step}");
     let _one_staging_at_a_time = db.staging()?;
     let mut staged = Vec::with_capacity(plan.pieces.len());
-    let result = stage(db, plan, replace, hashes, part_bytes, &mut staged)
-        .and_then(|()| commit_once(db, plan, replace, &mut staged.iter().copied(), true));
+    let check = !replace;
+    let result = stage(
+        db,
+        step,
+        &plan.pieces,
+        check,
+        hashes,
+        part_bytes,
+        &mut staged,
+    )
+    .and_then(|()| commit_once(db, plan, replace, &mut staged.iter().copied(), true));
     if result.is_err() {
         // Best effort: what is left is deleted at the next writable open.
         let _ = db.write("commit", &what, TxnKind::Whole, |engine| {
@@ -125,18 +135,20 @@ fn commit_staged(
     result
 }
 
+/// Stage `pieces` (of step `step`) in transactions of up to `part_bytes`;
+/// with `check_exists`, the first refuses a stored step.
 fn stage(
     db: &Db,
-    plan: &Plan<'_>,
-    replace: bool,
+    step: u64,
+    pieces: &[&[u8]],
+    check_exists: bool,
     hashes: &mut dyn Iterator<Item = Hash>,
     part_bytes: usize,
     staged: &mut Vec<Hash>,
 ) -> Result<()> {
-    let step = plan.step();
     let what = || format!("committing step {step}");
-    let mut rest = plan.pieces.as_slice();
-    let mut first = true;
+    let mut rest = pieces;
+    let mut first = check_exists;
     while !rest.is_empty() {
         let mut n = 1;
         let mut bytes = rest[0].len();
@@ -146,13 +158,113 @@ fn stage(
         }
         let (part, tail) = rest.split_at(n);
         db.write("commit", &what, TxnKind::Part, |engine| {
-            if first && !replace && engine.has_step(step)? {
+            if first && engine.has_step(step)? {
                 return Err(crate::Error::StepExists { step });
             }
             engine.stage(part, hashes, staged)
         })?;
         first = false;
         rest = tail;
+    }
+    Ok(())
+}
+
+/// One blob or tensor of a streamed commit, before its bytes are read.
+pub(crate) struct Incoming {
+    pub(crate) name: String,
+    pub(crate) len: u64,
+    /// A tensor's dtype and shape; `None` for an optimizer blob.
+    pub(crate) tensor: Option<(Dtype, Vec<u64>)>,
+}
+
+/// Commit `ckpt` (its metadata; its blobs and tensors come from `read`,
+/// one at a time, in the order of `incoming`) without holding more than
+/// one large blob or tensor in memory: each large one is staged as soon as
+/// it is read, small ones are kept and packed with the step.
+pub(crate) fn put_streamed(
+    db: &Db,
+    mut ckpt: GradientCheckpoint,
+    incoming: &[Incoming],
+    read: &mut dyn FnMut(&Incoming) -> Result<Vec<u8>>,
+) -> Result<CommitInfo> {
+    let start = Instant::now();
+    let step = ckpt.step;
+    let part_bytes = db.options().cache_size / STAGE_ABOVE_CACHE_FRACTION;
+    let _one_staging_at_a_time = db.staging()?;
+    let mut staged = Vec::new();
+    let mut streamed = Vec::new();
+    let result = (|| {
+        for entry in incoming {
+            let data = read(entry)?;
+            if data.len() < PACK_BELOW {
+                place(&mut ckpt, entry, data)?;
+                continue;
+            }
+            let pieces: Vec<&[u8]> = split(&data).collect();
+            let first = staged.len();
+            let mut hashes = pieces.iter().map(|p| *blake3::hash(p).as_bytes());
+            stage(
+                db,
+                step,
+                &pieces,
+                first == 0,
+                &mut hashes,
+                part_bytes,
+                &mut staged,
+            )?;
+            streamed.push(Streamed {
+                name: entry.name.clone(),
+                len: data.len() as u64,
+                hashes: staged[first..].to_vec(),
+                typed: entry.tensor.is_some(),
+            });
+        }
+        ckpt.validate()?;
+        // Streamed tensors keep their type in the checkpoint, without data.
+        for entry in incoming {
+            if let (Some((dtype, shape)), true) =
+                (&entry.tensor, streamed.iter().any(|s| s.name == entry.name))
+            {
+                let hollow = Tensor {
+                    dtype: *dtype,
+                    shape: shape.clone(),
+                    data: Vec::new(),
+                };
+                ckpt.tensors.insert(entry.name.clone(), hollow);
+            }
+        }
+        let plan = Plan::with_streamed(&ckpt, &streamed);
+        let mut hashes = plan.pieces.iter().map(|p| *blake3::hash(p).as_bytes());
+        commit_once(db, &plan, false, &mut hashes, true)
+    })();
+    if result.is_err() {
+        // Best effort: what is left is deleted at the next writable open.
+        let what = || format!("committing step {step}");
+        let _ = db.write("commit", &what, TxnKind::Whole, |engine| {
+            engine.unstage(&staged)
+        });
+    }
+    let mut info = result?;
+    info.duration = start.elapsed();
+    Ok(info)
+}
+
+/// Put a small blob or tensor, read whole, into `ckpt`.
+fn place(ckpt: &mut GradientCheckpoint, entry: &Incoming, data: Vec<u8>) -> Result<()> {
+    match &entry.tensor {
+        Some((dtype, shape)) => {
+            let tensor = Tensor::new(*dtype, shape.clone(), data).map_err(|e| match e {
+                crate::Error::InvalidTensor { reason, .. } => crate::Error::InvalidTensor {
+                    name: Some(entry.name.clone()),
+                    reason,
+                },
+                e => e,
+            })?;
+            ckpt.tensors.insert(entry.name.clone(), tensor);
+        }
+        None => {
+            ckpt.optimizer_state.insert(entry.name.clone(), data);
+        }
     }
     Ok(())
 }

@@ -17,6 +17,7 @@ use crate::{Result, StoreOptions};
 use asynch::AsyncWriter;
 
 pub use asynch::CommitHandle;
+pub(crate) use commit::Incoming;
 
 /// A store of training checkpoints in one redb file, keyed by step.
 ///

@@ -316,8 +316,14 @@ impl CheckpointStore {
     /// Commit the safetensors file at `path` as step `step`: its tensors
     /// with their dtypes and shapes, and, for a file
     /// [`export_safetensors`](Self::export_safetensors) wrote, the rest of
-    /// that step (blobs, metrics, graph, time). The file is read and
-    /// checked whole before the store is touched.
+    /// that step (blobs, metrics, graph, time).
+    ///
+    /// The header is read and checked before the store is touched; then
+    /// the data is read front to back, one tensor in memory at a time:
+    /// each large tensor's chunks are staged as soon as it is read (as a
+    /// large [`commit`](Self::commit) stages them), and the step appears
+    /// with the last transaction. A failure part way deletes what was
+    /// staged, so the store is as it was.
     ///
     /// # Errors
     /// [`Error::InvalidSafetensors`](crate::Error::InvalidSafetensors)
@@ -330,6 +336,13 @@ impl CheckpointStore {
         path: impl AsRef<std::path::Path>,
         step: u64,
     ) -> Result<crate::CommitInfo> {
-        self.commit(&GradientCheckpoint::load_safetensors(path.as_ref(), step)?)
+        let path = path.as_ref();
+        let crate::exchange::read::Source { header, mut input } =
+            crate::exchange::read::open(path, step)?;
+        let mut read = |entry: &crate::store::Incoming| {
+            crate::exchange::read::read_entry(&mut input, entry)
+                .map_err(|e| crate::exchange::read::in_file(path, e))
+        };
+        super::commit::put_streamed(&self.db, header.skeleton, &header.entries, &mut read)
     }
 }

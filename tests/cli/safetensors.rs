@@ -105,3 +105,31 @@ fn a_bad_safetensors_file_leaves_no_trace() -> Result {
     assert_eq!(names, vec!["bad.safetensors", "run.ckpt"], "{names:?}");
     Ok(())
 }
+
+#[test]
+fn import_streams_large_tensors_and_keeps_the_accounting() -> Result {
+    let dir = tempfile::tempdir()?;
+    let source = CheckpointStore::open(dir.path().join("a.ckpt"))?;
+    let c = step_with_tensors(1)?;
+    source.commit(&c)?;
+    let file = dir.path().join("one.safetensors");
+    source.export_safetensors(1, &file)?;
+
+    let store = CheckpointStore::open(dir.path().join("b.ckpt"))?;
+    let first = store.import_safetensors(&file, 1)?;
+    assert_eq!(first.logical_bytes, c.logical_bytes());
+    let second = store.import_safetensors(&file, 2)?;
+    // The 512 KiB tensor and the 300 KB blob were staged, then found again.
+    assert!(second.bytes_reused >= 512 * 1024 + 300_000, "{second:?}");
+    let e = store
+        .import_safetensors(&file, 1)
+        .expect_err("step 1 is stored");
+    assert!(matches!(e, ckptstore::Error::StepExists { step: 1 }), "{e}");
+    assert_eq!(store.steps()?, vec![1, 2]);
+    let report = store.verify()?;
+    assert!(report.is_ok() && report.staged_chunks == 0, "{report:?}");
+    let mut want = c;
+    want.step = 2;
+    assert_eq!(store.get(2)?, Some(want));
+    Ok(())
+}

@@ -49,6 +49,11 @@ fn raw_copy(from: &Path, to: &Path) -> Result {
 }
 
 pub fn run(dir: &Path) -> Result {
+    run_rounds(dir)?;
+    run_memory(dir)
+}
+
+fn run_rounds(dir: &Path) -> Result {
     println!("\n## tensors and safetensors: {TENSORS} tensors x 64 MiB = 256 MiB per step\n");
     let store = CheckpointStore::open(dir.join("x.ckpt"))?;
     let (mut typed, mut blobs, mut export, mut import, mut raw) =
@@ -114,5 +119,75 @@ pub fn run(dir: &Path) -> Result {
         fmt_dur(import),
         import.as_secs_f64() / raw.as_secs_f64()
     );
+    Ok(())
+}
+
+pub const CHILD_VAR: &str = "CKPT_BENCH_TENSOR_CHILD";
+
+/// Resident memory: (now, peak) in bytes, from /proc/self/status.
+fn rss() -> Result<(u64, u64)> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let field = |name: &str| -> Result<u64> {
+        let line = status.lines().find(|l| l.starts_with(name)).ok_or("no field")?;
+        let kb: u64 = line[name.len()..].trim().trim_end_matches("kB").trim().parse()?;
+        Ok(kb * 1024)
+    };
+    Ok((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+/// The child side: `export:STORE:FILE` or `import:STORE:FILE`; prints the
+/// peak resident memory above what the process had before the operation.
+pub fn child(spec: &str) -> Result {
+    let mut parts = spec.splitn(3, ':');
+    let (op, store, file) = (
+        parts.next().ok_or("op")?,
+        parts.next().ok_or("store")?,
+        parts.next().ok_or("file")?,
+    );
+    let store = CheckpointStore::open(store)?;
+    let (before, _) = rss()?;
+    if op == "export" {
+        store.export_safetensors(0, file)?;
+    } else {
+        store.import_safetensors(file, 0)?;
+    }
+    let (_, peak) = rss()?;
+    println!("PEAK {}", peak.saturating_sub(before));
+    Ok(())
+}
+
+/// Peak memory of export and import of a 1 GiB step of 64 MiB tensors, each
+/// in a fresh process.
+pub fn run_memory(dir: &Path) -> Result {
+    let gib_step = {
+        let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), 0);
+        for i in 0..16u64 {
+            let data = noise(100 + i, TENSOR_BYTES);
+            let shape = vec![(TENSOR_BYTES / 4) as u64];
+            c.set_tensor(format!("t{i:02}"), Tensor::new(Dtype::F32, shape, data)?);
+        }
+        c
+    };
+    let source = dir.join("gib.ckpt");
+    CheckpointStore::open(&source)?.commit(&gib_step)?;
+    drop(gib_step);
+    let file = dir.join("gib.safetensors");
+    let peak = |spec: String| -> Result<u64> {
+        let out = std::process::Command::new(std::env::current_exe()?)
+            .env(CHILD_VAR, spec)
+            .output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.lines()
+            .find_map(|l| l.strip_prefix("PEAK ").and_then(|v| v.trim().parse().ok()))
+            .ok_or_else(|| format!("child failed: {}", String::from_utf8_lossy(&out.stderr)).into())
+    };
+    let export = peak(format!("export:{}:{}", source.display(), file.display()))?;
+    let target = dir.join("gib-import.ckpt");
+    let import = peak(format!("import:{}:{}", target.display(), file.display()))?;
+    let mib = |b: u64| b as f64 / f64::from(1 << 20);
+    println!("\n| 1 GiB step, 16 tensors x 64 MiB | peak memory above the process's before | beyond the largest tensor |");
+    println!("|---|---:|---:|");
+    println!("| `export_safetensors` | {:.1} MiB | {:+.1} MiB |", mib(export), mib(export) - 64.0);
+    println!("| `import_safetensors` | {:.1} MiB | {:+.1} MiB |", mib(import), mib(import) - 64.0);
     Ok(())
 }

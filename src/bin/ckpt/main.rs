@@ -309,6 +309,9 @@ fn import(
     if !safetensors && step.is_some() {
         return Err("--step is for safetensors files; a JSON checkpoint names its own step".into());
     }
+    if let (true, Some(step), false) = (safetensors, step, replace) {
+        return import_streamed(store, &files[0], step);
+    }
     // Read every file first: a bad one leaves no trace, not even a new store.
     let ckpts = files
         .iter()
@@ -349,6 +352,42 @@ fn import(
         });
     }
     bar.finish_and_clear();
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Import a safetensors file one tensor at a time. A store this command
+/// creates is removed again if the import fails: a bad file leaves no trace.
+fn import_streamed(store: &Path, file: &Path, step: u64) -> Result<ExitCode> {
+    let existed = store.exists();
+    let s = CheckpointStore::open(store).map_err(|e| explain(store, e))?;
+    let bar = spinner(format!("importing {}", file.display()));
+    let imported = s.import_safetensors(file, step);
+    bar.finish_and_clear();
+    let info = match imported {
+        Ok(info) => info,
+        Err(e) => {
+            drop(s);
+            if !existed {
+                let _ = std::fs::remove_file(store);
+            }
+            return Err(match e {
+                Error::StepExists { step } => format!(
+                    "{}: step {step} is already stored in {}; pass --replace to overwrite it",
+                    file.display(),
+                    store.display()
+                )
+                .into(),
+                e => explain(store, e),
+            });
+        }
+    };
+    println!(
+        "imported step {} from {} ({} written, {} reused)",
+        info.step,
+        file.display(),
+        output::bytes(info.bytes_written),
+        output::bytes(info.bytes_reused)
+    );
     Ok(ExitCode::SUCCESS)
 }
 
