@@ -128,8 +128,15 @@ pub const CHILD_VAR: &str = "CKPT_BENCH_TENSOR_CHILD";
 fn rss() -> Result<(u64, u64)> {
     let status = std::fs::read_to_string("/proc/self/status")?;
     let field = |name: &str| -> Result<u64> {
-        let line = status.lines().find(|l| l.starts_with(name)).ok_or("no field")?;
-        let kb: u64 = line[name.len()..].trim().trim_end_matches("kB").trim().parse()?;
+        let line = status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .ok_or("no field")?;
+        let kb: u64 = line[name.len()..]
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse()?;
         Ok(kb * 1024)
     };
     Ok((field("VmRSS:")?, field("VmHWM:")?))
@@ -187,7 +194,15 @@ pub fn run_memory(dir: &Path) -> Result {
     let mib = |b: u64| b as f64 / f64::from(1 << 20);
     println!("\n| 1 GiB step, 16 tensors x 64 MiB | peak memory above the process's before | beyond the largest tensor |");
     println!("|---|---:|---:|");
-    println!("| `export_safetensors` | {:.1} MiB | {:+.1} MiB |", mib(export), mib(export) - 64.0);
-    println!("| `import_safetensors` | {:.1} MiB | {:+.1} MiB |", mib(import), mib(import) - 64.0);
+    println!(
+        "| `export_safetensors` | {:.1} MiB | {:+.1} MiB |",
+        mib(export),
+        mib(export) - 64.0
+    );
+    println!(
+        "| `import_safetensors` | {:.1} MiB | {:+.1} MiB |",
+        mib(import),
+        mib(import) - 64.0
+    );
     Ok(())
 }
