@@ -331,25 +331,9 @@ fn import(
         } else {
             s.commit(ckpt)
         };
-        let info = info.map_err(|e| match e {
-            Error::StepExists { step } => format!(
-                "{}: step {step} is already stored in {}; pass --replace to overwrite it",
-                file.display(),
-                store.display()
-            )
-            .into(),
-            e => explain(store, e),
-        })?;
+        let info = info.map_err(|e| explain_import(store, file, e))?;
         bar.inc(1);
-        bar.suspend(|| {
-            println!(
-                "imported step {} from {} ({} written, {} reused)",
-                info.step,
-                file.display(),
-                output::bytes(info.bytes_written),
-                output::bytes(info.bytes_reused)
-            );
-        });
+        bar.suspend(|| print_imported(&info, file));
     }
     bar.finish_and_clear();
     Ok(ExitCode::SUCCESS)
@@ -370,17 +354,14 @@ fn import_streamed(store: &Path, file: &Path, step: u64) -> Result<ExitCode> {
             if !existed {
                 let _ = std::fs::remove_file(store);
             }
-            return Err(match e {
-                Error::StepExists { step } => format!(
-                    "{}: step {step} is already stored in {}; pass --replace to overwrite it",
-                    file.display(),
-                    store.display()
-                )
-                .into(),
-                e => explain(store, e),
-            });
+            return Err(explain_import(store, file, e));
         }
     };
+    print_imported(&info, file);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_imported(info: &ckptstore::CommitInfo, file: &Path) {
     println!(
         "imported step {} from {} ({} written, {} reused)",
         info.step,
@@ -388,7 +369,19 @@ fn import_streamed(store: &Path, file: &Path, step: u64) -> Result<ExitCode> {
         output::bytes(info.bytes_written),
         output::bytes(info.bytes_reused)
     );
-    Ok(ExitCode::SUCCESS)
+}
+
+/// An import's error: a stored step names the flag that overwrites it.
+fn explain_import(store: &Path, file: &Path, e: Error) -> Box<dyn std::error::Error> {
+    match e {
+        Error::StepExists { step } => format!(
+            "{}: step {step} is already stored in {}; pass --replace to overwrite it",
+            file.display(),
+            store.display()
+        )
+        .into(),
+        e => explain(store, e),
+    }
 }
 
 fn verify(store: &Path, pages: bool) -> Result<ExitCode> {
