@@ -1,0 +1,162 @@
+//! The command line: subcommands, their arguments and flags.
+
+use std::path::{Path, PathBuf};
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "ckpt",
+    version,
+    about = "Inspect and manage ckptstore checkpoint stores",
+    after_help = "Only `import` creates a store. `rm`, `gc` and `compact` change one; \
+                  every other command only reads, beside a training run that writes."
+)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum Command {
+    /// List the steps: time, loss CID, metrics, size. Reads.
+    Ls {
+        /// The store file.
+        store: PathBuf,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one step's manifest: graph summary, blobs and sizes. Reads.
+    Show {
+        /// The store file.
+        store: PathBuf,
+        /// A step number, or `latest`.
+        step: String,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write one step to a file: safetensors (`.safetensors`) or the
+    /// original JSON checkpoint format (any other name). Reads.
+    Export {
+        /// The store file.
+        store: PathBuf,
+        /// A step number, or `latest`.
+        step: String,
+        /// The file to write.
+        #[arg(short, long)]
+        output: PathBuf,
+        /// The file's format, instead of guessing it from its name.
+        #[arg(long, value_enum)]
+        format: Option<Format>,
+    },
+    /// Commit checkpoints from files: JSON of the original format, or
+    /// safetensors (`.safetensors`, with --step). Creates the store if it
+    /// is missing (the only command that does).
+    Import {
+        /// The store file (created if missing).
+        store: PathBuf,
+        /// The files.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// Replace steps that are already stored.
+        #[arg(long)]
+        replace: bool,
+        /// The step a safetensors file is stored as (one file only).
+        #[arg(long)]
+        step: Option<u64>,
+        /// The files' format, instead of guessing it from their names.
+        #[arg(long, value_enum)]
+        format: Option<Format>,
+    },
+    /// Check every hash and reference count; exit 3 on any damage. Reads.
+    Verify {
+        /// The store file.
+        store: PathBuf,
+        /// Also check redb's page checksums (reads the whole file; changes
+        /// nothing).
+        #[arg(long)]
+        pages: bool,
+    },
+    /// Remove steps, all or none. Writes.
+    Rm {
+        /// The store file.
+        store: PathBuf,
+        /// The steps to remove.
+        #[arg(required = true)]
+        steps: Vec<u64>,
+    },
+    /// Apply a retention policy: keep what any rule keeps, delete the rest.
+    /// Writes (reads only, with --dry-run).
+    Gc {
+        /// The store file.
+        store: PathBuf,
+        /// Keep the N highest steps (N >= 1).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+        keep_last: Option<u64>,
+        /// Keep every step that is a multiple of N (N >= 1).
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+        keep_every: Option<u64>,
+        /// Keep the last step of each interval of this many seconds.
+        #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
+        keep_one_per: Option<u64>,
+        /// Keep the K best steps by a metric, as METRIC:K:min or METRIC:K:max (K >= 1).
+        #[arg(long, value_name = "METRIC:K:min|max")]
+        keep_best: Vec<String>,
+        /// Show what would be deleted without deleting (reads only).
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Hand free space in the file back to the filesystem. Writes.
+    Compact {
+        /// The store file.
+        store: PathBuf,
+        /// While other processes are reading the store, wait up to this
+        /// many seconds for them to finish (default: fail at once).
+        #[arg(long, value_name = "SECS", default_value_t = 0)]
+        wait: u64,
+    },
+    /// Steps, sizes, deduplication ratio, file size. Reads.
+    Stats {
+        /// The store file.
+        store: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Compare write throughput: seed JSON, raw write+fsync, ckptstore.
+    Bench {
+        /// Workloads to run: small, medium, large.
+        #[arg(long, value_delimiter = ',', default_value = "small,medium")]
+        sizes: Vec<String>,
+        /// Where to write the benchmark files (default: a temporary folder).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+}
+
+/// A file format of `export` and `import`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Format {
+    /// safetensors: tensors every ML framework reads.
+    Safetensors,
+    /// The original one-JSON-file-per-step format.
+    Json,
+}
+
+impl Format {
+    /// `given`, or the format `path`'s name says.
+    pub(crate) fn of(path: &Path, given: Option<Format>) -> Format {
+        given.unwrap_or_else(|| {
+            let safetensors = path
+                .extension()
+                .is_some_and(|e| e.eq_ignore_ascii_case("safetensors"));
+            if safetensors {
+                Format::Safetensors
+            } else {
+                Format::Json
+            }
+        })
+    }
+}
