@@ -274,6 +274,34 @@ impl Error {
         }
     }
 
+    /// The operating system's error behind this one, if there is one (for
+    /// its `kind()` or errno).
+    ///
+    /// ```
+    /// # use ckptstore::CheckpointStore;
+    /// # let dir = tempfile::tempdir()?;
+    /// let e = CheckpointStore::open(dir.path().join("no/such/dir/run.ckpt")).expect_err("no dir");
+    /// assert_eq!(e.os_error().map(|e| e.kind()), Some(std::io::ErrorKind::NotFound));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn os_error(&self) -> Option<&std::io::Error> {
+        fn storage(source: &Cause) -> Option<&std::io::Error> {
+            match source.downcast_ref::<redb::DatabaseError>() {
+                Some(redb::DatabaseError::Storage(redb::StorageError::Io(e))) => Some(e),
+                _ => match source.downcast_ref::<redb::Error>() {
+                    Some(redb::Error::Io(e)) => Some(e),
+                    _ => None,
+                },
+            }
+        }
+        match self {
+            Error::Io { source, .. } => Some(source),
+            Error::Open { source, .. } | Error::Storage { source, .. } => storage(source),
+            Error::AsyncCommitFailed { source, .. } => source.os_error(),
+            _ => None,
+        }
+    }
+
     /// True when the store is held by another writer: try again when it
     /// has finished, or open it read-only.
     ///

@@ -1,0 +1,139 @@
+"""The Python package: `import ckptstore` (built by `pip install ./python`)."""
+
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import ckptstore
+
+
+def test_save_and_load_keep_dtypes_shapes_and_values(tmp_path):
+    state = {
+        "w": np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4),
+        "m": np.arange(10, dtype=np.float64)[::2],  # not contiguous
+        "ids": np.array([1, -2, 3], dtype=np.int64),
+        "mask": np.array([True, False]),
+        "half": np.ones((2, 2), dtype=np.float16),
+        "scalar": np.array(3.5, dtype=np.float32),
+        "empty": np.zeros((0, 4), dtype=np.int32),
+        "rng": b"\x01\x02\x03",
+        "raw": bytearray(b"xyz"),
+    }
+    with ckptstore.open(tmp_path / "run.ckpt") as store:
+        info = store.save(7, state, metrics={"loss": 0.25})
+        assert info.step == 7 and info.bytes_written > 0
+        ck = store.load()
+        assert ck.step == 7 and ck.metrics == {"loss": 0.25}
+        for name, want in state.items():
+            got = ck.tensors[name]
+            if isinstance(want, (bytes, bytearray)):
+                assert got.dtype == np.uint8 and bytes(got) == bytes(want)
+            else:
+                assert got.dtype == want.dtype and got.shape == want.shape, name
+                np.testing.assert_array_equal(got, want)
+        assert store.load(8) is None
+        assert len(store) == 1 and 7 in store and 8 not in store
+        assert store[7].step == 7
+        with pytest.raises(KeyError):
+            store[8]
+
+
+def test_steps_remove_gc_verify_stats(tmp_path):
+    frozen = np.arange(1 << 18, dtype=np.float32)  # 1 MiB, unchanged every step
+    with ckptstore.open(tmp_path / "run.ckpt") as store:
+        for step in range(6):
+            info = store.save(step, {"frozen": frozen, "x": np.full(4, step, dtype=np.int64)})
+            if step > 0:
+                assert info.bytes_reused >= frozen.nbytes
+        assert store.steps() == list(range(6)) and store.latest_step() == 5
+        assert store.remove(0) and not store.remove(0)
+        assert store.gc(keep_last=2) == [1, 2, 3]
+        report = store.verify()
+        assert report.ok and report.steps_ok == 2
+        stats = store.stats()
+        assert stats["steps"] == 2 and stats["dedup_ratio"] > 1.5
+
+
+def test_errors_are_typed(tmp_path):
+    path = tmp_path / "run.ckpt"
+    with ckptstore.open(path) as store:
+        store.save(1, {"a": np.zeros(2)})
+        with pytest.raises(ckptstore.StepExistsError):
+            store.save(1, {"a": np.zeros(2)})
+        with pytest.raises(ckptstore.LockedError):
+            ckptstore.open(path)
+        assert issubclass(ckptstore.StepExistsError, ckptstore.Error)
+        with pytest.raises(TypeError):
+            store.save(2, [1, 2, 3])
+        with pytest.raises(TypeError):
+            store.save(2, {"o": np.array([object()])})
+        with pytest.raises(TypeError):
+            store.save(2, {3: np.zeros(1)})
+    with pytest.raises(OSError):
+        ckptstore.open(tmp_path / "no" / "such" / "dir" / "run.ckpt")
+
+
+def test_async_saves_and_readers_beside_the_writer(tmp_path):
+    path = tmp_path / "run.ckpt"
+    store = ckptstore.open(path)
+    handles = [store.save_async(s, {"w": np.full(1000, s, dtype=np.float32)}) for s in range(4)]
+    assert handles[-1].result().step == 3
+    store.flush()
+    assert all(h.done() for h in handles)
+    reader = ckptstore.open(path, read_only=True)
+    assert reader.steps() == [0, 1, 2, 3]
+    store.save(4, {"w": np.zeros(3)})
+    assert ckptstore.open(path, read_only=True).latest_step() == 4
+    failed = store.save_async(4, {"w": np.zeros(3)})
+    with pytest.raises(ckptstore.StepExistsError):
+        failed.result()
+    # flush() reports every background failure since the last flush.
+    with pytest.raises(ckptstore.Error):
+        store.flush()
+    with pytest.raises(ckptstore.Error):
+        reader.save(9, {"w": np.zeros(1)})
+    store.close()
+
+
+def test_the_gil_is_released_while_saving(tmp_path):
+    big = np.random.default_rng(0).standard_normal(16 << 20).astype(np.float32)  # 64 MiB
+    ticks = []
+    stop = threading.Event()
+
+    def count():
+        while not stop.is_set():
+            ticks.append(time.perf_counter())
+            time.sleep(0.001)
+
+    with ckptstore.open(tmp_path / "run.ckpt") as store:
+        t = threading.Thread(target=count)
+        t.start()
+        time.sleep(0.01)
+        before = len(ticks)
+        start = time.perf_counter()
+        store.save(1, {"big": big})
+        took = time.perf_counter() - start
+        during = len(ticks) - before
+        stop.set()
+        t.join()
+    # The other thread ran while the save hashed and wrote.
+    assert took > 0.02 and during >= 5, (took, during)
+
+
+def test_a_step_saved_from_python_exports_to_safetensors(tmp_path):
+    ckpt_bin = os.environ.get("CKPT_BIN")
+    if ckpt_bin is None:
+        pytest.skip("CKPT_BIN not set")
+    import subprocess
+
+    from safetensors.numpy import load_file
+
+    w = np.arange(6, dtype=np.float32).reshape(2, 3)
+    with ckptstore.open(tmp_path / "run.ckpt") as store:
+        store.save(3, {"w": w})
+    out = tmp_path / "s.safetensors"
+    subprocess.run([ckpt_bin, "export", str(tmp_path / "run.ckpt"), "3", "-o", str(out)], check=True)
+    np.testing.assert_array_equal(load_file(str(out))["w"], w)
