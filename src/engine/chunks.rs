@@ -26,6 +26,19 @@ pub(crate) struct Added {
     pub(crate) refs: Vec<ChunkRef>,
 }
 
+impl Added {
+    /// Count one piece of `len` bytes, written now or reused.
+    fn record(&mut self, len: u64, written: bool) {
+        if written {
+            self.bytes_written += len;
+            self.chunks_written += 1;
+        } else {
+            self.bytes_reused += len;
+            self.chunks_reused += 1;
+        }
+    }
+}
+
 /// Bytes and chunks a transaction freed.
 #[derive(Clone, Copy, Default)]
 pub(crate) struct Freed {
@@ -87,13 +100,7 @@ impl<'txn> ChunkTables<'txn> {
                 }
                 None => (self.insert_new(&hash, piece, 1)?, true),
             };
-            if written {
-                added.bytes_written += len;
-                added.chunks_written += 1;
-            } else {
-                added.bytes_reused += len;
-                added.chunks_reused += 1;
-            }
+            added.record(len, written);
             added.refs.push(ChunkRef { hash, id });
         }
         Ok(added)
@@ -117,13 +124,8 @@ impl<'txn> ChunkTables<'txn> {
                 crate::Error::corrupt(None, format!("staged chunk {} is gone", hex(hash)))
             })?;
             self.set_index(hash, id, uses + 1)?;
-            if uses == 0 {
-                added.bytes_written += piece_len;
-                added.chunks_written += 1;
-            } else {
-                added.bytes_reused += piece_len;
-                added.chunks_reused += 1;
-            }
+            // A chunk with no use was staged by this commit: written now.
+            added.record(piece_len, uses == 0);
             refs.push(ChunkRef { hash: *hash, id });
         }
         Ok(refs)

@@ -28,7 +28,7 @@ use crate::{CommitInfo, Error, Result, Retention, StepSummary};
 use chunks::{ChunkTables, Freed};
 use plan::Plan;
 
-pub(crate) use read::View;
+pub(crate) use read::{StepData, View};
 pub(crate) use verify::Checked;
 
 /// The tables of one write transaction, and the operations on them.
@@ -161,7 +161,11 @@ impl<'txn> Engine<'txn> {
 
     /// Whether `step` is stored.
     pub(crate) fn has_step(&self, step: u64) -> Result<bool> {
-        Ok(self.manifest_bytes(step)?.is_some())
+        let found = self
+            .steps
+            .get(step)
+            .context(|| format!("reading step {step} from table steps"))?;
+        Ok(found.is_some())
     }
 
     fn manifest_bytes(&self, step: u64) -> Result<Option<Vec<u8>>> {

@@ -1,7 +1,8 @@
 //! Reading in one read transaction: manifests, listings, and blobs, with
 //! every hash checked.
 
-use std::collections::BTreeSet;
+use std::cell::OnceCell;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::RangeBounds;
 
 use redb::{
@@ -112,44 +113,50 @@ impl View {
 
     /// Read a manifest's blobs into a checkpoint, checking every hash.
     pub(crate) fn assemble(&self, manifest: Manifest) -> Result<GradientCheckpoint> {
-        let step = manifest.step;
-        let chunks = ChunkSource {
-            data: self.optional(CHUNK_DATA)?,
-            legacy: self.optional(LEGACY_CHUNKS)?,
-        };
-        let packed = match &manifest.packed {
-            Some(p) => self.read_packed(step, p)?,
-            None => Vec::new(),
-        };
+        let (step, packed) = (manifest.step, manifest.packed.clone());
         let (mut ckpt, blobs, mut typed) = manifest.into_parts();
-        for (name, blob) in blobs {
-            let data = match &blob.at {
-                // Bounds were checked when the manifest was decoded.
-                Placement::Packed { offset } => usize::try_from(*offset)
-                    .ok()
-                    .zip(usize::try_from(offset + blob.len).ok())
-                    .and_then(|(from, to)| packed.get(from..to))
-                    .ok_or_else(|| {
-                        Error::corrupt(
-                            Some(step),
-                            format!("blob {name:?} is outside the packed bytes"),
-                        )
-                    })?
-                    .to_vec(),
-                _ => read_blob(&chunks, step, &name, &blob)?,
-            };
+        let data = self.step_data(step, packed, blobs)?;
+        for name in data.names() {
+            let bytes = data.read(&name)?.unwrap_or_default();
             match typed.remove(&name) {
                 // Lengths were checked against dtype and shape when the
                 // manifest was decoded.
                 Some((dtype, shape)) => {
-                    ckpt.tensors.insert(name, Tensor { dtype, shape, data });
+                    ckpt.tensors.insert(
+                        name,
+                        Tensor {
+                            dtype,
+                            shape,
+                            data: bytes,
+                        },
+                    );
                 }
                 None => {
-                    ckpt.optimizer_state.insert(name, data);
+                    ckpt.optimizer_state.insert(name, bytes);
                 }
             }
         }
         Ok(ckpt)
+    }
+
+    /// A reader of `blobs` of `step`, one at a time.
+    pub(crate) fn step_data(
+        &self,
+        step: u64,
+        packed: Option<PackedRef>,
+        blobs: BTreeMap<String, BlobRef>,
+    ) -> Result<StepData<'_>> {
+        Ok(StepData {
+            view: self,
+            step,
+            chunks: ChunkSource {
+                data: self.optional(CHUNK_DATA)?,
+                legacy: self.optional(LEGACY_CHUNKS)?,
+            },
+            packed_ref: packed,
+            packed: OnceCell::new(),
+            blobs,
+        })
     }
 
     /// A step's packed small blobs, checked against their length and hash.
@@ -177,6 +184,56 @@ impl View {
             return Err(corrupt("fail their hash check"));
         }
         Ok(data)
+    }
+}
+
+/// The blobs of one step, read one at a time, each hash-checked: the
+/// step's packed small blobs are read once, on first use.
+pub(crate) struct StepData<'v> {
+    view: &'v View,
+    step: u64,
+    chunks: ChunkSource,
+    packed_ref: Option<PackedRef>,
+    packed: OnceCell<Vec<u8>>,
+    blobs: BTreeMap<String, BlobRef>,
+}
+
+impl StepData<'_> {
+    /// The names of the step's blobs, ascending.
+    pub(crate) fn names(&self) -> Vec<String> {
+        self.blobs.keys().cloned().collect()
+    }
+
+    /// The bytes of blob `name`, or `None` if the step has no such blob.
+    pub(crate) fn read(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        let Some(blob) = self.blobs.get(name) else {
+            return Ok(None);
+        };
+        let step = self.step;
+        let Placement::Packed { offset } = &blob.at else {
+            return read_blob(&self.chunks, step, name, blob).map(Some);
+        };
+        let packed = if let Some(p) = self.packed.get() {
+            p
+        } else {
+            let read = match &self.packed_ref {
+                Some(p) => self.view.read_packed(step, p)?,
+                None => Vec::new(),
+            };
+            self.packed.get_or_init(|| read)
+        };
+        // Bounds were checked when the manifest was decoded.
+        let bytes = usize::try_from(*offset)
+            .ok()
+            .zip(usize::try_from(offset + blob.len).ok())
+            .and_then(|(from, to)| packed.get(from..to))
+            .ok_or_else(|| {
+                Error::corrupt(
+                    Some(step),
+                    format!("blob {name:?} is outside the packed bytes"),
+                )
+            })?;
+        Ok(Some(bytes.to_vec()))
     }
 }
 

@@ -16,7 +16,7 @@ use super::{
     METADATA,
 };
 use crate::store::Incoming;
-use crate::{ComputationGraphStore, Dtype, Error, GradientCheckpoint, Result, Tensor};
+use crate::{ComputationGraphStore, Dtype, Error, GradientCheckpoint, Result};
 
 /// A checked header: the step's metadata, and each blob or tensor in the
 /// order its bytes follow.
@@ -110,16 +110,9 @@ pub(crate) fn parse(
     } = read_header(input, len, step)?;
     for entry in &entries {
         let data = read_entry(input, entry)?;
-        match &entry.tensor {
-            Some((dtype, shape)) => {
-                let tensor = Tensor::new(*dtype, shape.clone(), data)
-                    .map_err(|e| bad(format!("tensor {:?}: {e}", entry.name)))?;
-                skeleton.tensors.insert(entry.name.clone(), tensor);
-            }
-            None => {
-                skeleton.optimizer_state.insert(entry.name.clone(), data);
-            }
-        }
+        entry
+            .place(&mut skeleton, data)
+            .map_err(|e| bad(e.to_string()))?;
     }
     Ok(skeleton)
 }

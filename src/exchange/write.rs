@@ -16,7 +16,8 @@ use super::{
     HEADER_ALIGN, KEY_BLOBS, KEY_GRAPH, KEY_LOSS_CID, KEY_METRICS, KEY_STEP, KEY_TIMESTAMP,
     METADATA,
 };
-use crate::{CheckpointStore, Dtype, Error, Result};
+use crate::engine::StepData;
+use crate::{CheckpointStore, Dtype, Error, GradientCheckpoint, Result, StepInfo};
 
 /// One tensor of the file to write.
 struct Entry {
@@ -27,9 +28,24 @@ struct Entry {
     typed: bool,
 }
 
-/// Write step `step` of `store` to `path` as safetensors, durably.
+/// Write step `step` of `store` to `path` as safetensors, durably. The
+/// header and every tensor come from one read transaction: what is
+/// written is one version of the step, whatever commits meanwhile.
 pub(crate) fn export(store: &CheckpointStore, step: u64, path: &Path) -> Result<()> {
-    let (skeleton, info) = store.skeleton(step)?.ok_or(Error::StepNotFound { step })?;
+    store
+        .with_step(step, |skeleton, info, data| {
+            write(step, path, &skeleton, &info, data)
+        })?
+        .ok_or(Error::StepNotFound { step })
+}
+
+fn write(
+    step: u64,
+    path: &Path,
+    skeleton: &GradientCheckpoint,
+    info: &StepInfo,
+    data: &StepData<'_>,
+) -> Result<()> {
     let mut entries: Vec<Entry> = info
         .tensors
         .iter()
@@ -88,23 +104,11 @@ pub(crate) fn export(store: &CheckpointStore, step: u64, path: &Path) -> Result<
         out.write_all(&(header.len() as u64).to_le_bytes())?;
         out.write_all(&header)?;
         for e in &entries {
-            let data = if e.typed {
-                store.get_tensor(step, &e.name).map(|t| t.map(|t| t.data))
-            } else {
-                store.get_blob(step, &e.name)
-            }
-            .map_err(std::io::Error::other)?
-            .ok_or_else(|| {
-                std::io::Error::other(format!("step {step} lost {:?} while exporting", e.name))
-            })?;
-            if data.len() as u64 != e.len {
-                // Replaced since the header was written: refuse, not lie.
-                return Err(std::io::Error::other(format!(
-                    "step {step} changed while exporting ({:?})",
-                    e.name
-                )));
-            }
-            out.write_all(&data)?;
+            let bytes = data
+                .read(&e.name)
+                .map_err(std::io::Error::other)?
+                .ok_or_else(|| std::io::Error::other(format!("step {step} has no {:?}", e.name)))?;
+            out.write_all(&bytes)?;
         }
         out.flush()
     })

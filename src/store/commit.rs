@@ -177,6 +177,28 @@ pub(crate) struct Incoming {
     pub(crate) tensor: Option<(Dtype, Vec<u64>)>,
 }
 
+impl Incoming {
+    /// Put this blob or tensor, with its bytes `data`, into `ckpt`.
+    pub(crate) fn place(&self, ckpt: &mut GradientCheckpoint, data: Vec<u8>) -> Result<()> {
+        match &self.tensor {
+            Some((dtype, shape)) => {
+                let tensor = Tensor::new(*dtype, shape.clone(), data).map_err(|e| match e {
+                    crate::Error::InvalidTensor { reason, .. } => crate::Error::InvalidTensor {
+                        name: Some(self.name.clone()),
+                        reason,
+                    },
+                    e => e,
+                })?;
+                ckpt.tensors.insert(self.name.clone(), tensor);
+            }
+            None => {
+                ckpt.optimizer_state.insert(self.name.clone(), data);
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Commit `ckpt` (its metadata; its blobs and tensors come from `read`,
 /// one at a time, in the order of `incoming`) without holding more than
 /// one large blob or tensor in memory: each large one is staged as soon as
@@ -194,10 +216,13 @@ pub(crate) fn put_streamed(
     let mut staged = Vec::new();
     let mut streamed = Vec::new();
     let result = (|| {
+        // Streamed tensors keep their type in the checkpoint, without data
+        // (added once the checkpoint's own data has been validated).
+        let mut hollow = Vec::new();
         for entry in incoming {
             let data = read(entry)?;
             if data.len() < PACK_BELOW {
-                place(&mut ckpt, entry, data)?;
+                entry.place(&mut ckpt, data)?;
                 continue;
             }
             let pieces: Vec<&[u8]> = split(&data).collect();
@@ -218,21 +243,17 @@ pub(crate) fn put_streamed(
                 hashes: staged[first..].to_vec(),
                 typed: entry.tensor.is_some(),
             });
-        }
-        ckpt.validate()?;
-        // Streamed tensors keep their type in the checkpoint, without data.
-        for entry in incoming {
-            if let (Some((dtype, shape)), true) =
-                (&entry.tensor, streamed.iter().any(|s| s.name == entry.name))
-            {
-                let hollow = Tensor {
+            if let Some((dtype, shape)) = &entry.tensor {
+                let tensor = Tensor {
                     dtype: *dtype,
                     shape: shape.clone(),
                     data: Vec::new(),
                 };
-                ckpt.tensors.insert(entry.name.clone(), hollow);
+                hollow.push((entry.name.clone(), tensor));
             }
         }
+        ckpt.validate()?;
+        ckpt.tensors.extend(hollow);
         let plan = Plan::with_streamed(&ckpt, &streamed);
         let mut hashes = plan.pieces.iter().map(|p| *blake3::hash(p).as_bytes());
         commit_once(db, &plan, false, &mut hashes, true)
@@ -247,24 +268,4 @@ pub(crate) fn put_streamed(
     let mut info = result?;
     info.duration = start.elapsed();
     Ok(info)
-}
-
-/// Put a small blob or tensor, read whole, into `ckpt`.
-fn place(ckpt: &mut GradientCheckpoint, entry: &Incoming, data: Vec<u8>) -> Result<()> {
-    match &entry.tensor {
-        Some((dtype, shape)) => {
-            let tensor = Tensor::new(*dtype, shape.clone(), data).map_err(|e| match e {
-                crate::Error::InvalidTensor { reason, .. } => crate::Error::InvalidTensor {
-                    name: Some(entry.name.clone()),
-                    reason,
-                },
-                e => e,
-            })?;
-            ckpt.tensors.insert(entry.name.clone(), tensor);
-        }
-        None => {
-            ckpt.optimizer_state.insert(entry.name.clone(), data);
-        }
-    }
-    Ok(())
 }

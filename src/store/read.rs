@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::ops::RangeBounds;
 
 use super::CheckpointStore;
-use crate::engine::View;
+use crate::engine::{StepData, View};
 use crate::{
     Goal, GradientCheckpoint, Result, Retention, StepInfo, StepSummary, StoreStats, Tensor,
     TensorInfo,
@@ -88,43 +88,49 @@ impl CheckpointStore {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn info(&self, step: u64) -> Result<Option<StepInfo>> {
-        Ok(self.skeleton(step)?.map(|(_, info)| info))
+        self.with_step(step, |_, info, _| Ok(info))
     }
 
-    /// The metadata of `step` and its checkpoint without blob or tensor
-    /// data, from one read.
-    pub(crate) fn skeleton(&self, step: u64) -> Result<Option<(GradientCheckpoint, StepInfo)>> {
+    /// Run `f` on step `step`: its checkpoint without blob or tensor data,
+    /// its metadata, and a reader of its blobs and tensors one at a time,
+    /// all from one read transaction. `None` if the step is not stored.
+    pub(crate) fn with_step<T>(
+        &self,
+        step: u64,
+        f: impl FnOnce(GradientCheckpoint, StepInfo, &StepData<'_>) -> Result<T>,
+    ) -> Result<Option<T>> {
         let what = || format!("reading step {step}");
-        let Some(manifest) = self.db.read(&what, |view| view.manifest(step))? else {
-            return Ok(None);
-        };
-        let (ckpt, blobs, typed) = manifest.into_parts();
-        let mut info = StepInfo {
-            step,
-            timestamp: ckpt.timestamp,
-            loss_cid: ckpt.loss_cid.clone(),
-            metrics: ckpt.metrics.clone(),
-            node_count: ckpt.graph.node_count(),
-            edge_count: ckpt.graph.edge_count(),
-            blobs: BTreeMap::new(),
-            tensors: BTreeMap::new(),
-        };
-        for (name, blob) in blobs {
-            match typed.get(&name) {
-                Some((dtype, shape)) => {
+        self.db.read(&what, |view| {
+            let Some(manifest) = view.manifest(step)? else {
+                return Ok(None);
+            };
+            let packed = manifest.packed.clone();
+            let (ckpt, blobs, typed) = manifest.into_parts();
+            let mut info = StepInfo {
+                step,
+                timestamp: ckpt.timestamp,
+                loss_cid: ckpt.loss_cid.clone(),
+                metrics: ckpt.metrics.clone(),
+                node_count: ckpt.graph.node_count(),
+                edge_count: ckpt.graph.edge_count(),
+                blobs: BTreeMap::new(),
+                tensors: BTreeMap::new(),
+            };
+            for (name, blob) in &blobs {
+                if let Some((dtype, shape)) = typed.get(name) {
                     let t = TensorInfo {
                         dtype: *dtype,
                         shape: shape.clone(),
                         bytes: blob.len,
                     };
-                    info.tensors.insert(name, t);
-                }
-                None => {
-                    info.blobs.insert(name, blob.len);
+                    info.tensors.insert(name.clone(), t);
+                } else {
+                    info.blobs.insert(name.clone(), blob.len);
                 }
             }
-        }
-        Ok(Some((ckpt, info)))
+            let data = view.step_data(step, packed, blobs)?;
+            f(ckpt, info, &data).map(Some)
+        })
     }
 
     /// The summaries (time, loss CID, metrics, sizes) of the steps in
@@ -195,9 +201,14 @@ impl CheckpointStore {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn get_blob(&self, step: u64, name: &str) -> Result<Option<Vec<u8>>> {
-        Ok(self
-            .get_one(step, name)?
-            .and_then(|mut c| c.optimizer_state.remove(name)))
+        let read = self.with_step(step, |_, info, data| {
+            if info.blobs.contains_key(name) {
+                data.read(name)
+            } else {
+                Ok(None)
+            }
+        })?;
+        Ok(read.flatten())
     }
 
     /// One tensor of `step`, read and hash-checked without the rest. `None`
@@ -216,24 +227,18 @@ impl CheckpointStore {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn get_tensor(&self, step: u64, name: &str) -> Result<Option<Tensor>> {
-        Ok(self
-            .get_one(step, name)?
-            .and_then(|mut c| c.tensors.remove(name)))
-    }
-
-    /// Step `step` with only the blob or tensor `name` read.
-    fn get_one(&self, step: u64, name: &str) -> Result<Option<GradientCheckpoint>> {
-        let what = || format!("reading blob {name:?} of step {step}");
-        self.db.read(&what, |view| {
-            let Some(mut manifest) = view.manifest(step)? else {
+        let read = self.with_step(step, |_, mut info, data| {
+            let Some(t) = info.tensors.remove(name) else {
                 return Ok(None);
             };
-            let Some(blob) = manifest.blobs.remove(name) else {
-                return Ok(None);
-            };
-            manifest.blobs = [(name.to_owned(), blob)].into();
-            view.assemble(manifest).map(Some)
-        })
+            // The length was checked against dtype and shape on decoding.
+            Ok(data.read(name)?.map(|bytes| Tensor {
+                dtype: t.dtype,
+                shape: t.shape,
+                data: bytes,
+            }))
+        })?;
+        Ok(read.flatten())
     }
 
     /// The steps [`apply_retention`](Self::apply_retention) would delete
