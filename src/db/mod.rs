@@ -240,8 +240,9 @@ impl Db {
                     what(),
                     panic_message(&*payload)
                 );
+                let e = self.poisoned(&detail);
                 self.set_state(State::Poisoned(detail));
-                Err(self.unusable())
+                Err(e)
             }
         }
     }
@@ -255,7 +256,7 @@ impl Db {
                 .map_err(|_| self.poisoned("lock poisoned"))?;
             match &*guard {
                 State::Closed => {}
-                State::Poisoned(_) => return Err(self.unusable()),
+                State::Poisoned(detail) => return Err(self.poisoned(detail)),
                 _ => return Ok(guard),
             }
         }
@@ -279,7 +280,7 @@ impl Db {
                     open_writable(&self.source, &self.options)?
                 };
             }
-            State::Poisoned(_) => return Err(self.unusable()),
+            State::Poisoned(detail) => return Err(self.poisoned(detail)),
             _ => {}
         }
         Ok(guard)
@@ -294,15 +295,6 @@ impl Db {
         if !matches!(&*guard, State::Poisoned(_)) {
             *guard = state;
         }
-    }
-
-    /// The error for a handle that cannot be used.
-    fn unusable(&self) -> Error {
-        let detail = match self.state.read().as_deref() {
-            Ok(State::Poisoned(detail)) => detail.clone(),
-            _ => "it was closed after an I/O error and could not be reopened".to_owned(),
-        };
-        self.poisoned(&detail)
     }
 
     fn poisoned(&self, detail: &str) -> Error {

@@ -45,7 +45,9 @@ impl<'a> Plan<'a> {
     /// are `streamed`: staged already, their names left out of the plan
     /// (a streamed tensor stays in `ckpt` without data, for its type).
     pub(crate) fn with_streamed(ckpt: &'a GradientCheckpoint, streamed: &'a [Streamed]) -> Self {
-        let elsewhere = |name: &String| streamed.iter().any(|s| &s.name == name);
+        let streamed_names: std::collections::HashSet<&str> =
+            streamed.iter().map(|s| s.name.as_str()).collect();
+        let elsewhere = |name: &String| streamed_names.contains(name.as_str());
         // Tensors' data is stored as blobs are; the manifest types them.
         let mut named: Vec<(&'a String, &'a [u8])> = ckpt
             .optimizer_state

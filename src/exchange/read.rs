@@ -33,14 +33,19 @@ pub(crate) struct Source {
 
 /// Open the safetensors file at `path` as step `step` and check its header.
 pub(crate) fn open(path: &Path, step: u64) -> Result<Source> {
+    let (mut input, len) = open_file(path)?;
+    let header = read_header(&mut input, len, step).map_err(|e| in_file(path, e))?;
+    Ok(Source { header, input })
+}
+
+/// The file at `path`, buffered, and its length.
+fn open_file(path: &Path) -> Result<(std::io::BufReader<std::fs::File>, u64)> {
     let file = std::fs::File::open(path).map_err(|e| Error::io("open", path, e))?;
     let len = file
         .metadata()
         .map_err(|e| Error::io("read", path, e))?
         .len();
-    let mut input = std::io::BufReader::new(file);
-    let header = read_header(&mut input, len, step).map_err(|e| in_file(path, e))?;
-    Ok(Source { header, input })
+    Ok((std::io::BufReader::new(file), len))
 }
 
 /// Read the next entry's bytes.
@@ -57,13 +62,8 @@ pub(crate) fn read_entry(
 
 /// Read the safetensors file at `path` as step `step`, whole.
 pub(crate) fn read_file(path: &Path, step: u64) -> Result<GradientCheckpoint> {
-    let file = std::fs::File::open(path).map_err(|e| Error::io("open", path, e))?;
-    let len = file
-        .metadata()
-        .map_err(|e| Error::io("read", path, e))?
-        .len();
-    let mut reader = std::io::BufReader::new(file);
-    parse(&mut reader, len, step).map_err(|e| in_file(path, e))
+    let (mut input, len) = open_file(path)?;
+    parse(&mut input, len, step).map_err(|e| in_file(path, e))
 }
 
 /// A parse error as the crate's error, naming the file.
