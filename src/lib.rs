@@ -84,4 +84,4 @@ pub use options::{Durability, StoreOptions};
 pub use report::{CommitInfo, StepInfo, StoreStats, TensorInfo, VerifyReport};
 pub use retention::{Goal, Retention, StepSummary};
 pub use store::{CheckpointStore, CommitHandle};
-pub use tensor::{Dtype, Tensor};
+pub use tensor::{Dtype, Tensor, TensorRef};

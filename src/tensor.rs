@@ -244,6 +244,60 @@ impl Tensor {
     }
 }
 
+/// A tensor whose bytes stay where the caller keeps them, for
+/// [`CheckpointStore::commit_borrowed`](crate::CheckpointStore::commit_borrowed):
+/// the store hashes and writes them from there, without a copy.
+///
+/// ```
+/// use ckptstore::{Dtype, TensorRef};
+/// let weights = vec![0u8; 24];
+/// let t = TensorRef::new(Dtype::F32, vec![2, 3], &weights)?;
+/// assert_eq!((t.dtype(), t.shape(), t.data().len()), (Dtype::F32, &[2u64, 3][..], 24));
+/// assert!(TensorRef::new(Dtype::F32, vec![2, 3], &weights[1..]).is_err());
+/// # Ok::<(), ckptstore::Error>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorRef<'a> {
+    dtype: Dtype,
+    shape: Vec<u64>,
+    data: &'a [u8],
+}
+
+impl<'a> TensorRef<'a> {
+    /// A borrowed tensor, if `data` holds exactly the elements `shape` says
+    /// (little-endian, row-major).
+    ///
+    /// # Errors
+    /// [`Error::InvalidTensor`] naming the numbers when it does not.
+    pub fn new(dtype: Dtype, shape: Vec<u64>, data: &'a [u8]) -> Result<Self> {
+        let want = Tensor::expected_bytes(dtype, &shape)
+            .map_err(|reason| Error::InvalidTensor { name: None, reason })?;
+        if data.len() as u64 != want {
+            let reason = format!(
+                "shape {shape:?} of {dtype} needs {want} bytes, the data has {}",
+                data.len()
+            );
+            return Err(Error::InvalidTensor { name: None, reason });
+        }
+        Ok(TensorRef { dtype, shape, data })
+    }
+
+    /// The element type.
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    /// The size of each dimension, outermost first.
+    pub fn shape(&self) -> &[u64] {
+        &self.shape
+    }
+
+    /// The elements.
+    pub fn data(&self) -> &'a [u8] {
+        self.data
+    }
+}
+
 fn element_count(shape: &[u64]) -> Option<u64> {
     shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d))
 }

@@ -104,7 +104,7 @@ impl<'txn> Engine<'txn> {
         if old.is_some() && !replace {
             return Err(Error::StepExists { step });
         }
-        if !plan.ckpt.tensors.is_empty() {
+        if !plan.typed.is_empty() {
             self.require_format(TENSOR_FORMAT)?;
         }
         // Add before releasing, so chunks shared with the replaced version
@@ -115,7 +115,12 @@ impl<'txn> Engine<'txn> {
             streamed.push(self.chunks.add_staged(s.len, &s.hashes, &mut added)?);
         }
         let placements = plan.placements_with(&added.refs, streamed);
-        let manifest = encode_manifest(plan.ckpt, &placements, plan.packed_ref().as_ref())?;
+        let manifest = encode_manifest(
+            plan.ckpt,
+            &plan.typed,
+            &placements,
+            plan.packed_ref().as_ref(),
+        )?;
         let mut freed = match old {
             Some(old) => self.forget(step, &old)?,
             None => Freed::default(),

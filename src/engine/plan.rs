@@ -5,8 +5,11 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 
 use crate::format::layout::{split, PACK_BELOW};
-use crate::format::manifest::{BlobRef, ChunkRef, Hash, PackedRef, Placement};
-use crate::{GradientCheckpoint, StepSummary};
+use crate::format::manifest::{BlobRef, ChunkRef, Hash, PackedRef, Placement, TypedRef};
+use crate::{GradientCheckpoint, StepSummary, TensorRef};
+
+/// Tensors of a commit that borrow their bytes, by name.
+pub(crate) type Borrowed<'a> = BTreeMap<String, TensorRef<'a>>;
 
 /// A blob or tensor whose chunks an earlier transaction staged and whose
 /// bytes are no longer in memory (an import that streams a large file).
@@ -32,22 +35,41 @@ pub(crate) struct Plan<'a> {
     pub(crate) packed: Vec<u8>,
     /// Blobs and tensors already staged, without their bytes.
     pub(crate) streamed: &'a [Streamed],
+    /// Every tensor's name, dtype and shape, in name order.
+    pub(crate) typed: Vec<TypedRef<'a>>,
+    /// Bytes of the tensors that borrow their bytes.
+    borrowed_bytes: u64,
 }
 
 impl<'a> Plan<'a> {
     /// Cut `ckpt`: blobs of [`PACK_BELOW`] bytes or more into chunks, the
     /// rest packed together.
     pub(crate) fn new(ckpt: &'a GradientCheckpoint) -> Self {
-        Self::with_streamed(ckpt, &[])
+        Self::build(ckpt, &[], None)
     }
 
     /// [`new`](Self::new) for a checkpoint some of whose blobs and tensors
     /// are `streamed`: staged already, their names left out of the plan
     /// (a streamed tensor stays in `ckpt` without data, for its type).
     pub(crate) fn with_streamed(ckpt: &'a GradientCheckpoint, streamed: &'a [Streamed]) -> Self {
+        Self::build(ckpt, streamed, None)
+    }
+
+    /// [`new`](Self::new) for `ckpt` and the tensors `borrowed`, whose names
+    /// are none of `ckpt`'s.
+    pub(crate) fn with_borrowed(ckpt: &'a GradientCheckpoint, borrowed: &'a Borrowed<'a>) -> Self {
+        Self::build(ckpt, &[], Some(borrowed))
+    }
+
+    fn build(
+        ckpt: &'a GradientCheckpoint,
+        streamed: &'a [Streamed],
+        borrowed: Option<&'a Borrowed<'a>>,
+    ) -> Self {
         let streamed_names: std::collections::HashSet<&str> =
             streamed.iter().map(|s| s.name.as_str()).collect();
         let elsewhere = |name: &String| streamed_names.contains(name.as_str());
+        let borrowed = borrowed.into_iter().flatten();
         // Tensors' data is stored as blobs are; the manifest types them.
         let mut named: Vec<(&'a String, &'a [u8])> = ckpt
             .optimizer_state
@@ -55,8 +77,20 @@ impl<'a> Plan<'a> {
             .map(|(n, b)| (n, b.as_slice()))
             .chain(ckpt.tensors.iter().map(|(n, t)| (n, t.data.as_slice())))
             .filter(|(n, _)| !elsewhere(n))
+            .chain(borrowed.clone().map(|(n, t)| (n, t.data())))
             .collect();
         named.sort_unstable_by_key(|(n, _)| *n);
+        let mut typed: Vec<TypedRef<'a>> = ckpt
+            .tensors
+            .iter()
+            .map(|(n, t)| (n.as_str(), t.dtype, t.shape.as_slice()))
+            .chain(
+                borrowed
+                    .clone()
+                    .map(|(n, t)| (n.as_str(), t.dtype(), t.shape())),
+            )
+            .collect();
+        typed.sort_unstable_by_key(|t| t.0);
         let mut plan = Plan {
             ckpt,
             pieces: Vec::new(),
@@ -64,6 +98,8 @@ impl<'a> Plan<'a> {
             packed_at: Vec::new(),
             packed: Vec::new(),
             streamed,
+            typed,
+            borrowed_bytes: borrowed.map(|(_, t)| t.data().len() as u64).sum(),
         };
         for (name, blob) in named {
             let len = blob.len() as u64;
@@ -98,7 +134,9 @@ impl<'a> Plan<'a> {
 
     /// Bytes of state: in memory and streamed.
     pub(crate) fn logical_bytes(&self) -> u64 {
-        self.ckpt.logical_bytes() + self.streamed.iter().map(|s| s.len).sum::<u64>()
+        self.ckpt.logical_bytes()
+            + self.streamed.iter().map(|s| s.len).sum::<u64>()
+            + self.borrowed_bytes
     }
 
     /// Where each blob lies, given the stored chunk of each piece and of

@@ -161,10 +161,15 @@ impl Manifest {
     }
 }
 
-/// Encode the manifest of `ckpt` whose blobs are placed as `blobs` (format
-/// 2, hash first). Format 2 blobs only: a format 1 blob is refused.
+/// A tensor's entry in the typed section: its name, dtype and shape.
+pub(crate) type TypedRef<'a> = (&'a str, Dtype, &'a [u64]);
+
+/// Encode the manifest of `ckpt` whose blobs are placed as `blobs` and of
+/// which `typed` (in name order) are tensors (format 2, or 3 when there are
+/// tensors; hash first). A format 1 blob is refused.
 pub(crate) fn encode_manifest(
     ckpt: &GradientCheckpoint,
+    typed: &[TypedRef<'_>],
     blobs: &BTreeMap<String, BlobRef>,
     packed: Option<&PackedRef>,
 ) -> Result<Vec<u8>> {
@@ -173,7 +178,7 @@ pub(crate) fn encode_manifest(
         64 + nodes.len() * 128 + blobs.len() * 80,
     ));
     w.0.resize(HASH_LEN, 0);
-    w.u8(if ckpt.tensors.is_empty() {
+    w.u8(if typed.is_empty() {
         BINARY
     } else {
         BINARY_TYPED
@@ -220,13 +225,13 @@ pub(crate) fn encode_manifest(
             w.hash(&p.hash);
         }
     }
-    if !ckpt.tensors.is_empty() {
-        w.len(ckpt.tensors.len());
-        for (name, t) in &ckpt.tensors {
+    if !typed.is_empty() {
+        w.len(typed.len());
+        for &(name, dtype, shape) in typed {
             w.str(name);
-            w.u8(t.dtype.code());
-            w.len(t.shape.len());
-            for &d in &t.shape {
+            w.u8(dtype.code());
+            w.len(shape.len());
+            for &d in shape {
                 w.varint(d);
             }
         }

@@ -1,6 +1,7 @@
 //! Commits, in three parts: a plan with no database ([`Plan`]), staging
 //! (large commits only), and the one transaction that makes the step.
 
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 use super::CheckpointStore;
@@ -9,7 +10,7 @@ use crate::engine::hashing::{with_hashes, Hashing};
 use crate::engine::plan::{Plan, Streamed};
 use crate::format::layout::{split, PACK_BELOW};
 use crate::format::manifest::Hash;
-use crate::{CommitInfo, Dtype, GradientCheckpoint, Result, Tensor};
+use crate::{CommitInfo, Dtype, GradientCheckpoint, Result, Tensor, TensorRef};
 
 /// A commit stages its chunks when they exceed this fraction of the page
 /// cache: redb keeps a transaction's new pages in a write buffer of half
@@ -55,6 +56,56 @@ impl CheckpointStore {
     pub fn replace(&self, ckpt: &GradientCheckpoint) -> Result<CommitInfo> {
         put(&self.db, ckpt, true, Hashing::Pipelined)
     }
+
+    /// [`commit`](Self::commit) `ckpt` with the tensors `tensors` added,
+    /// whose bytes are hashed and written from where they lie: no copy of
+    /// them is made. For state that lives in buffers the caller owns (the
+    /// Python package commits numpy arrays and torch tensors this way).
+    ///
+    /// ```
+    /// use std::collections::BTreeMap;
+    /// use ckptstore::{CheckpointStore, ComputationGraphStore, Dtype, GradientCheckpoint, TensorRef};
+    /// # let dir = tempfile::tempdir()?;
+    /// # let store = CheckpointStore::open(dir.path().join("run.ckpt"))?;
+    /// let weights: Vec<f32> = vec![0.5; 1 << 16];
+    /// let bytes: Vec<u8> = weights.iter().flat_map(|w| w.to_le_bytes()).collect();
+    /// let mut tensors = BTreeMap::new();
+    /// tensors.insert("w".to_owned(), TensorRef::new(Dtype::F32, vec![256, 256], &bytes)?);
+    /// let ckpt = GradientCheckpoint::new(ComputationGraphStore::new(), 1);
+    /// store.commit_borrowed(&ckpt, &tensors)?;
+    /// let w = store.get_tensor(1, "w")?.expect("stored");
+    /// assert_eq!((w.shape, w.data), (vec![256, 256], bytes));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`commit`](Self::commit); [`Error::InvalidCheckpoint`] if a name
+    /// of `tensors` is also a blob or tensor of `ckpt`.
+    pub fn commit_borrowed(
+        &self,
+        ckpt: &GradientCheckpoint,
+        tensors: &BTreeMap<String, TensorRef<'_>>,
+    ) -> Result<CommitInfo> {
+        let start = Instant::now();
+        ckpt.validate()?;
+        let clash = tensors
+            .keys()
+            .find(|n| ckpt.tensors.contains_key(*n) || ckpt.optimizer_state.contains_key(*n));
+        if let Some(name) = clash {
+            return Err(crate::Error::InvalidCheckpoint {
+                step: ckpt.step,
+                reason: format!("{name:?} is both a borrowed tensor and in the checkpoint"),
+            });
+        }
+        let mut info = put_plan(
+            &self.db,
+            &Plan::with_borrowed(ckpt, tensors),
+            false,
+            Hashing::Pipelined,
+        )?;
+        info.duration = start.elapsed();
+        Ok(info)
+    }
 }
 
 /// Store `ckpt`: plan it, hash its chunks (as `hashing` says) while the
@@ -67,17 +118,22 @@ pub(crate) fn put(
 ) -> Result<CommitInfo> {
     let start = Instant::now();
     ckpt.validate()?;
-    let plan = Plan::new(ckpt);
-    let stage_above = db.options().cache_size / STAGE_ABOVE_CACHE_FRACTION;
-    let mut info = with_hashes(&plan.pieces, hashing, |hashes| {
-        if plan.chunk_bytes() > stage_above {
-            commit_staged(db, &plan, replace, hashes, stage_above)
-        } else {
-            commit_once(db, &plan, replace, hashes, false)
-        }
-    })?;
+    let mut info = put_plan(db, &Plan::new(ckpt), replace, hashing)?;
     info.duration = start.elapsed();
     Ok(info)
+}
+
+/// Store what `plan` describes: hash its chunks while the transactions
+/// write, stage them first if there are many.
+fn put_plan(db: &Db, plan: &Plan<'_>, replace: bool, hashing: Hashing) -> Result<CommitInfo> {
+    let stage_above = db.options().cache_size / STAGE_ABOVE_CACHE_FRACTION;
+    with_hashes(&plan.pieces, hashing, |hashes| {
+        if plan.chunk_bytes() > stage_above {
+            commit_staged(db, plan, replace, hashes, stage_above)
+        } else {
+            commit_once(db, plan, replace, hashes, false)
+        }
+    })
 }
 
 /// The transaction that makes the step (and applies the store's retention

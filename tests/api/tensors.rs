@@ -145,3 +145,77 @@ fn json_keeps_tensors_and_leaves_the_seed_format_alone() -> Result {
     assert!(GradientCheckpoint::from_json(bad).is_err());
     Ok(())
 }
+
+/// `commit_borrowed` stores tensors from the caller's buffers as `commit`
+/// stores owned ones: same bytes back, same dedup, typed in `info`, and a
+/// large one is staged like any large commit.
+#[test]
+fn borrowed_tensors_commit_like_owned_ones() -> Result {
+    use ckptstore::{StoreOptions, TensorRef};
+    use std::collections::BTreeMap;
+
+    let dir = tempfile::tempdir()?;
+    // A small cache so that the 8 MiB tensor takes the staged path.
+    let store = StoreOptions::new()
+        .cache_size(4 << 20)
+        .open(dir.path().join("run.ckpt"))?;
+    let big = common::bytes(3, 8 << 20);
+    let small = common::bytes(4, 40);
+    for step in 0..2u64 {
+        let changing = common::bytes(10 + step, 1 << 20);
+        let mut borrowed = BTreeMap::new();
+        borrowed.insert(
+            "big".to_owned(),
+            TensorRef::new(Dtype::F32, vec![1024, 2048], &big)?,
+        );
+        borrowed.insert(
+            "small".to_owned(),
+            TensorRef::new(Dtype::I16, vec![4, 5], &small)?,
+        );
+        borrowed.insert(
+            "changing".to_owned(),
+            TensorRef::new(Dtype::U8, vec![1 << 20], &changing)?,
+        );
+        let mut ckpt = common::checkpoint(step, &[100])?;
+        ckpt.set_tensor("owned", Tensor::new(Dtype::F64, vec![1], vec![1; 8])?);
+        let info = store.commit_borrowed(&ckpt, &borrowed)?;
+        assert_eq!(info.logical_bytes, ckpt.logical_bytes() + (9 << 20) + 40);
+        if step == 1 {
+            assert!(
+                info.bytes_reused >= 8 << 20,
+                "the unchanged tensor is reused: {info:?}"
+            );
+            assert!(info.bytes_written < (1 << 20) + 4096, "{info:?}");
+        }
+        let back = store.get(step)?.ok_or("stored")?;
+        assert_eq!(back.tensors["big"].data, big);
+        assert_eq!(back.tensors["big"].shape, vec![1024, 2048]);
+        assert_eq!(back.tensors["small"].dtype, Dtype::I16);
+        assert_eq!(back.tensors["small"].data, small);
+        assert_eq!(back.tensors["changing"].data, changing);
+        assert_eq!(back.tensors["owned"], ckpt.tensors["owned"]);
+        assert_eq!(back.optimizer_state, ckpt.optimizer_state);
+        let info = store.info(step)?.ok_or("stored")?;
+        assert_eq!(info.tensors.len(), 4);
+    }
+    assert!(store.verify()?.is_ok());
+
+    // A name both borrowed and in the checkpoint is refused; nothing lands.
+    let mut borrowed = BTreeMap::new();
+    borrowed.insert(
+        "owned".to_owned(),
+        TensorRef::new(Dtype::U8, vec![2], &small[..2])?,
+    );
+    let mut ckpt = common::checkpoint(5, &[])?;
+    ckpt.set_tensor("owned", Tensor::new(Dtype::U8, vec![1], vec![1])?);
+    let e = store.commit_borrowed(&ckpt, &borrowed).expect_err("clash");
+    assert!(matches!(e, Error::InvalidCheckpoint { step: 5, .. }), "{e}");
+    // A step stored already is refused as by commit.
+    let ckpt = common::checkpoint(1, &[])?;
+    let e = store
+        .commit_borrowed(&ckpt, &BTreeMap::new())
+        .expect_err("exists");
+    assert!(matches!(e, Error::StepExists { step: 1 }), "{e}");
+    assert_eq!(store.steps()?, vec![0, 1]);
+    Ok(())
+}

@@ -137,3 +137,57 @@ def test_a_step_saved_from_python_exports_to_safetensors(tmp_path):
     out = tmp_path / "s.safetensors"
     subprocess.run([ckpt_bin, "export", str(tmp_path / "run.ckpt"), "3", "-o", str(out)], check=True)
     np.testing.assert_array_equal(load_file(str(out))["w"], w)
+
+
+def test_loaded_arrays_view_the_bytes_the_store_read(tmp_path):
+    with ckptstore.open(tmp_path / "run.ckpt") as store:
+        store.save(1, {"w": np.arange(1 << 16, dtype=np.float32).reshape(256, 256),
+                       "e": np.zeros((0, 3), dtype=np.int32), "b": b"xy"})
+        ck = store.load()
+    for name in ("w", "e", "b"):
+        base = ck.tensors[name]
+        while isinstance(base.base, np.ndarray):
+            base = base.base
+        assert type(base.base).__name__ == "Buffer", name  # no copy made in Python
+    w = ck.tensors["w"]
+    assert w.flags.writeable and w.flags.aligned
+    w[0, 0] = 7.0  # the array owns its bytes
+    assert w[0, 0] == 7.0 and w[255, 255] == (1 << 16) - 1
+    assert ck.tensors["e"].shape == (0, 3) and bytes(ck.tensors["b"]) == b"xy"
+
+
+# Peak memory of a 256 MiB save and load in a fresh process: a copy of the
+# array during the save, or a second copy during the load, would show.
+MEMORY_SCRIPT = """
+import os, resource, sys, numpy as np, ckptstore
+a = np.frombuffer(os.urandom(256 << 20), dtype=np.uint8)
+peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10
+before = peak()
+with ckptstore.open(sys.argv[1]) as s:
+    s.save(1, {"a": a})
+    mid = peak()
+    ck = s.load()
+    assert ck.tensors["a"].nbytes == a.nbytes
+print(mid - before, peak() - mid)
+"""
+
+
+def test_save_reads_arrays_in_place_and_load_copies_once(tmp_path):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, str(tmp_path / "m.ckpt")],
+                         check=True, capture_output=True, text=True).stdout
+    save_mib, load_mib = map(int, out.split())
+    assert save_mib < 128, f"the save grew the peak by {save_mib} MiB for a 256 MiB array"
+    assert load_mib < 384, f"the load grew the peak by {load_mib} MiB for a 256 MiB array"
+
+
+def test_save_async_snapshots_the_arrays(tmp_path):
+    a = np.arange(1 << 18, dtype=np.float64)
+    want = a.copy()
+    with ckptstore.open(tmp_path / "run.ckpt") as store:
+        h = store.save_async(1, {"a": a})
+        a += 1.0  # after the call: never in the checkpoint
+        assert h.result().step == 1
+        np.testing.assert_array_equal(store.load(1).tensors["a"], want)

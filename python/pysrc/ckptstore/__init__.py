@@ -6,8 +6,17 @@
         ck = store.load()            # the latest step, or None
 
 Arrays keep their dtype and shape; bytes-like values are untyped blobs and
-load back as 1-D uint8 arrays. Saving copies each array's bytes once into
-the store's memory; loading copies the bytes read into each array once.
+load back as 1-D uint8 arrays.
+
+Copies: `save` hashes and writes each C-contiguous little-endian array
+straight from its memory (others are first made so: one copy); do not
+change an array from another thread while its save runs. `save_async`
+copies every array once before it returns (a snapshot: the arrays may
+change afterwards). `load` returns arrays that view the bytes the store
+read, with no further copy; they are writable and own those bytes.
+Untyped blobs (bytes) are copied once either way.
+
+PyTorch: `ckptstore.torch`.
 """
 
 from dataclasses import dataclass, field
@@ -92,20 +101,31 @@ def _split(state):
         dtype = _TO_STORE.get(value.dtype.name)
         if dtype is None:
             raise TypeError(f"{name!r}: dtype {value.dtype} is not supported")
-        # A C-contiguous copy only when needed (ascontiguousarray would
-        # also turn a 0-d array into a 1-d one).
-        array = value if value.flags["C_CONTIGUOUS"] else value.copy(order="C")
-        if array.dtype.byteorder == ">":
-            array = array.astype(array.dtype.newbyteorder("<"))
-        tensors.append((name, dtype, list(array.shape), array.tobytes()))
+        tensors.append((name, dtype, list(value.shape), _contiguous_le(value)))
     return tensors, blobs
+
+
+def _contiguous_le(array):
+    """`array` itself when C-contiguous and little-endian, else such a copy
+    (ascontiguousarray would also turn a 0-d array into a 1-d one)."""
+    if not array.flags["C_CONTIGUOUS"]:
+        array = array.copy(order="C")
+    if array.dtype.byteorder == ">":
+        array = array.astype(array.dtype.newbyteorder("<"))
+    return array
 
 
 def _metrics(metrics):
     return {str(k): float(v) for k, v in (metrics or {}).items()}
 
 
-def _array(dtype, shape, data):
+def _bytes_array(buffer):
+    """A writable 1-D uint8 array viewing a loaded Buffer (no copy)."""
+    return np.asarray(buffer)
+
+
+def _array(dtype, shape, buffer):
+    data = _bytes_array(buffer)
     name = _FROM_STORE.get(dtype)
     if name == "bfloat16":
         try:
@@ -118,8 +138,8 @@ def _array(dtype, shape, data):
         np_dtype = np.dtype(name) if name else None
     if np_dtype is None:
         # A dtype numpy lacks (F8, F6, F4, BF16 without ml_dtypes): the bytes.
-        return np.frombuffer(data, dtype=np.uint8)
-    return np.frombuffer(data, dtype=np_dtype.newbyteorder("<")).reshape(tuple(shape))
+        return data
+    return data.view(np_dtype.newbyteorder("<")).reshape(tuple(shape))
 
 
 class Handle:
@@ -138,18 +158,25 @@ class Handle:
 class Store:
     """An open checkpoint store. Use `ckptstore.open`."""
 
-    def __init__(self, path, read_only=False):
-        self._raw = RawStore(str(path), read_only)
+    def __init__(self, path, read_only=False, cache_size=None):
+        self._raw = RawStore(str(path), read_only, cache_size)
 
     def save(self, step: int, state: dict, metrics=None) -> CommitInfo:
         """Commit `state` as `step`; durable when it returns."""
         tensors, blobs = _split(state)
-        return CommitInfo(**self._raw.save(int(step), tensors, blobs, _metrics(metrics)))
+        return self._save_raw(int(step), tensors, blobs, _metrics(metrics))
 
     def save_async(self, step: int, state: dict, metrics=None) -> Handle:
         """Queue `state` for commit in the background; the arrays are copied now."""
         tensors, blobs = _split(state)
-        return Handle(self._raw.save_async(int(step), tensors, blobs, _metrics(metrics)))
+        return self._save_async_raw(int(step), tensors, blobs, _metrics(metrics))
+
+    def _save_raw(self, step, tensors, blobs, metrics):
+        # tensors: (name, store dtype, shape, C-contiguous array); blobs: (name, bytes)
+        return CommitInfo(**self._raw.save(step, tensors, blobs, metrics))
+
+    def _save_async_raw(self, step, tensors, blobs, metrics):
+        return Handle(self._raw.save_async(step, tensors, blobs, metrics))
 
     def flush(self) -> None:
         self._raw.flush()
@@ -161,7 +188,7 @@ class Store:
             return None
         tensors = {name: _array(dt, shape, data) for name, (dt, shape, data) in d["tensors"].items()}
         for name, data in d["blobs"].items():
-            tensors[name] = np.frombuffer(data, dtype=np.uint8)
+            tensors[name] = _bytes_array(data)
         return Checkpoint(d["step"], d["timestamp"], d["loss_cid"], d["metrics"], tensors)
 
     def steps(self):
@@ -191,7 +218,7 @@ class Store:
         return len(self.steps())
 
     def __contains__(self, step):
-        return step in self.steps()
+        return isinstance(step, int) and step >= 0 and self._raw.contains(step)
 
     def __getitem__(self, step):
         ck = self.load(step)
@@ -215,6 +242,7 @@ class _Report:
     damaged: list
 
 
-def open(path, read_only: bool = False) -> Store:  # noqa: A001  (the package's verb)
-    """Open (or create, unless read_only) the store at `path`."""
-    return Store(path, read_only)
+def open(path, read_only: bool = False, cache_size: Optional[int] = None) -> Store:  # noqa: A001
+    """Open (or create, unless read_only) the store at `path`; `cache_size`
+    (bytes) sets the page cache (StoreOptions::cache_size in Rust)."""
+    return Store(path, read_only, cache_size)

@@ -18,6 +18,14 @@ fn chunked(len: u64, chunks: &[(u8, u64)]) -> BlobRef {
     }
 }
 
+/// The typed section of `ckpt`'s tensors.
+fn typed(ckpt: &GradientCheckpoint) -> Vec<TypedRef<'_>> {
+    ckpt.tensors
+        .iter()
+        .map(|(n, t)| (n.as_str(), t.dtype, t.shape.as_slice()))
+        .collect()
+}
+
 fn sample() -> (GradientCheckpoint, BTreeMap<String, BlobRef>, PackedRef) {
     let mut graph = ComputationGraphStore::new();
     let a = graph.add_node(ComputationNode::new("load", vec![]).with_meta("dtype", "f32"));
@@ -107,7 +115,10 @@ fn both_formats_round_trip() -> Result<()> {
         }
     }
     for (bytes, blobs) in [
-        (encode_manifest(&ckpt, &blobs, Some(&packed))?, &blobs),
+        (
+            encode_manifest(&ckpt, &typed(&ckpt), &blobs, Some(&packed))?,
+            &blobs,
+        ),
         (encode_v1(&ckpt, &blobs, Some(&packed)), &v1_blobs),
     ] {
         let m = decode_manifest(9, &bytes)?;
@@ -115,7 +126,7 @@ fn both_formats_round_trip() -> Result<()> {
         assert_eq!(m.packed, Some(packed.clone()));
     }
     // A format 1 blob is never written as format 2.
-    assert!(encode_manifest(&ckpt, &v1_blobs, None).is_err());
+    assert!(encode_manifest(&ckpt, &typed(&ckpt), &v1_blobs, None).is_err());
     Ok(())
 }
 
@@ -130,7 +141,10 @@ fn a_node_stored_under_another_key_and_dangling_edges_survive() -> Result<()> {
     ];
     let graph = ComputationGraphStore::from_parts(nodes, edges);
     let ckpt = GradientCheckpoint::new(graph, 3);
-    let m = decode_manifest(3, &encode_manifest(&ckpt, &BTreeMap::new(), None)?)?;
+    let m = decode_manifest(
+        3,
+        &encode_manifest(&ckpt, &typed(&ckpt), &BTreeMap::new(), None)?,
+    )?;
     assert_eq!(m.graph, ckpt.graph);
     Ok(())
 }
@@ -138,7 +152,7 @@ fn a_node_stored_under_another_key_and_dangling_edges_survive() -> Result<()> {
 #[test]
 fn damage_is_detected() -> Result<()> {
     let (ckpt, blobs, packed) = sample();
-    let bytes = encode_manifest(&ckpt, &blobs, Some(&packed))?;
+    let bytes = encode_manifest(&ckpt, &typed(&ckpt), &blobs, Some(&packed))?;
     let mut damaged = bytes.clone();
     let last = damaged.len() - 2;
     damaged[last] ^= 1;
@@ -175,7 +189,7 @@ fn blob_longer_than_its_chunks_is_rejected() -> Result<()> {
     let mut blobs = BTreeMap::new();
     blobs.insert("w".to_owned(), chunked(u64::MAX, &[(1, 0)]));
     let ckpt = GradientCheckpoint::new(ComputationGraphStore::new(), 1);
-    let bytes = encode_manifest(&ckpt, &blobs, None)?;
+    let bytes = encode_manifest(&ckpt, &typed(&ckpt), &blobs, None)?;
     let e = decode_manifest(1, &bytes).expect_err("too long");
     assert!(e.to_string().contains("claims"), "{e}");
     Ok(())
@@ -227,7 +241,8 @@ mod proptests {
             len: 2,
             hash: [2u8; 32],
         };
-        encode_manifest(&ckpt, &blobs, Some(&packed)).expect("encodes")[HASH_LEN..].to_vec()
+        encode_manifest(&ckpt, &typed(&ckpt), &blobs, Some(&packed)).expect("encodes")[HASH_LEN..]
+            .to_vec()
     }
 
     fn assert_consistent(m: &Manifest) -> std::result::Result<(), TestCaseError> {

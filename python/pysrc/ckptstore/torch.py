@@ -1,0 +1,219 @@
+"""PyTorch checkpoints: model and optimizer state_dicts in a ckptstore.
+
+    import ckptstore, ckptstore.torch as ct
+    with ckptstore.open("run.ckpt") as store:
+        ct.save(store, step, model=model, optimizer=opt, metrics={"loss": l})
+        h = ct.save(store, step, model=model, optimizer=opt, blocking=False)
+        step = ct.load(store, model=model, optimizer=opt)   # the latest
+
+Every tensor of the state dicts (and of `extra`) is stored as a typed
+tensor named `model/<key>`, `optimizer/<path>` or `extra/<path>`; the rest
+of their structure (nesting, ints and floats, param_groups, tuples) is one
+JSON blob, `torch/structure`. Nothing is pickled, so loading runs no code
+from the file. Unchanged tensors (a frozen part of a model) are stored
+once across steps.
+
+Copies: a blocking save writes CPU tensors from their own memory; CUDA
+tensors are first copied to the host. `blocking=False` copies every tensor
+before it returns, so in-place updates afterwards never reach the
+checkpoint. `load` builds tensors over the bytes the store read and
+`load_state_dict` copies them into the model; optimizer state keeps them.
+"""
+
+import json
+
+import numpy as np
+import torch
+
+__all__ = ["save", "load", "state"]
+
+_STRUCTURE = "torch/structure"
+_FORMAT = 1
+
+# torch dtype -> the store's dtype; others are stored as their raw bytes.
+_TO_STORE = {
+    torch.bool: "BOOL",
+    torch.uint8: "U8",
+    torch.int8: "I8",
+    torch.int16: "I16",
+    torch.uint16: "U16",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int32: "I32",
+    torch.uint32: "U32",
+    torch.float32: "F32",
+    torch.complex64: "C64",
+    torch.float64: "F64",
+    torch.int64: "I64",
+    torch.uint64: "U64",
+    torch.float8_e4m3fn: "F8_E4M3",
+    torch.float8_e5m2: "F8_E5M2",
+    torch.float8_e4m3fnuz: "F8_E4M3FNUZ",
+    torch.float8_e5m2fnuz: "F8_E5M2FNUZ",
+    torch.float8_e8m0fnu: "F8_E8M0",
+}
+
+
+def _dtype_name(dtype):
+    return str(dtype).removeprefix("torch.")
+
+
+def _host_bytes(t):
+    """A uint8 numpy array over `t`'s elements: its own memory when `t` is a
+    contiguous CPU tensor, else a host copy."""
+    if t.is_sparse or t.is_quantized or t.layout != torch.strided:
+        raise TypeError(f"{t.layout} tensors are not supported; convert to dense first")
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.to("cpu")
+    t = t.resolve_conj().resolve_neg().contiguous()
+    return t.reshape(-1).view(torch.uint8).numpy()
+
+
+class _Flattener:
+    """Turns a nested structure into JSON with the tensors taken out."""
+
+    def __init__(self):
+        self.tensors = {}  # name -> torch.Tensor
+
+    def tensor(self, t, name):
+        if name in self.tensors:
+            raise ValueError(f"two tensors would be stored as {name!r}")
+        self.tensors[name] = t
+        return {"__tensor__": name, "dtype": _dtype_name(t.dtype), "shape": list(t.shape)}
+
+    def walk(self, obj, name):
+        if isinstance(obj, torch.Tensor):
+            return self.tensor(obj, name)
+        if obj is None or isinstance(obj, (bool, int, float, str)):
+            return obj
+        if isinstance(obj, dict):
+            items = [[self.walk(k, "?key"), self.walk(v, f"{name}/{k}")] for k, v in obj.items()]
+            return {"__dict__": items}
+        if isinstance(obj, tuple):
+            return {"__tuple__": [self.walk(v, f"{name}/{i}") for i, v in enumerate(obj)]}
+        if isinstance(obj, list):
+            return [self.walk(v, f"{name}/{i}") for i, v in enumerate(obj)]
+        if isinstance(obj, torch.dtype):
+            return {"__dtype__": _dtype_name(obj)}
+        raise TypeError(f"{name}: cannot store a {type(obj).__name__} (tensors, numbers, str, "
+                        "None, and lists, tuples and dicts of them are supported)")
+
+
+def state(model=None, optimizer=None, extra=None):
+    """The tensors (name -> torch.Tensor) and structure blob of a save."""
+    f = _Flattener()
+    structure = {"format": _FORMAT}
+    if model is not None:
+        sd = model.state_dict()
+        structure["model"] = [[k, f.tensor(v, f"model/{k}")] for k, v in sd.items()]
+    if optimizer is not None:
+        structure["optimizer"] = f.walk(optimizer.state_dict(), "optimizer")
+    if extra is not None:
+        structure["extra"] = f.walk(extra, "extra")
+    blob = json.dumps(structure, separators=(",", ":")).encode()
+    return f.tensors, blob
+
+
+def _arrays(tensors):
+    """(name, store dtype, shape, uint8 array) of each tensor."""
+    out = []
+    for name, t in tensors.items():
+        data = _host_bytes(t)
+        dtype = _TO_STORE.get(t.dtype)
+        if dtype is None:
+            out.append((name, "U8", [data.size], data))
+        else:
+            out.append((name, dtype, list(t.shape), data))
+    return out
+
+
+def save(store, step, model=None, optimizer=None, metrics=None, extra=None, blocking=True):
+    """Store `model`'s and `optimizer`'s state (and `extra`: tensors, numbers,
+    strings, lists, tuples, dicts) as `step`.
+
+    blocking=True: durable when it returns; the CommitInfo.
+    blocking=False: returns once every tensor is copied (a snapshot), with
+    a handle whose `result()` waits for the commit.
+    """
+    tensors, blob = state(model, optimizer, extra)
+    raw_metrics = {str(k): float(v) for k, v in (metrics or {}).items()}
+    arrays = _arrays(tensors)
+    blobs = [(_STRUCTURE, blob)]
+    if blocking:
+        return store._save_raw(int(step), arrays, blobs, raw_metrics)
+    return store._save_async_raw(int(step), arrays, blobs, raw_metrics)
+
+
+class _Rebuilder:
+    def __init__(self, tensors):
+        self.tensors = tensors  # name -> uint8 numpy array viewing the loaded bytes
+
+    def tensor(self, ref):
+        name = ref["__tensor__"]
+        if name not in self.tensors:
+            raise KeyError(f"the step has no tensor {name!r}")
+        dtype = getattr(torch, ref["dtype"])
+        raw = torch.from_numpy(self.tensors[name])
+        return raw.view(dtype).reshape(ref["shape"])
+
+    def walk(self, obj):
+        if isinstance(obj, list):
+            return [self.walk(v) for v in obj]
+        if not isinstance(obj, dict):
+            return obj
+        if "__tensor__" in obj:
+            return self.tensor(obj)
+        if "__dict__" in obj:
+            return {self.walk(k): self.walk(v) for k, v in obj["__dict__"]}
+        if "__tuple__" in obj:
+            return tuple(self.walk(v) for v in obj["__tuple__"])
+        if "__dtype__" in obj:
+            return getattr(torch, obj["__dtype__"])
+        raise ValueError(f"unknown structure entry {sorted(obj)}")
+
+
+def load(store, model=None, optimizer=None, step=None, strict=True):
+    """Restore `model` and `optimizer` in place from `step` (the latest if
+    None) and return the step; None (and nothing restored) when the store is
+    empty; KeyError when `step` is not stored. `load_extra` gives `extra`.
+    """
+    step, structure, tensors = _load(store, step)
+    if step is None:
+        return None
+    rebuild = _Rebuilder(tensors)
+    if model is not None:
+        if "model" not in structure:
+            raise KeyError(f"step {step} has no model state")
+        sd = {k: rebuild.tensor(ref) for k, ref in structure["model"]}
+        model.load_state_dict(sd, strict=strict)
+    if optimizer is not None:
+        if "optimizer" not in structure:
+            raise KeyError(f"step {step} has no optimizer state")
+        optimizer.load_state_dict(rebuild.walk(structure["optimizer"]))
+    return step
+
+
+def load_extra(store, step=None):
+    """The `extra` saved with `step` (the latest if None), or None."""
+    step, structure, tensors = _load(store, step)
+    if step is None or "extra" not in structure:
+        return None
+    return _Rebuilder(tensors).walk(structure["extra"])
+
+
+def _load(store, step):
+    """(step, structure, name -> uint8 array over the loaded bytes)."""
+    d = store._raw.load(None if step is None else int(step))
+    if d is None:
+        if step is not None:
+            raise KeyError(step)
+        return None, None, None
+    blob = d["blobs"].get(_STRUCTURE)
+    if blob is None:
+        raise ValueError(f"step {d['step']} was not saved by ckptstore.torch")
+    structure = json.loads(bytes(np.asarray(blob)))
+    if structure.get("format") != _FORMAT:
+        raise ValueError(f"step {d['step']}: unknown ckptstore.torch format {structure.get('format')}")
+    tensors = {name: np.asarray(buf) for name, (_, _, buf) in d["tensors"].items()}
+    return d["step"], structure, tensors

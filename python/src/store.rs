@@ -1,0 +1,254 @@
+//! The store, as Python sees it: `RawStore`, wrapped by `ckptstore.Store`.
+
+use std::collections::BTreeMap;
+
+use ckptstore::{
+    CheckpointStore, ComputationGraphStore, Dtype, GradientCheckpoint, Retention, StoreOptions,
+    Tensor, TensorRef,
+};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::arrays::{borrow_bytes, Buffer};
+use crate::handle::Handle;
+use crate::{info_dict, py_err, CkptError};
+
+/// A tensor from Python: name, store dtype name, shape, and an array whose
+/// memory holds the elements.
+type PyTensor<'py> = (String, String, Vec<u64>, Bound<'py, PyAny>);
+
+fn dtype(name: &str, dtype: &str) -> PyResult<Dtype> {
+    Dtype::from_name(dtype)
+        .ok_or_else(|| PyTypeError::new_err(format!("{name:?}: unknown dtype {dtype}")))
+}
+
+/// The tensors of a save, borrowing the arrays' memory.
+fn borrowed<'a>(tensors: &'a [PyTensor<'_>]) -> PyResult<BTreeMap<String, TensorRef<'a>>> {
+    let mut out = BTreeMap::new();
+    for (name, dt, shape, array) in tensors {
+        let data = borrow_bytes(array)?;
+        let t = TensorRef::new(dtype(name, dt)?, shape.clone(), data)
+            .map_err(|e| PyValueError::new_err(format!("{name:?}: {e}")))?;
+        if out.insert(name.clone(), t).is_some() {
+            return Err(PyValueError::new_err(format!("{name:?} is given twice")));
+        }
+    }
+    Ok(out)
+}
+
+/// A checkpoint of `step` with `blobs` and `metrics`, no tensors.
+fn checkpoint(
+    step: u64,
+    blobs: Vec<(String, Vec<u8>)>,
+    metrics: BTreeMap<String, f64>,
+) -> GradientCheckpoint {
+    let mut ckpt = GradientCheckpoint::new(ComputationGraphStore::new(), step);
+    ckpt.metrics = metrics;
+    for (name, data) in blobs {
+        ckpt.set_optimizer_state(name, data);
+    }
+    ckpt
+}
+
+/// An open store.
+#[pyclass(module = "ckptstore._ckptstore", name = "RawStore")]
+pub(crate) struct RawStore {
+    store: Option<CheckpointStore>,
+}
+
+impl RawStore {
+    fn get(&self) -> PyResult<&CheckpointStore> {
+        self.store
+            .as_ref()
+            .ok_or_else(|| CkptError::new_err("the store is closed"))
+    }
+}
+
+#[pymethods]
+impl RawStore {
+    #[new]
+    #[pyo3(signature = (path, read_only=false, cache_size=None))]
+    fn new(
+        py: Python<'_>,
+        path: std::path::PathBuf,
+        read_only: bool,
+        cache_size: Option<usize>,
+    ) -> PyResult<Self> {
+        let mut options = StoreOptions::new();
+        if let Some(bytes) = cache_size {
+            options = options.cache_size(bytes);
+        }
+        let store = py
+            .detach(|| {
+                if read_only {
+                    options.open_read_only(&path)
+                } else {
+                    options.open(&path)
+                }
+            })
+            .map_err(py_err)?;
+        Ok(RawStore { store: Some(store) })
+    }
+
+    /// Commit a step from the arrays' own memory; durable when it returns.
+    fn save<'py>(
+        &self,
+        py: Python<'py>,
+        step: u64,
+        tensors: Vec<PyTensor<'py>>,
+        blobs: Vec<(String, Vec<u8>)>,
+        metrics: BTreeMap<String, f64>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let ckpt = checkpoint(step, blobs, metrics);
+        let borrowed = borrowed(&tensors)?;
+        let store = self.get()?;
+        let info = py
+            .detach(|| store.commit_borrowed(&ckpt, &borrowed))
+            .map_err(py_err)?;
+        info_dict(py, &info)
+    }
+
+    /// Copy the arrays now (a snapshot), then commit in the background.
+    fn save_async(
+        &self,
+        step: u64,
+        tensors: Vec<PyTensor<'_>>,
+        blobs: Vec<(String, Vec<u8>)>,
+        metrics: BTreeMap<String, f64>,
+    ) -> PyResult<Handle> {
+        let mut ckpt = checkpoint(step, blobs, metrics);
+        for (name, t) in borrowed(&tensors)? {
+            let tensor =
+                Tensor::new(t.dtype(), t.shape().to_vec(), t.data().to_vec()).map_err(py_err)?;
+            ckpt.set_tensor(name, tensor);
+        }
+        let handle = self.get()?.commit_async(ckpt).map_err(py_err)?;
+        Ok(Handle::new(handle))
+    }
+
+    /// Wait for every background save.
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        let store = self.get()?;
+        py.detach(|| store.flush()).map_err(py_err)
+    }
+
+    /// A step as a dict (step, timestamp, loss_cid, metrics, tensors: name
+    /// -> (dtype, shape, Buffer), blobs: name -> Buffer), or None: the
+    /// latest if `step` is None.
+    #[pyo3(signature = (step=None))]
+    fn load<'py>(
+        &self,
+        py: Python<'py>,
+        step: Option<u64>,
+    ) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let store = self.get()?;
+        let ckpt = py
+            .detach(|| match step {
+                Some(s) => store.get(s),
+                None => store.latest(),
+            })
+            .map_err(py_err)?;
+        let Some(ckpt) = ckpt else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        d.set_item("step", ckpt.step)?;
+        d.set_item("timestamp", ckpt.timestamp)?;
+        d.set_item("loss_cid", ckpt.loss_cid)?;
+        d.set_item("metrics", ckpt.metrics)?;
+        let tensors = PyDict::new(py);
+        for (name, t) in ckpt.tensors {
+            let data = Bound::new(py, Buffer::new(t.data))?;
+            tensors.set_item(name, (t.dtype.name(), t.shape, data))?;
+        }
+        d.set_item("tensors", tensors)?;
+        let blobs = PyDict::new(py);
+        for (name, b) in ckpt.optimizer_state {
+            blobs.set_item(name, Bound::new(py, Buffer::new(b))?)?;
+        }
+        d.set_item("blobs", blobs)?;
+        Ok(Some(d))
+    }
+
+    fn steps(&self, py: Python<'_>) -> PyResult<Vec<u64>> {
+        let store = self.get()?;
+        py.detach(|| store.steps()).map_err(py_err)
+    }
+
+    fn latest_step(&self, py: Python<'_>) -> PyResult<Option<u64>> {
+        let store = self.get()?;
+        py.detach(|| store.latest_step()).map_err(py_err)
+    }
+
+    fn contains(&self, py: Python<'_>, step: u64) -> PyResult<bool> {
+        let store = self.get()?;
+        py.detach(|| store.info(step).map(|i| i.is_some()))
+            .map_err(py_err)
+    }
+
+    fn remove(&self, py: Python<'_>, step: u64) -> PyResult<bool> {
+        let store = self.get()?;
+        py.detach(|| store.remove(step)).map_err(py_err)
+    }
+
+    /// Apply a retention policy now; the steps removed.
+    #[pyo3(signature = (keep_last=None, keep_every=None))]
+    fn gc(
+        &self,
+        py: Python<'_>,
+        keep_last: Option<usize>,
+        keep_every: Option<u64>,
+    ) -> PyResult<Vec<u64>> {
+        let mut policy = Retention::new();
+        if let Some(n) = keep_last {
+            policy = policy.keep_last(n);
+        }
+        if let Some(n) = keep_every {
+            policy = policy.keep_every(n);
+        }
+        if policy.is_empty() {
+            return Err(PyValueError::new_err("gc needs keep_last or keep_every"));
+        }
+        let store = self.get()?;
+        py.detach(|| store.apply_retention(&policy)).map_err(py_err)
+    }
+
+    /// (ok, steps_ok, bytes_checked, damaged steps)
+    fn verify(&self, py: Python<'_>) -> PyResult<(bool, u64, u64, Vec<u64>)> {
+        let store = self.get()?;
+        let report = py.detach(|| store.verify()).map_err(py_err)?;
+        let damaged = report.damaged.iter().map(|(s, _)| *s).collect();
+        Ok((
+            report.is_ok(),
+            report.steps_ok,
+            report.bytes_checked,
+            damaged,
+        ))
+    }
+
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let store = self.get()?;
+        let s = py.detach(|| store.stats()).map_err(py_err)?;
+        let d = PyDict::new(py);
+        d.set_item("steps", s.steps)?;
+        d.set_item("logical_bytes", s.logical_bytes)?;
+        d.set_item("stored_bytes", s.stored_bytes)?;
+        d.set_item("chunks", s.chunks)?;
+        d.set_item("file_bytes", s.file_bytes)?;
+        d.set_item("dedup_ratio", s.dedup_ratio())?;
+        Ok(d)
+    }
+
+    /// Finish background saves and close the store.
+    fn close(&mut self, py: Python<'_>) -> PyResult<()> {
+        let result = match &self.store {
+            Some(store) => py.detach(|| store.flush()).map_err(py_err),
+            None => Ok(()),
+        };
+        if let Some(store) = self.store.take() {
+            py.detach(move || drop(store));
+        }
+        result
+    }
+}
