@@ -16,6 +16,28 @@ pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
+    /// An object store (a bucket, or a directory used as one) failed or
+    /// refused a request, after bounded retries.
+    #[error("{op} {url}: {source}")]
+    Remote {
+        /// What was being done ("listing", "writing to", ...).
+        op: String,
+        /// The remote's URL.
+        url: String,
+        /// The object store's error.
+        #[source]
+        source: Cause,
+    },
+
+    /// A remote URL that cannot be used.
+    #[error("{url}: {reason}")]
+    InvalidUrl {
+        /// The URL given.
+        url: String,
+        /// Why it cannot be used.
+        reason: String,
+    },
+
     /// A file or directory could not be read or written.
     #[error("{op} {path}: {source}")]
     Io {
@@ -364,6 +386,15 @@ impl Error {
                 source: Box::new(source.duplicate()),
             },
             Error::Locked { path } => Error::Locked { path: path.clone() },
+            Error::Remote { op, url, source } => Error::Remote {
+                op: op.clone(),
+                url: url.clone(),
+                source: cause(source),
+            },
+            Error::InvalidUrl { url, reason } => Error::InvalidUrl {
+                url: url.clone(),
+                reason: reason.clone(),
+            },
             Error::NotAStore { path, reason } => Error::NotAStore {
                 path: path.clone(),
                 reason: reason.clone(),

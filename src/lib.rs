@@ -72,6 +72,8 @@ mod exchange;
 mod format;
 mod graph;
 mod options;
+#[cfg(feature = "remote")]
+mod remote;
 mod report;
 mod retention;
 mod store;
@@ -81,6 +83,8 @@ pub use checkpoint::GradientCheckpoint;
 pub use error::{Cause, Error, Result};
 pub use graph::{ComputationGraphStore, ComputationNode};
 pub use options::{Durability, StoreOptions};
+#[cfg(feature = "remote")]
+pub use remote::{PushReport, Remote};
 pub use report::{CommitInfo, StepInfo, StoreStats, TensorInfo, VerifyReport};
 pub use retention::{Goal, Retention, StepSummary};
 pub use store::{CheckpointStore, CommitHandle};

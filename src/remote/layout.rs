@@ -1,0 +1,173 @@
+//! The bucket's layout, under the remote's prefix, all plain names:
+//!
+//! ```text
+//! chunks/<blake3 hex>                      chunk bytes (and a step's packed small blobs)
+//! manifests/<step:020>-<blake3 hex>.json   a step's manifest (JSON); the hash is of its bytes
+//! commits/<step:020>-<blake3 hex>          written last: the step is visible; names its manifest
+//! ```
+//!
+//! Every key is written once with bytes that are a function of its name
+//! (content addressing), so no conditional PUT is needed: a rewrite puts
+//! the same bytes back.
+
+use std::collections::BTreeMap;
+
+use object_store::path::Path;
+use serde::{Deserialize, Serialize};
+
+use crate::format::manifest::{hex, Hash};
+
+/// The folder of content-addressed chunks.
+pub(crate) const CHUNKS: &str = "chunks";
+/// The folder of step manifests.
+pub(crate) const MANIFESTS: &str = "manifests";
+/// The folder of commit objects.
+pub(crate) const COMMITS: &str = "commits";
+/// The version of the manifest JSON written here.
+pub(crate) const MANIFEST_FORMAT: u32 = 1;
+
+/// Where things are under one prefix.
+#[derive(Clone, Debug)]
+pub(crate) struct Layout {
+    pub(crate) prefix: Path,
+}
+
+impl Layout {
+    fn key(&self, folder: &str, name: &str) -> Path {
+        self.prefix.clone().join(folder).join(name)
+    }
+
+    pub(crate) fn folder(&self, folder: &str) -> Path {
+        self.prefix.clone().join(folder)
+    }
+
+    pub(crate) fn chunk(&self, hash: &Hash) -> Path {
+        self.key(CHUNKS, &hex(hash))
+    }
+
+    pub(crate) fn manifest(&self, step: u64, hash: &Hash) -> Path {
+        self.key(MANIFESTS, &format!("{step:020}-{}.json", hex(hash)))
+    }
+
+    pub(crate) fn commit(&self, step: u64, hash: &Hash) -> Path {
+        self.key(COMMITS, &format!("{step:020}-{}", hex(hash)))
+    }
+}
+
+/// The step and manifest hash a commit object's name carries.
+pub(crate) fn parse_commit(name: &str) -> Option<(u64, Hash)> {
+    let (step, hash) = name.split_once('-')?;
+    if step.len() != 20 {
+        return None;
+    }
+    Some((step.parse().ok()?, parse_hex(hash)?))
+}
+
+/// A chunk object's hash, from its name.
+pub(crate) fn parse_chunk(name: &str) -> Option<Hash> {
+    parse_hex(name)
+}
+
+pub(crate) fn parse_hex(s: &str) -> Option<Hash> {
+    if s.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// A step's manifest in the bucket.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct RemoteManifest {
+    pub(crate) format: u32,
+    pub(crate) step: u64,
+    pub(crate) timestamp: u64,
+    pub(crate) loss_cid: Option<String>,
+    pub(crate) metrics: BTreeMap<String, f64>,
+    /// The computation graph in the seed's JSON form, keys sorted.
+    pub(crate) graph: serde_json::Value,
+    pub(crate) blobs: BTreeMap<String, RemoteBlob>,
+    /// The step's small blobs, concatenated in name order: one chunk.
+    pub(crate) packed: Option<RemotePacked>,
+}
+
+/// Where one blob or tensor lies.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct RemoteBlob {
+    pub(crate) len: u64,
+    /// Its chunks' hashes, in order (a large blob).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) chunks: Option<Vec<String>>,
+    /// Its offset in the packed chunk (a small blob).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) offset: Option<u64>,
+    /// A tensor's dtype name and shape.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) dtype: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) shape: Option<Vec<u64>>,
+}
+
+/// The packed chunk of a step.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct RemotePacked {
+    pub(crate) len: u64,
+    pub(crate) hash: String,
+}
+
+/// `value` with every object's keys in order, whatever map type
+/// `serde_json` was built with: the same value encodes to the same bytes.
+pub(crate) fn canonical(value: serde_json::Value) -> serde_json::Value {
+    match value {
+        serde_json::Value::Object(map) => {
+            let mut entries: Vec<_> = map.into_iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            serde_json::Value::Object(
+                entries
+                    .into_iter()
+                    .map(|(k, v)| (k, canonical(v)))
+                    .collect(),
+            )
+        }
+        serde_json::Value::Array(items) => {
+            serde_json::Value::Array(items.into_iter().map(canonical).collect())
+        }
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_parse_back() {
+        let layout = Layout {
+            prefix: Path::from("runs/a"),
+        };
+        let h = [0xab; 32];
+        let c = layout.commit(42, &h);
+        assert_eq!(c.as_ref(), format!("runs/a/commits/{:020}-{}", 42, hex(&h)));
+        let name = c.filename().expect("has a name");
+        assert_eq!(parse_commit(name), Some((42, h)));
+        assert_eq!(parse_commit("42-ab"), None);
+        assert_eq!(parse_chunk(&hex(&h)), Some(h));
+        assert_eq!(parse_chunk("zz"), None);
+        let name = layout.manifest(7, &h);
+        assert_eq!(name.extension(), Some("json"));
+    }
+
+    #[test]
+    fn canonical_json_sorts_keys() {
+        let v: serde_json::Value =
+            serde_json::json!({"b": 1, "a": {"d": [1, {"z": 0, "y": 1}], "c": 2}});
+        let bytes = serde_json::to_vec(&canonical(v)).expect("encodes");
+        assert_eq!(
+            String::from_utf8(bytes).expect("utf-8"),
+            r#"{"a":{"c":2,"d":[1,{"y":1,"z":0}]},"b":1}"#
+        );
+    }
+}

@@ -1,0 +1,102 @@
+//! An object store that fails its k-th call, over an in-memory one.
+
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use futures::stream::{self, BoxStream, StreamExt};
+use object_store::memory::InMemory;
+use object_store::path::Path;
+use object_store::{
+    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+    PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
+};
+
+/// Fails call number `fail_at` (counting from 1; 0 never fails).
+#[derive(Debug)]
+pub struct Failing {
+    pub inner: Arc<InMemory>,
+    pub calls: AtomicUsize,
+    pub fail_at: AtomicUsize,
+}
+
+impl Failing {
+    pub fn new(inner: Arc<InMemory>, fail_at: usize) -> Self {
+        Failing {
+            inner,
+            calls: AtomicUsize::new(0),
+            fail_at: AtomicUsize::new(fail_at),
+        }
+    }
+
+    fn check(&self, op: &str) -> Result<()> {
+        let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        if n == self.fail_at.load(Ordering::SeqCst) {
+            return Err(object_store::Error::Generic {
+                store: "Failing",
+                source: format!("injected failure of call {n} ({op})").into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for Failing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Failing({})", self.inner)
+    }
+}
+
+#[async_trait::async_trait]
+impl ObjectStore for Failing {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> Result<PutResult> {
+        self.check("put")?;
+        self.inner.put_opts(location, payload, opts).await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOptions,
+    ) -> Result<Box<dyn MultipartUpload>> {
+        self.check("put_multipart")?;
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
+        self.check("get")?;
+        self.inner.get_opts(location, options).await
+    }
+
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, Result<Path>>,
+    ) -> BoxStream<'static, Result<Path>> {
+        if let Err(e) = self.check("delete") {
+            return stream::once(async move { Err(e) }).boxed();
+        }
+        self.inner.delete_stream(locations)
+    }
+
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
+        if let Err(e) = self.check("list") {
+            return stream::once(async move { Err(e) }).boxed();
+        }
+        self.inner.list(prefix)
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
+        self.check("list_with_delimiter")?;
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {
+        self.check("copy")?;
+        self.inner.copy_opts(from, to, options).await
+    }
+}

@@ -1,0 +1,200 @@
+//! Replication to object storage: push, list, restore and pull, against a
+//! directory, an in-memory store failing each call in turn, and (when
+//! `scripts/garage.sh start` has run: `.ci/run` does) a real Garage server.
+
+mod faults;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use ckptstore::{
+    CheckpointStore, ComputationGraphStore, ComputationNode, Dtype, GradientCheckpoint, Remote,
+    Tensor,
+};
+use object_store::memory::InMemory;
+
+type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+fn bytes(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x.to_le_bytes()[0]
+        })
+        .collect()
+}
+
+/// A step with a graph, metrics, small and large blobs and tensors; the
+/// 4 MiB "frozen" tensor is the same in every step.
+fn checkpoint(step: u64) -> Result<GradientCheckpoint> {
+    let mut graph = ComputationGraphStore::new();
+    let id = graph.add_node(ComputationNode::new("matmul", vec!["cid_x".into()]));
+    graph.record_output(&id, format!("cid_y_{step}"))?;
+    let mut c = GradientCheckpoint::new(graph, step).with_loss_cid(format!("cid_loss_{step}"));
+    c.metrics.insert("loss".into(), 1.0 / (step as f64 + 1.0));
+    c.set_optimizer_state("rng", bytes(step, 100));
+    c.set_optimizer_state("adam_m", bytes(step + 100, 300_000));
+    c.set_tensor(
+        "frozen",
+        Tensor::new(Dtype::F32, vec![1024, 1024], bytes(7, 4 << 20))?,
+    );
+    c.set_tensor(
+        "head",
+        Tensor::new(Dtype::BF16, vec![4, 8], bytes(step + 200, 64))?,
+    );
+    Ok(c)
+}
+
+fn store_with(dir: &std::path::Path, steps: std::ops::Range<u64>) -> Result<CheckpointStore> {
+    let store = CheckpointStore::open(dir.join("run.ckpt"))?;
+    for step in steps {
+        store.commit(&checkpoint(step)?)?;
+    }
+    Ok(store)
+}
+
+/// Push, list, restore, pull and dedup against `remote`, which is empty.
+fn round_trip(remote: &Remote) -> Result {
+    let dir = tempfile::tempdir()?;
+    let store = store_with(dir.path(), 0..3)?;
+    assert_eq!(remote.latest_step()?, None);
+    let first = store.push(remote)?;
+    assert_eq!(first.steps_pushed, vec![0, 1, 2]);
+    // The frozen tensor is uploaded once for the three steps.
+    assert!(first.bytes_skipped >= 2 * (4 << 20), "{first:?}");
+    assert!(first.bytes_uploaded < (4 << 20) + 3 * 400_000, "{first:?}");
+    let again = store.push(remote)?;
+    assert_eq!(
+        (
+            again.steps_pushed.len(),
+            again.steps_present,
+            again.bytes_uploaded
+        ),
+        (0, 3, 0)
+    );
+
+    assert_eq!(remote.steps()?, vec![0, 1, 2]);
+    assert_eq!(remote.latest_step()?, Some(2));
+    for step in 0..3 {
+        assert!(remote.get(step)? == store.get(step)?, "step {step}");
+    }
+    assert_eq!(remote.get(9)?, None);
+
+    // A step whose 4 MiB tensor is unchanged uploads little.
+    store.commit(&checkpoint(3)?)?;
+    let next = store.push(remote)?;
+    assert_eq!(next.steps_pushed, vec![3]);
+    let total = checkpoint(3)?.logical_bytes();
+    assert!(
+        next.bytes_uploaded * 100 <= total * 15,
+        "{next:?} of {total}"
+    );
+
+    // Restore anywhere: a new local store from the bucket alone.
+    let other = tempfile::tempdir()?;
+    let fresh = CheckpointStore::open(other.path().join("copy.ckpt"))?;
+    remote.pull(3, &fresh)?;
+    assert!(fresh.get(3)? == store.get(3)?);
+    assert!(fresh.verify()?.is_ok());
+    assert!(matches!(
+        remote.pull(42, &fresh),
+        Err(ckptstore::Error::StepsNotFound { .. })
+    ));
+    Ok(())
+}
+
+#[test]
+fn a_directory_works_as_a_bucket() -> Result {
+    let dir = tempfile::tempdir()?;
+    let remote = Remote::open(&format!("file://{}/bucket/run1", dir.path().display()))?;
+    round_trip(&remote)?;
+    // Plain names, readable by anyone.
+    let commits = std::fs::read_dir(dir.path().join("bucket/run1/commits"))?.count();
+    assert_eq!(commits, 4);
+    Ok(())
+}
+
+#[test]
+fn bad_urls_are_refused_clearly() {
+    for url in ["ftp://x/y", "s3://", "file://relative/dir"] {
+        let e = Remote::open(url).expect_err(url);
+        assert!(e.to_string().contains(url), "{e}");
+    }
+}
+
+/// Every call of a push failing in turn: the push fails or completes, the
+/// bucket then shows only whole steps, and a rerun completes the job.
+#[test]
+fn a_push_failing_at_any_call_resumes() -> Result {
+    let dir = tempfile::tempdir()?;
+    let store = store_with(dir.path(), 0..3)?;
+    // Count the calls of a whole push.
+    let counting = Arc::new(faults::Failing::new(Arc::new(InMemory::new()), 0));
+    store.push(&Remote::with_store(counting.clone(), "p", "mem://count")?)?;
+    let calls = counting.calls.load(Ordering::SeqCst);
+    assert!(calls > 10, "{calls}");
+    for k in 1..=calls {
+        let memory = Arc::new(InMemory::new());
+        let failing = Arc::new(faults::Failing::new(memory.clone(), k));
+        let remote = Remote::with_store(failing.clone(), "p", "mem://failing")?;
+        let failed = store.push(&remote).is_err();
+        assert!(failed, "call {k} of {calls} failed, so must the push");
+        failing.fail_at.store(0, Ordering::SeqCst);
+        for step in remote.steps()? {
+            assert!(remote.get(step)? == store.get(step)?, "k={k}");
+        }
+        let rerun = store.push(&remote)?;
+        assert_eq!(rerun.steps_present + rerun.steps_pushed.len() as u64, 3);
+        assert_eq!(remote.steps()?, vec![0, 1, 2], "k={k}");
+    }
+    Ok(())
+}
+
+/// Every call of a restore failing in turn: `get` errs (never a wrong or
+/// partial checkpoint), then succeeds.
+#[test]
+fn a_restore_failing_at_any_call_never_returns_wrong_data() -> Result {
+    let dir = tempfile::tempdir()?;
+    let store = store_with(dir.path(), 0..1)?;
+    let memory = Arc::new(InMemory::new());
+    store.push(&Remote::with_store(memory.clone(), "p", "mem://m")?)?;
+    let counting = Arc::new(faults::Failing::new(memory.clone(), 0));
+    let remote = Remote::with_store(counting.clone(), "p", "mem://count")?;
+    assert!(remote.get(0)?.is_some());
+    let calls = counting.calls.load(Ordering::SeqCst);
+    for k in 1..=calls {
+        let failing = Arc::new(faults::Failing::new(memory.clone(), k));
+        let remote = Remote::with_store(failing, "p", "mem://failing")?;
+        match remote.get(0) {
+            Ok(got) => panic!("call {k} failed but get returned {:?}", got.map(|c| c.step)),
+            Err(e) => assert!(e.to_string().contains("mem://failing"), "{e}"),
+        }
+        assert!(remote.get(0)? == store.get(0)?, "k={k}");
+    }
+    Ok(())
+}
+
+/// The same round trip against the Garage server `scripts/garage.sh`
+/// starts (its variables in target/garage/env).
+#[test]
+fn garage_round_trip() -> Result {
+    let Ok(bucket) = std::env::var("CKPT_TEST_BUCKET") else {
+        eprintln!(
+            "skipped: no S3 server (run scripts/garage.sh start and source target/garage/env)"
+        );
+        return Ok(());
+    };
+    let prefix = format!("t-{}", uuid_like());
+    let remote = Remote::open(&format!("s3://{bucket}/{prefix}"))?;
+    round_trip(&remote)
+}
+
+fn uuid_like() -> String {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{t:x}-{}", std::process::id())
+}
