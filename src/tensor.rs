@@ -231,13 +231,15 @@ impl Tensor {
 
     /// Why the tensor is not valid, if it is not.
     pub(crate) fn check(&self) -> std::result::Result<(), String> {
-        let want = Self::expected_bytes(self.dtype, &self.shape)?;
-        if self.data.len() as u64 != want {
+        Self::check_len(self.dtype, &self.shape, self.data.len())
+    }
+
+    /// Why `len` bytes cannot hold `shape` of `dtype`, if they cannot.
+    fn check_len(dtype: Dtype, shape: &[u64], len: usize) -> std::result::Result<(), String> {
+        let want = Self::expected_bytes(dtype, shape)?;
+        if len as u64 != want {
             return Err(format!(
-                "shape {:?} of {} needs {want} bytes, the data has {}",
-                self.shape,
-                self.dtype,
-                self.data.len()
+                "shape {shape:?} of {dtype} needs {want} bytes, the data has {len}"
             ));
         }
         Ok(())
@@ -270,15 +272,8 @@ impl<'a> TensorRef<'a> {
     /// # Errors
     /// [`Error::InvalidTensor`] naming the numbers when it does not.
     pub fn new(dtype: Dtype, shape: Vec<u64>, data: &'a [u8]) -> Result<Self> {
-        let want = Tensor::expected_bytes(dtype, &shape)
+        Tensor::check_len(dtype, &shape, data.len())
             .map_err(|reason| Error::InvalidTensor { name: None, reason })?;
-        if data.len() as u64 != want {
-            let reason = format!(
-                "shape {shape:?} of {dtype} needs {want} bytes, the data has {}",
-                data.len()
-            );
-            return Err(Error::InvalidTensor { name: None, reason });
-        }
         Ok(TensorRef { dtype, shape, data })
     }
 

@@ -11,7 +11,7 @@ use redb::{
 };
 
 use crate::error::StorageContext;
-use crate::format::layout::chunk_lengths;
+use crate::format::layout::{chunk_lengths, packed_slice};
 use crate::format::manifest::{
     decode_manifest, hex, BlobRef, Hash, Manifest, PackedRef, Placement,
 };
@@ -223,16 +223,12 @@ impl StepData<'_> {
             self.packed.get_or_init(|| read)
         };
         // Bounds were checked when the manifest was decoded.
-        let bytes = usize::try_from(*offset)
-            .ok()
-            .zip(usize::try_from(offset + blob.len).ok())
-            .and_then(|(from, to)| packed.get(from..to))
-            .ok_or_else(|| {
-                Error::corrupt(
-                    Some(step),
-                    format!("blob {name:?} is outside the packed bytes"),
-                )
-            })?;
+        let bytes = packed_slice(packed, *offset, blob.len).ok_or_else(|| {
+            Error::corrupt(
+                Some(step),
+                format!("blob {name:?} is outside the packed bytes"),
+            )
+        })?;
         Ok(Some(bytes.to_vec()))
     }
 }

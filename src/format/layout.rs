@@ -56,6 +56,14 @@ pub(crate) fn split(blob: &[u8]) -> impl Iterator<Item = &[u8]> {
     })
 }
 
+/// The `len` bytes at `offset` of a step's packed small blobs, if they lie
+/// inside them.
+pub(crate) fn packed_slice(packed: &[u8], offset: u64, len: u64) -> Option<&[u8]> {
+    let from = usize::try_from(offset).ok()?;
+    let to = usize::try_from(offset.checked_add(len)?).ok()?;
+    packed.get(from..to)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,6 +10,7 @@ use object_store::ObjectStoreExt;
 use super::layout::{parse_hex, RemoteManifest, MANIFEST_FORMAT};
 use super::push::UPLOADS_IN_FLIGHT;
 use super::{Commit, Remote};
+use crate::format::layout::packed_slice;
 use crate::format::manifest::{hex, Hash};
 use crate::{CheckpointStore, CommitInfo, Dtype, Error, GradientCheckpoint, Result, Tensor};
 
@@ -161,10 +162,7 @@ impl Remote {
         for (name, blob) in m.blobs {
             let data = match (&blob.chunks, blob.offset) {
                 (Some(hashes), None) => self.fetch(step, &name, hashes)?,
-                (None, Some(offset)) => usize::try_from(offset)
-                    .ok()
-                    .zip(usize::try_from(offset + blob.len).ok())
-                    .and_then(|(from, to)| packed.get(from..to))
+                (None, Some(offset)) => packed_slice(&packed, offset, blob.len)
                     .ok_or_else(|| corrupt(format!("blob {name:?} is outside the packed bytes")))?
                     .to_vec(),
                 _ => return Err(corrupt(format!("blob {name:?} has no place"))),

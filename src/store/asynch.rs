@@ -8,6 +8,7 @@ use super::commit::put;
 use super::CheckpointStore;
 use crate::db::Db;
 use crate::engine::hashing::Hashing;
+use crate::engine::plan::Borrowed;
 use crate::{CommitInfo, Error, GradientCheckpoint, Result};
 
 /// The error of a handle whose writer stopped before reporting.
@@ -93,7 +94,7 @@ fn commit_job(
 ) {
     let step = job.ckpt.step;
     let done = Done { progress, step };
-    let outcome = put(db, &job.ckpt, false, Hashing::Inline);
+    let outcome = put(db, &job.ckpt, &Borrowed::new(), false, Hashing::Inline);
     if job.recycle {
         // One spare at most: a burst of copies does not leave a pile of
         // idle buffers behind.

@@ -7,7 +7,7 @@ use std::time::Instant;
 use super::CheckpointStore;
 use crate::db::{Db, TxnKind};
 use crate::engine::hashing::{with_hashes, Hashing};
-use crate::engine::plan::{Plan, Streamed};
+use crate::engine::plan::{Borrowed, Plan, Streamed};
 use crate::format::layout::{split, PACK_BELOW};
 use crate::format::manifest::Hash;
 use crate::{CommitInfo, Dtype, GradientCheckpoint, Result, Tensor, TensorRef};
@@ -35,7 +35,7 @@ impl CheckpointStore {
     /// the step may or may not have been committed (the error can strike
     /// after the commit point); it is never partial: `get` tells.
     pub fn commit(&self, ckpt: &GradientCheckpoint) -> Result<CommitInfo> {
-        put(&self.db, ckpt, false, Hashing::Pipelined)
+        put(&self.db, ckpt, &Borrowed::new(), false, Hashing::Pipelined)
     }
 
     /// Store `ckpt`, replacing the step of the same number if it is stored,
@@ -54,7 +54,7 @@ impl CheckpointStore {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn replace(&self, ckpt: &GradientCheckpoint) -> Result<CommitInfo> {
-        put(&self.db, ckpt, true, Hashing::Pipelined)
+        put(&self.db, ckpt, &Borrowed::new(), true, Hashing::Pipelined)
     }
 
     /// [`commit`](Self::commit) `ckpt` with the tensors `tensors` added,
@@ -86,8 +86,6 @@ impl CheckpointStore {
         ckpt: &GradientCheckpoint,
         tensors: &BTreeMap<String, TensorRef<'_>>,
     ) -> Result<CommitInfo> {
-        let start = Instant::now();
-        ckpt.validate()?;
         let clash = tensors
             .keys()
             .find(|n| ckpt.tensors.contains_key(*n) || ckpt.optimizer_state.contains_key(*n));
@@ -97,43 +95,33 @@ impl CheckpointStore {
                 reason: format!("{name:?} is both a borrowed tensor and in the checkpoint"),
             });
         }
-        let mut info = put_plan(
-            &self.db,
-            &Plan::with_borrowed(ckpt, tensors),
-            false,
-            Hashing::Pipelined,
-        )?;
-        info.duration = start.elapsed();
-        Ok(info)
+        put(&self.db, ckpt, tensors, false, Hashing::Pipelined)
     }
 }
 
-/// Store `ckpt`: plan it, hash its chunks (as `hashing` says) while the
+/// Store `ckpt` and the tensors `borrowed` (whose names are none of
+/// `ckpt`'s): plan it, hash its chunks (as `hashing` says) while the
 /// transactions write, stage its chunks first if there are many.
 pub(crate) fn put(
     db: &Db,
     ckpt: &GradientCheckpoint,
+    borrowed: &Borrowed<'_>,
     replace: bool,
     hashing: Hashing,
 ) -> Result<CommitInfo> {
     let start = Instant::now();
     ckpt.validate()?;
-    let mut info = put_plan(db, &Plan::new(ckpt), replace, hashing)?;
+    let plan = Plan::with_borrowed(ckpt, borrowed);
+    let stage_above = db.options().cache_size / STAGE_ABOVE_CACHE_FRACTION;
+    let mut info = with_hashes(&plan.pieces, hashing, |hashes| {
+        if plan.chunk_bytes() > stage_above {
+            commit_staged(db, &plan, replace, hashes, stage_above)
+        } else {
+            commit_once(db, &plan, replace, hashes, false)
+        }
+    })?;
     info.duration = start.elapsed();
     Ok(info)
-}
-
-/// Store what `plan` describes: hash its chunks while the transactions
-/// write, stage them first if there are many.
-fn put_plan(db: &Db, plan: &Plan<'_>, replace: bool, hashing: Hashing) -> Result<CommitInfo> {
-    let stage_above = db.options().cache_size / STAGE_ABOVE_CACHE_FRACTION;
-    with_hashes(&plan.pieces, hashing, |hashes| {
-        if plan.chunk_bytes() > stage_above {
-            commit_staged(db, plan, replace, hashes, stage_above)
-        } else {
-            commit_once(db, plan, replace, hashes, false)
-        }
-    })
 }
 
 /// The transaction that makes the step (and applies the store's retention
