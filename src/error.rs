@@ -29,6 +29,29 @@ pub enum Error {
         source: Cause,
     },
 
+    /// Background replication ([`StoreOptions::replicate_to`](crate::StoreOptions::replicate_to))
+    /// failed; it goes on retrying with backoff.
+    #[error("replication to {url} failed (retrying in the background; steps not yet there: {steps:?}): {source}")]
+    ReplicationFailed {
+        /// The remote's URL.
+        url: String,
+        /// The steps committed here that are not confirmed in the bucket.
+        steps: Vec<u64>,
+        /// The last push's error.
+        #[source]
+        source: Box<Error>,
+    },
+
+    /// The bucket is held by another process's operation (a garbage
+    /// collection a push must not overlap) for longer than it may be.
+    #[error("{url}: {detail}")]
+    RemoteBusy {
+        /// The remote's URL.
+        url: String,
+        /// Who holds it, and what to do.
+        detail: String,
+    },
+
     /// A remote URL that cannot be used.
     #[error("{url}: {reason}")]
     InvalidUrl {
@@ -386,15 +409,10 @@ impl Error {
                 source: Box::new(source.duplicate()),
             },
             Error::Locked { path } => Error::Locked { path: path.clone() },
-            Error::Remote { op, url, source } => Error::Remote {
-                op: op.clone(),
-                url: url.clone(),
-                source: cause(source),
-            },
-            Error::InvalidUrl { url, reason } => Error::InvalidUrl {
-                url: url.clone(),
-                reason: reason.clone(),
-            },
+            Error::ReplicationFailed { .. }
+            | Error::RemoteBusy { .. }
+            | Error::Remote { .. }
+            | Error::InvalidUrl { .. } => self.duplicate_remote(),
             Error::NotAStore { path, reason } => Error::NotAStore {
                 path: path.clone(),
                 reason: reason.clone(),
@@ -451,6 +469,37 @@ impl Error {
                 stuck: *stuck,
                 total: *total,
             },
+        }
+    }
+
+    /// [`duplicate`](Self::duplicate) of the object-storage errors.
+    fn duplicate_remote(&self) -> Error {
+        let cause = |c: &Cause| -> Cause {
+            Box::new(Detached {
+                message: c.to_string(),
+                io: false,
+            })
+        };
+        match self {
+            Error::ReplicationFailed { url, steps, source } => Error::ReplicationFailed {
+                url: url.clone(),
+                steps: steps.clone(),
+                source: Box::new(source.duplicate()),
+            },
+            Error::RemoteBusy { url, detail } => Error::RemoteBusy {
+                url: url.clone(),
+                detail: detail.clone(),
+            },
+            Error::InvalidUrl { url, reason } => Error::InvalidUrl {
+                url: url.clone(),
+                reason: reason.clone(),
+            },
+            Error::Remote { op, url, source } => Error::Remote {
+                op: op.clone(),
+                url: url.clone(),
+                source: cause(source),
+            },
+            e => Error::InvalidOptions(e.to_string()),
         }
     }
 }

@@ -38,6 +38,8 @@ pub struct StoreOptions {
     pub(crate) check_integrity: bool,
     pub(crate) async_queue_depth: usize,
     pub(crate) quick_repair: bool,
+    #[cfg(feature = "remote")]
+    pub(crate) replicate_to: Option<std::sync::Arc<crate::Remote>>,
 }
 
 /// Default page cache: a commit then needs at most the checkpoint plus
@@ -61,6 +63,8 @@ impl Default for StoreOptions {
             check_integrity: false,
             async_queue_depth: 2,
             quick_repair: true,
+            #[cfg(feature = "remote")]
+            replicate_to: None,
         }
     }
 }
@@ -146,6 +150,36 @@ impl StoreOptions {
     /// [`CheckpointStore::apply_retention`].
     pub fn retention(mut self, policy: Retention) -> Self {
         self.retention = policy;
+        self
+    }
+
+    /// Replicate every committed step to `remote` in the background: after
+    /// each local commit a thread uploads what the bucket lacks
+    /// ([`push`](crate::CheckpointStore::push)); a failed upload is
+    /// retried with backoff (1 s doubling to 60 s) and reported by
+    /// [`flush`](crate::CheckpointStore::flush) (which waits for uploads)
+    /// and [`replication_status`](crate::CheckpointStore::replication_status). Opening the store starts
+    /// with a push, so uploads cut short by a crash or a restart resume.
+    /// Only for stores opened for writing.
+    ///
+    /// ```
+    /// use ckptstore::{ComputationGraphStore, GradientCheckpoint, Remote, StoreOptions};
+    /// # let dir = tempfile::tempdir()?;
+    /// let remote = Remote::open(&format!("file://{}/bucket", dir.path().display()))?;
+    /// let store = StoreOptions::new()
+    ///     .replicate_to(remote)
+    ///     .open(dir.path().join("run.ckpt"))?;
+    /// store.commit(&GradientCheckpoint::new(ComputationGraphStore::new(), 1))?;
+    /// store.flush()?; // waits for the upload
+    /// let status = store.replication_status()?.expect("replicating");
+    /// assert!(status.pending.is_empty());
+    /// # let remote = Remote::open(&format!("file://{}/bucket", dir.path().display()))?;
+    /// assert_eq!(remote.steps()?, vec![1]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[cfg(feature = "remote")]
+    pub fn replicate_to(mut self, remote: crate::Remote) -> Self {
+        self.replicate_to = Some(std::sync::Arc::new(remote));
         self
     }
 

@@ -58,6 +58,8 @@ pub(crate) struct Db {
     /// Held by a commit that stages its chunks in transactions of their
     /// own, so that one staging runs at a time.
     staging: Mutex<()>,
+    /// Called after each write transaction commits (replication).
+    after_write: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
 impl Db {
@@ -81,6 +83,7 @@ impl Db {
             options,
             state: RwLock::new(state),
             staging: Mutex::new(()),
+            after_write: std::sync::OnceLock::new(),
         }
     }
 
@@ -152,8 +155,17 @@ impl Db {
             };
             let value = in_engine().map_err(|e| e.within(what))?;
             txn.commit().context(what)?;
+            if let Some(hook) = self.after_write.get() {
+                hook();
+            }
             Ok(value)
         })
+    }
+
+    /// Call `hook` after each write transaction commits (set once).
+    #[cfg(feature = "remote")]
+    pub(crate) fn set_after_write(&self, hook: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.after_write.set(hook);
     }
 
     /// Hand free space back to the filesystem (redb compaction).

@@ -28,6 +28,8 @@ use crate::{CommitInfo, Error, Result, Retention, StepSummary};
 use chunks::{ChunkTables, Freed};
 use plan::Plan;
 
+#[cfg(feature = "remote")]
+pub(crate) use read::ChunkPlace;
 pub(crate) use read::{StepData, View};
 pub(crate) use verify::Checked;
 

@@ -233,6 +233,86 @@ impl StepData<'_> {
     }
 }
 
+/// One chunk of a step's blob: its hash, where it is, and its length.
+#[cfg(feature = "remote")]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ChunkPlace {
+    pub(crate) hash: Hash,
+    pub(crate) len: usize,
+    at: ChunkAt,
+}
+
+/// What a push reads of a step: places first, then chunks one by one.
+#[cfg(feature = "remote")]
+impl StepData<'_> {
+    /// Each blob's length and place, by name (no data read).
+    pub(crate) fn blob_refs(&self) -> &BTreeMap<String, BlobRef> {
+        &self.blobs
+    }
+
+    /// The length and hash of the step's packed small blobs, if it has any.
+    pub(crate) fn packed_ref(&self) -> Option<&PackedRef> {
+        self.packed_ref.as_ref()
+    }
+
+    /// The step's packed small blobs, hash-checked.
+    pub(crate) fn packed_bytes(&self) -> Result<Vec<u8>> {
+        match &self.packed_ref {
+            Some(p) => self.view.read_packed(self.step, p),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    /// The chunks of blob `name` in order (none for a packed blob).
+    pub(crate) fn chunk_places(&self, name: &str) -> Result<Vec<ChunkPlace>> {
+        let Some(blob) = self.blobs.get(name) else {
+            return Ok(Vec::new());
+        };
+        let refs: Vec<(Hash, ChunkAt)> = match &blob.at {
+            Placement::Chunks(c) => c.iter().map(|c| (c.hash, ChunkAt::Id(c.id))).collect(),
+            Placement::Format1Chunks(h) => h.iter().map(|h| (*h, ChunkAt::Hash)).collect(),
+            Placement::Packed { .. } => return Ok(Vec::new()),
+        };
+        let len = usize::try_from(blob.len).map_err(|_| {
+            Error::corrupt(
+                Some(self.step),
+                format!("blob {name:?} is too long to load"),
+            )
+        })?;
+        let lengths: Vec<usize> = chunk_lengths(len).collect();
+        if lengths.len() != refs.len() {
+            return Err(Error::corrupt(
+                Some(self.step),
+                format!("blob {name:?} lists the wrong number of chunks"),
+            ));
+        }
+        Ok(refs
+            .into_iter()
+            .zip(lengths)
+            .map(|((hash, at), len)| ChunkPlace { hash, len, at })
+            .collect())
+    }
+
+    /// The bytes of one chunk, length- and hash-checked.
+    pub(crate) fn read_chunk(&self, place: &ChunkPlace) -> Result<Vec<u8>> {
+        let step = self.step;
+        let corrupt =
+            |what: &str| Error::corrupt(Some(step), format!("chunk {} {what}", hex(&place.hash)));
+        let chunk = self
+            .chunks
+            .get(step, &place.hash, place.at)?
+            .ok_or_else(|| corrupt("is missing"))?;
+        let bytes = chunk.value();
+        if bytes.len() != place.len {
+            return Err(corrupt("has the wrong length"));
+        }
+        if blake3::hash(bytes).as_bytes() != &place.hash {
+            return Err(corrupt("fails its hash check"));
+        }
+        Ok(bytes.to_vec())
+    }
+}
+
 /// Where chunks are read from: by id, or (format 1) by hash.
 struct ChunkSource {
     data: Option<ReadOnlyTable<u64, &'static [u8]>>,
@@ -240,7 +320,7 @@ struct ChunkSource {
 }
 
 /// Where one chunk of a blob is.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 enum ChunkAt {
     Id(u64),
     Hash,

@@ -4,11 +4,13 @@
 //! chunks/<blake3 hex>                      chunk bytes (and a step's packed small blobs)
 //! manifests/<step:020>-<blake3 hex>.json   a step's manifest (JSON); the hash is of its bytes
 //! commits/<step:020>-<blake3 hex>          written last: the step is visible; names its manifest
+//! deleted/<step:020>-<blake3 hex>          that step was deleted by retention: push skips it
+//! locks/<push|gc>-<uuid>                   a push or a garbage collection in progress
 //! ```
 //!
-//! Every key is written once with bytes that are a function of its name
-//! (content addressing), so no conditional PUT is needed: a rewrite puts
-//! the same bytes back.
+//! Every key but the locks is written once with bytes that are a function
+//! of its name (content addressing), so no conditional PUT is needed: a
+//! rewrite puts the same bytes back.
 
 use std::collections::BTreeMap;
 
@@ -23,6 +25,10 @@ pub(crate) const CHUNKS: &str = "chunks";
 pub(crate) const MANIFESTS: &str = "manifests";
 /// The folder of commit objects.
 pub(crate) const COMMITS: &str = "commits";
+/// The folder of markers of steps deleted by retention.
+pub(crate) const DELETED: &str = "deleted";
+/// The folder of locks.
+pub(crate) const LOCKS: &str = "locks";
 /// The version of the manifest JSON written here.
 pub(crate) const MANIFEST_FORMAT: u32 = 1;
 
@@ -52,9 +58,18 @@ impl Layout {
     pub(crate) fn commit(&self, step: u64, hash: &Hash) -> Path {
         self.key(COMMITS, &format!("{step:020}-{}", hex(hash)))
     }
+
+    pub(crate) fn deleted(&self, step: u64, hash: &Hash) -> Path {
+        self.key(DELETED, &format!("{step:020}-{}", hex(hash)))
+    }
+
+    pub(crate) fn lock(&self, name: &str) -> Path {
+        self.key(LOCKS, name)
+    }
 }
 
-/// The step and manifest hash a commit object's name carries.
+/// The step and manifest hash a commit's (or a deletion marker's, or a
+/// manifest's without its `.json`) name carries.
 pub(crate) fn parse_commit(name: &str) -> Option<(u64, Hash)> {
     let (step, hash) = name.split_once('-')?;
     if step.len() != 20 {

@@ -3,8 +3,12 @@
 //! bucket alone. See [`layout`] for the names in the bucket.
 
 mod layout;
+mod locks;
 mod push;
 mod read;
+mod replicate;
+mod retention;
+mod verify;
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -17,9 +21,12 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
 use crate::format::manifest::Hash;
 use crate::{Error, Result};
-use layout::{parse_chunk, parse_commit, Layout, COMMITS};
+use layout::{parse_chunk, parse_commit, Layout, COMMITS, DELETED};
 
 pub use push::PushReport;
+pub use replicate::ReplicationStatus;
+pub(crate) use replicate::Replicator;
+pub use retention::GcReport;
 
 /// Requests retried at most this often (with backoff) before failing.
 const MAX_RETRIES: usize = 4;
@@ -28,6 +35,9 @@ const RETRY_TIMEOUT: Duration = Duration::from_secs(30);
 /// One request's time limit, and a connection's.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a push may take between two writes of its lock, and how old an
+/// unreferenced object must be before garbage collection deletes it.
+pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(600);
 
 /// A bucket (or a prefix in one) that holds replicated steps.
 ///
@@ -46,6 +56,7 @@ pub struct Remote {
     store: Arc<dyn ObjectStore>,
     layout: Layout,
     url: String,
+    grace: Duration,
     runtime: tokio::runtime::Runtime,
 }
 
@@ -144,8 +155,34 @@ impl Remote {
             store,
             layout: Layout { prefix },
             url: url.to_owned(),
+            grace: DEFAULT_GRACE_PERIOD,
             runtime,
         })
+    }
+
+    /// Set the grace period (default [`DEFAULT_GRACE_PERIOD`], 10 minutes):
+    /// garbage collection deletes no chunk while a push's lock is younger
+    /// than this, nor any unreferenced object younger than this; a push
+    /// rewrites its lock well within it, and waits at most this long for a
+    /// collection to finish. Every process using a bucket should use the
+    /// same grace period.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # let dir = tempfile::tempdir()?;
+    /// let remote = ckptstore::Remote::open(&format!("file://{}", dir.path().display()))?
+    ///     .with_grace_period(Duration::from_secs(3600));
+    /// assert_eq!(remote.grace_period(), Duration::from_secs(3600));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn with_grace_period(mut self, grace: Duration) -> Remote {
+        self.grace = grace;
+        self
+    }
+
+    /// The grace period.
+    pub fn grace_period(&self) -> Duration {
+        self.grace
     }
 
     /// The URL this remote was opened with.
@@ -200,6 +237,26 @@ impl Remote {
             .collect();
         commits.sort_by_key(|c| (c.step, c.hash));
         Ok(commits)
+    }
+
+    /// The (step, manifest hash) of every step retention deleted.
+    pub(crate) fn deleted(&self) -> Result<Vec<(u64, Hash)>> {
+        Ok(self
+            .list_names(DELETED)?
+            .iter()
+            .filter_map(|n| parse_commit(n))
+            .collect())
+    }
+
+    /// Delete `key`; a key already gone is fine.
+    fn delete(&self, key: &Path) -> Result<()> {
+        let deleted = self.runtime.block_on(async {
+            match self.store.delete(key).await {
+                Err(object_store::Error::NotFound { .. }) => Ok(()),
+                other => other,
+            }
+        });
+        deleted.map_err(|e| remote_error(&self.url, "deleting from", e))
     }
 
     /// The hashes of every chunk in the bucket.

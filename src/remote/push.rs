@@ -1,8 +1,11 @@
 //! `CheckpointStore::push`: upload every committed step the bucket lacks.
 //!
-//! Per step, in order: the chunks the bucket lacks (in parallel), then the
-//! manifest, then the commit object. A step is visible in the bucket only
-//! once its commit is there, and a rerun after any failure skips what
+//! Per step, in order: the chunks the bucket lacks (read from the store one
+//! at a time, several uploads in flight), then the manifest, then the
+//! commit object. The manifest is built from the store's own manifest
+//! (same chunks, same hashes), so a step already in the bucket costs a
+//! metadata read, not a read of its data. A step is visible in the bucket
+//! only once its commit is there, and a rerun after any failure skips what
 //! landed: chunks are listed first, and a step whose commit exists is done.
 
 use std::collections::{BTreeMap, HashSet};
@@ -12,10 +15,10 @@ use futures::{StreamExt, TryStreamExt};
 use object_store::{ObjectStoreExt, PutPayload};
 
 use super::layout::{canonical, RemoteBlob, RemoteManifest, RemotePacked, MANIFEST_FORMAT};
-use super::Remote;
-use crate::engine::StepData;
-use crate::format::layout::{split, PACK_BELOW};
-use crate::format::manifest::{hex, Hash};
+use super::locks::Lock;
+use super::{remote_error, Remote};
+use crate::engine::{ChunkPlace, StepData};
+use crate::format::manifest::{hex, Hash, Placement};
 use crate::{CheckpointStore, Error, GradientCheckpoint, Result, StepInfo};
 
 /// Uploads in flight at once.
@@ -27,7 +30,7 @@ pub(crate) const UPLOADS_IN_FLIGHT: usize = 8;
 pub struct PushReport {
     /// Steps uploaded by this push, ascending.
     pub steps_pushed: Vec<u64>,
-    /// Steps the bucket had already.
+    /// Steps the bucket had already (or that retention deleted from it).
     pub steps_present: u64,
     /// Bytes of chunks uploaded.
     pub bytes_uploaded: u64,
@@ -37,11 +40,18 @@ pub struct PushReport {
     pub chunks_uploaded: u64,
 }
 
+/// What became of one step.
+enum Outcome {
+    Pushed,
+    Present,
+}
+
 impl CheckpointStore {
     /// Upload every committed step `remote` lacks, deduplicated by content
     /// against everything in the bucket. Idempotent and resumable: rerun
     /// after any failure or kill, it finishes the job without uploading
-    /// again what landed.
+    /// again what landed. A step that the bucket's retention deleted
+    /// ([`Remote::apply_retention`]) is not uploaded again.
     ///
     /// ```
     /// use ckptstore::{CheckpointStore, ComputationGraphStore, GradientCheckpoint, Remote};
@@ -62,106 +72,142 @@ impl CheckpointStore {
     ///
     /// # Errors
     /// [`Error::Remote`] when the bucket cannot be reached or refuses a
-    /// request (after bounded retries); store errors as for reads.
+    /// request (after bounded retries); [`Error::RemoteBusy`] when a
+    /// garbage collection of the bucket holds its lock for longer than the
+    /// grace period; store errors as for reads.
     pub fn push(&self, remote: &Remote) -> Result<PushReport> {
+        self.push_with(remote, &mut |_, _| true)
+    }
+
+    /// [`push`](Self::push), calling `progress(step, bytes_uploaded)` after
+    /// each chunk lands and each step is done (for progress bars); the push
+    /// stops early, with what it did so far, when `progress` returns false.
+    pub fn push_with(
+        &self,
+        remote: &Remote,
+        progress: &mut dyn FnMut(u64, u64) -> bool,
+    ) -> Result<PushReport> {
+        let mut lock = remote.lock_for_push()?;
+        let result = self.push_locked(remote, &mut lock, progress);
+        remote.release(lock);
+        result
+    }
+
+    fn push_locked(
+        &self,
+        remote: &Remote,
+        lock: &mut Lock,
+        progress: &mut dyn FnMut(u64, u64) -> bool,
+    ) -> Result<PushReport> {
         let mut report = PushReport::default();
-        let committed = remote.commits()?;
+        let mut done: HashSet<(u64, Hash)> = remote
+            .commits()?
+            .into_iter()
+            .map(|c| (c.step, c.hash))
+            .collect();
+        done.extend(remote.deleted()?);
         let mut present: HashSet<Hash> = remote.chunk_hashes()?;
         for step in self.steps()? {
-            let pushed = self.with_step(step, |ckpt, info, data| {
-                let manifest = remote_manifest(
-                    &ckpt,
-                    &info,
-                    data,
-                    &mut |hash, bytes| {
-                        if present.contains(&hash) {
-                            report.bytes_skipped += bytes.len() as u64;
-                            return false;
-                        }
-                        present.insert(hash);
-                        report.bytes_uploaded += bytes.len() as u64;
-                        report.chunks_uploaded += 1;
-                        true
-                    },
-                    remote,
-                )?;
+            remote.refresh(lock)?;
+            let outcome = self.with_step(step, |ckpt, info, data| {
+                let manifest = remote_manifest(&ckpt, &info, data)?;
                 let bytes = serde_json::to_vec(&manifest).map_err(|e| Error::Json {
                     path: None,
                     source: Box::new(e),
                 })?;
                 let hash = *blake3::hash(&bytes).as_bytes();
-                if committed.iter().any(|c| c.step == step && c.hash == hash) {
-                    return Ok(false);
+                if done.contains(&(step, hash)) {
+                    return Ok(Outcome::Present);
                 }
+                let before = report.bytes_uploaded;
+                let missing = missing_chunks(data, &mut present, &mut report)?;
+                remote.upload(step, data, &missing, before, progress)?;
                 remote.put(&remote.layout.manifest(step, &hash), bytes)?;
-                let commit = super::commit_body(step, &hash);
-                remote.put(&remote.layout.commit(step, &hash), commit)?;
-                Ok(true)
+                remote.put(
+                    &remote.layout.commit(step, &hash),
+                    super::commit_body(step, &hash),
+                )?;
+                Ok(Outcome::Pushed)
             })?;
-            match pushed {
-                Some(true) => report.steps_pushed.push(step),
-                Some(false) => report.steps_present += 1,
+            match outcome {
+                Some(Outcome::Pushed) => report.steps_pushed.push(step),
+                Some(Outcome::Present) => report.steps_present += 1,
                 None => {} // removed since it was listed
+            }
+            if !progress(step, report.bytes_uploaded) {
+                break;
             }
         }
         Ok(report)
     }
 }
 
-/// Upload the chunks of one step that `wanted` says the bucket lacks, and
-/// return its manifest.
+/// A chunk the bucket lacks: one of a blob, or the step's packed blobs.
+enum Missing {
+    Chunk(ChunkPlace),
+    Packed(Hash),
+}
+
+/// The chunks of the step the bucket lacks (each once), counted in
+/// `report`; they are taken as present from here on.
+fn missing_chunks(
+    data: &StepData<'_>,
+    present: &mut HashSet<Hash>,
+    report: &mut PushReport,
+) -> Result<Vec<Missing>> {
+    let mut missing = Vec::new();
+    let mut count = |hash: Hash, len: usize, what: Missing| {
+        if present.insert(hash) {
+            report.bytes_uploaded += len as u64;
+            report.chunks_uploaded += 1;
+            missing.push(what);
+        } else {
+            report.bytes_skipped += len as u64;
+        }
+    };
+    if let Some(p) = data.packed_ref() {
+        count(
+            p.hash,
+            usize::try_from(p.len).unwrap_or(usize::MAX),
+            Missing::Packed(p.hash),
+        );
+    }
+    for name in data.blob_refs().keys() {
+        for place in data.chunk_places(name)? {
+            count(place.hash, place.len, Missing::Chunk(place));
+        }
+    }
+    Ok(missing)
+}
+
+/// The bucket's manifest of a stored step, from the store's manifest.
 fn remote_manifest(
     ckpt: &GradientCheckpoint,
     info: &StepInfo,
     data: &StepData<'_>,
-    wanted: &mut dyn FnMut(Hash, &[u8]) -> bool,
-    remote: &Remote,
 ) -> Result<RemoteManifest> {
     let mut blobs = BTreeMap::new();
-    let mut packed = Vec::new();
-    for name in data.names() {
-        let bytes = data.read(&name)?.unwrap_or_default();
-        let typed = info.tensors.get(&name);
-        let mut blob = RemoteBlob {
-            len: bytes.len() as u64,
-            chunks: None,
-            offset: None,
+    for (name, blob) in data.blob_refs() {
+        let typed = info.tensors.get(name);
+        let (chunks, offset) = if let Placement::Packed { offset } = blob.at {
+            (None, Some(offset))
+        } else {
+            let places = data.chunk_places(name)?;
+            (Some(places.iter().map(|p| hex(&p.hash)).collect()), None)
+        };
+        let entry = RemoteBlob {
+            len: blob.len,
+            chunks,
+            offset,
             dtype: typed.map(|t| t.dtype.name().to_owned()),
             shape: typed.map(|t| t.shape.clone()),
         };
-        if bytes.len() < PACK_BELOW {
-            blob.offset = Some(packed.len() as u64);
-            packed.extend_from_slice(&bytes);
-        } else {
-            let bytes = Bytes::from(bytes);
-            let mut hashes = Vec::new();
-            let mut uploads = Vec::new();
-            let mut at = 0;
-            for piece in split(&bytes) {
-                let hash = *blake3::hash(piece).as_bytes();
-                hashes.push(hex(&hash));
-                if wanted(hash, piece) {
-                    uploads.push((hash, bytes.slice(at..at + piece.len())));
-                }
-                at += piece.len();
-            }
-            remote.put_chunks(uploads)?;
-            blob.chunks = Some(hashes);
-        }
-        blobs.insert(name, blob);
+        blobs.insert(name.clone(), entry);
     }
-    let packed = if packed.is_empty() {
-        None
-    } else {
-        let hash = *blake3::hash(&packed).as_bytes();
-        if wanted(hash, &packed) {
-            remote.put_chunks(vec![(hash, Bytes::from(packed.clone()))])?;
-        }
-        Some(RemotePacked {
-            len: packed.len() as u64,
-            hash: hex(&hash),
-        })
-    };
+    let packed = data.packed_ref().map(|p| RemotePacked {
+        len: p.len,
+        hash: hex(&p.hash),
+    });
     let graph = serde_json::to_value(&ckpt.graph).map_err(|e| Error::Json {
         path: None,
         source: Box::new(e),
@@ -179,21 +225,43 @@ fn remote_manifest(
 }
 
 impl Remote {
-    /// Upload chunks, several at a time.
-    pub(crate) fn put_chunks(&self, chunks: Vec<(Hash, Bytes)>) -> Result<()> {
+    /// Upload `missing` chunks of a step: each read from the store when an
+    /// upload slot frees up, several in flight; `landed` counts the bytes
+    /// uploaded by the push, for `progress`.
+    fn upload(
+        &self,
+        step: u64,
+        data: &StepData<'_>,
+        missing: &[Missing],
+        mut landed: u64,
+        progress: &mut dyn FnMut(u64, u64) -> bool,
+    ) -> Result<()> {
         let store = &self.store;
         let layout = &self.layout;
-        self.block_on("uploading chunks to", async {
-            futures::stream::iter(chunks)
-                .map(|(hash, bytes)| async move {
-                    store
-                        .put(&layout.chunk(&hash), PutPayload::from_bytes(bytes))
-                        .await
-                        .map(|_| ())
-                })
-                .buffer_unordered(UPLOADS_IN_FLIGHT)
-                .try_collect::<()>()
-                .await
-        })
+        let url = &self.url;
+        let reads = missing.iter().map(|m| -> Result<(Hash, Bytes)> {
+            match m {
+                Missing::Chunk(place) => Ok((place.hash, Bytes::from(data.read_chunk(place)?))),
+                Missing::Packed(hash) => Ok((*hash, Bytes::from(data.packed_bytes()?))),
+            }
+        });
+        let mut uploads = futures::stream::iter(reads)
+            .map(|read| async move {
+                let (hash, bytes) = read?;
+                let len = bytes.len() as u64;
+                store
+                    .put(&layout.chunk(&hash), PutPayload::from_bytes(bytes))
+                    .await
+                    .map_err(|e| remote_error(url, "uploading chunks to", e))?;
+                Ok::<u64, Error>(len)
+            })
+            .buffer_unordered(UPLOADS_IN_FLIGHT);
+        // `progress` runs outside the runtime, free to block (uploads in
+        // flight wait meanwhile).
+        while let Some(len) = self.runtime.block_on(uploads.try_next())? {
+            landed += len;
+            progress(step, landed);
+        }
+        Ok(())
     }
 }

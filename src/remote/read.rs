@@ -2,29 +2,26 @@
 //! when its commit names a manifest that is there, hashes right, and names
 //! only chunks the bucket holds; every chunk read is hash-checked.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 
 use futures::{StreamExt, TryStreamExt};
 use object_store::ObjectStoreExt;
 
 use super::layout::{parse_hex, RemoteManifest, MANIFEST_FORMAT};
 use super::push::UPLOADS_IN_FLIGHT;
+use super::retention::{chunks_of, summary};
 use super::{Commit, Remote};
 use crate::format::layout::packed_slice;
 use crate::format::manifest::{hex, Hash};
-use crate::{CheckpointStore, CommitInfo, Dtype, Error, GradientCheckpoint, Result, Tensor};
+use crate::{
+    CheckpointStore, CommitInfo, ComputationGraphStore, Dtype, Error, GradientCheckpoint, Result,
+    StepInfo, StepSummary, Tensor, TensorInfo,
+};
 
 impl Remote {
     /// The complete steps in the bucket, ascending.
     pub fn steps(&self) -> Result<Vec<u64>> {
-        let chunks = self.chunk_hashes()?;
-        let mut steps = Vec::new();
-        for c in self.commits()? {
-            if steps.last() != Some(&c.step) && self.checked_manifest(c, Some(&chunks))?.is_some() {
-                steps.push(c.step);
-            }
-        }
-        Ok(steps)
+        Ok(self.complete()?.iter().map(|(c, _)| c.step).collect())
     }
 
     /// The newest complete step, skipping any whose objects are missing or
@@ -43,6 +40,27 @@ impl Remote {
         Ok(None)
     }
 
+    /// Each complete step's newest commit that checks out, with its
+    /// manifest, ascending.
+    pub(crate) fn complete(&self) -> Result<Vec<(Commit, RemoteManifest)>> {
+        let commits = self.commits()?;
+        if commits.is_empty() {
+            return Ok(Vec::new());
+        }
+        let chunks = self.chunk_hashes()?;
+        let mut complete: Vec<(Commit, RemoteManifest)> = Vec::new();
+        for c in commits.iter().rev() {
+            if complete.last().is_some_and(|(last, _)| last.step == c.step) {
+                continue;
+            }
+            if let Some(m) = self.checked_manifest(*c, Some(&chunks))? {
+                complete.push((*c, m));
+            }
+        }
+        complete.reverse();
+        Ok(complete)
+    }
+
     /// Step `step`, restored from the bucket with every chunk hash-checked,
     /// or `None` if the bucket has no complete copy of it.
     ///
@@ -50,14 +68,41 @@ impl Remote {
     /// [`Error::Corrupt`] when a chunk is missing or fails its hash check
     /// (naming the URL); [`Error::Remote`] when the bucket fails.
     pub fn get(&self, step: u64) -> Result<Option<GradientCheckpoint>> {
+        self.get_with(step, &mut |_, _| {})
+    }
+
+    /// [`get`](Self::get), calling `progress(bytes_fetched, bytes_total)`
+    /// as chunks arrive (for progress bars).
+    pub fn get_with(
+        &self,
+        step: u64,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Option<GradientCheckpoint>> {
         let commits: Vec<Commit> = self
             .commits()?
             .into_iter()
             .filter(|c| c.step == step)
             .collect();
         for c in commits.iter().rev() {
-            if let Some(m) = self.checked_manifest(*c, None)? {
-                return self.assemble(m).map(Some);
+            let Some(m) = self.checked_manifest(*c, None)? else {
+                continue;
+            };
+            let total = m
+                .blobs
+                .values()
+                .filter(|b| b.chunks.is_some())
+                .map(|b| b.len)
+                .sum::<u64>()
+                + m.packed.as_ref().map_or(0, |p| p.len);
+            let mut fetched = 0;
+            match self.assemble(m, &mut |n| {
+                fetched += n;
+                progress(fetched, total);
+            }) {
+                Ok(ckpt) => return Ok(Some(ckpt)),
+                // Retention may have deleted the step while it was read.
+                Err(e @ Error::Corrupt { .. }) if !self.commits()?.contains(c) => drop(e),
+                Err(e) => return Err(e),
             }
         }
         Ok(None)
@@ -69,16 +114,71 @@ impl Remote {
     /// [`Error::StepsNotFound`] when the bucket has no complete copy of it;
     /// as [`get`](Self::get) and [`CheckpointStore::commit`].
     pub fn pull(&self, step: u64, store: &CheckpointStore) -> Result<CommitInfo> {
+        self.pull_with(step, store, &mut |_, _| {})
+    }
+
+    /// [`pull`](Self::pull), with progress as for [`get_with`](Self::get_with).
+    pub fn pull_with(
+        &self,
+        step: u64,
+        store: &CheckpointStore,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<CommitInfo> {
         let ckpt = self
-            .get(step)?
+            .get_with(step, progress)?
             .ok_or(Error::StepsNotFound { steps: vec![step] })?;
         store.commit(&ckpt)
+    }
+
+    /// The summaries (time, loss CID, metrics, sizes) of the complete
+    /// steps, ascending, from their manifests.
+    pub fn summaries(&self) -> Result<Vec<StepSummary>> {
+        Ok(self.complete()?.iter().map(|(_, m)| summary(m)).collect())
+    }
+
+    /// Step `step`'s metadata, from its manifest (no chunk is read), or
+    /// `None` if the bucket has no complete copy of it.
+    pub fn info(&self, step: u64) -> Result<Option<StepInfo>> {
+        let Some((_, m)) = self.complete()?.into_iter().find(|(c, _)| c.step == step) else {
+            return Ok(None);
+        };
+        let corrupt = |detail: String| Error::corrupt(Some(step), detail);
+        let graph: ComputationGraphStore =
+            serde_json::from_value(m.graph).map_err(|e| Error::Json {
+                path: None,
+                source: Box::new(e),
+            })?;
+        let mut info = StepInfo {
+            step,
+            timestamp: m.timestamp,
+            loss_cid: m.loss_cid,
+            metrics: m.metrics,
+            node_count: graph.node_count(),
+            edge_count: graph.edge_count(),
+            blobs: BTreeMap::new(),
+            tensors: BTreeMap::new(),
+        };
+        for (name, blob) in m.blobs {
+            if let (Some(dtype), Some(shape)) = (blob.dtype, blob.shape) {
+                let dtype = Dtype::from_name(&dtype)
+                    .ok_or_else(|| corrupt(format!("tensor {name:?}: unknown dtype {dtype}")))?;
+                let t = TensorInfo {
+                    dtype,
+                    shape,
+                    bytes: blob.len,
+                };
+                info.tensors.insert(name, t);
+            } else {
+                info.blobs.insert(name, blob.len);
+            }
+        }
+        Ok(Some(info))
     }
 
     /// The manifest `commit` names, if it is there, hashes right, is one
     /// this build reads, and (given the bucket's chunks) names only chunks
     /// that are there.
-    fn checked_manifest(
+    pub(super) fn checked_manifest(
         &self,
         commit: Commit,
         chunks: Option<&HashSet<Hash>>,
@@ -97,56 +197,86 @@ impl Remote {
             return Ok(None);
         }
         if let Some(chunks) = chunks {
-            let mut named = m
+            let names = m
                 .blobs
                 .values()
-                .flat_map(|b| b.chunks.iter().flatten())
-                .chain(m.packed.iter().map(|p| &p.hash));
-            if !named.all(|h| parse_hex(h).is_some_and(|h| chunks.contains(&h))) {
+                .map(|b| b.chunks.as_ref().map_or(0, Vec::len));
+            let all_parse =
+                chunks_of(&m).count() == names.sum::<usize>() + usize::from(m.packed.is_some());
+            if !all_parse || !chunks_of(&m).all(|h| chunks.contains(&h)) {
                 return Ok(None);
             }
         }
         Ok(Some(m))
     }
 
-    /// Chunks `hashes` (hex), fetched several at a time, checked, in order.
-    fn fetch(&self, step: u64, what: &str, hashes: &[String]) -> Result<Vec<u8>> {
+    /// The chunks `wanted` (each with the blob it belongs to, for errors),
+    /// fetched several at a time and hash-checked, in order; `progress`
+    /// gets each one's length as it arrives.
+    fn fetch(
+        &self,
+        step: u64,
+        wanted: &[(&str, Hash)],
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<Vec<bytes::Bytes>> {
+        let (store, layout, url) = (&self.store, &self.layout, &self.url);
         let corrupt = |detail: String| Error::corrupt(Some(step), detail);
-        let mut parsed = Vec::with_capacity(hashes.len());
-        for h in hashes {
-            parsed.push(
-                parse_hex(h).ok_or_else(|| corrupt(format!("{what}: bad chunk name {h:?}")))?,
-            );
+        let mut fetches = futures::stream::iter(wanted)
+            .map(|(what, hash)| async move {
+                let got = match store.get(&layout.chunk(hash)).await {
+                    Ok(got) => got.bytes().await,
+                    Err(e) => Err(e),
+                };
+                let piece = got.map_err(|e| match e {
+                    object_store::Error::NotFound { .. } => {
+                        corrupt(format!("{what}: chunk {} is missing from {url}", hex(hash)))
+                    }
+                    e => super::remote_error(url, "reading chunks from", e),
+                })?;
+                if blake3::hash(&piece).as_bytes() != hash {
+                    return Err(corrupt(format!(
+                        "{what}: chunk {} in {url} fails its hash check",
+                        hex(hash)
+                    )));
+                }
+                Ok(piece)
+            })
+            .buffered(UPLOADS_IN_FLIGHT);
+        let mut pieces = Vec::with_capacity(wanted.len());
+        // `progress` runs outside the runtime, free to block.
+        while let Some(piece) = self.runtime.block_on(fetches.try_next())? {
+            progress(piece.len() as u64);
+            pieces.push(piece);
         }
-        let store = &self.store;
-        let layout = &self.layout;
-        let pieces: Vec<bytes::Bytes> = self.block_on("reading chunks from", async {
-            futures::stream::iter(parsed.iter())
-                .map(|hash| async move {
-                    let got = store.get(&layout.chunk(hash)).await?;
-                    got.bytes().await
-                })
-                .buffered(UPLOADS_IN_FLIGHT)
-                .try_collect()
-                .await
-        })?;
-        let mut data = Vec::with_capacity(pieces.iter().map(bytes::Bytes::len).sum());
-        for (piece, hash) in pieces.iter().zip(&parsed) {
-            if blake3::hash(piece).as_bytes() != hash {
-                return Err(corrupt(format!(
-                    "{what}: chunk {} in {} fails its hash check",
-                    hex(hash),
-                    self.url
-                )));
-            }
-            data.extend_from_slice(piece);
-        }
-        Ok(data)
+        Ok(pieces)
     }
 
-    fn assemble(&self, m: RemoteManifest) -> Result<GradientCheckpoint> {
+    /// Fetch every chunk `m` names (several at a time) and build the step.
+    pub(super) fn assemble(
+        &self,
+        m: RemoteManifest,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<GradientCheckpoint> {
         let step = m.step;
         let corrupt = |detail: String| Error::corrupt(Some(step), detail);
+        let parse = |what: &str, h: &str| {
+            parse_hex(h).ok_or_else(|| corrupt(format!("{what}: bad chunk name {h:?}")))
+        };
+        let mut wanted: Vec<(&str, Hash)> = Vec::new();
+        if let Some(p) = &m.packed {
+            wanted.push(("packed blobs", parse("packed blobs", &p.hash)?));
+        }
+        for (name, blob) in &m.blobs {
+            for h in blob.chunks.iter().flatten() {
+                wanted.push((name, parse(name, h)?));
+            }
+        }
+        let mut pieces = self.fetch(step, &wanted, progress)?.into_iter();
+        drop(wanted);
+        let packed = match &m.packed {
+            Some(_) => pieces.next().map(|p| p.to_vec()).unwrap_or_default(),
+            None => Vec::new(),
+        };
         let graph = serde_json::from_value(m.graph).map_err(|e| Error::Json {
             path: None,
             source: Box::new(e),
@@ -155,13 +285,15 @@ impl Remote {
         ckpt.timestamp = m.timestamp;
         ckpt.loss_cid = m.loss_cid;
         ckpt.metrics = m.metrics;
-        let packed = match &m.packed {
-            Some(p) => self.fetch(step, "packed blobs", std::slice::from_ref(&p.hash))?,
-            None => Vec::new(),
-        };
         for (name, blob) in m.blobs {
             let data = match (&blob.chunks, blob.offset) {
-                (Some(hashes), None) => self.fetch(step, &name, hashes)?,
+                (Some(hashes), None) => {
+                    let mut data = Vec::with_capacity(usize::try_from(blob.len).unwrap_or(0));
+                    for piece in pieces.by_ref().take(hashes.len()) {
+                        data.extend_from_slice(&piece);
+                    }
+                    data
+                }
                 (None, Some(offset)) => packed_slice(&packed, offset, blob.len)
                     .ok_or_else(|| corrupt(format!("blob {name:?} is outside the packed bytes")))?
                     .to_vec(),

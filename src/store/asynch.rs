@@ -367,17 +367,22 @@ impl CheckpointStore {
         f(writer)
     }
 
-    /// Wait until every queued [`commit_async`](Self::commit_async) is done.
+    /// Wait until every queued [`commit_async`](Self::commit_async) is done
+    /// and, for a store that replicates
+    /// ([`StoreOptions::replicate_to`](crate::StoreOptions::replicate_to)),
+    /// until a push covering every commit so far has finished.
     ///
     /// # Errors
     /// [`Error::AsyncCommitFailed`] naming every background commit that
     /// failed since the last `flush` (whether or not its handle reported
-    /// it). The store keeps working.
+    /// it); [`Error::ReplicationFailed`] when that push failed (it is
+    /// retried in the background). The store keeps working.
     pub fn flush(&self) -> Result<()> {
         let writer = lock(&self.writer, "flushing")?;
-        match writer.as_ref() {
-            Some(w) => w.flush(),
-            None => Ok(()),
+        if let Some(w) = writer.as_ref() {
+            w.flush()?;
         }
+        drop(writer);
+        self.flush_replication()
     }
 }

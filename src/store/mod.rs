@@ -42,14 +42,59 @@ pub struct CheckpointStore {
     db: Arc<Db>,
     /// The background writer of `commit_async`, started on first use.
     writer: Mutex<Option<AsyncWriter>>,
+    /// Background replication, with `StoreOptions::replicate_to`; dropped
+    /// after the writer, whose last commits it may still see.
+    #[cfg(feature = "remote")]
+    replicator: Option<crate::remote::Replicator>,
 }
 
 impl CheckpointStore {
     fn from_db(db: Db) -> Self {
+        Self::sharing(Arc::new(db))
+    }
+
+    /// A handle of its own on `db`, without background threads.
+    fn sharing(db: Arc<Db>) -> Self {
         CheckpointStore {
-            db: Arc::new(db),
+            db,
             writer: Mutex::new(None),
+            #[cfg(feature = "remote")]
+            replicator: None,
         }
+    }
+
+    /// Start replicating to the remote the options name, if any.
+    #[cfg(feature = "remote")]
+    fn start_replication(mut self) -> Result<Self> {
+        let Some(remote) = self.db.options().replicate_to.clone() else {
+            return Ok(self);
+        };
+        let replicator = crate::remote::Replicator::start(Self::sharing(self.db.clone()), remote)?;
+        self.db.set_after_write(Box::new(replicator.on_write()));
+        self.replicator = Some(replicator);
+        Ok(self)
+    }
+
+    /// Where background replication ([`StoreOptions::replicate_to`])
+    /// stands, or `None` if this store does not replicate.
+    #[cfg(feature = "remote")]
+    pub fn replication_status(&self) -> Result<Option<crate::ReplicationStatus>> {
+        self.replicator.as_ref().map(|r| r.status(self)).transpose()
+    }
+
+    /// Wait for background replication to cover every write so far.
+    #[cfg(feature = "remote")]
+    fn flush_replication(&self) -> Result<()> {
+        match &self.replicator {
+            Some(r) => r.flush(self),
+            None => Ok(()),
+        }
+    }
+
+    #[cfg(not(feature = "remote"))]
+    #[allow(clippy::unused_self, clippy::unnecessary_wraps)]
+    fn flush_replication(&self) -> Result<()> {
+        Ok(())
     }
 
     /// Open the store at `path` with default [`StoreOptions`], creating it if

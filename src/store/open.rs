@@ -55,7 +55,10 @@ impl StoreOptions {
                     .into(),
             ));
         }
-        Ok(CheckpointStore::from_db(Db::open(source, self)?))
+        let store = CheckpointStore::from_db(Db::open(source, self)?);
+        #[cfg(feature = "remote")]
+        let store = store.start_replication()?;
+        Ok(store)
     }
 
     /// Open an existing store read-only. With a shared writer (the default)

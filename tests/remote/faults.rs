@@ -1,7 +1,7 @@
 //! An object store that fails its k-th call, over an in-memory one.
 
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use futures::stream::{self, BoxStream, StreamExt};
@@ -12,12 +12,14 @@ use object_store::{
     PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
 };
 
-/// Fails call number `fail_at` (counting from 1; 0 never fails).
+/// Fails call number `fail_at` (counting from 1; 0 never fails), and
+/// every call while `down`.
 #[derive(Debug)]
 pub struct Failing {
     pub inner: Arc<InMemory>,
     pub calls: AtomicUsize,
     pub fail_at: AtomicUsize,
+    pub down: AtomicBool,
 }
 
 impl Failing {
@@ -26,12 +28,13 @@ impl Failing {
             inner,
             calls: AtomicUsize::new(0),
             fail_at: AtomicUsize::new(fail_at),
+            down: AtomicBool::new(false),
         }
     }
 
     fn check(&self, op: &str) -> Result<()> {
         let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
-        if n == self.fail_at.load(Ordering::SeqCst) {
+        if n == self.fail_at.load(Ordering::SeqCst) || self.down.load(Ordering::SeqCst) {
             return Err(object_store::Error::Generic {
                 store: "Failing",
                 source: format!("injected failure of call {n} ({op})").into(),

@@ -9,8 +9,11 @@ use clap::{Parser, Subcommand};
     name = "ckpt",
     version,
     about = "Inspect and manage ckptstore checkpoint stores",
-    after_help = "Only `import` creates a store. `rm`, `gc` and `compact` change one; \
-                  every other command only reads, beside a training run that writes."
+    after_help = "Only `import` and `pull` create a store. `rm`, `gc` and `compact` change \
+                  one; every other command only reads, beside a training run that writes.\n\
+                  `ls`, `show`, `verify` and `gc` also take a bucket URL instead of a store: \
+                  s3://BUCKET/PREFIX (credentials, endpoint and region from the AWS_* \
+                  variables) or file:///DIR."
 )]
 pub(crate) struct Cli {
     #[command(subcommand)]
@@ -21,16 +24,16 @@ pub(crate) struct Cli {
 pub(crate) enum Command {
     /// List the steps: time, loss CID, metrics, size. Reads.
     Ls {
-        /// The store file.
-        store: PathBuf,
+        /// The store file, or a bucket URL.
+        store: String,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
     },
     /// Show one step's manifest: graph summary, blobs and sizes. Reads.
     Show {
-        /// The store file.
-        store: PathBuf,
+        /// The store file, or a bucket URL.
+        store: String,
         /// A step number, or `latest`.
         step: String,
         /// Print JSON instead of text.
@@ -72,8 +75,8 @@ pub(crate) enum Command {
     },
     /// Check every hash and reference count; exit 3 on any damage. Reads.
     Verify {
-        /// The store file.
-        store: PathBuf,
+        /// The store file, or a bucket URL.
+        store: String,
         /// Also check redb's page checksums (reads the whole file; changes
         /// nothing).
         #[arg(long)]
@@ -88,10 +91,11 @@ pub(crate) enum Command {
         steps: Vec<u64>,
     },
     /// Apply a retention policy: keep what any rule keeps, delete the rest.
-    /// Writes (reads only, with --dry-run).
+    /// Writes (reads only, with --dry-run). In a bucket, also deletes the
+    /// chunks no remaining step needs (unless a push is in flight).
     Gc {
-        /// The store file.
-        store: PathBuf,
+        /// The store file, or a bucket URL.
+        store: String,
         /// Keep the N highest steps (N >= 1).
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
         keep_last: Option<u64>,
@@ -116,6 +120,24 @@ pub(crate) enum Command {
         /// many seconds for them to finish (default: fail at once).
         #[arg(long, value_name = "SECS", default_value_t = 0)]
         wait: u64,
+    },
+    /// Upload every step the bucket lacks (deduplicated by content;
+    /// resumable: rerun after any failure). Reads the store.
+    Push {
+        /// The store file.
+        store: PathBuf,
+        /// The bucket: `s3://BUCKET/PREFIX` or `file:///DIR`.
+        url: String,
+    },
+    /// Copy a step from a bucket into a store (created if missing).
+    Pull {
+        /// The bucket: `s3://BUCKET/PREFIX` or `file:///DIR`.
+        url: String,
+        /// The store file (created if missing).
+        store: PathBuf,
+        /// A step number, or `latest`.
+        #[arg(long, default_value = "latest")]
+        step: String,
     },
     /// Steps, sizes, deduplication ratio, file size. Reads.
     Stats {

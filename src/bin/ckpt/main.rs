@@ -12,6 +12,7 @@
 mod args;
 mod bench;
 mod output;
+mod remote;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -58,8 +59,12 @@ type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
 fn run(command: Command) -> Result<ExitCode> {
     match command {
-        Command::Ls { store, json } => ls(&store, json),
-        Command::Show { store, step, json } => show(&store, &step, json),
+        Command::Ls { store, json } if remote::is_url(&store) => remote::ls(&store, json),
+        Command::Ls { store, json } => ls(Path::new(&store), json),
+        Command::Show { store, step, json } if remote::is_url(&store) => {
+            remote::show(&store, &step, json)
+        }
+        Command::Show { store, step, json } => show(Path::new(&store), &step, json),
         Command::Export {
             store,
             step,
@@ -73,7 +78,8 @@ fn run(command: Command) -> Result<ExitCode> {
             step,
             format,
         } => import(&store, &files, replace, step, format),
-        Command::Verify { store, pages } => verify(&store, pages),
+        Command::Verify { store, pages } if remote::is_url(&store) => remote::verify(&store, pages),
+        Command::Verify { store, pages } => verify(Path::new(&store), pages),
         Command::Rm { store, steps } => rm(&store, &steps),
         Command::Gc {
             store,
@@ -84,8 +90,14 @@ fn run(command: Command) -> Result<ExitCode> {
             dry_run,
         } => {
             let policy = policy(keep_last, keep_every, keep_one_per, &keep_best)?;
-            gc(&store, &policy, dry_run)
+            if remote::is_url(&store) {
+                remote::gc(&store, &policy, dry_run)
+            } else {
+                gc(Path::new(&store), &policy, dry_run)
+            }
         }
+        Command::Push { store, url } => remote::push(&store, &url),
+        Command::Pull { url, store, step } => remote::pull(&url, &store, &step),
         Command::Compact { store, wait } => compact(&store, Duration::from_secs(wait)),
         Command::Stats { store, json } => stats(&store, json),
         Command::Bench { sizes, dir } => {
@@ -370,7 +382,7 @@ fn existing(path: &Path) -> Result<&Path> {
         Ok(path)
     } else {
         Err(format!(
-            "{}: no such store (check the path; only `ckpt import` creates a store)",
+            "{}: no such store (check the path; only `ckpt import` and `ckpt pull` create a store)",
             path.display()
         )
         .into())
@@ -443,6 +455,17 @@ fn parse_best(rule: &str) -> Result<(String, usize, Goal)> {
 fn bar(len: u64, what: &str) -> ProgressBar {
     let bar = ProgressBar::new(len);
     if let Ok(style) = ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} {elapsed}") {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_message(what.to_owned());
+    bar
+}
+
+/// A progress bar of bytes on stderr.
+fn bytes_bar(len: u64, what: &str) -> ProgressBar {
+    let bar = ProgressBar::new(len);
+    let template = "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {elapsed}";
+    if let Ok(style) = ProgressStyle::with_template(template) {
         bar.set_style(style.progress_chars("=> "));
     }
     bar.set_message(what.to_owned());

@@ -1,0 +1,140 @@
+//! The subcommands on a bucket: `push`, `pull`, and `ls`, `show`, `verify`
+//! and `gc` given a URL.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use ckptstore::{CheckpointStore, Error, Remote, Retention};
+
+use super::{bar, bytes_bar, explain, one_line, output, Result, EXIT_DAMAGED};
+
+/// Whether a store argument is a bucket URL rather than a path.
+pub(crate) fn is_url(arg: &str) -> bool {
+    arg.split_once("://").is_some_and(|(scheme, _)| {
+        !scheme.is_empty() && scheme.chars().all(|c| c.is_ascii_alphanumeric())
+    })
+}
+
+pub(crate) fn push(store: &Path, url: &str) -> Result<ExitCode> {
+    let s = super::open_read(store)?;
+    let remote = Remote::open(url)?;
+    let total: u64 = s.summaries(..)?.iter().map(|s| s.bytes_written).sum();
+    let bar = bytes_bar(total, "pushing (at most)");
+    let report = s.push_with(&remote, &mut |step, uploaded| {
+        bar.set_message(format!("pushing step {step}"));
+        bar.set_position(uploaded);
+        true
+    })?;
+    bar.finish_and_clear();
+    println!(
+        "pushed {} steps to {url} ({} were there): {} uploaded in {} chunks, {} already there",
+        report.steps_pushed.len(),
+        report.steps_present,
+        output::bytes(report.bytes_uploaded),
+        report.chunks_uploaded,
+        output::bytes(report.bytes_skipped)
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(crate) fn pull(url: &str, store: &Path, step: &str) -> Result<ExitCode> {
+    let remote = Remote::open(url)?;
+    let step = resolve(&remote, step)?;
+    let s = CheckpointStore::open(store).map_err(|e| explain(store, e))?;
+    let bar = bytes_bar(0, &format!("pulling step {step}"));
+    let info = remote.pull_with(step, &s, &mut |fetched, total| {
+        bar.set_length(total);
+        bar.set_position(fetched);
+    });
+    bar.finish_and_clear();
+    let info = info.map_err(|e| match e {
+        Error::StepExists { step } => format!(
+            "step {step} is already in {}; remove it there first (`ckpt rm`) to pull it again",
+            store.display()
+        )
+        .into(),
+        e => explain(store, e),
+    })?;
+    println!(
+        "pulled step {step} from {url} into {} ({} written, {} already there)",
+        store.display(),
+        output::bytes(info.bytes_written),
+        output::bytes(info.bytes_reused)
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(crate) fn ls(url: &str, json: bool) -> Result<ExitCode> {
+    let remote = Remote::open(url)?;
+    output::ls(&remote.summaries()?, json)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(crate) fn show(url: &str, step: &str, json: bool) -> Result<ExitCode> {
+    let remote = Remote::open(url)?;
+    let step = resolve(&remote, step)?;
+    let info = remote.info(step)?.ok_or(Error::StepNotFound { step })?;
+    output::show(&info, false, json)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(crate) fn verify(url: &str, pages: bool) -> Result<ExitCode> {
+    if pages {
+        return Err("--pages checks a store file's pages; a bucket has none".into());
+    }
+    let remote = Remote::open(url)?;
+    let total = remote.steps()?.len() as u64;
+    let bar = bar(total, "verifying");
+    let report = remote.verify_with(&mut |_, _| bar.inc(1))?;
+    bar.finish_and_clear();
+    for (step, e) in &report.damaged {
+        println!("DAMAGED step {step}: {}", one_line(e));
+    }
+    println!(
+        "{} steps ok, {} checked, {} damaged",
+        report.steps_ok,
+        output::bytes(report.bytes_checked),
+        report.damaged.len()
+    );
+    if !report.is_ok() {
+        return Ok(ExitCode::from(EXIT_DAMAGED));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(crate) fn gc(url: &str, policy: &Retention, dry_run: bool) -> Result<ExitCode> {
+    let remote = Remote::open(url)?;
+    if dry_run {
+        let doomed = remote.retention_preview(policy)?;
+        println!("would remove {} steps: {doomed:?}", doomed.len());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let collected = remote.gc(policy)?;
+    let removed = &collected.steps_removed;
+    println!("removed {} steps: {removed:?}", removed.len());
+    if collected.deferred {
+        println!("chunks not collected: a push is in flight; run gc again when it is done");
+    } else {
+        println!(
+            "deleted {} chunks ({}) and {} stray manifests; kept {} unreferenced objects \
+             younger than {} s",
+            collected.chunks_deleted,
+            output::bytes(collected.bytes_deleted),
+            collected.manifests_deleted,
+            collected.young_kept,
+            remote.grace_period().as_secs()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `latest` or a step number, in the bucket.
+fn resolve(remote: &Remote, step: &str) -> Result<u64> {
+    if step == "latest" {
+        return Ok(remote.latest_step()?.ok_or_else(|| {
+            format!("{} has no complete step: there is no latest", remote.url())
+        })?);
+    }
+    step.parse()
+        .map_err(|_| format!("{step:?} is not a step number or `latest`").into())
+}

@@ -1,0 +1,147 @@
+//! Locks that keep garbage collection from deleting a chunk a push in
+//! flight counts on.
+//!
+//! A push writes `locks/push-<uuid>` before it lists the bucket's chunks,
+//! and deletes it when done; a collection writes `locks/gc-<uuid>` before
+//! it lists what the steps reference. Each writes its own lock first and
+//! then lists the others', so of a push and a collection that overlap, at
+//! least one sees the other: the collection then deletes no chunk, or the
+//! push waits until the collection is over. A lock counts while it is
+//! younger than the remote's grace period, by the server's clock (each
+//! lock's time is compared with that of the lock just written); a push
+//! rewrites its lock as it goes, so only the lock of a killed process goes
+//! stale.
+
+use std::time::{Duration, Instant};
+
+use object_store::path::Path;
+use object_store::ObjectStoreExt;
+
+use super::layout::LOCKS;
+use super::Remote;
+use crate::{Error, Result};
+
+/// How often a push waiting for a collection looks again.
+const POLL: Duration = Duration::from_millis(200);
+
+/// What holds a lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LockKind {
+    Push,
+    Gc,
+}
+
+impl LockKind {
+    fn prefix(self) -> &'static str {
+        match self {
+            LockKind::Push => "push-",
+            LockKind::Gc => "gc-",
+        }
+    }
+}
+
+/// A lock this process wrote.
+#[derive(Debug)]
+pub(crate) struct Lock {
+    key: Path,
+    name: String,
+    written: Instant,
+}
+
+impl Remote {
+    /// Write a lock of `kind`.
+    pub(crate) fn write_lock(&self, kind: LockKind) -> Result<Lock> {
+        let name = format!("{}{}", kind.prefix(), uuid::Uuid::new_v4().simple());
+        let lock = Lock {
+            key: self.layout.lock(&name),
+            name,
+            written: Instant::now(),
+        };
+        self.put(&lock.key, lock_body())?;
+        Ok(lock)
+    }
+
+    /// Write `lock` again if a quarter of the grace period went by since.
+    pub(crate) fn refresh(&self, lock: &mut Lock) -> Result<()> {
+        if lock.written.elapsed() >= self.grace / 4 {
+            self.put(&lock.key, lock_body())?;
+            lock.written = Instant::now();
+        }
+        Ok(())
+    }
+
+    /// Delete `lock`. Failing that, it goes stale after the grace period.
+    pub(crate) fn release(&self, lock: Lock) {
+        let Lock { key, .. } = lock;
+        let _ = self.runtime.block_on(self.store.delete(&key));
+    }
+
+    /// The names of the live locks of `kind` other than `own`.
+    pub(crate) fn live_locks(&self, kind: LockKind, own: &Lock) -> Result<Vec<String>> {
+        let locks = self.list_meta(LOCKS)?;
+        let now = locks
+            .iter()
+            .find(|(name, _, _)| *name == own.name)
+            .map_or_else(system_millis, |(_, t, _)| *t);
+        let grace = i64::try_from(self.grace.as_millis()).unwrap_or(i64::MAX);
+        Ok(locks
+            .into_iter()
+            .filter(|(name, t, _)| {
+                name.starts_with(kind.prefix())
+                    && *name != own.name
+                    && now.saturating_sub(*t) < grace
+            })
+            .map(|(name, _, _)| name)
+            .collect())
+    }
+
+    /// Take a push lock, waiting (at most the grace period) while a
+    /// collection runs.
+    pub(crate) fn lock_for_push(&self) -> Result<Lock> {
+        let lock = self.write_lock(LockKind::Push)?;
+        let started = Instant::now();
+        loop {
+            let collections = match self.live_locks(LockKind::Gc, &lock) {
+                Ok(c) => c,
+                Err(e) => {
+                    self.release(lock);
+                    return Err(e);
+                }
+            };
+            if collections.is_empty() {
+                return Ok(lock);
+            }
+            if started.elapsed() >= self.grace {
+                self.release(lock);
+                return Err(Error::RemoteBusy {
+                    url: self.url.clone(),
+                    detail: format!(
+                        "a garbage collection holds {LOCKS}/{} for longer than the grace \
+                         period ({} s); if no collection runs, delete that object",
+                        collections.join(", "),
+                        self.grace.as_secs()
+                    ),
+                });
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+}
+
+/// What a lock says: who holds it, for a person looking at the bucket.
+fn lock_body() -> Vec<u8> {
+    let host = std::env::var("HOSTNAME").unwrap_or_default();
+    format!(
+        "{{\"pid\":{},\"host\":{host:?},\"unix_ms\":{}}}",
+        std::process::id(),
+        system_millis()
+    )
+    .into_bytes()
+}
+
+fn system_millis() -> i64 {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,204 @@
+//! Retention in the bucket: a doomed step's deletion marker is written,
+//! then its commit deleted (readers stop seeing it), then its manifest;
+//! chunks no remaining step names are deleted by a garbage collection that
+//! a push in flight holds off (see [`locks`](super::locks)).
+
+use std::collections::{BTreeSet, HashSet};
+
+use futures::TryStreamExt;
+
+use super::layout::{parse_chunk, parse_commit, parse_hex, RemoteManifest, CHUNKS, MANIFESTS};
+use super::locks::LockKind;
+use super::Remote;
+use crate::format::manifest::Hash;
+use crate::{Result, Retention, StepSummary};
+
+/// What a garbage collection of the bucket did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct GcReport {
+    /// Steps the retention policy deleted, ascending.
+    pub steps_removed: Vec<u64>,
+    /// Chunk objects deleted.
+    pub chunks_deleted: u64,
+    /// Bytes of the chunks deleted.
+    pub bytes_deleted: u64,
+    /// Manifests deleted that no commit named (left by killed pushes).
+    pub manifests_deleted: u64,
+    /// Unreferenced objects kept because they are younger than the grace
+    /// period.
+    pub young_kept: u64,
+    /// True when nothing was deleted because a push was in flight (its
+    /// lock was live): run it again later.
+    pub deferred: bool,
+}
+
+impl Remote {
+    /// The steps `policy` would delete from the bucket, ascending.
+    pub fn retention_preview(&self, policy: &Retention) -> Result<Vec<u64>> {
+        let summaries: Vec<StepSummary> =
+            self.complete()?.iter().map(|(_, m)| summary(m)).collect();
+        Ok(policy.doomed(&summaries, &BTreeSet::new()))
+    }
+
+    /// Delete the steps `policy` does not keep (as
+    /// [`CheckpointStore::apply_retention`](crate::CheckpointStore::apply_retention)
+    /// does locally; the bucket has no pins), then the chunks no remaining
+    /// step needs ([`collect_garbage`](Self::collect_garbage)). Returns the
+    /// steps deleted. A push does not upload a deleted step again.
+    ///
+    /// ```
+    /// use ckptstore::{CheckpointStore, ComputationGraphStore, GradientCheckpoint, Remote, Retention};
+    /// # let dir = tempfile::tempdir()?;
+    /// # let store = CheckpointStore::open(dir.path().join("run.ckpt"))?;
+    /// # let remote = Remote::open(&format!("file://{}", dir.path().join("bucket").display()))?;
+    /// for step in 1..=4 {
+    ///     store.commit(&GradientCheckpoint::new(ComputationGraphStore::new(), step))?;
+    /// }
+    /// store.push(&remote)?;
+    /// assert_eq!(remote.apply_retention(&Retention::new().keep_last(2))?, vec![1, 2]);
+    /// assert_eq!(remote.steps()?, vec![3, 4]);
+    /// assert!(store.push(&remote)?.steps_pushed.is_empty()); // 1 and 2 stay deleted
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidOptions`](crate::Error::InvalidOptions) for a policy
+    /// that keeps nothing (see [`Retention::allow_deleting_all`]);
+    /// [`Error::Remote`](crate::Error::Remote) when the bucket fails.
+    pub fn apply_retention(&self, policy: &Retention) -> Result<Vec<u64>> {
+        Ok(self.gc(policy)?.steps_removed)
+    }
+
+    /// [`apply_retention`](Self::apply_retention), reporting what the
+    /// garbage collection after it did too.
+    pub fn gc(&self, policy: &Retention) -> Result<GcReport> {
+        policy.check_keeps_something()?;
+        let doomed = self.retention_preview(policy)?;
+        let commits = self.commits()?;
+        for &step in &doomed {
+            for c in commits.iter().filter(|c| c.step == step) {
+                self.put(&self.layout.deleted(step, &c.hash), Vec::new())?;
+                self.delete(&self.layout.commit(step, &c.hash))?;
+                self.delete(&self.layout.manifest(step, &c.hash))?;
+            }
+        }
+        let mut report = self.collect_garbage()?;
+        report.steps_removed = doomed;
+        Ok(report)
+    }
+
+    /// Delete the chunks no committed step names and the manifests no
+    /// commit names, if older than the grace period; nothing at all while
+    /// a push is in flight.
+    ///
+    /// # Errors
+    /// [`Error::Remote`](crate::Error::Remote) when the bucket fails.
+    pub fn collect_garbage(&self) -> Result<GcReport> {
+        let lock = self.write_lock(LockKind::Gc)?;
+        let result = self.live_locks(LockKind::Push, &lock).and_then(|pushes| {
+            if pushes.is_empty() {
+                self.collect_locked()
+            } else {
+                Ok(GcReport {
+                    deferred: true,
+                    ..GcReport::default()
+                })
+            }
+        });
+        self.release(lock);
+        result
+    }
+
+    fn collect_locked(&self) -> Result<GcReport> {
+        let mut report = GcReport::default();
+        let commits = self.commits()?;
+        let named: HashSet<(u64, Hash)> = commits.iter().map(|c| (c.step, c.hash)).collect();
+        let mut needed: HashSet<Hash> = HashSet::new();
+        for c in &commits {
+            // A commit whose manifest is missing or damaged names nothing
+            // that can be read; `verify` reports it.
+            if let Some(m) = self.checked_manifest(*c, None)? {
+                needed.extend(chunks_of(&m));
+            }
+        }
+        let cutoff = self.cutoff()?;
+        for (key, modified, _) in self.list_meta(MANIFESTS)? {
+            let stem = key.strip_suffix(".json").unwrap_or(&key);
+            if parse_commit(stem).is_some_and(|id| named.contains(&id)) {
+                continue;
+            }
+            if modified >= cutoff {
+                report.young_kept += 1;
+                continue;
+            }
+            self.delete(&self.layout.folder(MANIFESTS).join(key.as_str()))?;
+            report.manifests_deleted += 1;
+        }
+        for (key, modified, size) in self.list_meta(CHUNKS)? {
+            if parse_chunk(&key).is_some_and(|h| needed.contains(&h)) {
+                continue;
+            }
+            if modified >= cutoff {
+                report.young_kept += 1;
+                continue;
+            }
+            self.delete(&self.layout.folder(CHUNKS).join(key.as_str()))?;
+            report.chunks_deleted += 1;
+            report.bytes_deleted += size;
+        }
+        Ok(report)
+    }
+
+    /// Objects modified at or after this time (server clock, ms since the
+    /// epoch) are younger than the grace period. The server's clock is read
+    /// off the newest lock, which this collection just wrote.
+    fn cutoff(&self) -> Result<i64> {
+        let now = self
+            .list_meta(super::layout::LOCKS)?
+            .iter()
+            .map(|(_, t, _)| *t)
+            .max()
+            .unwrap_or(0);
+        let grace = i64::try_from(self.grace.as_millis()).unwrap_or(i64::MAX);
+        Ok(now.saturating_sub(grace))
+    }
+
+    /// Name, last modification (ms since the epoch) and size of each object
+    /// in `folder`.
+    pub(crate) fn list_meta(&self, folder: &str) -> Result<Vec<(String, i64, u64)>> {
+        let prefix = self.layout.folder(folder);
+        self.block_on("listing", async {
+            self.store
+                .list(Some(&prefix))
+                .map_ok(|m| {
+                    let name = m.location.filename().unwrap_or_default().to_owned();
+                    (name, m.last_modified.timestamp_millis(), m.size)
+                })
+                .try_collect()
+                .await
+        })
+    }
+}
+
+/// The chunks a manifest names (its blobs' and its packed chunk).
+pub(crate) fn chunks_of(m: &RemoteManifest) -> impl Iterator<Item = Hash> + '_ {
+    m.blobs
+        .values()
+        .flat_map(|b| b.chunks.iter().flatten())
+        .chain(m.packed.iter().map(|p| &p.hash))
+        .filter_map(|h| parse_hex(h))
+}
+
+/// The retention record of a step in the bucket.
+pub(super) fn summary(m: &RemoteManifest) -> StepSummary {
+    StepSummary {
+        step: m.step,
+        timestamp: m.timestamp,
+        loss_cid: m.loss_cid.clone(),
+        metrics: m.metrics.clone(),
+        logical_bytes: m.blobs.values().map(|b| b.len).sum(),
+        bytes_written: 0,
+        blobs: m.blobs.len(),
+    }
+}

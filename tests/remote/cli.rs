@@ -1,0 +1,122 @@
+//! `ckpt push`, `ckpt pull`, and `ls`, `show`, `verify`, `gc` on a URL.
+
+use ckptstore::CheckpointStore;
+
+use super::{store_with, Result};
+
+pub(crate) fn ckpt(args: &[&str]) -> std::io::Result<(i32, String, String)> {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ckpt"))
+        .args(args)
+        .output()?;
+    Ok((
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}
+
+#[test]
+fn push_ls_show_verify_gc_and_pull_from_the_shell() -> Result {
+    let dir = tempfile::tempdir()?;
+    let store = store_with(dir.path(), 0..4)?;
+    drop(store);
+    let path = dir.path().join("run.ckpt");
+    let p = path.to_str().ok_or("path")?;
+    let url = format!("file://{}/bucket", dir.path().display());
+
+    let (code, out, err) = ckpt(&["push", p, &url])?;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("pushed 4 steps"), "{out}");
+    let (code, out, _) = ckpt(&["push", p, &url])?;
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("pushed 0 steps") && out.contains("(4 were there)"),
+        "{out}"
+    );
+
+    let (code, out, err) = ckpt(&["ls", &url, "--json"])?;
+    assert_eq!(code, 0, "{err}");
+    let listed: serde_json::Value = serde_json::from_str(&out)?;
+    let steps: Vec<u64> = listed
+        .as_array()
+        .ok_or("array")?
+        .iter()
+        .filter_map(|s| s["step"].as_u64())
+        .collect();
+    assert_eq!(steps, vec![0, 1, 2, 3]);
+    let (code, out, _) = ckpt(&["show", &url, "latest"])?;
+    assert_eq!(code, 0);
+    assert!(out.contains('3') && out.contains("frozen"), "{out}");
+    let (code, out, _) = ckpt(&["verify", &url])?;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("4 steps ok"), "{out}");
+
+    let (code, out, _) = ckpt(&["gc", &url, "--keep-last", "2", "--dry-run"])?;
+    assert_eq!(code, 0);
+    assert!(out.contains("would remove 2 steps: [0, 1]"), "{out}");
+    let (code, out, err) = ckpt(&["gc", &url, "--keep-last", "2"])?;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("removed 2 steps: [0, 1]"), "{out}");
+
+    // Restore on another machine: a store that does not exist yet.
+    let fresh = dir.path().join("fresh.ckpt");
+    let f = fresh.to_str().ok_or("path")?;
+    let (code, out, err) = ckpt(&["pull", &url, f])?;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("pulled step 3"), "{out}");
+    let (code, _, err) = ckpt(&["pull", &url, f, "--step", "2"])?;
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = ckpt(&["pull", &url, f, "--step", "3"])?;
+    assert_eq!(code, 1);
+    assert!(err.contains("already in"), "{err}");
+    let (code, _, err) = ckpt(&["pull", &url, f, "--step", "0"])?;
+    assert_eq!(code, 1);
+    assert!(err.contains('0'), "{err}");
+    let original = CheckpointStore::open_read_only(&path)?;
+    let copy = CheckpointStore::open_read_only(&fresh)?;
+    assert_eq!(copy.steps()?, vec![2, 3]);
+    assert!(copy.get(3)? == original.get(3)?);
+
+    // Damage: exit 3, naming the step.
+    let bucket = dir.path().join("bucket/manifests");
+    for entry in std::fs::read_dir(&bucket)? {
+        let entry = entry?;
+        if entry
+            .file_name()
+            .to_string_lossy()
+            .starts_with(&format!("{:020}", 2))
+        {
+            std::fs::write(entry.path(), b"{}")?;
+        }
+    }
+    let (code, out, _) = ckpt(&["verify", &url])?;
+    assert_eq!(code, 3, "{out}");
+    assert!(out.contains("DAMAGED step 2"), "{out}");
+    Ok(())
+}
+
+#[test]
+fn bad_urls_and_unreachable_servers_are_one_line_errors() -> Result {
+    let (code, _, err) = ckpt(&["ls", "ftp://host/x"])?;
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("ftp://host/x") && err.lines().count() == 1,
+        "{err}"
+    );
+    // Nothing listens on port 9: refused at once, retried, then one line.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ckpt"))
+        .args(["ls", "s3://nobucket/x"])
+        .env("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+        .env("AWS_ALLOW_HTTP", "true")
+        .env("AWS_ACCESS_KEY_ID", "x")
+        .env("AWS_SECRET_ACCESS_KEY", "y")
+        .env("AWS_REGION", "garage")
+        .output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("s3://nobucket/x") && err.lines().count() == 1,
+        "{err}"
+    );
+    Ok(())
+}
