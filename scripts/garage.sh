@@ -90,6 +90,7 @@ export AWS_ALLOW_HTTP=true
 export CKPT_TEST_BUCKET=$BUCKET
 export CKPT_GARAGE=$GARAGE
 export CKPT_GARAGE_CONFIG=$DIR/garage.toml
+export CKPT_GARAGE_PID=$DIR/pid
 EOF
     echo "garage: serving s3://$BUCKET on 127.0.0.1:$S3_PORT (variables in $DIR/env)"
 }

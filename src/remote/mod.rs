@@ -28,10 +28,15 @@ pub use replicate::ReplicationStatus;
 pub(crate) use replicate::Replicator;
 pub use retention::GcReport;
 
-/// Requests retried at most this often (with backoff) before failing.
-const MAX_RETRIES: usize = 4;
+/// Requests retried at most this often before failing: with the backoff
+/// below, a server that is back within about 10 s (a restart) is waited
+/// for, and an endpoint that stays unreachable fails within about 12 s.
+const MAX_RETRIES: usize = 6;
 /// Nor for longer than this in all.
 const RETRY_TIMEOUT: Duration = Duration::from_secs(30);
+/// The first wait before a retry, doubling up to the second (with jitter).
+const FIRST_RETRY_WAIT: Duration = Duration::from_millis(250);
+const LONGEST_RETRY_WAIT: Duration = Duration::from_secs(4);
 /// One request's time limit, and a connection's.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -98,7 +103,11 @@ impl Remote {
                 let retry = object_store::RetryConfig {
                     max_retries: MAX_RETRIES,
                     retry_timeout: RETRY_TIMEOUT,
-                    ..object_store::RetryConfig::default()
+                    backoff: object_store::BackoffConfig {
+                        init_backoff: FIRST_RETRY_WAIT,
+                        max_backoff: LONGEST_RETRY_WAIT,
+                        base: 2.0,
+                    },
                 };
                 // Client options replace those from_env read: take the one
                 // that matters here again.

@@ -1,0 +1,298 @@
+//! Against the real Garage server `scripts/garage.sh start` runs (its
+//! variables in target/garage/env, which `.ci/run` sources); each test
+//! prints why it is skipped when they are not set. Tests that use the
+//! server hold `SERVER`, so that the one that kills it runs alone.
+
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use ckptstore::{CheckpointStore, GradientCheckpoint, Remote};
+
+use super::{bytes, checkpoint, round_trip, Result};
+
+static SERVER: Mutex<()> = Mutex::new(());
+
+/// The test bucket and the server to ourselves, or `None` (skipped).
+fn server(test: &str) -> Option<(MutexGuard<'static, ()>, String)> {
+    let Ok(bucket) = std::env::var("CKPT_TEST_BUCKET") else {
+        eprintln!(
+            "{test}: skipped: no S3 server (run scripts/garage.sh start and source \
+             target/garage/env; .ci/run does)"
+        );
+        return None;
+    };
+    let guard = SERVER
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    Some((guard, bucket))
+}
+
+/// A prefix no other test or run uses.
+fn fresh(bucket: &str) -> String {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("s3://{bucket}/t-{t:x}-{}", std::process::id())
+}
+
+/// A step with 4 MiB of its own (so that a push takes a while) and the
+/// shared 4 MiB tensor.
+fn big(step: u64) -> Result<GradientCheckpoint> {
+    let mut c = checkpoint(step)?;
+    c.set_optimizer_state("own", bytes(step + 1000, 4 << 20));
+    Ok(c)
+}
+
+fn big_store(dir: &std::path::Path, steps: std::ops::Range<u64>) -> Result<CheckpointStore> {
+    let store = CheckpointStore::open(dir.join("run.ckpt"))?;
+    for step in steps {
+        store.commit(&big(step)?)?;
+    }
+    Ok(store)
+}
+
+/// Every step the bucket lists restores equal to the store's.
+fn whole_steps(remote: &Remote, store: &CheckpointStore) -> Result<Vec<u64>> {
+    let steps = remote.steps()?;
+    for &step in &steps {
+        let got = remote.get(step)?.ok_or("a listed step is gone")?;
+        assert!(Some(got) == store.get(step)?, "step {step} differs");
+    }
+    Ok(steps)
+}
+
+#[test]
+fn garage_round_trip() -> Result {
+    let Some((_server, bucket)) = server("garage_round_trip") else {
+        return Ok(());
+    };
+    round_trip(&Remote::open(&fresh(&bucket))?)
+}
+
+/// kill -9 of `ckpt push` at random moments, again and again: after each,
+/// the bucket lists only whole steps; a last push completes the job.
+#[test]
+fn a_killed_push_leaves_whole_steps_and_the_rerun_completes() -> Result {
+    let Some((_server, bucket)) = server("a_killed_push_leaves_whole_steps") else {
+        return Ok(());
+    };
+    let dir = tempfile::tempdir()?;
+    let store = big_store(dir.path(), 0..2)?;
+    let path = dir.path().join("run.ckpt");
+    let push = |url: &str| -> Result<std::process::Child> {
+        Ok(Command::new(env!("CARGO_BIN_EXE_ckpt"))
+            .args(["push", path.to_str().ok_or("path")?, url])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?)
+    };
+    // How long a push of two new steps takes here, into a prefix of its own.
+    let started = Instant::now();
+    let status = push(&fresh(&bucket))?.wait()?;
+    assert!(status.success());
+    let whole = started.elapsed();
+
+    // Each round commits two new steps, then kills a push part way.
+    let url = fresh(&bucket);
+    let remote = Remote::open(&url)?;
+    let rounds = if std::env::var_os("CKPT_LONG").is_some() {
+        40
+    } else {
+        8
+    };
+    let mut rng = super::Rng(0x5EED);
+    let mut killed = 0;
+    let mut next = 2;
+    for _ in 0..rounds {
+        for step in next..next + 2 {
+            store.commit(&big(step)?)?;
+        }
+        next += 2;
+        let mut child = push(&url)?;
+        let at = whole.mul_f64((rng.next() % 1000) as f64 / 1000.0);
+        std::thread::sleep(at);
+        if child.try_wait()?.is_none() {
+            child.kill()?; // SIGKILL
+            killed += 1;
+        }
+        child.wait()?;
+        whole_steps(&remote, &store)?;
+    }
+    assert!(
+        killed >= rounds / 2,
+        "only {killed} of {rounds} pushes were cut short"
+    );
+    let last = store.push(&remote)?;
+    assert_eq!(last.steps_present + last.steps_pushed.len() as u64, next);
+    assert_eq!(whole_steps(&remote, &store)?, (0..next).collect::<Vec<_>>());
+    eprintln!("{killed} of {rounds} pushes killed (a whole push took {whole:?})");
+    Ok(())
+}
+
+/// The server killed (kill -9) part way through a push and started again
+/// a second later: the push recovers within its retries or fails with an
+/// error naming the URL; either way a rerun completes.
+#[test]
+fn a_server_killed_mid_push_and_restarted() -> Result {
+    let Some((_server, bucket)) = server("a_server_killed_mid_push") else {
+        return Ok(());
+    };
+    let (Ok(garage), Ok(config), Ok(pid_file)) = (
+        std::env::var("CKPT_GARAGE"),
+        std::env::var("CKPT_GARAGE_CONFIG"),
+        std::env::var("CKPT_GARAGE_PID"),
+    ) else {
+        eprintln!("a_server_killed_mid_push: skipped: CKPT_GARAGE* not set");
+        return Ok(());
+    };
+    let dir = tempfile::tempdir()?;
+    let store = big_store(dir.path(), 0..6)?;
+    let url = fresh(&bucket);
+    let remote = Remote::open(&url)?;
+    let mut restart = None;
+    let outcome = store.push_with(&remote, &mut |_, uploaded| {
+        if restart.is_none() && uploaded >= 8 << 20 {
+            let pid = std::fs::read_to_string(&pid_file).expect("pid file");
+            let killed = Command::new("kill").args(["-9", pid.trim()]).status();
+            assert!(killed.is_ok_and(|s| s.success()), "kill -9 garage");
+            let (garage, config, pid_file) = (garage.clone(), config.clone(), pid_file.clone());
+            restart = Some(std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_secs(1));
+                let log = std::fs::File::options()
+                    .append(true)
+                    .create(true)
+                    .open(format!("{config}.restart.log"))
+                    .expect("log");
+                let child = Command::new(garage)
+                    .args(["-c", &config, "server"])
+                    .stdout(log.try_clone().expect("log"))
+                    .stderr(log)
+                    .spawn()
+                    .expect("restart garage");
+                std::fs::write(pid_file, child.id().to_string()).expect("pid file");
+            }));
+        }
+        true
+    });
+    restart
+        .ok_or("the push ended before the server was killed")?
+        .join()
+        .map_err(|_| "restart")?;
+    match &outcome {
+        Ok(report) => eprintln!("the push recovered: {report:?}"),
+        Err(e) => {
+            assert!(e.to_string().contains(&url), "{e}");
+            eprintln!("the push failed clearly: {e}");
+        }
+    }
+    // The server is back once it answers.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while remote.steps().is_err() {
+        assert!(Instant::now() < deadline, "garage did not come back");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    whole_steps(&remote, &store)?;
+    store.push(&remote)?;
+    assert_eq!(whole_steps(&remote, &store)?, (0..6).collect::<Vec<_>>());
+    Ok(())
+}
+
+/// Another process's view while a push runs: every listing holds only
+/// whole steps, each restoring equal to what was committed.
+#[test]
+fn a_reader_during_a_push_sees_only_whole_steps() -> Result {
+    let Some((_server, bucket)) = server("a_reader_during_a_push") else {
+        return Ok(());
+    };
+    let dir = tempfile::tempdir()?;
+    let store = big_store(dir.path(), 0..6)?;
+    let url = fresh(&bucket);
+    let done = Arc::new(AtomicBool::new(false));
+    let partial = Arc::new(AtomicUsize::new(0));
+    let reader = {
+        let (url, done, partial) = (url.clone(), done.clone(), partial.clone());
+        std::thread::spawn(move || -> std::result::Result<usize, String> {
+            let remote = Remote::open(&url).map_err(|e| e.to_string())?;
+            let mut looks = 0;
+            while !done.load(Ordering::SeqCst) {
+                let steps = remote.steps().map_err(|e| e.to_string())?;
+                if !steps.is_empty() && steps.len() < 6 {
+                    partial.fetch_add(1, Ordering::SeqCst);
+                }
+                if let Some(&latest) = steps.last() {
+                    let got = remote.get(latest).map_err(|e| e.to_string())?;
+                    let want = big(latest).map_err(|e| e.to_string())?;
+                    if got.as_ref().map(|c| (&c.optimizer_state, &c.tensors))
+                        != Some((&want.optimizer_state, &want.tensors))
+                    {
+                        return Err(format!("step {latest} restored wrong"));
+                    }
+                }
+                looks += 1;
+            }
+            Ok(looks)
+        })
+    };
+    let pushed = store.push(&Remote::open(&url)?);
+    done.store(true, Ordering::SeqCst);
+    let looks = reader.join().map_err(|_| "reader panicked")??;
+    assert_eq!(pushed?.steps_pushed.len(), 6);
+    assert!(looks > 0);
+    eprintln!(
+        "{looks} looks, {} of them while the push was part way",
+        partial.load(Ordering::SeqCst)
+    );
+    Ok(())
+}
+
+/// The AWS CLI, a real S3 client, lists the bucket and downloads a
+/// manifest and a chunk by their plain names.
+#[test]
+fn the_aws_cli_reads_the_layout() -> Result {
+    let Some((_server, bucket)) = server("the_aws_cli_reads_the_layout") else {
+        return Ok(());
+    };
+    let endpoint = std::env::var("AWS_ENDPOINT_URL")?;
+    let aws = |args: &[&str]| -> Result<Vec<u8>> {
+        let out = Command::new("aws")
+            .args(args)
+            .args(["--endpoint-url", &endpoint])
+            .output()?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "aws {args:?}: {err}");
+        Ok(out.stdout)
+    };
+    if Command::new("aws").arg("--version").output().is_err() {
+        eprintln!("the_aws_cli_reads_the_layout: skipped: no `aws` on PATH");
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    let store = super::store_with(dir.path(), 0..2)?;
+    let url = fresh(&bucket);
+    store.push(&Remote::open(&url)?)?;
+    let prefix = url.trim_start_matches("s3://");
+
+    let listing = String::from_utf8(aws(&["s3", "ls", &format!("s3://{prefix}/commits/")])?)?;
+    let commits: Vec<&str> = listing
+        .lines()
+        .filter_map(|l| l.split_whitespace().last())
+        .collect();
+    assert_eq!(commits.len(), 2, "{listing}");
+    assert!(commits[1].starts_with(&format!("{:020}-", 1)), "{listing}");
+    let hash = commits[1].rsplit('-').next().ok_or("name")?;
+    let manifest = aws(&[
+        "s3",
+        "cp",
+        &format!("s3://{prefix}/manifests/{:020}-{hash}.json", 1),
+        "-",
+    ])?;
+    assert_eq!(blake3::hash(&manifest).to_hex().as_str(), hash);
+    let m: serde_json::Value = serde_json::from_slice(&manifest)?;
+    assert_eq!(m["step"], 1);
+    let chunk = m["blobs"]["frozen"]["chunks"][0].as_str().ok_or("chunk")?;
+    let bytes = aws(&["s3", "cp", &format!("s3://{prefix}/chunks/{chunk}"), "-"])?;
+    assert_eq!(blake3::hash(&bytes).to_hex().as_str(), chunk);
+    Ok(())
+}
