@@ -32,6 +32,11 @@
 //! - After a crash, the store reopens in milliseconds whatever its size
 //!   ([`StoreOptions::quick_repair`]), and can be read at once, before
 //!   anything reopens it for writing, without a byte of it changing.
+//! - With the `remote` feature (on by default), committed steps replicate
+//!   to a bucket (S3-compatible, or a directory), deduplicated by content,
+//!   once ([`CheckpointStore::push`]) or after every commit
+//!   ([`StoreOptions::replicate_to`]); any machine lists, verifies and
+//!   restores them from the bucket alone ([`Remote`]).
 //! - [`GradientCheckpoint::save`] / [`GradientCheckpoint::load`] keep the
 //!   original one-JSON-file-per-step format for import and export.
 //!

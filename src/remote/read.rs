@@ -11,7 +11,7 @@ use super::layout::{parse_hex, RemoteManifest, MANIFEST_FORMAT};
 use super::push::UPLOADS_IN_FLIGHT;
 use super::retention::{chunks_of, summary};
 use super::{Commit, Remote};
-use crate::format::layout::packed_slice;
+use crate::format::layout::{chunk_lengths, packed_slice};
 use crate::format::manifest::{hex, Hash};
 use crate::{
     CheckpointStore, CommitInfo, ComputationGraphStore, Dtype, Error, GradientCheckpoint, Result,
@@ -132,8 +132,17 @@ impl Remote {
 
     /// The summaries (time, loss CID, metrics, sizes) of the complete
     /// steps, ascending, from their manifests.
+    /// `bytes_written` is what each step added to the bucket: its chunks
+    /// that no earlier step there has.
     pub fn summaries(&self) -> Result<Vec<StepSummary>> {
-        Ok(self.complete()?.iter().map(|(_, m)| summary(m)).collect())
+        let mut seen = HashSet::new();
+        let complete = self.complete()?;
+        let summaries = complete.iter().map(|(_, m)| {
+            let mut s = summary(m);
+            s.bytes_written = new_bytes(m, &mut seen);
+            s
+        });
+        Ok(summaries.collect())
     }
 
     /// Step `step`'s metadata, from its manifest (no chunk is read), or
@@ -314,4 +323,25 @@ impl Remote {
         }
         Ok(ckpt)
     }
+}
+
+/// Bytes of the chunks of `m` not in `seen`, which takes them.
+fn new_bytes(m: &RemoteManifest, seen: &mut HashSet<String>) -> u64 {
+    let mut bytes = 0;
+    for blob in m.blobs.values() {
+        let (Some(hashes), Ok(len)) = (&blob.chunks, usize::try_from(blob.len)) else {
+            continue;
+        };
+        for (hash, n) in hashes.iter().zip(chunk_lengths(len)) {
+            if seen.insert(hash.clone()) {
+                bytes += n as u64;
+            }
+        }
+    }
+    if let Some(p) = &m.packed {
+        if seen.insert(p.hash.clone()) {
+            bytes += p.len;
+        }
+    }
+    bytes
 }

@@ -165,6 +165,8 @@ fn a_server_killed_mid_push_and_restarted() -> Result {
                     .create(true)
                     .open(format!("{config}.restart.log"))
                     .expect("log");
+                // The server outlives the test: `garage.sh stop` ends it.
+                #[allow(clippy::zombie_processes)]
                 let child = Command::new(garage)
                     .args(["-c", &config, "server"])
                     .stdout(log.try_clone().expect("log"))

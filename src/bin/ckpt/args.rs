@@ -111,6 +111,10 @@ pub(crate) enum Command {
         /// Show what would be deleted without deleting (reads only).
         #[arg(long)]
         dry_run: bool,
+        /// For a bucket: collect unreferenced chunks older than this (and
+        /// let a push's lock count this long; default 600).
+        #[arg(long, value_name = "SECS")]
+        grace_period: Option<u64>,
     },
     /// Hand free space in the file back to the filesystem. Writes.
     Compact {

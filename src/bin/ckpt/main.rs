@@ -33,6 +33,13 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli.command) {
         Ok(code) => code,
+        // The reader of our output went away (`ckpt ls | head`): done.
+        Err(e)
+            if e.downcast_ref::<std::io::Error>()
+                .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe) =>
+        {
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             eprintln!("ckpt: {}", one_line(e.as_ref()));
             ExitCode::FAILURE
@@ -88,10 +95,14 @@ fn run(command: Command) -> Result<ExitCode> {
             keep_one_per,
             keep_best,
             dry_run,
+            grace_period,
         } => {
             let policy = policy(keep_last, keep_every, keep_one_per, &keep_best)?;
             if remote::is_url(&store) {
-                remote::gc(&store, &policy, dry_run)
+                let grace = grace_period.map(Duration::from_secs);
+                remote::gc(&store, &policy, dry_run, grace)
+            } else if grace_period.is_some() {
+                Err("--grace-period is for a bucket URL; a store file has no grace period".into())
             } else {
                 gc(Path::new(&store), &policy, dry_run)
             }

@@ -1,8 +1,18 @@
 //! Printing: tables for people, JSON for programs.
 
+use std::io::Write;
+
 use ckptstore::{StepInfo, StepSummary, StoreStats};
 
 type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+
+/// `println!` that returns the error (a closed pipe: `ckpt ls | head`)
+/// instead of panicking.
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        writeln!(std::io::stdout().lock(), $($arg)*)?
+    };
+}
 
 /// Bytes with a binary unit.
 pub fn bytes(n: u64) -> String {
@@ -51,15 +61,19 @@ fn metrics(m: &std::collections::BTreeMap<String, f64>) -> String {
 
 pub fn ls(summaries: &[StepSummary], json: bool) -> Result {
     if json {
-        println!("{}", serde_json::to_string_pretty(summaries)?);
+        outln!("{}", serde_json::to_string_pretty(summaries)?);
         return Ok(());
     }
-    println!(
+    outln!(
         "{:>10}  {:<19}  {:>10}  {:>10}  {:<24}  metrics",
-        "step", "time (UTC)", "size", "written", "loss_cid"
+        "step",
+        "time (UTC)",
+        "size",
+        "written",
+        "loss_cid"
     );
     for s in summaries {
-        println!(
+        outln!(
             "{:>10}  {:<19}  {:>10}  {:>10}  {:<24}  {}",
             s.step,
             time(s.timestamp),
@@ -69,45 +83,46 @@ pub fn ls(summaries: &[StepSummary], json: bool) -> Result {
             metrics(&s.metrics)
         );
     }
-    println!("{} steps", summaries.len());
+    outln!("{} steps", summaries.len());
     Ok(())
 }
 
 pub fn show(info: &StepInfo, pinned: bool, json: bool) -> Result {
     if json {
-        println!("{}", serde_json::to_string_pretty(info)?);
+        outln!("{}", serde_json::to_string_pretty(info)?);
         return Ok(());
     }
-    println!(
+    outln!(
         "step:      {}{}",
         info.step,
         if pinned { " (pinned)" } else { "" }
     );
-    println!(
+    outln!(
         "time:      {} UTC ({})",
         time(info.timestamp),
         info.timestamp
     );
-    println!("loss_cid:  {}", info.loss_cid.as_deref().unwrap_or("-"));
-    println!("metrics:   {}", metrics(&info.metrics));
-    println!(
+    outln!("loss_cid:  {}", info.loss_cid.as_deref().unwrap_or("-"));
+    outln!("metrics:   {}", metrics(&info.metrics));
+    outln!(
         "graph:     {} nodes, {} edges",
-        info.node_count, info.edge_count
+        info.node_count,
+        info.edge_count
     );
-    println!(
+    outln!(
         "blobs:     {} ({} total)",
         info.blobs.len(),
         bytes(info.blobs.values().sum())
     );
     for (name, len) in &info.blobs {
-        println!("  {name:<30} {:>12}", bytes(*len));
+        outln!("  {name:<30} {:>12}", bytes(*len));
     }
     if !info.tensors.is_empty() {
         let total = info.tensors.values().map(|t| t.bytes).sum();
-        println!("tensors:   {} ({} total)", info.tensors.len(), bytes(total));
+        outln!("tensors:   {} ({} total)", info.tensors.len(), bytes(total));
         for (name, t) in &info.tensors {
             let shape = format!("{:?}", t.shape);
-            println!(
+            outln!(
                 "  {name:<30} {:>12}  {:<8} {shape}",
                 bytes(t.bytes),
                 t.dtype.name()
@@ -119,18 +134,18 @@ pub fn show(info: &StepInfo, pinned: bool, json: bool) -> Result {
 
 pub fn stats(s: &StoreStats, json: bool) -> Result {
     if json {
-        println!("{}", serde_json::to_string_pretty(s)?);
+        outln!("{}", serde_json::to_string_pretty(s)?);
         return Ok(());
     }
-    println!("steps:          {}", s.steps);
-    println!("logical bytes:  {}", bytes(s.logical_bytes));
-    println!(
+    outln!("steps:          {}", s.steps);
+    outln!("logical bytes:  {}", bytes(s.logical_bytes));
+    outln!(
         "stored bytes:   {} in {} chunks",
         bytes(s.stored_bytes),
         s.chunks
     );
-    println!("dedup ratio:    {:.2}x", s.dedup_ratio());
-    println!("file size:      {}", bytes(s.file_bytes));
+    outln!("dedup ratio:    {:.2}x", s.dedup_ratio());
+    outln!("file size:      {}", bytes(s.file_bytes));
     Ok(())
 }
 

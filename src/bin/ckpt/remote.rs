@@ -3,6 +3,7 @@
 
 use std::path::Path;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use ckptstore::{CheckpointStore, Error, Remote, Retention};
 
@@ -102,8 +103,16 @@ pub(crate) fn verify(url: &str, pages: bool) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub(crate) fn gc(url: &str, policy: &Retention, dry_run: bool) -> Result<ExitCode> {
-    let remote = Remote::open(url)?;
+pub(crate) fn gc(
+    url: &str,
+    policy: &Retention,
+    dry_run: bool,
+    grace: Option<Duration>,
+) -> Result<ExitCode> {
+    let mut remote = Remote::open(url)?;
+    if let Some(grace) = grace {
+        remote = remote.with_grace_period(grace);
+    }
     if dry_run {
         let doomed = remote.retention_preview(policy)?;
         println!("would remove {} steps: {doomed:?}", doomed.len());
