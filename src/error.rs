@@ -42,6 +42,32 @@ pub enum Error {
         source: Box<Error>,
     },
 
+    /// A global step of several ranks, asked for as one checkpoint.
+    #[error(
+        "step {step} is a global step of {world_size} shards: read each with get_shard(step, rank)"
+    )]
+    ShardedStep {
+        /// The step.
+        step: u64,
+        /// Its number of ranks.
+        world_size: u32,
+    },
+
+    /// Ranks disagree on the number of ranks of a global step.
+    #[error(
+        "step {step}: this rank says {ours} ranks, the bucket {url} has shards of {theirs} ranks"
+    )]
+    WorldSizeMismatch {
+        /// The bucket.
+        url: String,
+        /// The step.
+        step: u64,
+        /// The world size this rank gave.
+        ours: u32,
+        /// The world size another rank's shard has.
+        theirs: u32,
+    },
+
     /// The bucket is held by another process's operation (a garbage
     /// collection a push must not overlap) for longer than it may be.
     #[error("{url}: {detail}")]
@@ -409,7 +435,9 @@ impl Error {
                 source: Box::new(source.duplicate()),
             },
             Error::Locked { path } => Error::Locked { path: path.clone() },
-            Error::ReplicationFailed { .. }
+            Error::ShardedStep { .. }
+            | Error::WorldSizeMismatch { .. }
+            | Error::ReplicationFailed { .. }
             | Error::RemoteBusy { .. }
             | Error::Remote { .. }
             | Error::InvalidUrl { .. } => self.duplicate_remote(),
@@ -498,6 +526,21 @@ impl Error {
                 op: op.clone(),
                 url: url.clone(),
                 source: cause(source),
+            },
+            Error::ShardedStep { step, world_size } => Error::ShardedStep {
+                step: *step,
+                world_size: *world_size,
+            },
+            Error::WorldSizeMismatch {
+                url,
+                step,
+                ours,
+                theirs,
+            } => Error::WorldSizeMismatch {
+                url: url.clone(),
+                step: *step,
+                ours: *ours,
+                theirs: *theirs,
             },
             e => Error::InvalidOptions(e.to_string()),
         }

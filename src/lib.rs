@@ -89,7 +89,9 @@ pub use error::{Cause, Error, Result};
 pub use graph::{ComputationGraphStore, ComputationNode};
 pub use options::{Durability, StoreOptions};
 #[cfg(feature = "remote")]
-pub use remote::{GcReport, PushReport, Remote, ReplicationStatus, DEFAULT_GRACE_PERIOD};
+pub use remote::{
+    GcReport, PushReport, Remote, ReplicationStatus, ShardInfo, ShardStatus, DEFAULT_GRACE_PERIOD,
+};
 pub use report::{CommitInfo, StepInfo, StoreStats, TensorInfo, VerifyReport};
 pub use retention::{Goal, Retention, StepSummary};
 pub use store::{CheckpointStore, CommitHandle};

@@ -1,5 +1,7 @@
 //! How to open a store: [`StoreOptions`] and [`Durability`].
 
+#[cfg(doc)]
+use crate::CheckpointStore;
 use crate::{Error, Result, Retention};
 
 /// When a commit is on disk.

@@ -201,7 +201,102 @@ fn main() -> Result {
         100.0 * spread.bytes_uploaded as f64 / total as f64,
         spread_time.as_secs_f64()
     );
+    ranks(&bucket, &run, &endpoint, dir.path(), reps)?;
     cleanup(&bucket, &run, &endpoint)
+}
+
+/// Four ranks pushing 64 MiB shards of one step in parallel, against four
+/// `aws s3 cp` of the same bytes in parallel.
+fn ranks(bucket: &str, run: &str, endpoint: &str, dir: &std::path::Path, reps: usize) -> Result {
+    const WORLD: u32 = 4;
+    const SHARD: usize = 64 << 20;
+    let shards: Vec<Vec<u8>> = (0..u64::from(WORLD))
+        .map(|r| noise(1000 + r, SHARD))
+        .collect();
+    let files: Vec<String> = shards
+        .iter()
+        .enumerate()
+        .map(|(r, bytes)| {
+            let path = dir.join(format!("shard-{r}.bin"));
+            std::fs::write(&path, bytes)?;
+            Ok(path.to_str().ok_or("path")?.to_owned())
+        })
+        .collect::<Result<_>>()?;
+    let (mut ours, mut theirs, mut visible) = (Vec::new(), Vec::new(), Vec::new());
+    for r in 0..reps {
+        let url = format!("s3://{bucket}/{run}/ranks-{r}");
+        let started = Instant::now();
+        let infos = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..WORLD)
+                .map(|rank| {
+                    let (url, data) = (&url, &shards[rank as usize]);
+                    s.spawn(
+                        move || -> std::result::Result<ckptstore::ShardInfo, String> {
+                            let remote = Remote::open(url).map_err(|e| e.to_string())?;
+                            let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), 1);
+                            c.set_optimizer_state("shard", data.clone());
+                            remote
+                                .commit_shard(1, rank, WORLD, &c)
+                                .map_err(|e| e.to_string())
+                        },
+                    )
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().map_err(|_| "rank panicked".to_owned())?)
+                .collect::<std::result::Result<Vec<_>, String>>()
+        })?;
+        ours.push(started.elapsed());
+        let last = infos
+            .iter()
+            .filter(|i| i.complete)
+            .map(|i| i.finalize)
+            .min();
+        visible.push(last.ok_or("no rank completed the step")?);
+        assert_eq!(Remote::open(&url)?.latest_step()?, Some(1));
+
+        let started = Instant::now();
+        let children: Vec<_> = files
+            .iter()
+            .enumerate()
+            .map(|(i, f)| {
+                Command::new("aws")
+                    .args([
+                        "s3",
+                        "cp",
+                        f,
+                        &format!("s3://{bucket}/{run}/aws-ranks-{r}/{i}.bin"),
+                    ])
+                    .args(["--endpoint-url", endpoint, "--only-show-errors"])
+                    .spawn()
+            })
+            .collect::<std::io::Result<_>>()?;
+        for mut c in children {
+            if !c.wait()?.success() {
+                return Err("aws s3 cp failed".into());
+            }
+        }
+        theirs.push(started.elapsed());
+    }
+    let (ours, theirs, visible) = (median(ours), median(theirs), median(visible));
+    let total = u64::from(WORLD) * SHARD as u64;
+    println!("\n### four ranks, 64 MiB shards each, pushed in parallel, medians of {reps}\n");
+    println!("| | ckptstore `commit_shard` x 4 | `aws s3 cp` x 4 | ratio (aws time / ours) |");
+    println!("|---|---|---|---|");
+    println!(
+        "| all four shards in | {:.2} s ({:.0} MiB/s) | {:.2} s ({:.0} MiB/s) | **{:.2}x** |",
+        ours.as_secs_f64(),
+        mib_s(total, ours),
+        theirs.as_secs_f64(),
+        mib_s(total, theirs),
+        theirs.as_secs_f64() / ours.as_secs_f64()
+    );
+    println!(
+        "| last shard landed -> step visible (the finishing rank's finalize) | {:.0} ms | | |",
+        visible.as_secs_f64() * 1000.0
+    );
+    Ok(())
 }
 
 /// Delete what the benchmark put in the bucket.

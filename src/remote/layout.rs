@@ -2,7 +2,10 @@
 //!
 //! ```text
 //! chunks/<blake3 hex>                      chunk bytes (and a step's packed small blobs)
-//! manifests/<step:020>-<blake3 hex>.json   a step's manifest (JSON); the hash is of its bytes
+//! manifests/<step:020>-<blake3 hex>.json   a step's manifest (JSON); the hash is of its bytes;
+//!                                          for a global step of N ranks, the list of its shards
+//! shards/<step:020>/<rank:06>-of-<N:06>-<blake3 hex>.json
+//!                                          one rank's shard of a global step: a manifest
 //! commits/<step:020>-<blake3 hex>          written last: the step is visible; names its manifest
 //! deleted/<step:020>-<blake3 hex>          that step was deleted by retention: push skips it
 //! locks/<push|gc>-<uuid>                   a push or a garbage collection in progress
@@ -25,6 +28,8 @@ pub(crate) const CHUNKS: &str = "chunks";
 pub(crate) const MANIFESTS: &str = "manifests";
 /// The folder of commit objects.
 pub(crate) const COMMITS: &str = "commits";
+/// The folder of the shards of global steps, a folder per step.
+pub(crate) const SHARDS: &str = "shards";
 /// The folder of markers of steps deleted by retention.
 pub(crate) const DELETED: &str = "deleted";
 /// The folder of locks.
@@ -59,6 +64,14 @@ impl Layout {
         self.key(COMMITS, &format!("{step:020}-{}", hex(hash)))
     }
 
+    pub(crate) fn shard_folder(&self, step: u64) -> Path {
+        self.prefix.clone().join(SHARDS).join(format!("{step:020}"))
+    }
+
+    pub(crate) fn shard(&self, step: u64, id: &ShardId) -> Path {
+        self.shard_folder(step).join(id.name())
+    }
+
     pub(crate) fn deleted(&self, step: u64, hash: &Hash) -> Path {
         self.key(DELETED, &format!("{step:020}-{}", hex(hash)))
     }
@@ -76,6 +89,47 @@ pub(crate) fn parse_commit(name: &str) -> Option<(u64, Hash)> {
         return None;
     }
     Some((step.parse().ok()?, parse_hex(hash)?))
+}
+
+/// One rank's shard manifest, as its name says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct ShardId {
+    pub(crate) rank: u32,
+    pub(crate) world_size: u32,
+    pub(crate) hash: Hash,
+}
+
+impl ShardId {
+    fn name(&self) -> String {
+        format!(
+            "{:06}-of-{:06}-{}.json",
+            self.rank,
+            self.world_size,
+            hex(&self.hash)
+        )
+    }
+
+    /// The shard a name in a step's shard folder stands for.
+    pub(crate) fn parse(name: &str) -> Option<ShardId> {
+        let stem = name.strip_suffix(".json")?;
+        let (rank, rest) = stem.split_once("-of-")?;
+        let (world, hash) = rest.split_once('-')?;
+        Some(ShardId {
+            rank: rank.parse().ok()?,
+            world_size: world.parse().ok()?,
+            hash: parse_hex(hash)?,
+        })
+    }
+}
+
+/// The manifest of a global step: its world size and each rank's shard
+/// manifest hash, by rank.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct GlobalManifest {
+    pub(crate) format: u32,
+    pub(crate) step: u64,
+    pub(crate) world_size: u32,
+    pub(crate) shards: Vec<String>,
 }
 
 /// A chunk object's hash, from its name.

@@ -8,6 +8,8 @@ mod push;
 mod read;
 mod replicate;
 mod retention;
+mod shards;
+mod step;
 mod verify;
 
 use std::collections::HashSet;
@@ -27,6 +29,7 @@ pub use push::PushReport;
 pub use replicate::ReplicationStatus;
 pub(crate) use replicate::Replicator;
 pub use retention::GcReport;
+pub use shards::{ShardInfo, ShardStatus};
 
 /// Requests retried at most this often before failing: with the backoff
 /// below, a server that is back within about 10 s (a restart) is waited
@@ -226,10 +229,14 @@ impl Remote {
 
     /// Names of the objects in `folder`.
     fn list_names(&self, folder: &str) -> Result<Vec<String>> {
-        let prefix = self.layout.folder(folder);
+        self.list_keys(&self.layout.folder(folder))
+    }
+
+    /// The last part of the name of each object under `prefix`.
+    fn list_keys(&self, prefix: &Path) -> Result<Vec<String>> {
         self.block_on("listing", async {
             self.store
-                .list(Some(&prefix))
+                .list(Some(prefix))
                 .map_ok(|meta| meta.location.filename().unwrap_or_default().to_owned())
                 .try_collect()
                 .await

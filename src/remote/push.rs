@@ -236,15 +236,28 @@ impl Remote {
         mut landed: u64,
         progress: &mut dyn FnMut(u64, u64) -> bool,
     ) -> Result<()> {
-        let store = &self.store;
-        let layout = &self.layout;
-        let url = &self.url;
         let reads = missing.iter().map(|m| -> Result<(Hash, Bytes)> {
             match m {
                 Missing::Chunk(place) => Ok((place.hash, Bytes::from(data.read_chunk(place)?))),
                 Missing::Packed(hash) => Ok((*hash, Bytes::from(data.packed_bytes()?))),
             }
         });
+        self.upload_chunks(reads, &mut |len| {
+            landed += len;
+            progress(step, landed);
+        })
+    }
+
+    /// Upload the chunks `reads` yields, each taken when an upload slot
+    /// frees up ([`UPLOADS_IN_FLIGHT`] in flight); `landed` gets each
+    /// one's length as it lands, outside the runtime (free to block;
+    /// uploads in flight wait meanwhile).
+    pub(super) fn upload_chunks(
+        &self,
+        reads: impl Iterator<Item = Result<(Hash, Bytes)>>,
+        landed: &mut dyn FnMut(u64),
+    ) -> Result<()> {
+        let (store, layout, url) = (&self.store, &self.layout, &self.url);
         let mut uploads = futures::stream::iter(reads)
             .map(|read| async move {
                 let (hash, bytes) = read?;
@@ -256,11 +269,8 @@ impl Remote {
                 Ok::<u64, Error>(len)
             })
             .buffer_unordered(UPLOADS_IN_FLIGHT);
-        // `progress` runs outside the runtime, free to block (uploads in
-        // flight wait meanwhile).
         while let Some(len) = self.runtime.block_on(uploads.try_next())? {
-            landed += len;
-            progress(step, landed);
+            landed(len);
         }
         Ok(())
     }

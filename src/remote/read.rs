@@ -7,11 +7,11 @@ use std::collections::{BTreeMap, HashSet};
 use futures::{StreamExt, TryStreamExt};
 use object_store::ObjectStoreExt;
 
-use super::layout::{parse_hex, RemoteManifest, MANIFEST_FORMAT};
+use super::layout::{parse_hex, RemoteManifest};
 use super::push::UPLOADS_IN_FLIGHT;
-use super::retention::{chunks_of, summary};
+use super::step::{new_bytes, StepManifest};
 use super::{Commit, Remote};
-use crate::format::layout::{chunk_lengths, packed_slice};
+use crate::format::layout::packed_slice;
 use crate::format::manifest::{hex, Hash};
 use crate::{
     CheckpointStore, CommitInfo, ComputationGraphStore, Dtype, Error, GradientCheckpoint, Result,
@@ -40,33 +40,14 @@ impl Remote {
         Ok(None)
     }
 
-    /// Each complete step's newest commit that checks out, with its
-    /// manifest, ascending.
-    pub(crate) fn complete(&self) -> Result<Vec<(Commit, RemoteManifest)>> {
-        let commits = self.commits()?;
-        if commits.is_empty() {
-            return Ok(Vec::new());
-        }
-        let chunks = self.chunk_hashes()?;
-        let mut complete: Vec<(Commit, RemoteManifest)> = Vec::new();
-        for c in commits.iter().rev() {
-            if complete.last().is_some_and(|(last, _)| last.step == c.step) {
-                continue;
-            }
-            if let Some(m) = self.checked_manifest(*c, Some(&chunks))? {
-                complete.push((*c, m));
-            }
-        }
-        complete.reverse();
-        Ok(complete)
-    }
-
     /// Step `step`, restored from the bucket with every chunk hash-checked,
     /// or `None` if the bucket has no complete copy of it.
     ///
     /// # Errors
     /// [`Error::Corrupt`] when a chunk is missing or fails its hash check
-    /// (naming the URL); [`Error::Remote`] when the bucket fails.
+    /// (naming the URL); [`Error::Remote`] when the bucket fails;
+    /// [`Error::ShardedStep`] for a global step of several ranks (read its
+    /// shards with [`get_shard`](Self::get_shard)).
     pub fn get(&self, step: u64) -> Result<Option<GradientCheckpoint>> {
         self.get_with(step, &mut |_, _| {})
     }
@@ -87,6 +68,7 @@ impl Remote {
             let Some(m) = self.checked_manifest(*c, None)? else {
                 continue;
             };
+            let m = single(step, m)?;
             let total = m
                 .blobs
                 .values()
@@ -138,8 +120,8 @@ impl Remote {
         let mut seen = HashSet::new();
         let complete = self.complete()?;
         let summaries = complete.iter().map(|(_, m)| {
-            let mut s = summary(m);
-            s.bytes_written = new_bytes(m, &mut seen);
+            let mut s = m.summary();
+            s.bytes_written = m.parts().iter().map(|p| new_bytes(p, &mut seen)).sum();
             s
         });
         Ok(summaries.collect())
@@ -147,10 +129,15 @@ impl Remote {
 
     /// Step `step`'s metadata, from its manifest (no chunk is read), or
     /// `None` if the bucket has no complete copy of it.
+    ///
+    /// # Errors
+    /// [`Error::ShardedStep`] for a global step of several ranks (see
+    /// [`get_shard`](Self::get_shard)).
     pub fn info(&self, step: u64) -> Result<Option<StepInfo>> {
         let Some((_, m)) = self.complete()?.into_iter().find(|(c, _)| c.step == step) else {
             return Ok(None);
         };
+        let m = single(step, m)?;
         let corrupt = |detail: String| Error::corrupt(Some(step), detail);
         let graph: ComputationGraphStore =
             serde_json::from_value(m.graph).map_err(|e| Error::Json {
@@ -182,41 +169,6 @@ impl Remote {
             }
         }
         Ok(Some(info))
-    }
-
-    /// The manifest `commit` names, if it is there, hashes right, is one
-    /// this build reads, and (given the bucket's chunks) names only chunks
-    /// that are there.
-    pub(super) fn checked_manifest(
-        &self,
-        commit: Commit,
-        chunks: Option<&HashSet<Hash>>,
-    ) -> Result<Option<RemoteManifest>> {
-        let key = self.layout.manifest(commit.step, &commit.hash);
-        let Some(bytes) = self.get_bytes(&key)? else {
-            return Ok(None);
-        };
-        if blake3::hash(&bytes).as_bytes() != &commit.hash {
-            return Ok(None);
-        }
-        let Ok(m) = serde_json::from_slice::<RemoteManifest>(&bytes) else {
-            return Ok(None);
-        };
-        if m.format != MANIFEST_FORMAT || m.step != commit.step {
-            return Ok(None);
-        }
-        if let Some(chunks) = chunks {
-            let names = m
-                .blobs
-                .values()
-                .map(|b| b.chunks.as_ref().map_or(0, Vec::len));
-            let all_parse =
-                chunks_of(&m).count() == names.sum::<usize>() + usize::from(m.packed.is_some());
-            if !all_parse || !chunks_of(&m).all(|h| chunks.contains(&h)) {
-                return Ok(None);
-            }
-        }
-        Ok(Some(m))
     }
 
     /// The chunks `wanted` (each with the blob it belongs to, for errors),
@@ -325,23 +277,17 @@ impl Remote {
     }
 }
 
-/// Bytes of the chunks of `m` not in `seen`, which takes them.
-fn new_bytes(m: &RemoteManifest, seen: &mut HashSet<String>) -> u64 {
-    let mut bytes = 0;
-    for blob in m.blobs.values() {
-        let (Some(hashes), Ok(len)) = (&blob.chunks, usize::try_from(blob.len)) else {
-            continue;
-        };
-        for (hash, n) in hashes.iter().zip(chunk_lengths(len)) {
-            if seen.insert(hash.clone()) {
-                bytes += n as u64;
-            }
+/// The one manifest of a step, which may be a global step of one rank.
+fn single(step: u64, m: StepManifest) -> Result<RemoteManifest> {
+    match m {
+        StepManifest::Single(m) => Ok(m),
+        StepManifest::Sharded { mut shards, ids } if shards.len() == 1 => {
+            drop(ids);
+            Ok(shards.remove(0))
         }
+        StepManifest::Sharded { shards, .. } => Err(Error::ShardedStep {
+            step,
+            world_size: u32::try_from(shards.len()).unwrap_or(u32::MAX),
+        }),
     }
-    if let Some(p) = &m.packed {
-        if seen.insert(p.hash.clone()) {
-            bytes += p.len;
-        }
-    }
-    bytes
 }

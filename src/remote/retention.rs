@@ -7,11 +7,12 @@ use std::collections::{BTreeSet, HashSet};
 
 use futures::TryStreamExt;
 
-use super::layout::{parse_chunk, parse_commit, parse_hex, RemoteManifest, CHUNKS, MANIFESTS};
+use super::layout::{parse_chunk, parse_commit, ShardId, CHUNKS, MANIFESTS, SHARDS};
 use super::locks::LockKind;
+use super::step::{chunks_of, StepManifest};
 use super::Remote;
 use crate::format::manifest::Hash;
-use crate::{Result, Retention, StepSummary};
+use crate::{Result, Retention};
 
 /// What a garbage collection of the bucket did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -23,7 +24,9 @@ pub struct GcReport {
     pub chunks_deleted: u64,
     /// Bytes of the chunks deleted.
     pub bytes_deleted: u64,
-    /// Manifests deleted that no commit named (left by killed pushes).
+    /// Manifests deleted that no commit named (left by killed pushes), and
+    /// shards of global steps that did not complete within the grace
+    /// period.
     pub manifests_deleted: u64,
     /// Unreferenced objects kept because they are younger than the grace
     /// period.
@@ -36,9 +39,7 @@ pub struct GcReport {
 impl Remote {
     /// The steps `policy` would delete from the bucket, ascending.
     pub fn retention_preview(&self, policy: &Retention) -> Result<Vec<u64>> {
-        let summaries: Vec<StepSummary> =
-            self.complete()?.iter().map(|(_, m)| summary(m)).collect();
-        Ok(policy.doomed(&summaries, &BTreeSet::new()))
+        Ok(policy.doomed(&self.summaries()?, &BTreeSet::new()))
     }
 
     /// Delete the steps `policy` does not keep (as
@@ -78,9 +79,16 @@ impl Remote {
         let commits = self.commits()?;
         for &step in &doomed {
             for c in commits.iter().filter(|c| c.step == step) {
+                let shards = match self.checked_manifest(*c, None)? {
+                    Some(StepManifest::Sharded { ids, .. }) => ids,
+                    _ => Vec::new(),
+                };
                 self.put(&self.layout.deleted(step, &c.hash), Vec::new())?;
                 self.delete(&self.layout.commit(step, &c.hash))?;
                 self.delete(&self.layout.manifest(step, &c.hash))?;
+                for id in &shards {
+                    self.delete(&self.layout.shard(step, id))?;
+                }
             }
         }
         let mut report = self.collect_garbage()?;
@@ -115,14 +123,34 @@ impl Remote {
         let commits = self.commits()?;
         let named: HashSet<(u64, Hash)> = commits.iter().map(|c| (c.step, c.hash)).collect();
         let mut needed: HashSet<Hash> = HashSet::new();
+        let mut named_shards: HashSet<(u64, ShardId)> = HashSet::new();
         for c in &commits {
             // A commit whose manifest is missing or damaged names nothing
             // that can be read; `verify` reports it.
             if let Some(m) = self.checked_manifest(*c, None)? {
-                needed.extend(chunks_of(&m));
+                needed.extend(m.chunks());
+                if let StepManifest::Sharded { ids, .. } = m {
+                    named_shards.extend(ids.into_iter().map(|id| (c.step, id)));
+                }
             }
         }
         let cutoff = self.cutoff()?;
+        // Shards of steps not complete: young ones may still be joined by
+        // the other ranks' (their chunks stay); old ones go.
+        for (step, id, modified) in self.list_shards()? {
+            if named_shards.contains(&(step, id)) {
+                continue;
+            }
+            if modified >= cutoff {
+                report.young_kept += 1;
+                if let Some(m) = self.checked_shard(step, &id, None)? {
+                    needed.extend(chunks_of(&m));
+                }
+                continue;
+            }
+            self.delete(&self.layout.shard(step, &id))?;
+            report.manifests_deleted += 1;
+        }
         for (key, modified, _) in self.list_meta(MANIFESTS)? {
             let stem = key.strip_suffix(".json").unwrap_or(&key);
             if parse_commit(stem).is_some_and(|id| named.contains(&id)) {
@@ -164,6 +192,32 @@ impl Remote {
         Ok(now.saturating_sub(grace))
     }
 
+    /// Every shard in the bucket: its step, its name, its last
+    /// modification (ms since the epoch).
+    pub(crate) fn list_shards(&self) -> Result<Vec<(u64, ShardId, i64)>> {
+        let prefix = self.layout.folder(SHARDS);
+        let found: Vec<(Vec<String>, i64)> = self.block_on("listing", async {
+            self.store
+                .list(Some(&prefix))
+                .map_ok(|m| {
+                    let parts = m.location.parts().map(|p| p.as_ref().to_owned()).collect();
+                    (parts, m.last_modified.timestamp_millis())
+                })
+                .try_collect()
+                .await
+        })?;
+        Ok(found
+            .into_iter()
+            .filter_map(|(parts, modified)| {
+                let [.., step, name] = parts.as_slice() else {
+                    return None;
+                };
+                let step = step.parse().ok()?;
+                Some((step, ShardId::parse(name)?, modified))
+            })
+            .collect())
+    }
+
     /// Name, last modification (ms since the epoch) and size of each object
     /// in `folder`.
     pub(crate) fn list_meta(&self, folder: &str) -> Result<Vec<(String, i64, u64)>> {
@@ -178,27 +232,5 @@ impl Remote {
                 .try_collect()
                 .await
         })
-    }
-}
-
-/// The chunks a manifest names (its blobs' and its packed chunk).
-pub(crate) fn chunks_of(m: &RemoteManifest) -> impl Iterator<Item = Hash> + '_ {
-    m.blobs
-        .values()
-        .flat_map(|b| b.chunks.iter().flatten())
-        .chain(m.packed.iter().map(|p| &p.hash))
-        .filter_map(|h| parse_hex(h))
-}
-
-/// The retention record of a step in the bucket.
-pub(super) fn summary(m: &RemoteManifest) -> StepSummary {
-    StepSummary {
-        step: m.step,
-        timestamp: m.timestamp,
-        loss_cid: m.loss_cid.clone(),
-        metrics: m.metrics.clone(),
-        logical_bytes: m.blobs.values().map(|b| b.len).sum(),
-        bytes_written: 0,
-        blobs: m.blobs.len(),
     }
 }

@@ -40,11 +40,14 @@ impl Remote {
                         self.url
                     ),
                 )),
-                Some(m) => self.assemble(m, &mut |_| {}),
+                Some(m) => m
+                    .parts()
+                    .iter()
+                    .map(|part| Ok(self.assemble(part.clone(), &mut |_| {})?.logical_bytes()))
+                    .sum::<Result<u64>>(),
             };
             match checked {
-                Ok(ckpt) => {
-                    let bytes = ckpt.logical_bytes();
+                Ok(bytes) => {
                     report.steps_ok += 1;
                     report.bytes_checked += bytes;
                     progress(c.step, bytes);

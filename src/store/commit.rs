@@ -10,6 +10,8 @@ use crate::engine::hashing::{with_hashes, Hashing};
 use crate::engine::plan::{Borrowed, Plan, Streamed};
 use crate::format::layout::{split, PACK_BELOW};
 use crate::format::manifest::Hash;
+#[cfg(doc)]
+use crate::Error;
 use crate::{CommitInfo, Dtype, GradientCheckpoint, Result, Tensor, TensorRef};
 
 /// A commit stages its chunks when they exceed this fraction of the page

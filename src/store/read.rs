@@ -5,6 +5,8 @@ use std::ops::RangeBounds;
 
 use super::CheckpointStore;
 use crate::engine::{StepData, View};
+#[cfg(doc)]
+use crate::Error;
 use crate::{
     Goal, GradientCheckpoint, Result, Retention, StepInfo, StepSummary, StoreStats, Tensor,
     TensorInfo,

@@ -12,7 +12,7 @@ use ckptstore::{CheckpointStore, GradientCheckpoint, Remote};
 
 use super::{bytes, checkpoint, round_trip, Result};
 
-static SERVER: Mutex<()> = Mutex::new(());
+pub(crate) static SERVER: Mutex<()> = Mutex::new(());
 
 /// The test bucket and the server to ourselves, or `None` (skipped).
 fn server(test: &str) -> Option<(MutexGuard<'static, ()>, String)> {
@@ -30,11 +30,15 @@ fn server(test: &str) -> Option<(MutexGuard<'static, ()>, String)> {
 }
 
 /// A prefix no other test or run uses.
-fn fresh(bucket: &str) -> String {
+pub(crate) fn fresh_prefix() -> String {
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos());
-    format!("s3://{bucket}/t-{t:x}-{}", std::process::id())
+    format!("t-{t:x}-{}", std::process::id())
+}
+
+fn fresh(bucket: &str) -> String {
+    format!("s3://{bucket}/{}", fresh_prefix())
 }
 
 /// A step with 4 MiB of its own (so that a push takes a while) and the

@@ -7,6 +7,7 @@ mod faults;
 mod garage;
 mod replicate;
 mod retention;
+mod shards;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

@@ -29,6 +29,10 @@ pub(crate) enum Command {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// For a bucket: also list global steps not complete, with the
+        /// ranks missing.
+        #[arg(long)]
+        all: bool,
     },
     /// Show one step's manifest: graph summary, blobs and sizes. Reads.
     Show {

@@ -66,8 +66,11 @@ type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
 fn run(command: Command) -> Result<ExitCode> {
     match command {
-        Command::Ls { store, json } if remote::is_url(&store) => remote::ls(&store, json),
-        Command::Ls { store, json } => ls(Path::new(&store), json),
+        Command::Ls { store, json, all } if remote::is_url(&store) => remote::ls(&store, json, all),
+        Command::Ls { all: true, .. } => {
+            Err("--all lists global steps not complete, in a bucket: give a URL".into())
+        }
+        Command::Ls { store, json, .. } => ls(Path::new(&store), json),
         Command::Show { store, step, json } if remote::is_url(&store) => {
             remote::show(&store, &step, json)
         }
@@ -119,7 +122,7 @@ fn run(command: Command) -> Result<ExitCode> {
 
 fn ls(store: &Path, json: bool) -> Result<ExitCode> {
     let s = open_read(store)?;
-    output::ls(&s.summaries(..)?, json)?;
+    output::ls(&s.summaries(..)?, None, json)?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -2,7 +2,9 @@
 
 use std::io::Write;
 
-use ckptstore::{StepInfo, StepSummary, StoreStats};
+use std::collections::BTreeMap;
+
+use ckptstore::{ShardStatus, StepInfo, StepSummary, StoreStats};
 
 type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -59,23 +61,28 @@ fn metrics(m: &std::collections::BTreeMap<String, f64>) -> String {
         .join(" ")
 }
 
-pub fn ls(summaries: &[StepSummary], json: bool) -> Result {
+/// The steps as a table; with `ranks`, the number of ranks of each too.
+pub fn ls(summaries: &[StepSummary], ranks: Option<&BTreeMap<u64, u32>>, json: bool) -> Result {
     if json {
         outln!("{}", serde_json::to_string_pretty(summaries)?);
         return Ok(());
     }
+    let rank_column = |cell: &str| ranks.map_or(String::new(), |_| format!("  {cell:>5}"));
     outln!(
-        "{:>10}  {:<19}  {:>10}  {:>10}  {:<24}  metrics",
+        "{:>10}{}  {:<19}  {:>10}  {:>10}  {:<24}  metrics",
         "step",
+        rank_column("ranks"),
         "time (UTC)",
         "size",
         "written",
         "loss_cid"
     );
     for s in summaries {
+        let n = ranks.and_then(|r| r.get(&s.step)).map_or(1, |n| *n);
         outln!(
-            "{:>10}  {:<19}  {:>10}  {:>10}  {:<24}  {}",
+            "{:>10}{}  {:<19}  {:>10}  {:>10}  {:<24}  {}",
             s.step,
+            rank_column(&n.to_string()),
             time(s.timestamp),
             bytes(s.logical_bytes),
             bytes(s.bytes_written),
@@ -84,6 +91,63 @@ pub fn ls(summaries: &[StepSummary], json: bool) -> Result {
         );
     }
     outln!("{} steps", summaries.len());
+    Ok(())
+}
+
+/// Complete steps with their ranks, and global steps not complete, as one
+/// JSON object.
+pub fn ls_all_json(
+    summaries: &[StepSummary],
+    ranks: &BTreeMap<u64, u32>,
+    incomplete: &[ShardStatus],
+) -> Result {
+    let steps: Vec<_> = summaries
+        .iter()
+        .map(|s| {
+            let mut v = serde_json::to_value(s)?;
+            v["world_size"] = ranks.get(&s.step).copied().unwrap_or(1).into();
+            Ok(v)
+        })
+        .collect::<serde_json::Result<_>>()?;
+    let incomplete: Vec<_> = incomplete
+        .iter()
+        .map(|s| {
+            serde_json::json!({
+                "step": s.step, "world_size": s.world_size, "landed": s.landed,
+                "missing": s.missing, "world_sizes": s.world_sizes,
+            })
+        })
+        .collect();
+    let all = serde_json::json!({ "steps": steps, "incomplete": incomplete });
+    outln!("{}", serde_json::to_string_pretty(&all)?);
+    Ok(())
+}
+
+/// Global steps not complete: which ranks landed, which are missing.
+pub fn incomplete(steps: &[ShardStatus]) -> Result {
+    for s in steps {
+        let list = |ranks: &[u32]| {
+            ranks
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let conflict = if s.world_sizes.len() > 1 {
+            format!(" (shards disagree on the world size: {:?})", s.world_sizes)
+        } else {
+            String::new()
+        };
+        outln!(
+            "{:>10}  incomplete: {} of {} ranks landed ({}), missing {}{conflict}",
+            s.step,
+            s.landed.len(),
+            s.world_size.unwrap_or(0),
+            list(&s.landed),
+            list(&s.missing)
+        );
+    }
+    outln!("{} incomplete steps", steps.len());
     Ok(())
 }
 

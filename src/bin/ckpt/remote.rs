@@ -65,9 +65,19 @@ pub(crate) fn pull(url: &str, store: &Path, step: &str) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub(crate) fn ls(url: &str, json: bool) -> Result<ExitCode> {
+pub(crate) fn ls(url: &str, json: bool, all: bool) -> Result<ExitCode> {
     let remote = Remote::open(url)?;
-    output::ls(&remote.summaries()?, json)?;
+    let ranks = remote.world_sizes()?;
+    let sharded = ranks.values().any(|&n| n > 1);
+    let summaries = remote.summaries()?;
+    match (all, json) {
+        (false, _) => output::ls(&summaries, sharded.then_some(&ranks), json)?,
+        (true, false) => {
+            output::ls(&summaries, Some(&ranks), false)?;
+            output::incomplete(&remote.incomplete_steps()?)?;
+        }
+        (true, true) => output::ls_all_json(&summaries, &ranks, &remote.incomplete_steps()?)?,
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -1,0 +1,423 @@
+//! Global steps of N ranks: each rank uploads its shard of a step (chunks,
+//! then its shard manifest); whichever rank finds all N shards there
+//! writes the step's manifest (the list of shards) and its commit. No rank
+//! waits for another and nothing coordinates them: every object is
+//! write-once, the step's manifest is a function of the shards it lists
+//! (so ranks finishing together write the same bytes), and readers count a
+//! step only when its commit names N shards that are all there and whole.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use super::layout::{
+    canonical, GlobalManifest, RemoteBlob, RemoteManifest, RemotePacked, ShardId, MANIFEST_FORMAT,
+};
+use super::step::StepManifest;
+use super::Remote;
+use crate::format::layout::{split, PACK_BELOW};
+use crate::format::manifest::{hex, Hash};
+use crate::{CheckpointStore, Error, GradientCheckpoint, Result};
+
+/// What [`Remote::commit_shard`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ShardInfo {
+    /// The step.
+    pub step: u64,
+    /// This shard's rank.
+    pub rank: u32,
+    /// The number of ranks.
+    pub world_size: u32,
+    /// Bytes of chunks uploaded.
+    pub bytes_uploaded: u64,
+    /// Bytes of chunks not uploaded because the bucket had them (from any
+    /// step or rank).
+    pub bytes_skipped: u64,
+    /// Whether the step is complete: this call found every shard there and
+    /// the step's commit written (by it or another rank).
+    pub complete: bool,
+    /// Time from this shard landing to the end of the call: looking for the
+    /// other shards and, when all are there, writing the step's commit.
+    pub finalize: Duration,
+}
+
+/// Which ranks of a step have landed ([`Remote::shards`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ShardStatus {
+    /// The step.
+    pub step: u64,
+    /// The number of ranks its shards say (the smallest, if they disagree).
+    pub world_size: Option<u32>,
+    /// Ranks whose shard is there and whole, ascending.
+    pub landed: Vec<u32>,
+    /// Ranks of `0..world_size` without one, ascending.
+    pub missing: Vec<u32>,
+    /// Every world size the step's shards give: more than one is an error
+    /// of the job that wrote them.
+    pub world_sizes: Vec<u32>,
+    /// Whether the step is a complete global step.
+    pub complete: bool,
+}
+
+impl Remote {
+    /// Upload rank `rank`'s shard of global step `step` of `world_size`
+    /// ranks, deduplicated against everything in the bucket. The step
+    /// becomes visible ([`steps`](Self::steps),
+    /// [`latest_step`](Self::latest_step)) once all `world_size` shards are
+    /// in: the rank that lands last, or any rank that finds them all,
+    /// writes its commit. Never waits for other ranks. Committing the same
+    /// shard again (a retry, a restarted job) uploads nothing new and
+    /// leaves one shard.
+    ///
+    /// ```
+    /// use ckptstore::{ComputationGraphStore, GradientCheckpoint, Remote};
+    /// # let dir = tempfile::tempdir()?;
+    /// let remote = Remote::open(&format!("file://{}", dir.path().display()))?;
+    /// let shard = |rank: u8| {
+    ///     let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), 7);
+    ///     c.set_optimizer_state("params", vec![rank; 1 << 20]);
+    ///     c
+    /// };
+    /// assert!(!remote.commit_shard(7, 0, 2, &shard(0))?.complete);
+    /// assert_eq!(remote.latest_step()?, None); // rank 1 has not landed
+    /// assert!(remote.commit_shard(7, 1, 2, &shard(1))?.complete);
+    /// assert_eq!(remote.latest_step()?, Some(7));
+    /// assert_eq!(remote.get_shard(7, 1)?, Some(shard(1)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::WorldSizeMismatch`] when shards of the step with another
+    /// world size are there; [`Error::InvalidCheckpoint`] for a rank not
+    /// below `world_size` or a checkpoint of another step;
+    /// [`Error::Remote`] when the bucket fails.
+    pub fn commit_shard(
+        &self,
+        step: u64,
+        rank: u32,
+        world_size: u32,
+        ckpt: &GradientCheckpoint,
+    ) -> Result<ShardInfo> {
+        let invalid = |reason: String| Error::InvalidCheckpoint { step, reason };
+        if rank >= world_size {
+            return Err(invalid(format!(
+                "rank {rank} of {world_size} ranks: ranks are 0..{world_size}"
+            )));
+        }
+        if ckpt.step != step {
+            return Err(invalid(format!("the checkpoint is of step {}", ckpt.step)));
+        }
+        ckpt.validate()?;
+        self.check_world_size(step, world_size)?;
+        let lock = self.lock_for_push()?;
+        let result = self.put_shard(step, rank, world_size, ckpt);
+        self.release(lock);
+        result
+    }
+
+    fn put_shard(
+        &self,
+        step: u64,
+        rank: u32,
+        world_size: u32,
+        ckpt: &GradientCheckpoint,
+    ) -> Result<ShardInfo> {
+        let mut present = self.chunk_hashes()?;
+        let (manifest, mut pieces, packed) = shard_manifest(ckpt)?;
+        if let Some((hash, bytes)) = &packed {
+            pieces.push((*hash, bytes));
+        }
+        let mut info = ShardInfo {
+            step,
+            rank,
+            world_size,
+            bytes_uploaded: 0,
+            bytes_skipped: 0,
+            complete: false,
+            finalize: Duration::ZERO,
+        };
+        let mut missing = Vec::new();
+        for (hash, bytes) in pieces {
+            if present.insert(hash) {
+                info.bytes_uploaded += bytes.len() as u64;
+                missing.push((hash, bytes));
+            } else {
+                info.bytes_skipped += bytes.len() as u64;
+            }
+        }
+        let reads = missing
+            .into_iter()
+            .map(|(hash, bytes)| Ok((hash, Bytes::copy_from_slice(bytes))));
+        self.upload_chunks(reads, &mut |_| {})?;
+        let bytes = serde_json::to_vec(&manifest).map_err(|e| Error::Json {
+            path: None,
+            source: Box::new(e),
+        })?;
+        let id = ShardId {
+            rank,
+            world_size,
+            hash: *blake3::hash(&bytes).as_bytes(),
+        };
+        self.put(&self.layout.shard(step, &id), bytes)?;
+        let landed = Instant::now();
+        // Another rank may have started the step with another world size
+        // since the check before the upload.
+        self.check_world_size(step, world_size)?;
+        info.complete = self.finalize(step, world_size)?;
+        info.finalize = landed.elapsed();
+        Ok(info)
+    }
+
+    /// Refuse a world size other shards of `step` contradict.
+    fn check_world_size(&self, step: u64, world_size: u32) -> Result<()> {
+        match self
+            .shard_ids(step)?
+            .iter()
+            .find(|id| id.world_size != world_size)
+        {
+            Some(other) => Err(Error::WorldSizeMismatch {
+                url: self.url.clone(),
+                step,
+                ours: world_size,
+                theirs: other.world_size,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// If every rank of `step` has a whole shard, write the step's manifest
+    /// and commit (unless there). Of several shards of one rank, the one
+    /// with the smallest hash counts, so every rank that finalizes picks
+    /// the same.
+    fn finalize(&self, step: u64, world_size: u32) -> Result<bool> {
+        let ids: BTreeSet<ShardId> = self
+            .shard_ids(step)?
+            .into_iter()
+            .filter(|id| id.world_size == world_size)
+            .collect();
+        let ranks: HashSet<u32> = ids.iter().map(|id| id.rank).collect();
+        if ranks.len() != usize::try_from(world_size).unwrap_or(usize::MAX) {
+            return Ok(false);
+        }
+        let chunks = self.chunk_hashes()?;
+        let mut chosen: BTreeMap<u32, ShardId> = BTreeMap::new();
+        for id in &ids {
+            if chosen.contains_key(&id.rank) {
+                continue;
+            }
+            if self.checked_shard(step, id, Some(&chunks))?.is_some() {
+                chosen.insert(id.rank, *id);
+            }
+        }
+        if chosen.len() != ranks.len() {
+            return Ok(false);
+        }
+        let global = GlobalManifest {
+            format: MANIFEST_FORMAT,
+            step,
+            world_size,
+            shards: chosen.values().map(|id| hex(&id.hash)).collect(),
+        };
+        let bytes = serde_json::to_vec(&global).map_err(|e| Error::Json {
+            path: None,
+            source: Box::new(e),
+        })?;
+        let hash = *blake3::hash(&bytes).as_bytes();
+        if !self
+            .commits()?
+            .iter()
+            .any(|c| c.step == step && c.hash == hash)
+        {
+            self.put(&self.layout.manifest(step, &hash), bytes)?;
+            self.put(
+                &self.layout.commit(step, &hash),
+                super::commit_body(step, &hash),
+            )?;
+        }
+        Ok(true)
+    }
+
+    /// Every shard object of `step`.
+    fn shard_ids(&self, step: u64) -> Result<Vec<ShardId>> {
+        let folder = self.layout.shard_folder(step);
+        let names = self.list_keys(&folder)?;
+        Ok(names.iter().filter_map(|n| ShardId::parse(n)).collect())
+    }
+
+    /// Rank `rank`'s shard of global step `step`, restored with every chunk
+    /// hash-checked: the one the step's commit names if the step is
+    /// complete, else a whole one that landed; `None` if there is none.
+    pub fn get_shard(&self, step: u64, rank: u32) -> Result<Option<GradientCheckpoint>> {
+        let complete = self.complete()?;
+        if let Some((_, StepManifest::Sharded { shards, ids })) =
+            complete.into_iter().find(|(c, _)| c.step == step)
+        {
+            return match ids.iter().position(|id| id.rank == rank) {
+                Some(i) => self.assemble(shards[i].clone(), &mut |_| {}).map(Some),
+                None => Ok(None),
+            };
+        }
+        let mut ids: Vec<ShardId> = self.shard_ids(step)?;
+        ids.sort();
+        let chunks = self.chunk_hashes()?;
+        for id in ids.iter().filter(|id| id.rank == rank) {
+            if let Some(m) = self.checked_shard(step, id, Some(&chunks))? {
+                return self.assemble(m, &mut |_| {}).map(Some);
+            }
+        }
+        Ok(None)
+    }
+
+    /// Which ranks of `step` have landed, also for a step not complete
+    /// (for debugging a job that stalled).
+    pub fn shards(&self, step: u64) -> Result<ShardStatus> {
+        let ids = self.shard_ids(step)?;
+        let chunks = self.chunk_hashes()?;
+        let world_sizes: Vec<u32> = ids
+            .iter()
+            .map(|id| id.world_size)
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let world_size = world_sizes.first().copied();
+        let mut landed = BTreeSet::new();
+        for id in ids.iter().filter(|id| Some(id.world_size) == world_size) {
+            if !landed.contains(&id.rank) && self.checked_shard(step, id, Some(&chunks))?.is_some()
+            {
+                landed.insert(id.rank);
+            }
+        }
+        let missing = (0..world_size.unwrap_or(0))
+            .filter(|r| !landed.contains(r))
+            .collect();
+        let complete = self
+            .complete()?
+            .iter()
+            .any(|(c, m)| c.step == step && matches!(m, StepManifest::Sharded { .. }));
+        Ok(ShardStatus {
+            step,
+            world_size,
+            landed: landed.into_iter().collect(),
+            missing,
+            world_sizes,
+            complete,
+        })
+    }
+
+    /// The number of ranks of each complete step (1 for a step pushed from
+    /// one store).
+    pub fn world_sizes(&self) -> Result<BTreeMap<u64, u32>> {
+        let complete = self.complete()?;
+        Ok(complete
+            .iter()
+            .map(|(c, m)| (c.step, m.world_size()))
+            .collect())
+    }
+
+    /// The global steps some of whose shards are in the bucket but that are
+    /// not complete, ascending, with which ranks landed.
+    pub fn incomplete_steps(&self) -> Result<Vec<ShardStatus>> {
+        let complete: BTreeSet<u64> = self.world_sizes()?.into_keys().collect();
+        let partial: BTreeSet<u64> = self
+            .list_shards()?
+            .into_iter()
+            .map(|(step, _, _)| step)
+            .filter(|step| !complete.contains(step))
+            .collect();
+        partial.into_iter().map(|step| self.shards(step)).collect()
+    }
+
+    /// The number of ranks of step `step`: 1 for a step pushed from one
+    /// store, N for a complete global step, what its shards say for one not
+    /// complete; `None` if the bucket has nothing of it.
+    pub fn world_size(&self, step: u64) -> Result<Option<u32>> {
+        if let Some((_, m)) = self.complete()?.into_iter().find(|(c, _)| c.step == step) {
+            return Ok(Some(m.world_size()));
+        }
+        Ok(self.shard_ids(step)?.iter().map(|id| id.world_size).min())
+    }
+}
+
+impl CheckpointStore {
+    /// Upload step `step` of this store as rank `rank`'s shard of global
+    /// step `step` of `world_size` ranks ([`Remote::commit_shard`]).
+    ///
+    /// # Errors
+    /// [`Error::StepNotFound`] if the step is not stored here; as
+    /// [`Remote::commit_shard`].
+    pub fn push_shard(
+        &self,
+        remote: &Remote,
+        step: u64,
+        rank: u32,
+        world_size: u32,
+    ) -> Result<ShardInfo> {
+        let ckpt = self.get(step)?.ok_or(Error::StepNotFound { step })?;
+        remote.commit_shard(step, rank, world_size, &ckpt)
+    }
+}
+
+/// A checkpoint held in memory, as the bucket takes it: its manifest, its
+/// chunks, and its small blobs packed into one chunk (as the store does).
+type ShardData<'a> = (
+    RemoteManifest,
+    Vec<(Hash, &'a [u8])>,
+    Option<(Hash, Vec<u8>)>,
+);
+
+fn shard_manifest(ckpt: &GradientCheckpoint) -> Result<ShardData<'_>> {
+    let mut entries: BTreeMap<&str, (&[u8], Option<&crate::Tensor>)> = BTreeMap::new();
+    for (name, data) in &ckpt.optimizer_state {
+        entries.insert(name, (data, None));
+    }
+    for (name, t) in &ckpt.tensors {
+        entries.insert(name, (&t.data, Some(t)));
+    }
+    let mut blobs = BTreeMap::new();
+    let mut pieces = Vec::new();
+    let mut packed = Vec::new();
+    for (name, (data, tensor)) in entries {
+        let mut blob = RemoteBlob {
+            len: data.len() as u64,
+            chunks: None,
+            offset: None,
+            dtype: tensor.map(|t| t.dtype.name().to_owned()),
+            shape: tensor.map(|t| t.shape.clone()),
+        };
+        if data.len() < PACK_BELOW {
+            blob.offset = Some(packed.len() as u64);
+            packed.extend_from_slice(data);
+        } else {
+            let mut hashes = Vec::new();
+            for piece in split(data) {
+                let hash = *blake3::hash(piece).as_bytes();
+                hashes.push(hex(&hash));
+                pieces.push((hash, piece));
+            }
+            blob.chunks = Some(hashes);
+        }
+        blobs.insert(name.to_owned(), blob);
+    }
+    let packed = (!packed.is_empty()).then(|| (*blake3::hash(&packed).as_bytes(), packed));
+    let graph = serde_json::to_value(&ckpt.graph).map_err(|e| Error::Json {
+        path: None,
+        source: Box::new(e),
+    })?;
+    let manifest = RemoteManifest {
+        format: MANIFEST_FORMAT,
+        step: ckpt.step,
+        timestamp: ckpt.timestamp,
+        loss_cid: ckpt.loss_cid.clone(),
+        metrics: ckpt.metrics.clone(),
+        graph: canonical(graph),
+        blobs,
+        packed: packed.as_ref().map(|(hash, bytes)| RemotePacked {
+            len: bytes.len() as u64,
+            hash: hex(hash),
+        }),
+    };
+    Ok((manifest, pieces, packed))
+}

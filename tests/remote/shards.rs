@@ -1,0 +1,372 @@
+//! Global steps of N ranks (`Remote::commit_shard`): visible only when every
+//! shard has landed, whatever was killed when.
+
+use std::process::{Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use ckptstore::{ComputationGraphStore, Error, GradientCheckpoint, Remote, Retention};
+use object_store::memory::InMemory;
+
+use super::{bytes, faults, Result};
+
+/// Rank `rank`'s shard of `step`: 512 KiB of its own, a 1 MiB tensor the
+/// same in every step (per rank), a small blob, a metric.
+fn shard(step: u64, rank: u32) -> Result<GradientCheckpoint> {
+    let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), step)
+        .with_loss_cid(format!("cid_loss_{step}"));
+    c.timestamp = 1_790_000_000 + step; // the same checkpoint whenever it is made
+    c.metrics.insert("loss".into(), 1.0 / (step as f64 + 1.0));
+    c.set_optimizer_state("params", bytes(step * 100 + u64::from(rank), 512 << 10));
+    c.set_optimizer_state("rng", bytes(step + u64::from(rank), 64));
+    c.set_tensor(
+        "frozen",
+        ckptstore::Tensor::new(
+            ckptstore::Dtype::U8,
+            vec![1 << 20],
+            bytes(u64::from(rank) + 7, 1 << 20),
+        )?,
+    );
+    Ok(c)
+}
+
+fn dir_remote(dir: &std::path::Path) -> Result<Remote> {
+    Ok(Remote::open(&format!("file://{}/bucket", dir.display()))?)
+}
+
+/// Every listed step has all `world` shards, each as committed.
+fn whole_global_steps(remote: &Remote, world: u32) -> Result<Vec<u64>> {
+    let steps = remote.steps()?;
+    for &step in &steps {
+        assert_eq!(remote.world_size(step)?, Some(world), "step {step}");
+        for rank in 0..world {
+            let got = remote
+                .get_shard(step, rank)?
+                .ok_or("a shard of a listed step is gone")?;
+            assert!(got == shard(step, rank)?, "step {step} rank {rank} differs");
+        }
+    }
+    Ok(steps)
+}
+
+#[test]
+fn a_step_is_visible_only_when_every_shard_landed() -> Result {
+    let dir = tempfile::tempdir()?;
+    let remote = dir_remote(dir.path())?;
+    for rank in 0..4 {
+        remote.commit_shard(4, rank, 4, &shard(4, rank)?)?;
+    }
+    assert_eq!(remote.latest_step()?, Some(4));
+    // Rank 3 of step 5 was killed before its shard landed.
+    for rank in 0..3 {
+        let info = remote.commit_shard(5, rank, 4, &shard(5, rank)?)?;
+        assert!(!info.complete);
+        // The frozen tensor of each rank is in the bucket since step 4.
+        assert!(info.bytes_skipped >= 1 << 20, "{info:?}");
+    }
+    assert_eq!(remote.latest_step()?, Some(4));
+    assert_eq!(remote.steps()?, vec![4]);
+    let status = remote.shards(5)?;
+    assert_eq!(
+        (
+            status.world_size,
+            status.landed.clone(),
+            status.missing.clone(),
+            status.complete
+        ),
+        (Some(4), vec![0, 1, 2], vec![3], false)
+    );
+    assert_eq!(remote.get_shard(5, 1)?, Some(shard(5, 1)?));
+    assert_eq!(remote.get_shard(5, 3)?, None);
+    // Restarted, rank 3 redoes the step: it appears.
+    let info = remote.commit_shard(5, 3, 4, &shard(5, 3)?)?;
+    assert!(info.complete);
+    assert_eq!(remote.latest_step()?, Some(5));
+    assert!(remote.shards(5)?.complete);
+    assert_eq!(whole_global_steps(&remote, 4)?, vec![4, 5]);
+    assert!(matches!(
+        remote.get(5),
+        Err(Error::ShardedStep {
+            step: 5,
+            world_size: 4
+        })
+    ));
+    // A retry of a landed shard uploads nothing and leaves one shard.
+    let again = remote.commit_shard(5, 2, 4, &shard(5, 2)?)?;
+    assert_eq!((again.bytes_uploaded, again.complete), (0, true));
+    let folder = dir.path().join(format!("bucket/shards/{:020}", 5));
+    assert_eq!(std::fs::read_dir(folder)?.count(), 4);
+    assert_eq!(
+        std::fs::read_dir(dir.path().join("bucket/commits"))?.count(),
+        2
+    );
+    assert!(remote.verify()?.is_ok());
+    assert_eq!(remote.verify()?.steps_ok, 2);
+    Ok(())
+}
+
+#[test]
+fn ranks_that_disagree_on_the_world_size_are_told() -> Result {
+    let dir = tempfile::tempdir()?;
+    let remote = dir_remote(dir.path())?;
+    remote.commit_shard(1, 0, 4, &shard(1, 0)?)?;
+    match remote.commit_shard(1, 1, 2, &shard(1, 1)?) {
+        Err(Error::WorldSizeMismatch {
+            step: 1,
+            ours: 2,
+            theirs: 4,
+            ..
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        remote.commit_shard(1, 4, 4, &shard(1, 0)?).is_err(),
+        "rank 4 of 4"
+    );
+    assert!(
+        remote.commit_shard(2, 0, 4, &shard(1, 0)?).is_err(),
+        "a step-1 checkpoint"
+    );
+    assert_eq!(remote.steps()?, Vec::<u64>::new());
+    Ok(())
+}
+
+/// All ranks landing at once: one commit, one consistent step.
+#[test]
+fn ranks_finishing_together_write_one_commit() -> Result {
+    let dir = tempfile::tempdir()?;
+    let url = format!("file://{}/bucket", dir.path().display());
+    let barrier = Arc::new(Barrier::new(4));
+    let threads: Vec<_> = (0..4u32)
+        .map(|rank| {
+            let (url, barrier) = (url.clone(), barrier.clone());
+            std::thread::spawn(move || -> std::result::Result<bool, String> {
+                let remote = Remote::open(&url).map_err(|e| e.to_string())?;
+                let ckpt = shard(9, rank).map_err(|e| e.to_string())?;
+                barrier.wait();
+                let info = remote
+                    .commit_shard(9, rank, 4, &ckpt)
+                    .map_err(|e| e.to_string())?;
+                Ok(info.complete)
+            })
+        })
+        .collect();
+    let mut completes = 0;
+    for t in threads {
+        completes += usize::from(t.join().map_err(|_| "rank panicked")??);
+    }
+    assert!(completes >= 1);
+    let remote = Remote::open(&url)?;
+    assert_eq!(whole_global_steps(&remote, 4)?, vec![9]);
+    assert_eq!(
+        std::fs::read_dir(dir.path().join("bucket/commits"))?.count(),
+        1
+    );
+    Ok(())
+}
+
+/// Every call of a 4-rank step failing in turn: each rank that errs
+/// retries; the step never shows partial, and ends complete.
+#[test]
+fn a_four_rank_step_failing_at_any_call() -> Result {
+    let counting = Arc::new(faults::Failing::new(Arc::new(InMemory::new()), 0));
+    let remote = Remote::with_store(counting.clone(), "g", "mem://count")?;
+    for rank in 0..4 {
+        remote.commit_shard(1, rank, 4, &shard(1, rank)?)?;
+    }
+    let calls = counting.calls.load(Ordering::SeqCst);
+    for k in 1..=calls {
+        let memory = Arc::new(InMemory::new());
+        let failing = Arc::new(faults::Failing::new(memory.clone(), k));
+        let remote = Remote::with_store(failing.clone(), "g", "mem://failing")?;
+        let mut failed = Vec::new();
+        for rank in 0..4 {
+            if remote.commit_shard(1, rank, 4, &shard(1, rank)?).is_err() {
+                failed.push(rank);
+            }
+            // A reader meanwhile: an error (the fault), or whole steps.
+            let _ = whole_global_steps(&remote, 4);
+        }
+        failing.fail_at.store(0, Ordering::SeqCst);
+        let steps = whole_global_steps(&remote, 4)?;
+        // Only a failed lock deletion leaves a rank's work whole.
+        assert!(
+            steps.is_empty() || failed.len() <= 1,
+            "k={k}: {steps:?} {failed:?}"
+        );
+        for rank in failed {
+            remote.commit_shard(1, rank, 4, &shard(1, rank)?)?;
+        }
+        assert_eq!(whole_global_steps(&remote, 4)?, vec![1], "k={k}");
+    }
+    Ok(())
+}
+
+#[test]
+fn retention_counts_complete_steps_and_collects_stale_shards() -> Result {
+    let dir = tempfile::tempdir()?;
+    let remote = dir_remote(dir.path())?.with_grace_period(Duration::ZERO);
+    for step in 1..=3 {
+        for rank in 0..2 {
+            remote.commit_shard(step, rank, 2, &shard(step, rank)?)?;
+        }
+    }
+    // Step 4 never completes: rank 1 died for good.
+    remote.commit_shard(4, 0, 2, &shard(4, 0)?)?;
+    assert_eq!(
+        remote.apply_retention(&Retention::new().keep_last(2))?,
+        vec![1]
+    );
+    assert_eq!(whole_global_steps(&remote, 2)?, vec![2, 3]);
+    // Step 1's shards and step 4's stale one are gone.
+    let shards = |step: u64| {
+        std::fs::read_dir(dir.path().join(format!("bucket/shards/{step:020}")))
+            .map_or(0, Iterator::count)
+    };
+    assert_eq!((shards(1), shards(2), shards(4)), (0, 2, 0));
+    assert_eq!(remote.shards(4)?.landed, Vec::<u32>::new());
+    assert!(remote.verify()?.is_ok());
+    Ok(())
+}
+
+/// The child process of the kill loop: rank `CKPT_RANK` of `CKPT_WORLD`
+/// commits its shard of steps `1..=CKPT_STEPS` into `CKPT_URL`.
+#[test]
+#[ignore = "a child process of four_ranks_killed_at_random"]
+fn rank_child() -> Result {
+    let var = |name: &str| std::env::var(name).map_err(|_| format!("{name} is not set"));
+    let rank: u32 = var("CKPT_RANK")?.parse()?;
+    let world: u32 = var("CKPT_WORLD")?.parse()?;
+    let steps: u64 = var("CKPT_STEPS")?.parse()?;
+    let remote = Remote::open(&var("CKPT_URL")?)?;
+    for step in 1..=steps {
+        remote.commit_shard(step, rank, world, &shard(step, rank)?)?;
+    }
+    Ok(())
+}
+
+/// A process running `rank_child` as rank `rank` of 4, steps 1..=20.
+fn rank_process(url: &str, rank: u32) -> Result<std::process::Child> {
+    Ok(Command::new(std::env::current_exe()?)
+        .args(["shards::rank_child", "--exact", "--ignored", "--quiet"])
+        .env("CKPT_RANK", rank.to_string())
+        .env("CKPT_WORLD", "4")
+        .env("CKPT_STEPS", "20")
+        .env("CKPT_URL", url)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?)
+}
+
+/// Four ranks commit steps 1..=20 again and again while ranks are killed
+/// (SIGKILL) at random moments: after each round, every listed step has
+/// its four shards as committed, and the latest step is whole. A last
+/// round without kills completes every step.
+#[test]
+fn four_ranks_killed_at_random() -> Result {
+    let dir = tempfile::tempdir()?;
+    let url = if let Ok(bucket) = std::env::var("CKPT_TEST_BUCKET") {
+        format!("s3://{bucket}/{}", super::garage::fresh_prefix())
+    } else {
+        eprintln!("four_ranks_killed_at_random: no S3 server, using a directory");
+        format!("file://{}/bucket", dir.path().display())
+    };
+    let _server = super::garage::SERVER
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let spawn = |rank: u32| rank_process(&url, rank);
+    // How long an uninterrupted round takes here.
+    let started = Instant::now();
+    let mut ranks: Vec<_> = (0..4).map(spawn).collect::<Result<_>>()?;
+    for r in &mut ranks {
+        assert!(r.wait()?.success());
+    }
+    let round = started.elapsed();
+    let remote = Remote::open(&url)?;
+    assert_eq!(
+        whole_global_steps(&remote, 4)?,
+        (1..=20).collect::<Vec<_>>()
+    );
+
+    // Then the kills, into a fresh prefix of the same bucket.
+    let url = format!("{url}-kills");
+    let spawn_into = |rank: u32| rank_process(&url, rank);
+    let remote = Remote::open(&url)?;
+    let rounds = if std::env::var_os("CKPT_LONG").is_some() {
+        30
+    } else {
+        5
+    };
+    let mut rng = super::Rng(0x00C0_FFEE);
+    let (mut kills, mut seen_partial) = (0, 0);
+    for _ in 0..rounds {
+        let mut ranks: Vec<_> = (0..4).map(spawn_into).collect::<Result<_>>()?;
+        let at = round.mul_f64((rng.next() % 1000) as f64 / 1000.0);
+        std::thread::sleep(at);
+        for r in &mut ranks {
+            if rng.next() % 2 == 0 && r.try_wait()?.is_none() {
+                r.kill()?;
+                kills += 1;
+            }
+        }
+        for r in &mut ranks {
+            r.wait()?;
+        }
+        let steps = whole_global_steps(&remote, 4)?;
+        if steps.len() < 20 {
+            seen_partial += 1;
+        }
+        if let Some(latest) = remote.latest_step()? {
+            assert_eq!(steps.last(), Some(&latest));
+        }
+    }
+    let mut ranks: Vec<_> = (0..4).map(spawn_into).collect::<Result<_>>()?;
+    for r in &mut ranks {
+        assert!(r.wait()?.success());
+    }
+    assert_eq!(
+        whole_global_steps(&remote, 4)?,
+        (1..=20).collect::<Vec<_>>()
+    );
+    assert!(kills > 0, "no rank was killed");
+    eprintln!(
+        "{kills} ranks killed over {rounds} rounds ({seen_partial} ended with steps missing); \
+         an uninterrupted round took {round:?}"
+    );
+    Ok(())
+}
+
+#[test]
+fn ckpt_ls_shows_ranks_and_with_all_the_steps_not_complete() -> Result {
+    let dir = tempfile::tempdir()?;
+    let remote = dir_remote(dir.path())?;
+    for rank in 0..2 {
+        remote.commit_shard(1, rank, 2, &shard(1, rank)?)?;
+    }
+    remote.commit_shard(2, 1, 2, &shard(2, 1)?)?;
+    let url = remote.url().to_owned();
+    let (code, out, err) = super::cli::ckpt(&["ls", &url])?;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("ranks") && out.contains("1 steps"), "{out}");
+    let row = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("1 "))
+        .ok_or("row")?;
+    assert_eq!(row.split_whitespace().nth(1), Some("2"), "{out}");
+    let (code, out, _) = super::cli::ckpt(&["ls", &url, "--all"])?;
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("2  incomplete: 1 of 2 ranks landed (1), missing 0"),
+        "{out}"
+    );
+    let (code, out, _) = super::cli::ckpt(&["ls", &url, "--all", "--json"])?;
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out)?;
+    assert_eq!(v["steps"][0]["world_size"], 2);
+    assert_eq!(v["incomplete"][0]["missing"], serde_json::json!([0]));
+    let (code, _, err) = super::cli::ckpt(&["show", &url, "1"])?;
+    assert_eq!(code, 1);
+    assert!(err.contains("get_shard"), "{err}");
+    Ok(())
+}
