@@ -370,3 +370,22 @@ fn ckpt_ls_shows_ranks_and_with_all_the_steps_not_complete() -> Result {
     assert!(err.contains("get_shard"), "{err}");
     Ok(())
 }
+
+/// Each rank commits to its own local store first, then pushes its shard.
+#[test]
+fn local_stores_take_part_with_push_shard() -> Result {
+    let dir = tempfile::tempdir()?;
+    let remote = dir_remote(dir.path())?;
+    for rank in 0..3 {
+        let store = ckptstore::CheckpointStore::open(dir.path().join(format!("rank{rank}.ckpt")))?;
+        store.commit(&shard(6, rank)?)?;
+        let info = store.push_shard(&remote, 6, rank, 3)?;
+        assert_eq!(info.complete, rank == 2);
+        assert!(matches!(
+            store.push_shard(&remote, 7, rank, 3),
+            Err(Error::StepNotFound { step: 7 })
+        ));
+    }
+    assert_eq!(whole_global_steps(&remote, 3)?, vec![6]);
+    Ok(())
+}
