@@ -15,23 +15,12 @@ use ckptstore::{
     CheckpointStore, ComputationGraphStore, Dtype, GradientCheckpoint, Remote, Tensor,
 };
 
-type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
+mod common;
+
+use common::{noise, Result};
 
 /// Tensors the step is made of.
 const TENSORS: usize = 10;
-
-fn noise(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
 
 fn step(n: u64, tensors: &[Vec<u8>]) -> Result<GradientCheckpoint> {
     let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), n);

@@ -163,6 +163,30 @@ pub(crate) struct RemoteManifest {
     pub(crate) packed: Option<RemotePacked>,
 }
 
+impl RemoteManifest {
+    /// The manifest of `ckpt` (its graph, metadata and `blobs`).
+    pub(crate) fn of(
+        ckpt: &crate::GradientCheckpoint,
+        blobs: BTreeMap<String, RemoteBlob>,
+        packed: Option<RemotePacked>,
+    ) -> crate::Result<RemoteManifest> {
+        let graph = serde_json::to_value(&ckpt.graph).map_err(|e| crate::Error::Json {
+            path: None,
+            source: Box::new(e),
+        })?;
+        Ok(RemoteManifest {
+            format: MANIFEST_FORMAT,
+            step: ckpt.step,
+            timestamp: ckpt.timestamp,
+            loss_cid: ckpt.loss_cid.clone(),
+            metrics: ckpt.metrics.clone(),
+            graph: canonical(graph),
+            blobs,
+            packed,
+        })
+    }
+}
+
 /// Where one blob or tensor lies.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub(crate) struct RemoteBlob {

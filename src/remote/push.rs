@@ -14,7 +14,7 @@ use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use object_store::{ObjectStoreExt, PutPayload};
 
-use super::layout::{canonical, RemoteBlob, RemoteManifest, RemotePacked, MANIFEST_FORMAT};
+use super::layout::{RemoteBlob, RemoteManifest, RemotePacked};
 use super::locks::Lock;
 use super::{remote_error, Remote};
 use crate::engine::{ChunkPlace, StepData};
@@ -208,20 +208,7 @@ fn remote_manifest(
         len: p.len,
         hash: hex(&p.hash),
     });
-    let graph = serde_json::to_value(&ckpt.graph).map_err(|e| Error::Json {
-        path: None,
-        source: Box::new(e),
-    })?;
-    Ok(RemoteManifest {
-        format: MANIFEST_FORMAT,
-        step: ckpt.step,
-        timestamp: ckpt.timestamp,
-        loss_cid: ckpt.loss_cid.clone(),
-        metrics: ckpt.metrics.clone(),
-        graph: canonical(graph),
-        blobs,
-        packed,
-    })
+    RemoteManifest::of(ckpt, blobs, packed)
 }
 
 impl Remote {

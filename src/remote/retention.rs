@@ -151,31 +151,43 @@ impl Remote {
             self.delete(&self.layout.shard(step, &id))?;
             report.manifests_deleted += 1;
         }
-        for (key, modified, _) in self.list_meta(MANIFESTS)? {
-            let stem = key.strip_suffix(".json").unwrap_or(&key);
-            if parse_commit(stem).is_some_and(|id| named.contains(&id)) {
-                continue;
-            }
-            if modified >= cutoff {
-                report.young_kept += 1;
-                continue;
-            }
-            self.delete(&self.layout.folder(MANIFESTS).join(key.as_str()))?;
-            report.manifests_deleted += 1;
-        }
-        for (key, modified, size) in self.list_meta(CHUNKS)? {
-            if parse_chunk(&key).is_some_and(|h| needed.contains(&h)) {
-                continue;
-            }
-            if modified >= cutoff {
-                report.young_kept += 1;
-                continue;
-            }
-            self.delete(&self.layout.folder(CHUNKS).join(key.as_str()))?;
-            report.chunks_deleted += 1;
-            report.bytes_deleted += size;
-        }
+        let (manifests, _) = self.sweep(MANIFESTS, cutoff, &mut report, |key| {
+            let stem = key.strip_suffix(".json").unwrap_or(key);
+            parse_commit(stem).is_some_and(|id| named.contains(&id))
+        })?;
+        report.manifests_deleted += manifests;
+        let (chunks, bytes) = self.sweep(CHUNKS, cutoff, &mut report, |key| {
+            parse_chunk(key).is_some_and(|h| needed.contains(&h))
+        })?;
+        report.chunks_deleted = chunks;
+        report.bytes_deleted = bytes;
         Ok(report)
+    }
+
+    /// Delete each object of `folder` that `keep` does not keep, unless it
+    /// was modified at or after `cutoff` (counted as young); returns the
+    /// objects and bytes deleted.
+    fn sweep(
+        &self,
+        folder: &str,
+        cutoff: i64,
+        report: &mut GcReport,
+        keep: impl Fn(&str) -> bool,
+    ) -> Result<(u64, u64)> {
+        let (mut objects, mut bytes) = (0, 0);
+        for (key, modified, size) in self.list_meta(folder)? {
+            if keep(&key) {
+                continue;
+            }
+            if modified >= cutoff {
+                report.young_kept += 1;
+                continue;
+            }
+            self.delete(&self.layout.folder(folder).join(key.as_str()))?;
+            objects += 1;
+            bytes += size;
+        }
+        Ok((objects, bytes))
     }
 
     /// Objects modified at or after this time (server clock, ms since the

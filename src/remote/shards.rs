@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::layout::{
-    canonical, GlobalManifest, RemoteBlob, RemoteManifest, RemotePacked, ShardId, MANIFEST_FORMAT,
+    GlobalManifest, RemoteBlob, RemoteManifest, RemotePacked, ShardId, MANIFEST_FORMAT,
 };
 use super::step::StepManifest;
 use super::Remote;
@@ -402,22 +402,10 @@ fn shard_manifest(ckpt: &GradientCheckpoint) -> Result<ShardData<'_>> {
         blobs.insert(name.to_owned(), blob);
     }
     let packed = (!packed.is_empty()).then(|| (*blake3::hash(&packed).as_bytes(), packed));
-    let graph = serde_json::to_value(&ckpt.graph).map_err(|e| Error::Json {
-        path: None,
-        source: Box::new(e),
-    })?;
-    let manifest = RemoteManifest {
-        format: MANIFEST_FORMAT,
-        step: ckpt.step,
-        timestamp: ckpt.timestamp,
-        loss_cid: ckpt.loss_cid.clone(),
-        metrics: ckpt.metrics.clone(),
-        graph: canonical(graph),
-        blobs,
-        packed: packed.as_ref().map(|(hash, bytes)| RemotePacked {
-            len: bytes.len() as u64,
-            hash: hex(hash),
-        }),
-    };
+    let packed_ref = packed.as_ref().map(|(hash, bytes)| RemotePacked {
+        len: bytes.len() as u64,
+        hash: hex(hash),
+    });
+    let manifest = RemoteManifest::of(ckpt, blobs, packed_ref)?;
     Ok((manifest, pieces, packed))
 }

@@ -4,16 +4,7 @@ use ckptstore::CheckpointStore;
 
 use super::{store_with, Result};
 
-pub(crate) fn ckpt(args: &[&str]) -> std::io::Result<(i32, String, String)> {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ckpt"))
-        .args(args)
-        .output()?;
-    Ok((
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    ))
-}
+pub(crate) use crate::common::ckpt;
 
 #[test]
 fn push_ls_show_verify_gc_and_pull_from_the_shell() -> Result {

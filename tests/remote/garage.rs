@@ -50,11 +50,7 @@ fn big(step: u64) -> Result<GradientCheckpoint> {
 }
 
 fn big_store(dir: &std::path::Path, steps: std::ops::Range<u64>) -> Result<CheckpointStore> {
-    let store = CheckpointStore::open(dir.join("run.ckpt"))?;
-    for step in steps {
-        store.commit(&big(step)?)?;
-    }
-    Ok(store)
+    super::store_of(dir, steps, big)
 }
 
 /// Every step the bucket lists restores equal to the store's.

@@ -2,6 +2,11 @@
 //! directory, an in-memory store failing each call in turn, and (when
 //! `scripts/garage.sh start` has run: `.ci/run` does) a real Garage server.
 
+#![allow(clippy::cast_possible_truncation)] // test sizes and indices are small; 64-bit only
+
+#[path = "../common/mod.rs"]
+mod common;
+
 mod cli;
 mod faults;
 mod garage;
@@ -68,9 +73,18 @@ fn checkpoint(step: u64) -> Result<GradientCheckpoint> {
 }
 
 fn store_with(dir: &std::path::Path, steps: std::ops::Range<u64>) -> Result<CheckpointStore> {
+    store_of(dir, steps, checkpoint)
+}
+
+/// A store at `dir/run.ckpt` holding `make(step)` for each of `steps`.
+fn store_of(
+    dir: &std::path::Path,
+    steps: std::ops::Range<u64>,
+    make: fn(u64) -> Result<GradientCheckpoint>,
+) -> Result<CheckpointStore> {
     let store = CheckpointStore::open(dir.join("run.ckpt"))?;
     for step in steps {
-        store.commit(&checkpoint(step)?)?;
+        store.commit(&make(step)?)?;
     }
     Ok(store)
 }

@@ -107,7 +107,9 @@ fn uploads_resume_after_a_restart() -> Result {
 fn replicating_child() -> Result {
     let path = std::env::var("CKPT_STORE")?;
     let url = std::env::var("CKPT_URL")?;
-    let store = StoreOptions::new().replicate_to(Remote::open(&url)?).open(path)?;
+    let store = StoreOptions::new()
+        .replicate_to(Remote::open(&url)?)
+        .open(path)?;
     for step in 0..3 {
         store.commit(&checkpoint(step)?)?;
     }
@@ -120,7 +122,12 @@ fn a_killed_writer_s_steps_are_uploaded_at_the_next_open() -> Result {
     let path = dir.path().join("run.ckpt");
     let url = format!("file://{}/bucket", dir.path().display());
     let status = std::process::Command::new(std::env::current_exe()?)
-        .args(["replicate::replicating_child", "--exact", "--ignored", "--quiet"])
+        .args([
+            "replicate::replicating_child",
+            "--exact",
+            "--ignored",
+            "--quiet",
+        ])
         .env("CKPT_STORE", &path)
         .env("CKPT_URL", &url)
         .stdout(std::process::Stdio::null())
@@ -131,7 +138,11 @@ fn a_killed_writer_s_steps_are_uploaded_at_the_next_open() -> Result {
     let store = StoreOptions::new()
         .replicate_to(Remote::open(&url)?)
         .open(&path)?;
-    assert_eq!(store.steps()?, vec![0, 1, 2], "every commit returned before the abort");
+    assert_eq!(
+        store.steps()?,
+        vec![0, 1, 2],
+        "every commit returned before the abort"
+    );
     store.flush()?;
     assert_eq!(Remote::open(&url)?.steps()?, vec![0, 1, 2]);
     eprintln!("in the bucket when the writer died: {before:?}");
