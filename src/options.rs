@@ -160,9 +160,9 @@ impl StoreOptions {
     /// ([`push`](crate::CheckpointStore::push)); a failed upload is
     /// retried with backoff (1 s doubling to 60 s) and reported by
     /// [`flush`](crate::CheckpointStore::flush) (which waits for uploads)
-    /// and [`replication_status`](crate::CheckpointStore::replication_status). Opening the store starts
-    /// with a push, so uploads cut short by a crash or a restart resume.
-    /// Only for stores opened for writing.
+    /// and [`replication_status`](crate::CheckpointStore::replication_status).
+    /// Opening the store starts with a push, so uploads cut short by a
+    /// crash or a restart resume. Only for stores opened for writing.
     ///
     /// ```
     /// use ckptstore::{ComputationGraphStore, GradientCheckpoint, Remote, StoreOptions};
