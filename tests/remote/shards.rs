@@ -132,15 +132,34 @@ fn ranks_that_disagree_on_the_world_size_are_told() -> Result {
     Ok(())
 }
 
-/// All ranks landing at once: one commit, one consistent step.
+/// All ranks landing at once: one commit, one consistent step; in a
+/// directory and, when it runs, on the Garage server.
 #[test]
 fn ranks_finishing_together_write_one_commit() -> Result {
     let dir = tempfile::tempdir()?;
     let url = format!("file://{}/bucket", dir.path().display());
+    finish_together(&url)?;
+    assert_eq!(
+        std::fs::read_dir(dir.path().join("bucket/commits"))?.count(),
+        1
+    );
+    if let Ok(bucket) = std::env::var("CKPT_TEST_BUCKET") {
+        let _server = super::garage::SERVER
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for _ in 0..3 {
+            finish_together(&format!("s3://{bucket}/{}", super::garage::fresh_prefix()))?;
+        }
+    }
+    Ok(())
+}
+
+/// Four ranks commit their shards of step 9 at the same moment.
+fn finish_together(url: &str) -> Result {
     let barrier = Arc::new(Barrier::new(4));
     let threads: Vec<_> = (0..4u32)
         .map(|rank| {
-            let (url, barrier) = (url.clone(), barrier.clone());
+            let (url, barrier) = (url.to_owned(), barrier.clone());
             std::thread::spawn(move || -> std::result::Result<bool, String> {
                 let remote = Remote::open(&url).map_err(|e| e.to_string())?;
                 let ckpt = shard(9, rank).map_err(|e| e.to_string())?;
@@ -157,12 +176,8 @@ fn ranks_finishing_together_write_one_commit() -> Result {
         completes += usize::from(t.join().map_err(|_| "rank panicked")??);
     }
     assert!(completes >= 1);
-    let remote = Remote::open(&url)?;
+    let remote = Remote::open(url)?;
     assert_eq!(whole_global_steps(&remote, 4)?, vec![9]);
-    assert_eq!(
-        std::fs::read_dir(dir.path().join("bucket/commits"))?.count(),
-        1
-    );
     Ok(())
 }
 
