@@ -2,10 +2,11 @@
 //! layer (`pysrc/ckptstore/`) names each array's dtype and shape; this
 //! module holds the store, borrows the arrays' memory for a save, hands
 //! numpy the bytes a load read, and releases the GIL while it hashes and
-//! does I/O.
+//! does I/O. `RawRemote` is a bucket (object storage, global steps).
 
 mod arrays;
 mod handle;
+mod remote;
 mod store;
 
 use ckptstore::{CommitInfo, Error};
@@ -53,7 +54,10 @@ pub(crate) fn py_err(e: Error) -> PyErr {
         Error::Corrupt { .. } | Error::Poisoned { .. } => CorruptError::new_err(msg),
         Error::InvalidTensor { .. }
         | Error::InvalidCheckpoint { .. }
-        | Error::InvalidOptions(_) => PyValueError::new_err(msg),
+        | Error::InvalidOptions(_)
+        | Error::InvalidUrl { .. }
+        | Error::ShardedStep { .. }
+        | Error::WorldSizeMismatch { .. } => PyValueError::new_err(msg),
         e if e.is_io() => PyOSError::new_err(msg),
         _ => CkptError::new_err(msg),
     }
@@ -75,6 +79,7 @@ pub(crate) fn info_dict<'py>(py: Python<'py>, info: &CommitInfo) -> PyResult<Bou
 #[pymodule]
 fn _ckptstore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::RawStore>()?;
+    m.add_class::<remote::RawRemote>()?;
     m.add_class::<handle::Handle>()?;
     m.add_class::<arrays::Buffer>()?;
     m.add("Error", m.py().get_type::<CkptError>())?;

@@ -3,8 +3,8 @@
 use std::collections::BTreeMap;
 
 use ckptstore::{
-    CheckpointStore, ComputationGraphStore, Dtype, GradientCheckpoint, Retention, StoreOptions,
-    Tensor, TensorRef,
+    CheckpointStore, ComputationGraphStore, Dtype, GradientCheckpoint, Remote, Retention,
+    StoreOptions, Tensor, TensorRef,
 };
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -16,7 +16,7 @@ use crate::{info_dict, py_err, CkptError};
 
 /// A tensor from Python: name, store dtype name, shape, and an array whose
 /// memory holds the elements.
-type PyTensor<'py> = (String, String, Vec<u64>, Bound<'py, PyAny>);
+pub(crate) type PyTensor<'py> = (String, String, Vec<u64>, Bound<'py, PyAny>);
 
 fn dtype(name: &str, dtype: &str) -> PyResult<Dtype> {
     Dtype::from_name(dtype)
@@ -51,6 +51,71 @@ fn checkpoint(
     ckpt
 }
 
+/// A checkpoint of `step` holding copies of the arrays.
+pub(crate) fn owned(
+    step: u64,
+    tensors: &[PyTensor<'_>],
+    blobs: Vec<(String, Vec<u8>)>,
+    metrics: BTreeMap<String, f64>,
+) -> PyResult<GradientCheckpoint> {
+    let mut ckpt = checkpoint(step, blobs, metrics);
+    for (name, t) in borrowed(tensors)? {
+        let tensor =
+            Tensor::new(t.dtype(), t.shape().to_vec(), t.data().to_vec()).map_err(py_err)?;
+        ckpt.set_tensor(name, tensor);
+    }
+    Ok(ckpt)
+}
+
+/// A checkpoint as a dict (step, timestamp, loss_cid, metrics, tensors:
+/// name -> (dtype, shape, Buffer), blobs: name -> Buffer); arrays view the
+/// bytes read, without a copy.
+pub(crate) fn ckpt_dict(py: Python<'_>, ckpt: GradientCheckpoint) -> PyResult<Bound<'_, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("step", ckpt.step)?;
+    d.set_item("timestamp", ckpt.timestamp)?;
+    d.set_item("loss_cid", ckpt.loss_cid)?;
+    d.set_item("metrics", ckpt.metrics)?;
+    let tensors = PyDict::new(py);
+    for (name, t) in ckpt.tensors {
+        let data = Bound::new(py, Buffer::new(t.data))?;
+        tensors.set_item(name, (t.dtype.name(), t.shape, data))?;
+    }
+    d.set_item("tensors", tensors)?;
+    let blobs = PyDict::new(py);
+    for (name, b) in ckpt.optimizer_state {
+        blobs.set_item(name, Bound::new(py, Buffer::new(b))?)?;
+    }
+    d.set_item("blobs", blobs)?;
+    Ok(d)
+}
+
+/// A retention policy from `gc`'s arguments.
+pub(crate) fn policy(keep_last: Option<usize>, keep_every: Option<u64>) -> PyResult<Retention> {
+    let mut policy = Retention::new();
+    if let Some(n) = keep_last {
+        policy = policy.keep_last(n);
+    }
+    if let Some(n) = keep_every {
+        policy = policy.keep_every(n);
+    }
+    if policy.is_empty() {
+        return Err(PyValueError::new_err("gc needs keep_last or keep_every"));
+    }
+    Ok(policy)
+}
+
+/// (ok, steps_ok, bytes_checked, damaged steps)
+pub(crate) fn report_tuple(report: &ckptstore::VerifyReport) -> (bool, u64, u64, Vec<u64>) {
+    let damaged = report.damaged.iter().map(|(s, _)| *s).collect();
+    (
+        report.is_ok(),
+        report.steps_ok,
+        report.bytes_checked,
+        damaged,
+    )
+}
+
 /// An open store.
 #[pyclass(module = "ckptstore._ckptstore", name = "RawStore")]
 pub(crate) struct RawStore {
@@ -58,7 +123,7 @@ pub(crate) struct RawStore {
 }
 
 impl RawStore {
-    fn get(&self) -> PyResult<&CheckpointStore> {
+    pub(crate) fn get(&self) -> PyResult<&CheckpointStore> {
         self.store
             .as_ref()
             .ok_or_else(|| CkptError::new_err("the store is closed"))
@@ -68,16 +133,20 @@ impl RawStore {
 #[pymethods]
 impl RawStore {
     #[new]
-    #[pyo3(signature = (path, read_only=false, cache_size=None))]
+    #[pyo3(signature = (path, read_only=false, cache_size=None, replicate_to=None))]
     fn new(
         py: Python<'_>,
         path: std::path::PathBuf,
         read_only: bool,
         cache_size: Option<usize>,
+        replicate_to: Option<String>,
     ) -> PyResult<Self> {
         let mut options = StoreOptions::new();
         if let Some(bytes) = cache_size {
             options = options.cache_size(bytes);
+        }
+        if let Some(url) = replicate_to {
+            options = options.replicate_to(Remote::open(&url).map_err(py_err)?);
         }
         let store = py
             .detach(|| {
@@ -117,12 +186,7 @@ impl RawStore {
         blobs: Vec<(String, Vec<u8>)>,
         metrics: BTreeMap<String, f64>,
     ) -> PyResult<Handle> {
-        let mut ckpt = checkpoint(step, blobs, metrics);
-        for (name, t) in borrowed(&tensors)? {
-            let tensor =
-                Tensor::new(t.dtype(), t.shape().to_vec(), t.data().to_vec()).map_err(py_err)?;
-            ckpt.set_tensor(name, tensor);
-        }
+        let ckpt = owned(step, &tensors, blobs, metrics)?;
         let handle = self.get()?.commit_async(ckpt).map_err(py_err)?;
         Ok(Handle::new(handle))
     }
@@ -149,26 +213,7 @@ impl RawStore {
                 None => store.latest(),
             })
             .map_err(py_err)?;
-        let Some(ckpt) = ckpt else {
-            return Ok(None);
-        };
-        let d = PyDict::new(py);
-        d.set_item("step", ckpt.step)?;
-        d.set_item("timestamp", ckpt.timestamp)?;
-        d.set_item("loss_cid", ckpt.loss_cid)?;
-        d.set_item("metrics", ckpt.metrics)?;
-        let tensors = PyDict::new(py);
-        for (name, t) in ckpt.tensors {
-            let data = Bound::new(py, Buffer::new(t.data))?;
-            tensors.set_item(name, (t.dtype.name(), t.shape, data))?;
-        }
-        d.set_item("tensors", tensors)?;
-        let blobs = PyDict::new(py);
-        for (name, b) in ckpt.optimizer_state {
-            blobs.set_item(name, Bound::new(py, Buffer::new(b))?)?;
-        }
-        d.set_item("blobs", blobs)?;
-        Ok(Some(d))
+        ckpt.map(|c| ckpt_dict(py, c)).transpose()
     }
 
     fn steps(&self, py: Python<'_>) -> PyResult<Vec<u64>> {
@@ -200,16 +245,7 @@ impl RawStore {
         keep_last: Option<usize>,
         keep_every: Option<u64>,
     ) -> PyResult<Vec<u64>> {
-        let mut policy = Retention::new();
-        if let Some(n) = keep_last {
-            policy = policy.keep_last(n);
-        }
-        if let Some(n) = keep_every {
-            policy = policy.keep_every(n);
-        }
-        if policy.is_empty() {
-            return Err(PyValueError::new_err("gc needs keep_last or keep_every"));
-        }
+        let policy = policy(keep_last, keep_every)?;
         let store = self.get()?;
         py.detach(|| store.apply_retention(&policy)).map_err(py_err)
     }
@@ -218,13 +254,37 @@ impl RawStore {
     fn verify(&self, py: Python<'_>) -> PyResult<(bool, u64, u64, Vec<u64>)> {
         let store = self.get()?;
         let report = py.detach(|| store.verify()).map_err(py_err)?;
-        let damaged = report.damaged.iter().map(|(s, _)| *s).collect();
-        Ok((
-            report.is_ok(),
-            report.steps_ok,
-            report.bytes_checked,
-            damaged,
-        ))
+        Ok(report_tuple(&report))
+    }
+
+    /// Upload every step the bucket at `url` lacks.
+    fn push<'py>(&self, py: Python<'py>, url: &str) -> PyResult<Bound<'py, PyDict>> {
+        let store = self.get()?;
+        let remote = Remote::open(url).map_err(py_err)?;
+        let r = py.detach(|| store.push(&remote)).map_err(py_err)?;
+        let d = PyDict::new(py);
+        d.set_item("steps_pushed", r.steps_pushed)?;
+        d.set_item("steps_present", r.steps_present)?;
+        d.set_item("bytes_uploaded", r.bytes_uploaded)?;
+        d.set_item("bytes_skipped", r.bytes_skipped)?;
+        Ok(d)
+    }
+
+    /// Where background replication stands, or None.
+    fn replication_status<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let store = self.get()?;
+        let Some(s) = py.detach(|| store.replication_status()).map_err(py_err)? else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        d.set_item("url", s.url)?;
+        d.set_item("pending", s.pending)?;
+        d.set_item("running", s.running)?;
+        d.set_item("steps_uploaded", s.steps_uploaded)?;
+        d.set_item("bytes_uploaded", s.bytes_uploaded)?;
+        d.set_item("consecutive_failures", s.consecutive_failures)?;
+        d.set_item("last_error", s.last_error)?;
+        Ok(Some(d))
     }
 
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {

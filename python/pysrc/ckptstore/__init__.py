@@ -16,6 +16,14 @@ change afterwards). `load` returns arrays that view the bytes the store
 read, with no further copy; they are writable and own those bytes.
 Untyped blobs (bytes) are copied once either way.
 
+Object storage: `ckptstore.open(path, replicate_to="s3://bucket/run")`
+uploads every commit in the background (`flush()` waits for it);
+`store.push(url)` uploads once; `ckptstore.Remote(url)` lists, loads and
+pulls steps from the bucket alone. Multi-rank jobs: each rank saves its
+shard with `Remote(url).shard(rank, world_size).save(step, state)` (or
+`ckptstore.torch.save(remote.shard(rank, world_size), step, model=...)`);
+a step is listed only once every rank's shard has landed.
+
 PyTorch: `ckptstore.torch`.
 """
 
@@ -28,6 +36,7 @@ from ._ckptstore import (  # noqa: F401  (re-exported)
     CorruptError,
     Error,
     LockedError,
+    RawRemote,
     RawStore,
     StepExistsError,
 )
@@ -35,6 +44,9 @@ from ._ckptstore import (  # noqa: F401  (re-exported)
 __all__ = [
     "open",
     "Store",
+    "Remote",
+    "Shard",
+    "ShardInfo",
     "Checkpoint",
     "CommitInfo",
     "Error",
@@ -142,6 +154,28 @@ def _array(dtype, shape, buffer):
     return data.view(np_dtype.newbyteorder("<")).reshape(tuple(shape))
 
 
+@dataclass
+class ShardInfo:
+    """What a shard's save did: `complete` once every rank's shard is in."""
+
+    step: int
+    rank: int
+    world_size: int
+    bytes_uploaded: int
+    bytes_skipped: int
+    complete: bool
+
+
+def _checkpoint(d):
+    """A Checkpoint from a loaded step's dict, or None."""
+    if d is None:
+        return None
+    tensors = {name: _array(dt, shape, data) for name, (dt, shape, data) in d["tensors"].items()}
+    for name, data in d["blobs"].items():
+        tensors[name] = _bytes_array(data)
+    return Checkpoint(d["step"], d["timestamp"], d["loss_cid"], d["metrics"], tensors)
+
+
 class Handle:
     """A background save: `result()` waits and returns its CommitInfo."""
 
@@ -158,8 +192,9 @@ class Handle:
 class Store:
     """An open checkpoint store. Use `ckptstore.open`."""
 
-    def __init__(self, path, read_only=False, cache_size=None):
-        self._raw = RawStore(str(path), read_only, cache_size)
+    def __init__(self, path, read_only=False, cache_size=None, replicate_to=None):
+        url = replicate_to.url if isinstance(replicate_to, Remote) else replicate_to
+        self._raw = RawStore(str(path), read_only, cache_size, url)
 
     def save(self, step: int, state: dict, metrics=None) -> CommitInfo:
         """Commit `state` as `step`; durable when it returns."""
@@ -183,13 +218,7 @@ class Store:
 
     def load(self, step: Optional[int] = None) -> Optional[Checkpoint]:
         """The step `step` (the latest if None), or None if it is not stored."""
-        d = self._raw.load(None if step is None else int(step))
-        if d is None:
-            return None
-        tensors = {name: _array(dt, shape, data) for name, (dt, shape, data) in d["tensors"].items()}
-        for name, data in d["blobs"].items():
-            tensors[name] = _bytes_array(data)
-        return Checkpoint(d["step"], d["timestamp"], d["loss_cid"], d["metrics"], tensors)
+        return _checkpoint(self._raw.load(None if step is None else int(step)))
 
     def steps(self):
         return self._raw.steps()
@@ -209,6 +238,14 @@ class Store:
 
     def stats(self) -> dict:
         return self._raw.stats()
+
+    def push(self, remote) -> dict:
+        """Upload every step the bucket (a URL or a Remote) lacks."""
+        return self._raw.push(remote.url if isinstance(remote, Remote) else str(remote))
+
+    def replication_status(self) -> Optional[dict]:
+        """Where background replication (`replicate_to`) stands, or None."""
+        return self._raw.replication_status()
 
     def close(self) -> None:
         """Finish background saves and close."""
@@ -242,7 +279,95 @@ class _Report:
     damaged: list
 
 
-def open(path, read_only: bool = False, cache_size: Optional[int] = None) -> Store:  # noqa: A001
+def open(  # noqa: A001
+    path, read_only: bool = False, cache_size: Optional[int] = None, replicate_to=None
+) -> Store:
     """Open (or create, unless read_only) the store at `path`; `cache_size`
-    (bytes) sets the page cache (StoreOptions::cache_size in Rust)."""
-    return Store(path, read_only, cache_size)
+    (bytes) sets the page cache (StoreOptions::cache_size in Rust);
+    `replicate_to` (a URL or a Remote) uploads every commit to a bucket in
+    the background, retried until it lands; `flush()` waits for it."""
+    return Store(path, read_only, cache_size, replicate_to)
+
+
+class Remote:
+    """A bucket: `s3://BUCKET/PREFIX` (AWS_* variables for credentials,
+    endpoint, region) or `file:///DIR`. Lists, loads and pulls the steps
+    stores pushed there, every chunk hash-checked; holds global steps of
+    multi-rank jobs (`shard`)."""
+
+    def __init__(self, url: str, grace_period: Optional[float] = None):
+        self._raw = RawRemote(str(url), grace_period)
+
+    @property
+    def url(self) -> str:
+        return self._raw.url()
+
+    def steps(self):
+        """The complete steps, ascending."""
+        return self._raw.steps()
+
+    def latest_step(self) -> Optional[int]:
+        return self._raw.latest_step()
+
+    def load(self, step: Optional[int] = None) -> Optional[Checkpoint]:
+        """A step pushed from one store (the latest if None), or None."""
+        return _checkpoint(self._raw.load(None if step is None else int(step)))
+
+    def pull(self, step: int, store: Store) -> CommitInfo:
+        """Copy `step` into a local store."""
+        return CommitInfo(**self._raw.pull(int(step), store._raw))
+
+    def verify(self):
+        ok, steps_ok, bytes_checked, damaged = self._raw.verify()
+        return _Report(ok, steps_ok, bytes_checked, damaged)
+
+    def gc(self, keep_last=None, keep_every=None):
+        """Apply a retention policy in the bucket; the steps removed."""
+        return self._raw.gc(keep_last, keep_every)
+
+    def shards(self, step: int) -> dict:
+        """Which ranks of global step `step` have landed."""
+        return self._raw.shards(int(step))
+
+    def shard(self, rank: int, world_size: int) -> "Shard":
+        """Rank `rank`'s side of global steps of `world_size` ranks."""
+        return Shard(self, int(rank), int(world_size))
+
+
+class Shard:
+    """One rank's side of a multi-rank job's global steps in a bucket. Saves
+    and loads like a Store (also with `ckptstore.torch`); a step becomes
+    visible (`Remote.steps`, `latest_step`) once every rank saved it."""
+
+    def __init__(self, remote: Remote, rank: int, world_size: int):
+        self.remote, self.rank, self.world_size = remote, rank, world_size
+        self._raw = _ShardLoader(remote._raw, rank)
+
+    def save(self, step: int, state: dict, metrics=None) -> ShardInfo:
+        """Upload this rank's shard of `step`; the arrays are copied."""
+        tensors, blobs = _split(state)
+        return self._save_raw(int(step), tensors, blobs, _metrics(metrics))
+
+    def _save_raw(self, step, tensors, blobs, metrics):
+        shard = (step, self.rank, self.world_size)
+        return ShardInfo(**self.remote._raw.save_shard(shard, tensors, blobs, metrics))
+
+    def _save_async_raw(self, step, tensors, blobs, metrics):
+        raise ValueError("a shard is saved blocking: pass blocking=True")
+
+    def load(self, step: Optional[int] = None) -> Optional[Checkpoint]:
+        """This rank's shard of `step` (the latest complete step if None)."""
+        return _checkpoint(self._raw.load(None if step is None else int(step)))
+
+    def latest_step(self) -> Optional[int]:
+        return self.remote.latest_step()
+
+
+class _ShardLoader:
+    """What `ckptstore.torch.load` calls: `load(step)` of one rank."""
+
+    def __init__(self, raw, rank):
+        self._remote, self._rank = raw, rank
+
+    def load(self, step=None):
+        return self._remote.load_shard(self._rank, step)

@@ -6,6 +6,12 @@
         h = ct.save(store, step, model=model, optimizer=opt, blocking=False)
         step = ct.load(store, model=model, optimizer=opt)   # the latest
 
+    # A multi-rank job: each rank saves its shard; the step is listed once
+    # every rank's has landed.
+    shard = ckptstore.Remote("s3://bucket/run").shard(rank, world_size)
+    ct.save(shard, step, model=model, optimizer=opt)
+    ct.load(shard, model=model, optimizer=opt)   # the latest complete step
+
 Every tensor of the state dicts (and of `extra`) is stored as a typed
 tensor named `model/<key>`, `optimizer/<path>` or `extra/<path>`; the rest
 of their structure (nesting, ints and floats, param_groups, tuples) is one

@@ -1,0 +1,152 @@
+//! A bucket, as Python sees it: `RawRemote`, wrapped by `ckptstore.Remote`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use ckptstore::Remote;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::store::{ckpt_dict, owned, policy, report_tuple, PyTensor, RawStore};
+use crate::{info_dict, py_err};
+
+/// A bucket (`s3://BUCKET/PREFIX` or `file:///DIR`).
+#[pyclass(module = "ckptstore._ckptstore", name = "RawRemote")]
+pub(crate) struct RawRemote {
+    remote: Remote,
+}
+
+#[pymethods]
+impl RawRemote {
+    #[new]
+    #[pyo3(signature = (url, grace_period=None))]
+    fn new(url: &str, grace_period: Option<f64>) -> PyResult<Self> {
+        let mut remote = Remote::open(url).map_err(py_err)?;
+        if let Some(secs) = grace_period {
+            let grace = Duration::try_from_secs_f64(secs)
+                .map_err(|e| PyValueError::new_err(format!("grace_period {secs}: {e}")))?;
+            remote = remote.with_grace_period(grace);
+        }
+        Ok(RawRemote { remote })
+    }
+
+    fn url(&self) -> String {
+        self.remote.url().to_owned()
+    }
+
+    fn steps(&self, py: Python<'_>) -> PyResult<Vec<u64>> {
+        py.detach(|| self.remote.steps()).map_err(py_err)
+    }
+
+    fn latest_step(&self, py: Python<'_>) -> PyResult<Option<u64>> {
+        py.detach(|| self.remote.latest_step()).map_err(py_err)
+    }
+
+    /// A step as `RawStore.load` gives it (the latest if `step` is None).
+    #[pyo3(signature = (step=None))]
+    fn load<'py>(
+        &self,
+        py: Python<'py>,
+        step: Option<u64>,
+    ) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let ckpt = py
+            .detach(
+                || match step.map_or_else(|| self.remote.latest_step(), |s| Ok(Some(s)))? {
+                    Some(s) => self.remote.get(s),
+                    None => Ok(None),
+                },
+            )
+            .map_err(py_err)?;
+        ckpt.map(|c| ckpt_dict(py, c)).transpose()
+    }
+
+    /// Copy step `step` into `store`.
+    fn pull<'py>(
+        &self,
+        py: Python<'py>,
+        step: u64,
+        store: PyRef<'py, RawStore>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let store = store.get()?;
+        let info = py
+            .detach(|| self.remote.pull(step, store))
+            .map_err(py_err)?;
+        info_dict(py, &info)
+    }
+
+    /// Commit rank `rank`'s shard of global step `step` of `world_size`
+    /// ranks, given as `(step, rank, world_size)` (the arrays are copied).
+    fn save_shard<'py>(
+        &self,
+        py: Python<'py>,
+        shard: (u64, u32, u32),
+        tensors: Vec<PyTensor<'py>>,
+        blobs: Vec<(String, Vec<u8>)>,
+        metrics: BTreeMap<String, f64>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let (step, rank, world_size) = shard;
+        let ckpt = owned(step, &tensors, blobs, metrics)?;
+        let info = py
+            .detach(|| self.remote.commit_shard(step, rank, world_size, &ckpt))
+            .map_err(py_err)?;
+        let d = PyDict::new(py);
+        d.set_item("step", info.step)?;
+        d.set_item("rank", info.rank)?;
+        d.set_item("world_size", info.world_size)?;
+        d.set_item("bytes_uploaded", info.bytes_uploaded)?;
+        d.set_item("bytes_skipped", info.bytes_skipped)?;
+        d.set_item("complete", info.complete)?;
+        Ok(d)
+    }
+
+    /// Rank `rank`'s shard of `step` (the latest complete step if None).
+    #[pyo3(signature = (rank, step=None))]
+    fn load_shard<'py>(
+        &self,
+        py: Python<'py>,
+        rank: u32,
+        step: Option<u64>,
+    ) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let ckpt = py
+            .detach(
+                || match step.map_or_else(|| self.remote.latest_step(), |s| Ok(Some(s)))? {
+                    Some(s) => self.remote.get_shard(s, rank),
+                    None => Ok(None),
+                },
+            )
+            .map_err(py_err)?;
+        ckpt.map(|c| ckpt_dict(py, c)).transpose()
+    }
+
+    /// Which ranks of `step` have landed.
+    fn shards<'py>(&self, py: Python<'py>, step: u64) -> PyResult<Bound<'py, PyDict>> {
+        let s = py.detach(|| self.remote.shards(step)).map_err(py_err)?;
+        let d = PyDict::new(py);
+        d.set_item("step", s.step)?;
+        d.set_item("world_size", s.world_size)?;
+        d.set_item("landed", s.landed)?;
+        d.set_item("missing", s.missing)?;
+        d.set_item("complete", s.complete)?;
+        Ok(d)
+    }
+
+    /// (ok, steps_ok, bytes_checked, damaged steps)
+    fn verify(&self, py: Python<'_>) -> PyResult<(bool, u64, u64, Vec<u64>)> {
+        let report = py.detach(|| self.remote.verify()).map_err(py_err)?;
+        Ok(report_tuple(&report))
+    }
+
+    /// Apply a retention policy in the bucket; the steps removed.
+    #[pyo3(signature = (keep_last=None, keep_every=None))]
+    fn gc(
+        &self,
+        py: Python<'_>,
+        keep_last: Option<usize>,
+        keep_every: Option<u64>,
+    ) -> PyResult<Vec<u64>> {
+        let policy = policy(keep_last, keep_every)?;
+        py.detach(|| self.remote.apply_retention(&policy))
+            .map_err(py_err)
+    }
+}
