@@ -7,6 +7,7 @@ mod locks;
 mod push;
 mod read;
 mod replicate;
+mod restore;
 mod retention;
 mod shards;
 mod step;

@@ -4,18 +4,13 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use futures::{StreamExt, TryStreamExt};
-use object_store::ObjectStoreExt;
+use super::layout::RemoteManifest;
 
-use super::layout::{parse_hex, RemoteManifest};
-use super::push::UPLOADS_IN_FLIGHT;
 use super::step::{new_bytes, StepManifest};
 use super::{Commit, Remote};
-use crate::format::layout::packed_slice;
-use crate::format::manifest::{hex, Hash};
 use crate::{
     CheckpointStore, CommitInfo, ComputationGraphStore, Dtype, Error, GradientCheckpoint, Result,
-    StepInfo, StepSummary, Tensor, TensorInfo,
+    StepInfo, StepSummary, TensorInfo,
 };
 
 impl Remote {
@@ -69,13 +64,7 @@ impl Remote {
                 continue;
             };
             let m = single(step, m)?;
-            let total = m
-                .blobs
-                .values()
-                .filter(|b| b.chunks.is_some())
-                .map(|b| b.len)
-                .sum::<u64>()
-                + m.packed.as_ref().map_or(0, |p| p.len);
+            let total = fetch_bytes(&m);
             let mut fetched = 0;
             match self.assemble(m, &mut |n| {
                 fetched += n;
@@ -100,16 +89,36 @@ impl Remote {
     }
 
     /// [`pull`](Self::pull), with progress as for [`get_with`](Self::get_with).
+    /// The step is fed into one streamed commit blob by blob while the
+    /// next chunks download, so memory holds a batch of chunks (32 MiB, or
+    /// the largest blob) rather than the step.
     pub fn pull_with(
         &self,
         step: u64,
         store: &CheckpointStore,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<CommitInfo> {
-        let ckpt = self
-            .get_with(step, progress)?
-            .ok_or(Error::StepsNotFound { steps: vec![step] })?;
-        store.commit(&ckpt)
+        if store.info(step)?.is_some() {
+            return Err(Error::StepExists { step });
+        }
+        let commits: Vec<Commit> = self
+            .commits()?
+            .into_iter()
+            .filter(|c| c.step == step)
+            .collect();
+        for c in commits.iter().rev() {
+            let Some(m) = self.checked_manifest(*c, None)? else {
+                continue;
+            };
+            let m = single(step, m)?;
+            let total = fetch_bytes(&m);
+            let mut fetched = 0;
+            return self.restore_into(m, store, &mut |n| {
+                fetched += n;
+                progress(fetched, total);
+            });
+        }
+        Err(Error::StepsNotFound { steps: vec![step] })
     }
 
     /// The summaries (time, loss CID, metrics, sizes) of the complete
@@ -170,111 +179,6 @@ impl Remote {
         }
         Ok(Some(info))
     }
-
-    /// The chunks `wanted` (each with the blob it belongs to, for errors),
-    /// fetched several at a time and hash-checked, in order; `progress`
-    /// gets each one's length as it arrives.
-    fn fetch(
-        &self,
-        step: u64,
-        wanted: &[(&str, Hash)],
-        progress: &mut dyn FnMut(u64),
-    ) -> Result<Vec<bytes::Bytes>> {
-        let (store, layout, url) = (&self.store, &self.layout, &self.url);
-        let corrupt = |detail: String| Error::corrupt(Some(step), detail);
-        let mut fetches = futures::stream::iter(wanted)
-            .map(|(what, hash)| async move {
-                let got = match store.get(&layout.chunk(hash)).await {
-                    Ok(got) => got.bytes().await,
-                    Err(e) => Err(e),
-                };
-                let piece = got.map_err(|e| match e {
-                    object_store::Error::NotFound { .. } => {
-                        corrupt(format!("{what}: chunk {} is missing from {url}", hex(hash)))
-                    }
-                    e => super::remote_error(url, "reading chunks from", e),
-                })?;
-                if blake3::hash(&piece).as_bytes() != hash {
-                    return Err(corrupt(format!(
-                        "{what}: chunk {} in {url} fails its hash check",
-                        hex(hash)
-                    )));
-                }
-                Ok(piece)
-            })
-            .buffered(UPLOADS_IN_FLIGHT);
-        let mut pieces = Vec::with_capacity(wanted.len());
-        // `progress` runs outside the runtime, free to block.
-        while let Some(piece) = self.runtime.block_on(fetches.try_next())? {
-            progress(piece.len() as u64);
-            pieces.push(piece);
-        }
-        Ok(pieces)
-    }
-
-    /// Fetch every chunk `m` names (several at a time) and build the step.
-    pub(super) fn assemble(
-        &self,
-        m: RemoteManifest,
-        progress: &mut dyn FnMut(u64),
-    ) -> Result<GradientCheckpoint> {
-        let step = m.step;
-        let corrupt = |detail: String| Error::corrupt(Some(step), detail);
-        let parse = |what: &str, h: &str| {
-            parse_hex(h).ok_or_else(|| corrupt(format!("{what}: bad chunk name {h:?}")))
-        };
-        let mut wanted: Vec<(&str, Hash)> = Vec::new();
-        if let Some(p) = &m.packed {
-            wanted.push(("packed blobs", parse("packed blobs", &p.hash)?));
-        }
-        for (name, blob) in &m.blobs {
-            for h in blob.chunks.iter().flatten() {
-                wanted.push((name, parse(name, h)?));
-            }
-        }
-        let mut pieces = self.fetch(step, &wanted, progress)?.into_iter();
-        drop(wanted);
-        let packed = match &m.packed {
-            Some(_) => pieces.next().map(|p| p.to_vec()).unwrap_or_default(),
-            None => Vec::new(),
-        };
-        let graph = serde_json::from_value(m.graph).map_err(|e| Error::Json {
-            path: None,
-            source: Box::new(e),
-        })?;
-        let mut ckpt = GradientCheckpoint::new(graph, step);
-        ckpt.timestamp = m.timestamp;
-        ckpt.loss_cid = m.loss_cid;
-        ckpt.metrics = m.metrics;
-        for (name, blob) in m.blobs {
-            let data = match (&blob.chunks, blob.offset) {
-                (Some(hashes), None) => {
-                    let mut data = Vec::with_capacity(usize::try_from(blob.len).unwrap_or(0));
-                    for piece in pieces.by_ref().take(hashes.len()) {
-                        data.extend_from_slice(&piece);
-                    }
-                    data
-                }
-                (None, Some(offset)) => packed_slice(&packed, offset, blob.len)
-                    .ok_or_else(|| corrupt(format!("blob {name:?} is outside the packed bytes")))?
-                    .to_vec(),
-                _ => return Err(corrupt(format!("blob {name:?} has no place"))),
-            };
-            if data.len() as u64 != blob.len {
-                return Err(corrupt(format!("blob {name:?} has the wrong length")));
-            }
-            match (blob.dtype, blob.shape) {
-                (Some(dtype), Some(shape)) => {
-                    let dtype = Dtype::from_name(&dtype).ok_or_else(|| {
-                        corrupt(format!("tensor {name:?}: unknown dtype {dtype}"))
-                    })?;
-                    ckpt.set_tensor(name, Tensor::new(dtype, shape, data)?);
-                }
-                _ => ckpt.set_optimizer_state(name, data),
-            }
-        }
-        Ok(ckpt)
-    }
 }
 
 /// The one manifest of a step, which may be a global step of one rank.
@@ -290,4 +194,10 @@ fn single(step: u64, m: StepManifest) -> Result<RemoteManifest> {
             world_size: u32::try_from(shards.len()).unwrap_or(u32::MAX),
         }),
     }
+}
+
+/// Bytes of the chunks a restore of `m` downloads.
+fn fetch_bytes(m: &RemoteManifest) -> u64 {
+    let chunked = m.blobs.values().filter(|b| b.chunks.is_some());
+    chunked.map(|b| b.len).sum::<u64>() + m.packed.as_ref().map_or(0, |p| p.len)
 }

@@ -10,10 +10,13 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use futures::{StreamExt, TryStreamExt};
+use object_store::ObjectStoreExt;
 
 use super::layout::{
     GlobalManifest, RemoteBlob, RemoteManifest, RemotePacked, ShardId, MANIFEST_FORMAT,
 };
+use super::push::UPLOADS_IN_FLIGHT;
 use super::step::StepManifest;
 use super::Remote;
 use crate::format::layout::{split, PACK_BELOW};
@@ -125,11 +128,13 @@ impl Remote {
         world_size: u32,
         ckpt: &GradientCheckpoint,
     ) -> Result<ShardInfo> {
-        let mut present = self.chunk_hashes()?;
         let (manifest, mut pieces, packed) = shard_manifest(ckpt)?;
         if let Some((hash, bytes)) = &packed {
             pieces.push((*hash, bytes));
         }
+        // Asked chunk by chunk: a shard names far fewer chunks than a
+        // bucket of many steps holds.
+        let mut present = self.present(pieces.iter().map(|(h, _)| *h))?;
         let mut info = ShardInfo {
             step,
             rank,
@@ -202,13 +207,14 @@ impl Remote {
         if ranks.len() != usize::try_from(world_size).unwrap_or(usize::MAX) {
             return Ok(false);
         }
-        let chunks = self.chunk_hashes()?;
+        // A shard's chunks land before it, and collection takes no chunk a
+        // young shard names: a shard that is there and whole is complete.
         let mut chosen: BTreeMap<u32, ShardId> = BTreeMap::new();
         for id in &ids {
             if chosen.contains_key(&id.rank) {
                 continue;
             }
-            if self.checked_shard(step, id, Some(&chunks))?.is_some() {
+            if self.checked_shard(step, id, None)?.is_some() {
                 chosen.insert(id.rank, *id);
             }
         }
@@ -238,6 +244,27 @@ impl Remote {
             )?;
         }
         Ok(true)
+    }
+
+    /// Which of `hashes` the bucket holds, asked object by object
+    /// (several requests in flight).
+    fn present(&self, hashes: impl Iterator<Item = Hash>) -> Result<HashSet<Hash>> {
+        let unique: BTreeSet<Hash> = hashes.collect();
+        let (store, layout) = (&self.store, &self.layout);
+        self.block_on("looking for chunks in", async {
+            futures::stream::iter(unique)
+                .map(|hash| async move {
+                    match store.head(&layout.chunk(&hash)).await {
+                        Ok(_) => Ok(Some(hash)),
+                        Err(object_store::Error::NotFound { .. }) => Ok(None),
+                        Err(e) => Err(e),
+                    }
+                })
+                .buffer_unordered(UPLOADS_IN_FLIGHT)
+                .try_filter_map(|found| async move { Ok(found) })
+                .try_collect()
+                .await
+        })
     }
 
     /// Every shard object of `step`.

@@ -245,6 +245,20 @@ impl Incoming {
     }
 }
 
+impl CheckpointStore {
+    /// Commit `ckpt`'s metadata with blobs and tensors `read` gives one at
+    /// a time, in the order of `incoming` (see [`put_streamed`]).
+    #[cfg(feature = "remote")]
+    pub(crate) fn commit_streamed(
+        &self,
+        ckpt: GradientCheckpoint,
+        incoming: &[Incoming],
+        read: &mut dyn FnMut(&Incoming) -> Result<Vec<u8>>,
+    ) -> Result<CommitInfo> {
+        put_streamed(&self.db, ckpt, incoming, read)
+    }
+}
+
 /// Commit `ckpt` (its metadata; its blobs and tensors come from `read`,
 /// one at a time, in the order of `incoming`) without holding more than
 /// one large blob or tensor in memory: each large one is staged as soon as

@@ -221,5 +221,22 @@ fn a_restore_failing_at_any_call_never_returns_wrong_data() -> Result {
         }
         assert!(remote.get(0)? == store.get(0)?, "k={k}");
     }
+    // A pull streams into the store: a failure leaves no step and nothing
+    // staged; the next pull succeeds.
+    let into = tempfile::tempdir()?;
+    let fresh = CheckpointStore::open(into.path().join("fresh.ckpt"))?;
+    for k in 1..=calls {
+        let failing = Arc::new(faults::Failing::new(memory.clone(), k));
+        let remote = Remote::with_store(failing, "p", "mem://failing")?;
+        assert!(remote.pull(0, &fresh).is_err(), "call {k} failed");
+        assert_eq!(fresh.steps()?, Vec::<u64>::new());
+        let report = fresh.verify()?;
+        assert!(
+            report.is_ok() && report.staged_chunks == 0,
+            "k={k}: {report:?}"
+        );
+    }
+    Remote::with_store(memory, "p", "mem://m")?.pull(0, &fresh)?;
+    assert!(fresh.get(0)? == store.get(0)?);
     Ok(())
 }

@@ -1,7 +1,8 @@
 //! Global steps of N ranks (`Remote::commit_shard`): visible only when every
 //! shard has landed, whatever was killed when.
 
-use std::process::{Command, Stdio};
+use std::ops::RangeInclusive;
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -246,38 +247,61 @@ fn retention_counts_complete_steps_and_collects_stale_shards() -> Result {
 }
 
 /// The child process of the kill loop: rank `CKPT_RANK` of `CKPT_WORLD`
-/// commits its shard of steps `1..=CKPT_STEPS` into `CKPT_URL`.
+/// commits its shard of steps `CKPT_FIRST..=CKPT_LAST` into `CKPT_URL`.
 #[test]
 #[ignore = "a child process of four_ranks_killed_at_random"]
 fn rank_child() -> Result {
     let var = |name: &str| std::env::var(name).map_err(|_| format!("{name} is not set"));
     let rank: u32 = var("CKPT_RANK")?.parse()?;
     let world: u32 = var("CKPT_WORLD")?.parse()?;
-    let steps: u64 = var("CKPT_STEPS")?.parse()?;
+    let (first, last): (u64, u64) = (var("CKPT_FIRST")?.parse()?, var("CKPT_LAST")?.parse()?);
     let remote = Remote::open(&var("CKPT_URL")?)?;
-    for step in 1..=steps {
+    for step in first..=last {
         remote.commit_shard(step, rank, world, &shard(step, rank)?)?;
     }
     Ok(())
 }
 
-/// A process running `rank_child` as rank `rank` of 4, steps 1..=20.
-fn rank_process(url: &str, rank: u32) -> Result<std::process::Child> {
-    Ok(Command::new(std::env::current_exe()?)
-        .args(["shards::rank_child", "--exact", "--ignored", "--quiet"])
-        .env("CKPT_RANK", rank.to_string())
-        .env("CKPT_WORLD", "4")
-        .env("CKPT_STEPS", "20")
-        .env("CKPT_URL", url)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()?)
+/// The four processes of `rank_child`, committing `steps`.
+fn ranks(url: &str, steps: &RangeInclusive<u64>) -> Result<Vec<Child>> {
+    (0..4u32)
+        .map(|rank| {
+            Ok(Command::new(std::env::current_exe()?)
+                .args(["shards::rank_child", "--exact", "--ignored", "--quiet"])
+                .env("CKPT_RANK", rank.to_string())
+                .env("CKPT_WORLD", "4")
+                .env("CKPT_FIRST", steps.start().to_string())
+                .env("CKPT_LAST", steps.end().to_string())
+                .env("CKPT_URL", url)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()?)
+        })
+        .collect()
 }
 
-/// Four ranks commit steps 1..=20 again and again while ranks are killed
-/// (SIGKILL) at random moments: after each round, every listed step has
-/// its four shards as committed, and the latest step is whole. A last
-/// round without kills completes every step.
+/// Every listed step of `steps` has its four shards as committed.
+fn whole_global_steps_in(remote: &Remote, steps: &RangeInclusive<u64>) -> Result<Vec<u64>> {
+    let listed: Vec<u64> = remote
+        .steps()?
+        .into_iter()
+        .filter(|s| steps.contains(s))
+        .collect();
+    for &step in &listed {
+        for rank in 0..4 {
+            let got = remote
+                .get_shard(step, rank)?
+                .ok_or("a shard of a listed step is gone")?;
+            assert!(got == shard(step, rank)?, "step {step} rank {rank} differs");
+        }
+    }
+    Ok(listed)
+}
+
+/// Four rank processes commit 20 new steps a round while ranks are killed
+/// (SIGKILL) at random moments: after each round, every listed step of the
+/// round has its four shards as committed, and the latest step is whole. A
+/// last run without kills completes every step.
 #[test]
 fn four_ranks_killed_at_random() -> Result {
     let dir = tempfile::tempdir()?;
@@ -290,23 +314,13 @@ fn four_ranks_killed_at_random() -> Result {
     let _server = super::garage::SERVER
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let spawn = |rank: u32| rank_process(&url, rank);
-    // How long an uninterrupted round takes here.
+    // How long an uninterrupted round takes here, into a prefix of its own.
     let started = Instant::now();
-    let mut ranks: Vec<_> = (0..4).map(spawn).collect::<Result<_>>()?;
-    for r in &mut ranks {
+    for mut r in ranks(&format!("{url}-timing"), &(1..=20))? {
         assert!(r.wait()?.success());
     }
     let round = started.elapsed();
-    let remote = Remote::open(&url)?;
-    assert_eq!(
-        whole_global_steps(&remote, 4)?,
-        (1..=20).collect::<Vec<_>>()
-    );
 
-    // Then the kills, into a fresh prefix of the same bucket.
-    let url = format!("{url}-kills");
-    let spawn_into = |rank: u32| rank_process(&url, rank);
     let remote = Remote::open(&url)?;
     let rounds = if std::env::var_os("CKPT_LONG").is_some() {
         30
@@ -314,40 +328,45 @@ fn four_ranks_killed_at_random() -> Result {
         5
     };
     let mut rng = super::Rng(0x00C0_FFEE);
-    let (mut kills, mut seen_partial) = (0, 0);
-    for _ in 0..rounds {
-        let mut ranks: Vec<_> = (0..4).map(spawn_into).collect::<Result<_>>()?;
-        let at = round.mul_f64((rng.next() % 1000) as f64 / 1000.0);
-        std::thread::sleep(at);
-        for r in &mut ranks {
-            if rng.next() % 2 == 0 && r.try_wait()?.is_none() {
-                r.kill()?;
+    let (mut kills, mut cut_short) = (0, 0);
+    for r in 0..rounds {
+        let steps = 20 * r + 1..=20 * r + 20;
+        let mut children = ranks(&url, &steps)?;
+        std::thread::sleep(round.mul_f64((rng.next() % 1000) as f64 / 1000.0));
+        for child in &mut children {
+            if rng.next() % 2 == 0 && child.try_wait()?.is_none() {
+                child.kill()?;
                 kills += 1;
             }
         }
-        for r in &mut ranks {
-            r.wait()?;
+        for child in &mut children {
+            child.wait()?;
         }
-        let steps = whole_global_steps(&remote, 4)?;
-        if steps.len() < 20 {
-            seen_partial += 1;
+        let listed = whole_global_steps_in(&remote, &steps)?;
+        if listed.len() < 20 {
+            cut_short += 1;
         }
         if let Some(latest) = remote.latest_step()? {
-            assert_eq!(steps.last(), Some(&latest));
+            assert_eq!(remote.steps()?.last(), Some(&latest));
         }
     }
-    let mut ranks: Vec<_> = (0..4).map(spawn_into).collect::<Result<_>>()?;
-    for r in &mut ranks {
+    let all = 1..=20 * rounds;
+    for mut r in ranks(&url, &all)? {
         assert!(r.wait()?.success());
     }
-    assert_eq!(
-        whole_global_steps(&remote, 4)?,
-        (1..=20).collect::<Vec<_>>()
+    assert_eq!(remote.steps()?, all.clone().collect::<Vec<_>>());
+    let report = remote.verify()?;
+    assert!(
+        report.is_ok() && report.steps_ok == 20 * rounds,
+        "{report:?}"
     );
-    assert!(kills > 0, "no rank was killed");
+    assert!(
+        kills > 0 && cut_short > 0,
+        "{kills} kills, {cut_short} rounds cut short"
+    );
     eprintln!(
-        "{kills} ranks killed over {rounds} rounds ({seen_partial} ended with steps missing); \
-         an uninterrupted round took {round:?}"
+        "{kills} ranks killed over {rounds} rounds, {cut_short} rounds left steps incomplete \
+         (never listed); an uninterrupted round of 20 steps took {round:?}"
     );
     Ok(())
 }

@@ -1,0 +1,267 @@
+//! Restoring a step's data from the bucket: its chunks fetched in batches
+//! (many downloads in flight), hash-checked, and handed out blob by blob:
+//! into a checkpoint in memory (`get`), or into a store's streamed commit
+//! while the next batch downloads (`pull`), holding at most a batch and a
+//! blob in memory.
+
+use std::collections::VecDeque;
+
+use futures::{StreamExt, TryStreamExt};
+use object_store::ObjectStoreExt;
+
+use super::layout::{parse_hex, RemoteBlob, RemoteManifest};
+use super::Remote;
+use crate::format::layout::packed_slice;
+use crate::format::manifest::{hex, Hash};
+use crate::store::Incoming;
+use crate::{CheckpointStore, CommitInfo, Dtype, Error, GradientCheckpoint, Result, Tensor};
+
+/// Chunk downloads in flight at once: more than uploads, since a download
+/// waits on the server rather than on this process.
+const DOWNLOADS_IN_FLIGHT: usize = 16;
+
+/// A batch of downloads ends once it holds this many bytes (or at the end
+/// of the blob that crosses it).
+const BATCH_BYTES: u64 = 32 << 20;
+
+/// A step's blobs, in name order, read batch by batch.
+pub(super) struct Blobs<'r> {
+    remote: &'r Remote,
+    step: u64,
+    pending: std::vec::IntoIter<(String, RemoteBlob)>,
+    packed: Vec<u8>,
+    ready: VecDeque<(String, RemoteBlob, Vec<u8>)>,
+}
+
+impl<'r> Blobs<'r> {
+    /// The blobs of `m`; its packed chunk is fetched now.
+    pub(super) fn of(
+        remote: &'r Remote,
+        m: &RemoteManifest,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<Self> {
+        let step = m.step;
+        let packed = match &m.packed {
+            Some(p) => {
+                let hash = parse(step, "packed blobs", &p.hash)?;
+                let mut got = remote.fetch(step, &[("packed blobs", hash)], progress)?;
+                got.pop().map(|b| b.to_vec()).unwrap_or_default()
+            }
+            None => Vec::new(),
+        };
+        let blobs: Vec<(String, RemoteBlob)> = m
+            .blobs
+            .iter()
+            .map(|(n, b)| (n.clone(), b.clone()))
+            .collect();
+        Ok(Blobs {
+            remote,
+            step,
+            pending: blobs.into_iter(),
+            packed,
+            ready: VecDeque::new(),
+        })
+    }
+
+    /// The next blob with its bytes, checked against its length.
+    pub(super) fn next_blob(
+        &mut self,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<Option<(String, RemoteBlob, Vec<u8>)>> {
+        if self.ready.is_empty() {
+            self.fetch_batch(progress)?;
+        }
+        Ok(self.ready.pop_front())
+    }
+
+    /// Fetch the chunks of the next blobs, about [`BATCH_BYTES`] of them.
+    fn fetch_batch(&mut self, progress: &mut dyn FnMut(u64)) -> Result<()> {
+        let step = self.step;
+        let corrupt = |detail: String| Error::corrupt(Some(step), detail);
+        let mut batch = Vec::new();
+        let mut bytes = 0;
+        for (name, blob) in self.pending.by_ref() {
+            bytes += blob.chunks.as_ref().map_or(0, |_| blob.len);
+            batch.push((name, blob));
+            if bytes >= BATCH_BYTES {
+                break;
+            }
+        }
+        let mut wanted: Vec<(&str, Hash)> = Vec::new();
+        for (name, blob) in &batch {
+            for h in blob.chunks.iter().flatten() {
+                wanted.push((name, parse(step, name, h)?));
+            }
+        }
+        let mut pieces = self.remote.fetch(step, &wanted, progress)?.into_iter();
+        drop(wanted);
+        for (name, blob) in batch {
+            let data = match (&blob.chunks, blob.offset) {
+                (Some(hashes), None) => {
+                    let mut data = Vec::with_capacity(usize::try_from(blob.len).unwrap_or(0));
+                    for piece in pieces.by_ref().take(hashes.len()) {
+                        data.extend_from_slice(&piece);
+                    }
+                    data
+                }
+                (None, Some(offset)) => packed_slice(&self.packed, offset, blob.len)
+                    .ok_or_else(|| corrupt(format!("blob {name:?} is outside the packed bytes")))?
+                    .to_vec(),
+                _ => return Err(corrupt(format!("blob {name:?} has no place"))),
+            };
+            if data.len() as u64 != blob.len {
+                return Err(corrupt(format!("blob {name:?} has the wrong length")));
+            }
+            self.ready.push_back((name, blob, data));
+        }
+        Ok(())
+    }
+}
+
+impl Remote {
+    /// The chunks `wanted` (each with the blob it belongs to, for errors),
+    /// fetched several at a time and hash-checked, in order; `progress`
+    /// gets each one's length as it arrives.
+    pub(super) fn fetch(
+        &self,
+        step: u64,
+        wanted: &[(&str, Hash)],
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<Vec<bytes::Bytes>> {
+        let (store, layout, url) = (&self.store, &self.layout, &self.url);
+        let corrupt = |detail: String| Error::corrupt(Some(step), detail);
+        let mut fetches = futures::stream::iter(wanted)
+            .map(|(what, hash)| async move {
+                let got = match store.get(&layout.chunk(hash)).await {
+                    Ok(got) => got.bytes().await,
+                    Err(e) => Err(e),
+                };
+                let piece = got.map_err(|e| match e {
+                    object_store::Error::NotFound { .. } => {
+                        corrupt(format!("{what}: chunk {} is missing from {url}", hex(hash)))
+                    }
+                    e => super::remote_error(url, "reading chunks from", e),
+                })?;
+                if blake3::hash(&piece).as_bytes() != hash {
+                    return Err(corrupt(format!(
+                        "{what}: chunk {} in {url} fails its hash check",
+                        hex(hash)
+                    )));
+                }
+                Ok(piece)
+            })
+            .buffered(DOWNLOADS_IN_FLIGHT);
+        let mut pieces = Vec::with_capacity(wanted.len());
+        // `progress` runs outside the runtime, free to block.
+        while let Some(piece) = self.runtime.block_on(fetches.try_next())? {
+            progress(piece.len() as u64);
+            pieces.push(piece);
+        }
+        Ok(pieces)
+    }
+
+    /// Fetch every chunk `m` names and build the step in memory.
+    pub(super) fn assemble(
+        &self,
+        m: RemoteManifest,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<GradientCheckpoint> {
+        let mut blobs = Blobs::of(self, &m, progress)?;
+        let mut ckpt = skeleton(m)?;
+        while let Some((name, blob, data)) = blobs.next_blob(progress)? {
+            match incoming(ckpt.step, name, &blob)? {
+                Incoming {
+                    name,
+                    tensor: Some((dtype, shape)),
+                    ..
+                } => ckpt.set_tensor(name, Tensor::new(dtype, shape, data)?),
+                Incoming { name, .. } => ckpt.set_optimizer_state(name, data),
+            }
+        }
+        Ok(ckpt)
+    }
+
+    /// Copy `m`'s step into `store`: one streamed commit there, fed blob by
+    /// blob while a second thread downloads the next batch.
+    pub(super) fn restore_into(
+        &self,
+        m: RemoteManifest,
+        store: &CheckpointStore,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<CommitInfo> {
+        let step = m.step;
+        let entries: Vec<Incoming> = m
+            .blobs
+            .iter()
+            .map(|(name, blob)| incoming(step, name.clone(), blob))
+            .collect::<Result<_>>()?;
+        let mut blobs = Blobs::of(self, &m, progress)?;
+        let ckpt = skeleton(m)?;
+        std::thread::scope(|s| {
+            let (tx, rx) = std::sync::mpsc::sync_channel::<Result<(Vec<u8>, u64)>>(1);
+            s.spawn(move || {
+                let mut landed = 0;
+                loop {
+                    let next = blobs.next_blob(&mut |n| landed += n);
+                    let item = match next {
+                        Ok(Some((_, _, data))) => Ok((data, std::mem::take(&mut landed))),
+                        Ok(None) => break,
+                        Err(e) => Err(e),
+                    };
+                    let failed = item.is_err();
+                    if tx.send(item).is_err() || failed {
+                        break;
+                    }
+                }
+            });
+            let mut read = |_: &Incoming| -> Result<Vec<u8>> {
+                let (data, landed) = rx.recv().map_err(|_| {
+                    Error::corrupt(Some(step), "the download ended before the step's last blob")
+                })??;
+                progress(landed);
+                Ok(data)
+            };
+            let committed = store.commit_streamed(ckpt, &entries, &mut read);
+            drop(rx); // the downloader stops at its next send
+            committed
+        })
+    }
+}
+
+/// The checkpoint `m` describes, without its blobs and tensors.
+fn skeleton(m: RemoteManifest) -> Result<GradientCheckpoint> {
+    let graph = serde_json::from_value(m.graph).map_err(|e| Error::Json {
+        path: None,
+        source: Box::new(e),
+    })?;
+    let mut ckpt = GradientCheckpoint::new(graph, m.step);
+    ckpt.timestamp = m.timestamp;
+    ckpt.loss_cid = m.loss_cid;
+    ckpt.metrics = m.metrics;
+    Ok(ckpt)
+}
+
+/// Blob `name` as a commit takes it: its length, dtype and shape.
+fn incoming(step: u64, name: String, blob: &RemoteBlob) -> Result<Incoming> {
+    let tensor = match (&blob.dtype, &blob.shape) {
+        (Some(dtype), Some(shape)) => {
+            let dtype = Dtype::from_name(dtype).ok_or_else(|| {
+                Error::corrupt(
+                    Some(step),
+                    format!("tensor {name:?}: unknown dtype {dtype}"),
+                )
+            })?;
+            Some((dtype, shape.clone()))
+        }
+        _ => None,
+    };
+    Ok(Incoming {
+        name,
+        len: blob.len,
+        tensor,
+    })
+}
+
+fn parse(step: u64, what: &str, h: &str) -> Result<Hash> {
+    parse_hex(h).ok_or_else(|| Error::corrupt(Some(step), format!("{what}: bad chunk name {h:?}")))
+}
