@@ -54,16 +54,7 @@ impl Remote {
         step: u64,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<Option<GradientCheckpoint>> {
-        let commits: Vec<Commit> = self
-            .commits()?
-            .into_iter()
-            .filter(|c| c.step == step)
-            .collect();
-        for c in commits.iter().rev() {
-            let Some(m) = self.checked_manifest(*c, None)? else {
-                continue;
-            };
-            let m = single(step, m)?;
+        for (c, m) in self.readable(step)? {
             let total = fetch_bytes(&m);
             let mut fetched = 0;
             match self.assemble(m, &mut |n| {
@@ -72,11 +63,23 @@ impl Remote {
             }) {
                 Ok(ckpt) => return Ok(Some(ckpt)),
                 // Retention may have deleted the step while it was read.
-                Err(e @ Error::Corrupt { .. }) if !self.commits()?.contains(c) => drop(e),
+                Err(e @ Error::Corrupt { .. }) if !self.commits()?.contains(&c) => drop(e),
                 Err(e) => return Err(e),
             }
         }
         Ok(None)
+    }
+
+    /// The commits of `step` whose manifest is there and checks out, with
+    /// it, newest first.
+    fn readable(&self, step: u64) -> Result<Vec<(Commit, RemoteManifest)>> {
+        let mut readable = Vec::new();
+        for c in self.commits()?.into_iter().rev().filter(|c| c.step == step) {
+            if let Some(m) = self.checked_manifest(c, None)? {
+                readable.push((c, single(step, m)?));
+            }
+        }
+        Ok(readable)
     }
 
     /// Copy step `step` from the bucket into `store` (one commit there).
@@ -101,24 +104,17 @@ impl Remote {
         if store.info(step)?.is_some() {
             return Err(Error::StepExists { step });
         }
-        let commits: Vec<Commit> = self
-            .commits()?
+        let (_, m) = self
+            .readable(step)?
             .into_iter()
-            .filter(|c| c.step == step)
-            .collect();
-        for c in commits.iter().rev() {
-            let Some(m) = self.checked_manifest(*c, None)? else {
-                continue;
-            };
-            let m = single(step, m)?;
-            let total = fetch_bytes(&m);
-            let mut fetched = 0;
-            return self.restore_into(m, store, &mut |n| {
-                fetched += n;
-                progress(fetched, total);
-            });
-        }
-        Err(Error::StepsNotFound { steps: vec![step] })
+            .next()
+            .ok_or(Error::StepsNotFound { steps: vec![step] })?;
+        let total = fetch_bytes(&m);
+        let mut fetched = 0;
+        self.restore_into(m, store, &mut |n| {
+            fetched += n;
+            progress(fetched, total);
+        })
     }
 
     /// The summaries (time, loss CID, metrics, sizes) of the complete
