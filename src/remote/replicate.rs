@@ -62,12 +62,23 @@ struct State {
     running: bool,
     /// Retry now, whatever the backoff (a flush waits).
     urgent: bool,
-    stop: bool,
+    /// Set when the thread is to stop, or has died.
+    end: Option<End>,
     failures: u32,
     /// Steps a successful push saw in the store (all in the bucket since).
     confirmed: BTreeSet<u64>,
     steps_uploaded: u64,
     bytes_uploaded: u64,
+}
+
+/// Why the thread ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum End {
+    /// The store is dropped.
+    Stop,
+    /// The thread panicked: nothing more is uploaded until the store is
+    /// opened again.
+    Panicked,
 }
 
 /// The replication thread of one store.
@@ -124,17 +135,24 @@ impl Replicator {
         state.urgent = true;
         let target = state.requested;
         self.shared.changed.notify_all();
-        while state.attempted < target && !state.stop {
+        while state.attempted < target && state.end.is_none() {
             state = self
                 .shared
                 .changed
                 .wait(state)
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
         }
-        match &state.failed {
+        let failure = match (&state.failed, state.end == Some(End::Panicked)) {
+            (_, true) => Some(Error::WriterStopped {
+                detail: "the replication thread panicked; reopen the store to resume".into(),
+            }),
+            (Some(e), false) => Some(e.duplicate()),
+            (None, false) => None,
+        };
+        match failure {
             None => Ok(()),
             Some(e) => {
-                let source = Box::new(e.duplicate());
+                let source = Box::new(e);
                 let confirmed = state.confirmed.clone();
                 drop(state);
                 let steps = store
@@ -161,7 +179,11 @@ impl Replicator {
             steps_uploaded: state.steps_uploaded,
             bytes_uploaded: state.bytes_uploaded,
             consecutive_failures: state.failures,
-            last_error: state.failed.as_ref().map(ToString::to_string),
+            last_error: if state.end == Some(End::Panicked) {
+                Some("the replication thread panicked; reopen the store to resume".into())
+            } else {
+                state.failed.as_ref().map(ToString::to_string)
+            },
         };
         drop(state);
         status.pending = store
@@ -177,7 +199,7 @@ impl Drop for Replicator {
     /// Stop the thread: a push in flight stops after its current chunk;
     /// what it did not upload is uploaded after the next open.
     fn drop(&mut self) {
-        lock(&self.shared).stop = true;
+        lock(&self.shared).end = Some(End::Stop);
         self.shared.changed.notify_all();
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
@@ -185,14 +207,30 @@ impl Drop for Replicator {
     }
 }
 
+/// Marks the state when the thread ends by a panic, so that `flush` does
+/// not wait for it.
+struct Obituary<'a>(&'a Shared);
+
+impl Drop for Obituary<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let mut state = lock(self.0);
+            state.end = Some(End::Panicked);
+            state.running = false;
+            self.0.changed.notify_all();
+        }
+    }
+}
+
 /// The thread: wait for a request, push, record, back off on failure.
 fn run(store: &CheckpointStore, remote: &Remote, shared: &Shared) {
+    let _obituary = Obituary(shared);
     let mut retry_at: Option<Instant> = None;
     loop {
         let target = {
             let mut state = lock(shared);
             loop {
-                if state.stop {
+                if state.end.is_some() {
                     return;
                 }
                 let due = state.urgent || retry_at.is_none_or(|t| Instant::now() >= t);
@@ -211,14 +249,14 @@ fn run(store: &CheckpointStore, remote: &Remote, shared: &Shared) {
             state.requested
         };
         let outcome = store.steps().and_then(|seen| {
-            let report = store.push_with(remote, &mut |_, _| !lock(shared).stop)?;
+            let report = store.push_with(remote, &mut |_, _| lock(shared).end.is_none())?;
             Ok((seen, report))
         });
         let mut state = lock(shared);
         state.running = false;
         state.attempted = target;
         match outcome {
-            Ok((seen, report)) if !state.stop => {
+            Ok((seen, report)) if state.end.is_none() => {
                 state.confirmed = seen.into_iter().collect();
                 state.steps_uploaded += report.steps_pushed.len() as u64;
                 state.bytes_uploaded += report.bytes_uploaded;

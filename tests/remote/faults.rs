@@ -20,6 +20,8 @@ pub struct Failing {
     pub calls: AtomicUsize,
     pub fail_at: AtomicUsize,
     pub down: AtomicBool,
+    /// Panic instead of failing (a bug in a dependency).
+    pub panics: AtomicBool,
 }
 
 impl Failing {
@@ -29,11 +31,16 @@ impl Failing {
             calls: AtomicUsize::new(0),
             fail_at: AtomicUsize::new(fail_at),
             down: AtomicBool::new(false),
+            panics: AtomicBool::new(false),
         }
     }
 
     fn check(&self, op: &str) -> Result<()> {
         let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        assert!(
+            !self.panics.load(Ordering::SeqCst),
+            "injected panic of call {n} ({op})"
+        );
         if n == self.fail_at.load(Ordering::SeqCst) || self.down.load(Ordering::SeqCst) {
             return Err(object_store::Error::Generic {
                 store: "Failing",

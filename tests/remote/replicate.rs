@@ -148,3 +148,28 @@ fn a_killed_writer_s_steps_are_uploaded_at_the_next_open() -> Result {
     eprintln!("in the bucket when the writer died: {before:?}");
     Ok(())
 }
+
+/// A panic in the replication thread (a bug in a dependency): `flush`
+/// reports it instead of waiting for ever; commits go on locally.
+#[test]
+fn a_panicking_replication_thread_is_reported_not_waited_for() -> Result {
+    let dir = tempfile::tempdir()?;
+    let failing = Arc::new(faults::Failing::new(Arc::new(InMemory::new()), 0));
+    failing.panics.store(true, Ordering::SeqCst);
+    let store = StoreOptions::new()
+        .replicate_to(Remote::with_store(failing, "run", "mem://panics")?)
+        .open(dir.path().join("run.ckpt"))?;
+    store.commit(&checkpoint(0)?)?;
+    match store.flush() {
+        Err(Error::ReplicationFailed { steps, source, .. }) => {
+            assert_eq!(steps, vec![0]);
+            assert!(source.to_string().contains("panicked"), "{source}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let status = store.replication_status()?.ok_or("replicating")?;
+    assert!(status.last_error.is_some_and(|e| e.contains("panicked")));
+    store.commit(&checkpoint(1)?)?;
+    assert_eq!(store.steps()?, vec![0, 1]);
+    Ok(())
+}
