@@ -17,6 +17,16 @@ pub(crate) struct RawRemote {
     remote: Remote,
 }
 
+impl RawRemote {
+    /// `step`, or the latest complete step.
+    fn step_or_latest(&self, step: Option<u64>) -> ckptstore::Result<Option<u64>> {
+        match step {
+            Some(s) => Ok(Some(s)),
+            None => self.remote.latest_step(),
+        }
+    }
+}
+
 #[pymethods]
 impl RawRemote {
     #[new]
@@ -51,12 +61,10 @@ impl RawRemote {
         step: Option<u64>,
     ) -> PyResult<Option<Bound<'py, PyDict>>> {
         let ckpt = py
-            .detach(
-                || match step.map_or_else(|| self.remote.latest_step(), |s| Ok(Some(s)))? {
-                    Some(s) => self.remote.get(s),
-                    None => Ok(None),
-                },
-            )
+            .detach(|| match self.step_or_latest(step)? {
+                Some(s) => self.remote.get(s),
+                None => Ok(None),
+            })
             .map_err(py_err)?;
         ckpt.map(|c| ckpt_dict(py, c)).transpose()
     }
@@ -109,12 +117,10 @@ impl RawRemote {
         step: Option<u64>,
     ) -> PyResult<Option<Bound<'py, PyDict>>> {
         let ckpt = py
-            .detach(
-                || match step.map_or_else(|| self.remote.latest_step(), |s| Ok(Some(s)))? {
-                    Some(s) => self.remote.get_shard(s, rank),
-                    None => Ok(None),
-                },
-            )
+            .detach(|| match self.step_or_latest(step)? {
+                Some(s) => self.remote.get_shard(s, rank),
+                None => Ok(None),
+            })
             .map_err(py_err)?;
         ckpt.map(|c| ckpt_dict(py, c)).transpose()
     }

@@ -211,6 +211,16 @@ pub(crate) struct RemotePacked {
     pub(crate) hash: String,
 }
 
+/// The bytes of a manifest (JSON) and their hash, which names it.
+pub(crate) fn encode(manifest: &impl Serialize) -> crate::Result<(Vec<u8>, Hash)> {
+    let bytes = serde_json::to_vec(manifest).map_err(|e| crate::Error::Json {
+        path: None,
+        source: Box::new(e),
+    })?;
+    let hash = *blake3::hash(&bytes).as_bytes();
+    Ok((bytes, hash))
+}
+
 /// `value` with every object's keys in order, whatever map type
 /// `serde_json` was built with: the same value encodes to the same bytes.
 pub(crate) fn canonical(value: serde_json::Value) -> serde_json::Value {

@@ -95,9 +95,18 @@ impl Remote {
             .collect())
     }
 
+    /// Run `f` holding a push lock ([`lock_for_push`](Self::lock_for_push)),
+    /// released whatever `f` returns.
+    pub(crate) fn with_push_lock<T>(&self, f: impl FnOnce(&mut Lock) -> Result<T>) -> Result<T> {
+        let mut lock = self.lock_for_push()?;
+        let result = f(&mut lock);
+        self.release(lock);
+        result
+    }
+
     /// Take a push lock, waiting (at most the grace period) while a
     /// collection runs.
-    pub(crate) fn lock_for_push(&self) -> Result<Lock> {
+    fn lock_for_push(&self) -> Result<Lock> {
         let lock = self.write_lock(LockKind::Push)?;
         let started = Instant::now();
         loop {

@@ -276,6 +276,17 @@ impl Remote {
         deleted.map_err(|e| remote_error(&self.url, "deleting from", e))
     }
 
+    /// Make step `step` visible: its manifest `bytes` (hashing to `hash`),
+    /// then the commit naming it. Whatever the step needs must be there.
+    fn put_step(&self, step: u64, hash: &Hash, bytes: Vec<u8>) -> Result<()> {
+        self.put(&self.layout.manifest(step, hash), bytes)?;
+        let commit = format!(
+            "{{\"format\":1,\"step\":{step},\"manifest\":\"{}\"}}",
+            crate::format::manifest::hex(hash)
+        );
+        self.put(&self.layout.commit(step, hash), commit.into_bytes())
+    }
+
     /// The hashes of every chunk in the bucket.
     pub(crate) fn chunk_hashes(&self) -> Result<HashSet<Hash>> {
         Ok(self
@@ -284,15 +295,6 @@ impl Remote {
             .filter_map(|n| parse_chunk(n))
             .collect())
     }
-}
-
-/// The bytes of the commit object of `step` whose manifest hashes to `hash`.
-fn commit_body(step: u64, hash: &Hash) -> Vec<u8> {
-    format!(
-        "{{\"format\":1,\"step\":{step},\"manifest\":\"{}\"}}",
-        crate::format::manifest::hex(hash)
-    )
-    .into_bytes()
 }
 
 fn remote_error(url: &str, op: &str, e: object_store::Error) -> Error {

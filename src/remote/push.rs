@@ -14,7 +14,7 @@ use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use object_store::{ObjectStoreExt, PutPayload};
 
-use super::layout::{RemoteBlob, RemoteManifest, RemotePacked};
+use super::layout::{encode, RemoteBlob, RemoteManifest, RemotePacked};
 use super::locks::Lock;
 use super::{remote_error, Remote};
 use crate::engine::{ChunkPlace, StepData};
@@ -87,10 +87,7 @@ impl CheckpointStore {
         remote: &Remote,
         progress: &mut dyn FnMut(u64, u64) -> bool,
     ) -> Result<PushReport> {
-        let mut lock = remote.lock_for_push()?;
-        let result = self.push_locked(remote, &mut lock, progress);
-        remote.release(lock);
-        result
+        remote.with_push_lock(|lock| self.push_locked(remote, lock, progress))
     }
 
     fn push_locked(
@@ -111,22 +108,14 @@ impl CheckpointStore {
             remote.refresh(lock)?;
             let outcome = self.with_step(step, |ckpt, info, data| {
                 let manifest = remote_manifest(&ckpt, &info, data)?;
-                let bytes = serde_json::to_vec(&manifest).map_err(|e| Error::Json {
-                    path: None,
-                    source: Box::new(e),
-                })?;
-                let hash = *blake3::hash(&bytes).as_bytes();
+                let (bytes, hash) = encode(&manifest)?;
                 if done.contains(&(step, hash)) {
                     return Ok(Outcome::Present);
                 }
                 let before = report.bytes_uploaded;
                 let missing = missing_chunks(data, &mut present, &mut report)?;
                 remote.upload(step, data, &missing, before, progress)?;
-                remote.put(&remote.layout.manifest(step, &hash), bytes)?;
-                remote.put(
-                    &remote.layout.commit(step, &hash),
-                    super::commit_body(step, &hash),
-                )?;
+                remote.put_step(step, &hash, bytes)?;
                 Ok(Outcome::Pushed)
             })?;
             match outcome {

@@ -27,12 +27,9 @@ impl Remote {
             return Ok(None);
         }
         let chunks = self.chunk_hashes()?;
-        for c in commits.iter().rev() {
-            if self.checked_manifest(*c, Some(&chunks))?.is_some() {
-                return Ok(Some(c.step));
-            }
-        }
-        Ok(None)
+        Ok(self
+            .newest_complete(&commits, &chunks)?
+            .map(|(c, _)| c.step))
     }
 
     /// Step `step`, restored from the bucket with every chunk hash-checked,
@@ -139,7 +136,7 @@ impl Remote {
     /// [`Error::ShardedStep`] for a global step of several ranks (see
     /// [`get_shard`](Self::get_shard)).
     pub fn info(&self, step: u64) -> Result<Option<StepInfo>> {
-        let Some((_, m)) = self.complete()?.into_iter().find(|(c, _)| c.step == step) else {
+        let Some((_, m)) = self.complete_step(step, &self.chunk_hashes()?)? else {
             return Ok(None);
         };
         let m = single(step, m)?;
@@ -181,10 +178,7 @@ impl Remote {
 fn single(step: u64, m: StepManifest) -> Result<RemoteManifest> {
     match m {
         StepManifest::Single(m) => Ok(m),
-        StepManifest::Sharded { mut shards, ids } if shards.len() == 1 => {
-            drop(ids);
-            Ok(shards.remove(0))
-        }
+        StepManifest::Sharded { mut shards, .. } if shards.len() == 1 => Ok(shards.remove(0)),
         StepManifest::Sharded { shards, .. } => Err(Error::ShardedStep {
             step,
             world_size: u32::try_from(shards.len()).unwrap_or(u32::MAX),

@@ -14,7 +14,7 @@ use futures::{StreamExt, TryStreamExt};
 use object_store::ObjectStoreExt;
 
 use super::layout::{
-    GlobalManifest, RemoteBlob, RemoteManifest, RemotePacked, ShardId, MANIFEST_FORMAT,
+    encode, GlobalManifest, RemoteBlob, RemoteManifest, RemotePacked, ShardId, MANIFEST_FORMAT,
 };
 use super::push::UPLOADS_IN_FLIGHT;
 use super::step::StepManifest;
@@ -115,10 +115,7 @@ impl Remote {
         }
         ckpt.validate()?;
         self.check_world_size(step, world_size)?;
-        let lock = self.lock_for_push()?;
-        let result = self.put_shard(step, rank, world_size, ckpt);
-        self.release(lock);
-        result
+        self.with_push_lock(|_| self.put_shard(step, rank, world_size, ckpt))
     }
 
     fn put_shard(
@@ -157,14 +154,11 @@ impl Remote {
             .into_iter()
             .map(|(hash, bytes)| Ok((hash, Bytes::copy_from_slice(bytes))));
         self.upload_chunks(reads, &mut |_| {})?;
-        let bytes = serde_json::to_vec(&manifest).map_err(|e| Error::Json {
-            path: None,
-            source: Box::new(e),
-        })?;
+        let (bytes, hash) = encode(&manifest)?;
         let id = ShardId {
             rank,
             world_size,
-            hash: *blake3::hash(&bytes).as_bytes(),
+            hash,
         };
         self.put(&self.layout.shard(step, &id), bytes)?;
         let landed = Instant::now();
@@ -227,21 +221,13 @@ impl Remote {
             world_size,
             shards: chosen.values().map(|id| hex(&id.hash)).collect(),
         };
-        let bytes = serde_json::to_vec(&global).map_err(|e| Error::Json {
-            path: None,
-            source: Box::new(e),
-        })?;
-        let hash = *blake3::hash(&bytes).as_bytes();
+        let (bytes, hash) = encode(&global)?;
         if !self
             .commits()?
             .iter()
             .any(|c| c.step == step && c.hash == hash)
         {
-            self.put(&self.layout.manifest(step, &hash), bytes)?;
-            self.put(
-                &self.layout.commit(step, &hash),
-                super::commit_body(step, &hash),
-            )?;
+            self.put_step(step, &hash, bytes)?;
         }
         Ok(true)
     }
@@ -278,18 +264,17 @@ impl Remote {
     /// hash-checked: the one the step's commit names if the step is
     /// complete, else a whole one that landed; `None` if there is none.
     pub fn get_shard(&self, step: u64, rank: u32) -> Result<Option<GradientCheckpoint>> {
-        let complete = self.complete()?;
-        if let Some((_, StepManifest::Sharded { shards, ids })) =
-            complete.into_iter().find(|(c, _)| c.step == step)
+        let chunks = self.chunk_hashes()?;
+        if let Some((_, StepManifest::Sharded { mut shards, ids })) =
+            self.complete_step(step, &chunks)?
         {
             return match ids.iter().position(|id| id.rank == rank) {
-                Some(i) => self.assemble(shards[i].clone(), &mut |_| {}).map(Some),
+                Some(i) => self.assemble(shards.swap_remove(i), &mut |_| {}).map(Some),
                 None => Ok(None),
             };
         }
         let mut ids: Vec<ShardId> = self.shard_ids(step)?;
         ids.sort();
-        let chunks = self.chunk_hashes()?;
         for id in ids.iter().filter(|id| id.rank == rank) {
             if let Some(m) = self.checked_shard(step, id, Some(&chunks))? {
                 return self.assemble(m, &mut |_| {}).map(Some);
@@ -320,10 +305,10 @@ impl Remote {
         let missing = (0..world_size.unwrap_or(0))
             .filter(|r| !landed.contains(r))
             .collect();
-        let complete = self
-            .complete()?
-            .iter()
-            .any(|(c, m)| c.step == step && matches!(m, StepManifest::Sharded { .. }));
+        let complete = matches!(
+            self.complete_step(step, &chunks)?,
+            Some((_, StepManifest::Sharded { .. }))
+        );
         Ok(ShardStatus {
             step,
             world_size,
@@ -361,7 +346,7 @@ impl Remote {
     /// store, N for a complete global step, what its shards say for one not
     /// complete; `None` if the bucket has nothing of it.
     pub fn world_size(&self, step: u64) -> Result<Option<u32>> {
-        if let Some((_, m)) = self.complete()?.into_iter().find(|(c, _)| c.step == step) {
+        if let Some((_, m)) = self.complete_step(step, &self.chunk_hashes()?)? {
             return Ok(Some(m.world_size()));
         }
         Ok(self.shard_ids(step)?.iter().map(|id| id.world_size).min())

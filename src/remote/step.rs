@@ -65,12 +65,9 @@ impl Remote {
         chunks: Option<&HashSet<Hash>>,
     ) -> Result<Option<StepManifest>> {
         let key = self.layout.manifest(commit.step, &commit.hash);
-        let Some(bytes) = self.get_bytes(&key)? else {
+        let Some(bytes) = self.get_hashed(&key, &commit.hash)? else {
             return Ok(None);
         };
-        if blake3::hash(&bytes).as_bytes() != &commit.hash {
-            return Ok(None);
-        }
         if let Ok(m) = serde_json::from_slice::<RemoteManifest>(&bytes) {
             let ok = m.format == MANIFEST_FORMAT && m.step == commit.step && has_chunks(&m, chunks);
             return Ok(ok.then_some(StepManifest::Single(m)));
@@ -110,17 +107,54 @@ impl Remote {
         id: &ShardId,
         chunks: Option<&HashSet<Hash>>,
     ) -> Result<Option<RemoteManifest>> {
-        let Some(bytes) = self.get_bytes(&self.layout.shard(step, id))? else {
+        let Some(bytes) = self.get_hashed(&self.layout.shard(step, id), &id.hash)? else {
             return Ok(None);
         };
-        if blake3::hash(&bytes).as_bytes() != &id.hash {
-            return Ok(None);
-        }
         let Ok(m) = serde_json::from_slice::<RemoteManifest>(&bytes) else {
             return Ok(None);
         };
         let ok = m.format == MANIFEST_FORMAT && m.step == step && has_chunks(&m, chunks);
         Ok(ok.then_some(m))
+    }
+
+    /// Of `commits` (ascending), the newest that checks out against the
+    /// bucket's `chunks`, with what it stands for.
+    pub(crate) fn newest_complete(
+        &self,
+        commits: &[Commit],
+        chunks: &HashSet<Hash>,
+    ) -> Result<Option<(Commit, StepManifest)>> {
+        for c in commits.iter().rev() {
+            if let Some(m) = self.checked_manifest(*c, Some(chunks))? {
+                return Ok(Some((*c, m)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Step `step`'s newest commit that checks out against the bucket's
+    /// `chunks`, reading only that step's manifests.
+    pub(crate) fn complete_step(
+        &self,
+        step: u64,
+        chunks: &HashSet<Hash>,
+    ) -> Result<Option<(Commit, StepManifest)>> {
+        let commits: Vec<Commit> = self
+            .commits()?
+            .into_iter()
+            .filter(|c| c.step == step)
+            .collect();
+        self.newest_complete(&commits, chunks)
+    }
+
+    /// The bytes at `key` if they are there and hash to `hash`.
+    fn get_hashed(
+        &self,
+        key: &object_store::path::Path,
+        hash: &Hash,
+    ) -> Result<Option<bytes::Bytes>> {
+        let bytes = self.get_bytes(key)?;
+        Ok(bytes.filter(|b| blake3::hash(b).as_bytes() == hash))
     }
 
     /// Each complete step's newest commit that checks out, with what it
@@ -131,16 +165,11 @@ impl Remote {
             return Ok(Vec::new());
         }
         let chunks = self.chunk_hashes()?;
-        let mut complete: Vec<(Commit, StepManifest)> = Vec::new();
-        for c in commits.iter().rev() {
-            if complete.last().is_some_and(|(last, _)| last.step == c.step) {
-                continue;
-            }
-            if let Some(m) = self.checked_manifest(*c, Some(&chunks))? {
-                complete.push((*c, m));
-            }
+        let mut complete = Vec::new();
+        // Commits come sorted by step: one group per step.
+        for of_step in commits.chunk_by(|a, b| a.step == b.step) {
+            complete.extend(self.newest_complete(of_step, &chunks)?);
         }
-        complete.reverse();
         Ok(complete)
     }
 }
