@@ -153,8 +153,30 @@ impl GradientCheckpoint {
     }
 
     /// Check that the checkpoint can be stored and read back exactly: JSON
-    /// has no NaN or infinity, so every metric must be finite.
+    /// has no NaN or infinity, so every metric must be finite; metadata
+    /// strings (loss CID, names) are at most [`MAX_TEXT_BYTES`] long, the
+    /// cap a bucket's readers hold them to.
     pub(crate) fn validate(&self) -> Result<()> {
+        let names = self.metrics.keys().map(|n| ("a metric name", n.as_str()));
+        let names = names
+            .chain(
+                self.optimizer_state
+                    .keys()
+                    .map(|n| ("a blob name", n.as_str())),
+            )
+            .chain(self.tensors.keys().map(|n| ("a tensor name", n.as_str())))
+            .chain(self.loss_cid.iter().map(|c| ("the loss CID", c.as_str())));
+        for (what, text) in names {
+            if text.len() > MAX_TEXT_BYTES {
+                return Err(Error::InvalidCheckpoint {
+                    step: self.step,
+                    reason: format!(
+                        "{what} is {} bytes long (at most {MAX_TEXT_BYTES})",
+                        text.len()
+                    ),
+                });
+            }
+        }
         if let Some((name, v)) = self.metrics.iter().find(|(_, v)| !v.is_finite()) {
             return Err(Error::InvalidCheckpoint {
                 step: self.step,
@@ -193,6 +215,10 @@ impl GradientCheckpoint {
         })
     }
 }
+
+/// The longest metadata string a checkpoint may carry (its loss CID, a
+/// blob, tensor or metric name), in bytes.
+pub const MAX_TEXT_BYTES: usize = 64 << 10;
 
 /// Seconds since the Unix epoch (0 if the clock is before it).
 pub(crate) fn unix_now() -> u64 {

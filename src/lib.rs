@@ -84,13 +84,14 @@ mod retention;
 mod store;
 mod tensor;
 
-pub use checkpoint::GradientCheckpoint;
+pub use checkpoint::{GradientCheckpoint, MAX_TEXT_BYTES};
 pub use error::{Cause, Error, Result};
 pub use graph::{ComputationGraphStore, ComputationNode};
 pub use options::{Durability, StoreOptions};
 #[cfg(feature = "remote")]
 pub use remote::{
     GcReport, PushReport, Remote, ReplicationStatus, ShardInfo, ShardStatus, DEFAULT_GRACE_PERIOD,
+    DEFAULT_RETRY_WINDOW, MAX_MANIFEST_BYTES, MAX_WORLD_SIZE,
 };
 pub use report::{CommitInfo, StepInfo, StoreStats, TensorInfo, VerifyReport};
 pub use retention::{Goal, Retention, StepSummary};

@@ -57,7 +57,8 @@ pub(crate) fn py_err(e: Error) -> PyErr {
         | Error::InvalidOptions(_)
         | Error::InvalidUrl { .. }
         | Error::ShardedStep { .. }
-        | Error::WorldSizeMismatch { .. } => PyValueError::new_err(msg),
+        | Error::WorldSizeMismatch { .. }
+        | Error::PrefixOwned { .. } => PyValueError::new_err(msg),
         e if e.is_io() => PyOSError::new_err(msg),
         _ => CkptError::new_err(msg),
     }
@@ -83,6 +84,7 @@ fn _ckptstore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<handle::Handle>()?;
     m.add_class::<arrays::Buffer>()?;
     m.add("Error", m.py().get_type::<CkptError>())?;
+    m.add("MAX_WORLD_SIZE", ckptstore::MAX_WORLD_SIZE)?;
     m.add("StepExistsError", m.py().get_type::<StepExistsError>())?;
     m.add("CorruptError", m.py().get_type::<CorruptError>())?;
     m.add("LockedError", m.py().get_type::<LockedError>())?;

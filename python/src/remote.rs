@@ -14,7 +14,7 @@ use crate::{info_dict, py_err};
 /// A bucket (`s3://BUCKET/PREFIX` or `file:///DIR`).
 #[pyclass(module = "ckptstore._ckptstore", name = "RawRemote")]
 pub(crate) struct RawRemote {
-    remote: Remote,
+    pub(crate) remote: Remote,
 }
 
 impl RawRemote {
@@ -43,6 +43,17 @@ impl RawRemote {
 
     fn url(&self) -> String {
         self.remote.url().to_owned()
+    }
+
+    /// The id of the store whose run the prefix holds, or None.
+    fn owner(&self, py: Python<'_>) -> PyResult<Option<String>> {
+        py.detach(|| self.remote.owner()).map_err(py_err)
+    }
+
+    /// Make the prefix hold `store`'s run from now on.
+    fn adopt(&self, py: Python<'_>, store: PyRef<'_, RawStore>) -> PyResult<()> {
+        let store = store.get()?;
+        py.detach(|| self.remote.adopt(store)).map_err(py_err)
     }
 
     fn steps(&self, py: Python<'_>) -> PyResult<Vec<u64>> {

@@ -216,6 +216,12 @@ impl RawStore {
         ckpt.map(|c| ckpt_dict(py, c)).transpose()
     }
 
+    /// The store's UUID: it names the store's run in a bucket.
+    fn store_id(&self, py: Python<'_>) -> PyResult<String> {
+        let store = self.get()?;
+        py.detach(|| store.store_id()).map_err(py_err)
+    }
+
     fn steps(&self, py: Python<'_>) -> PyResult<Vec<u64>> {
         let store = self.get()?;
         py.detach(|| store.steps()).map_err(py_err)
@@ -257,11 +263,16 @@ impl RawStore {
         Ok(report_tuple(&report))
     }
 
-    /// Upload every step the bucket at `url` lacks.
-    fn push<'py>(&self, py: Python<'py>, url: &str) -> PyResult<Bound<'py, PyDict>> {
+    /// Upload every step the bucket lacks (with the remote's settings,
+    /// such as its grace period).
+    fn push<'py>(
+        &self,
+        py: Python<'py>,
+        remote: PyRef<'py, crate::remote::RawRemote>,
+    ) -> PyResult<Bound<'py, PyDict>> {
         let store = self.get()?;
-        let remote = Remote::open(url).map_err(py_err)?;
-        let r = py.detach(|| store.push(&remote)).map_err(py_err)?;
+        let remote = &remote.remote;
+        let r = py.detach(|| store.push(remote)).map_err(py_err)?;
         let d = PyDict::new(py);
         d.set_item("steps_pushed", r.steps_pushed)?;
         d.set_item("steps_present", r.steps_present)?;

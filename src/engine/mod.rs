@@ -20,6 +20,8 @@ use crate::error::StorageContext;
 use crate::format::layout::split;
 use crate::format::manifest::{decode_manifest, encode_manifest, Hash};
 use crate::format::summary;
+#[cfg(feature = "remote")]
+use crate::format::tables::META_STORE_ID;
 use crate::format::tables::{
     meta_format, meta_u64, META, META_FORMAT, META_NEXT_CHUNK, META_STAGING, META_STORED_BYTES,
     META_STORED_CHUNKS, PACKED, PINS, STEPS, SUMMARIES, TENSOR_FORMAT,
@@ -88,6 +90,15 @@ impl<'txn> Engine<'txn> {
                 .insert(META_NEXT_CHUNK, next.as_slice())
                 .context(ctx)?;
         }
+        Ok(())
+    }
+
+    /// Give the store the UUID `id` (a store joining a run in a bucket).
+    #[cfg(feature = "remote")]
+    pub(crate) fn set_store_id(&mut self, id: &str) -> Result<()> {
+        self.meta
+            .insert(META_STORE_ID, id.as_bytes())
+            .context(|| "writing the store id to table meta".to_owned())?;
         Ok(())
     }
 

@@ -16,8 +16,8 @@ use crate::format::manifest::{
     decode_manifest, hex, BlobRef, Hash, Manifest, PackedRef, Placement,
 };
 use crate::format::tables::{
-    meta_u64, CHUNK_DATA, LEGACY_CHUNKS, META, META_STORED_BYTES, META_STORED_CHUNKS, PACKED, PINS,
-    STEPS, SUMMARIES,
+    meta_u64, CHUNK_DATA, LEGACY_CHUNKS, META, META_STORED_BYTES, META_STORED_CHUNKS,
+    META_STORE_ID, PACKED, PINS, STEPS, SUMMARIES,
 };
 use crate::{Error, GradientCheckpoint, Result, StepSummary, Tensor};
 
@@ -96,6 +96,19 @@ impl View {
             meta_u64(&meta, META_STORED_BYTES)?,
             meta_u64(&meta, META_STORED_CHUNKS)?,
         ))
+    }
+
+    /// The store's UUID, which names its run in a bucket.
+    pub(crate) fn store_id(&self) -> Result<String> {
+        let meta = self
+            .txn
+            .open_table(META)
+            .context(|| "opening table meta".to_owned())?;
+        let id = meta
+            .get(META_STORE_ID)
+            .context(|| "reading the store id from table meta".to_owned())?;
+        let id = id.map(|v| String::from_utf8_lossy(v.value()).into_owned());
+        id.ok_or_else(|| Error::corrupt(None, "table meta has no store id"))
     }
 
     /// A table that may not exist: a format 1 store opened read-only has

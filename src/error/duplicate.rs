@@ -43,7 +43,9 @@ impl Error {
             | Error::ReplicationFailed { .. }
             | Error::RemoteBusy { .. }
             | Error::Remote { .. }
-            | Error::InvalidUrl { .. } => self.duplicate_remote(),
+            | Error::InvalidUrl { .. }
+            | Error::NoBucket { .. }
+            | Error::PrefixOwned { .. } => self.duplicate_remote(),
             Error::NotAStore { path, reason } => Error::NotAStore {
                 path: path.clone(),
                 reason: reason.clone(),
@@ -124,6 +126,15 @@ impl Error {
             Error::InvalidUrl { url, reason } => Error::InvalidUrl {
                 url: url.clone(),
                 reason: reason.clone(),
+            },
+            Error::NoBucket { url, source } => Error::NoBucket {
+                url: url.clone(),
+                source: source.as_ref().map(cause),
+            },
+            Error::PrefixOwned { url, owner, ours } => Error::PrefixOwned {
+                url: url.clone(),
+                owner: owner.clone(),
+                ours: ours.clone(),
             },
             Error::Remote { op, url, source } => Error::Remote {
                 op: op.clone(),

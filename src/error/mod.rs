@@ -82,6 +82,35 @@ pub enum Error {
         detail: String,
     },
 
+    /// There is no bucket at the URL (S3 answered "no such bucket", or a
+    /// `file://` bucket's directory is missing).
+    #[error(
+        "no bucket at {url}: check the URL, or create the bucket (a file:// directory is \
+         created by the first push){}", source.as_ref().map(|s| format!(" ({s})")).unwrap_or_default()
+    )]
+    NoBucket {
+        /// The remote's URL.
+        url: String,
+        /// The object store's answer, when there was one.
+        source: Option<Cause>,
+    },
+
+    /// The bucket prefix holds the run of another store: a push from this
+    /// one would mix two runs' steps.
+    #[error(
+        "{url} holds the run of store {owner}, and this store is {ours}: push to another \
+         prefix, or adopt this one (`ckpt push --adopt`, `Remote::adopt`) if this store \
+         continues that run"
+    )]
+    PrefixOwned {
+        /// The remote's URL.
+        url: String,
+        /// The store whose run the prefix holds.
+        owner: String,
+        /// This store.
+        ours: String,
+    },
+
     /// A remote URL that cannot be used.
     #[error("{url}: {reason}")]
     InvalidUrl {

@@ -46,6 +46,14 @@ pub(crate) fn chunk_lengths(len: usize) -> impl Iterator<Item = usize> {
     std::iter::repeat_n(CHUNK_SIZE, full).chain(tail)
 }
 
+/// How many chunks [`chunk_lengths`] cuts a blob of `len` bytes into,
+/// without walking them (a bucket's manifest may claim any length).
+#[cfg_attr(not(feature = "remote"), allow(dead_code))]
+pub(crate) fn chunk_count(len: usize) -> usize {
+    let rem = len % CHUNK_SIZE;
+    len / CHUNK_SIZE + chunk_lengths(rem).count()
+}
+
 /// Cut `blob` into chunks as [`chunk_lengths`] says.
 pub(crate) fn split(blob: &[u8]) -> impl Iterator<Item = &[u8]> {
     let mut at = 0;
@@ -97,6 +105,7 @@ mod tests {
             }
             assert!(lens.windows(2).all(|w| w[0] >= w[1]), "len {len}");
             assert!(lens.len() <= len / CHUNK_SIZE + 16, "len {len}: {lens:?}");
+            assert_eq!(chunk_count(len), lens.len(), "len {len}");
             let blob = vec![0u8; len];
             assert_eq!(split(&blob).map(<[u8]>::len).collect::<Vec<_>>(), lens);
         }

@@ -6,21 +6,38 @@
 //!                                          for a global step of N ranks, the list of its shards
 //! shards/<step:020>/<rank:06>-of-<N:06>-<blake3 hex>.json
 //!                                          one rank's shard of a global step: a manifest
-//! commits/<step:020>-<blake3 hex>          written last: the step is visible; names its manifest
+//! commits/<step:020>-<gen:020>-<blake3 hex>
+//!                                          written last: the step is visible; names its manifest
 //! deleted/<step:020>-<blake3 hex>          that step was deleted by retention: push skips it
 //! locks/<push|gc>-<uuid>                   a push or a garbage collection in progress
+//! owner/<store uuid>                       the store whose run this prefix holds
 //! ```
 //!
-//! Every key but the locks is written once with bytes that are a function
-//! of its name (content addressing), so no conditional PUT is needed: a
-//! rewrite puts the same bytes back.
+//! A step committed again with other content (a rollback and redo) gets a
+//! commit of a higher generation; readers take the newest generation whose
+//! step checks out, and garbage collection deletes the commits it
+//! supersedes. Commit names without a generation (written by 0.3) are
+//! generation 0. An attempt at a global step is the set of shards written
+//! after its newest commit (see [`shards`](super::shards)).
+//!
+//! Every key but the locks and the owner is written once with bytes that
+//! are a function of its name (content addressing), so no conditional PUT
+//! is needed: a rewrite puts the same bytes back.
+//!
+//! Objects in a bucket are untrusted input: every count, length and name
+//! is checked against the caps below before anything is allocated or
+//! added up ([`RemoteManifest::check`]); the same caps hold when pushing,
+//! so nothing this crate writes is refused when read back.
 
 use std::collections::BTreeMap;
 
 use object_store::path::Path;
 use serde::{Deserialize, Serialize};
 
+use crate::checkpoint::MAX_TEXT_BYTES;
+use crate::format::layout::chunk_count;
 use crate::format::manifest::{hex, Hash};
+use crate::{Dtype, Tensor};
 
 /// The folder of content-addressed chunks.
 pub(crate) const CHUNKS: &str = "chunks";
@@ -34,8 +51,61 @@ pub(crate) const SHARDS: &str = "shards";
 pub(crate) const DELETED: &str = "deleted";
 /// The folder of locks.
 pub(crate) const LOCKS: &str = "locks";
+/// The folder that names the prefix's owner.
+pub(crate) const OWNER: &str = "owner";
 /// The version of the manifest JSON written here.
 pub(crate) const MANIFEST_FORMAT: u32 = 1;
+
+/// The most ranks a global step may have.
+pub const MAX_WORLD_SIZE: u32 = 1_000_000;
+/// The largest manifest (or shard manifest) object read or written.
+pub const MAX_MANIFEST_BYTES: u64 = 64 << 20;
+/// The most dimensions a tensor's shape may have.
+const MAX_DIMS: usize = 64;
+
+/// A commit object: the step it makes visible, its generation, and the
+/// hash of the manifest it names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct Commit {
+    pub(crate) step: u64,
+    /// Orders commits of one step: a redone step's commit is newer.
+    pub(crate) generation: u64,
+    /// The hash of the step's manifest.
+    pub(crate) hash: Hash,
+}
+
+impl Commit {
+    /// The commit a name in `commits/` stands for.
+    pub(crate) fn parse(name: &str) -> Option<Commit> {
+        let (step, rest) = name.split_once('-')?;
+        if step.len() != 20 {
+            return None;
+        }
+        let (generation, hash) = match rest.split_once('-') {
+            Some((generation, hash)) if generation.len() == 20 => (generation.parse().ok()?, hash),
+            Some(_) => return None,
+            None => (0, rest),
+        };
+        Some(Commit {
+            step: step.parse().ok()?,
+            generation,
+            hash: parse_hex(hash)?,
+        })
+    }
+
+    fn name(&self) -> String {
+        if self.generation == 0 {
+            format!("{:020}-{}", self.step, hex(&self.hash))
+        } else {
+            format!(
+                "{:020}-{:020}-{}",
+                self.step,
+                self.generation,
+                hex(&self.hash)
+            )
+        }
+    }
+}
 
 /// Where things are under one prefix.
 #[derive(Clone, Debug)]
@@ -60,8 +130,12 @@ impl Layout {
         self.key(MANIFESTS, &format!("{step:020}-{}.json", hex(hash)))
     }
 
-    pub(crate) fn commit(&self, step: u64, hash: &Hash) -> Path {
-        self.key(COMMITS, &format!("{step:020}-{}", hex(hash)))
+    pub(crate) fn commit(&self, commit: &Commit) -> Path {
+        self.key(COMMITS, &commit.name())
+    }
+
+    pub(crate) fn owner(&self, store_id: &str) -> Path {
+        self.key(OWNER, store_id)
     }
 
     pub(crate) fn shard_folder(&self, step: u64) -> Path {
@@ -81,8 +155,8 @@ impl Layout {
     }
 }
 
-/// The step and manifest hash a commit's (or a deletion marker's, or a
-/// manifest's without its `.json`) name carries.
+/// The step and manifest hash a deletion marker's (or a manifest's without
+/// its `.json`) name carries.
 pub(crate) fn parse_commit(name: &str) -> Option<(u64, Hash)> {
     let (step, hash) = name.split_once('-')?;
     if step.len() != 20 {
@@ -109,16 +183,20 @@ impl ShardId {
         )
     }
 
-    /// The shard a name in a step's shard folder stands for.
+    /// The shard a name in a step's shard folder stands for; `None` for a
+    /// name of another form, a world size over [`MAX_WORLD_SIZE`] or a
+    /// rank not below it.
     pub(crate) fn parse(name: &str) -> Option<ShardId> {
         let stem = name.strip_suffix(".json")?;
         let (rank, rest) = stem.split_once("-of-")?;
         let (world, hash) = rest.split_once('-')?;
-        Some(ShardId {
+        let id = ShardId {
             rank: rank.parse().ok()?,
             world_size: world.parse().ok()?,
             hash: parse_hex(hash)?,
-        })
+        };
+        let sane = id.world_size <= MAX_WORLD_SIZE && id.rank < id.world_size;
+        sane.then_some(id)
     }
 }
 
@@ -211,12 +289,146 @@ pub(crate) struct RemotePacked {
     pub(crate) hash: String,
 }
 
+impl RemoteManifest {
+    /// Why a reader cannot rely on this manifest as step `step`'s, if it
+    /// cannot: checked before anything is allocated from its numbers or
+    /// added up. Else the step's logical bytes.
+    pub(crate) fn check(&self, step: u64) -> std::result::Result<u64, String> {
+        if self.format != MANIFEST_FORMAT {
+            return Err(format!(
+                "manifest format {} (this build reads {MANIFEST_FORMAT})",
+                self.format
+            ));
+        }
+        if self.step != step {
+            return Err(format!("the manifest is of step {}", self.step));
+        }
+        check_text("its loss CID", self.loss_cid.as_deref().unwrap_or_default())?;
+        for name in self.metrics.keys() {
+            check_text("a metric name", name)?;
+        }
+        let packed_len = match &self.packed {
+            Some(p) if parse_hex(&p.hash).is_none() => {
+                return Err("the packed chunk's name is not a BLAKE3 hash".into())
+            }
+            p => p.as_ref().map(|p| p.len),
+        };
+        let mut total: u64 = 0;
+        for (name, blob) in &self.blobs {
+            check_text("a blob name", name)?;
+            blob.check(name, packed_len)?;
+            total = total
+                .checked_add(blob.len)
+                .ok_or("its blob lengths add up to more than 2^64 bytes")?;
+        }
+        Ok(total)
+    }
+}
+
+impl RemoteBlob {
+    fn check(&self, name: &str, packed_len: Option<u64>) -> std::result::Result<(), String> {
+        match (&self.chunks, self.offset) {
+            (Some(chunks), None) => {
+                let expected = usize::try_from(self.len).ok().map(chunk_count);
+                if expected != Some(chunks.len()) {
+                    return Err(format!(
+                        "blob {name:?}: {} bytes cannot lie in {} chunks",
+                        self.len,
+                        chunks.len()
+                    ));
+                }
+                if chunks.iter().any(|h| parse_hex(h).is_none()) {
+                    return Err(format!("blob {name:?}: a chunk name is not a BLAKE3 hash"));
+                }
+            }
+            (None, Some(offset)) => {
+                let end = offset.checked_add(self.len);
+                if packed_len.is_none_or(|p| end.is_none_or(|end| end > p)) {
+                    return Err(format!("blob {name:?} lies outside the packed bytes"));
+                }
+            }
+            _ => return Err(format!("blob {name:?} has no place (chunks or offset)")),
+        }
+        match (&self.dtype, &self.shape) {
+            (None, None) => Ok(()),
+            (Some(dtype), Some(shape)) => {
+                let dtype = Dtype::from_name(dtype)
+                    .ok_or_else(|| format!("tensor {name:?}: unknown dtype {dtype:.32?}"))?;
+                if shape.len() > MAX_DIMS {
+                    return Err(format!(
+                        "tensor {name:?} has more than {MAX_DIMS} dimensions"
+                    ));
+                }
+                let want = Tensor::expected_bytes(dtype, shape)
+                    .map_err(|reason| format!("tensor {name:?}: {reason}"))?;
+                if want != self.len {
+                    return Err(format!(
+                        "tensor {name:?}: shape {shape:?} of {dtype} needs {want} bytes, \
+                         the manifest says {}",
+                        self.len
+                    ));
+                }
+                Ok(())
+            }
+            _ => Err(format!("blob {name:?} has a dtype or a shape, not both")),
+        }
+    }
+}
+
+impl GlobalManifest {
+    /// Why a reader cannot rely on this as step `step`'s list of shards.
+    pub(crate) fn check(&self, step: u64) -> std::result::Result<(), String> {
+        if self.format != MANIFEST_FORMAT || self.step != step {
+            return Err(format!(
+                "a global manifest of format {} and step {}",
+                self.format, self.step
+            ));
+        }
+        if self.world_size == 0 || self.world_size > MAX_WORLD_SIZE {
+            return Err(format!(
+                "a world size of {} (at most {MAX_WORLD_SIZE})",
+                self.world_size
+            ));
+        }
+        if usize::try_from(self.world_size).ok() != Some(self.shards.len()) {
+            return Err(format!(
+                "{} shards for a world size of {}",
+                self.shards.len(),
+                self.world_size
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Refuse a metadata string longer than [`MAX_TEXT_BYTES`].
+pub(crate) fn check_text(what: &str, text: &str) -> std::result::Result<(), String> {
+    if text.len() > MAX_TEXT_BYTES {
+        return Err(format!(
+            "{what} is {} bytes long (at most {MAX_TEXT_BYTES})",
+            text.len()
+        ));
+    }
+    Ok(())
+}
+
 /// The bytes of a manifest (JSON) and their hash, which names it.
-pub(crate) fn encode(manifest: &impl Serialize) -> crate::Result<(Vec<u8>, Hash)> {
+/// Refused (as step `step`'s) when larger than [`MAX_MANIFEST_BYTES`].
+pub(crate) fn encode(step: u64, manifest: &impl Serialize) -> crate::Result<(Vec<u8>, Hash)> {
     let bytes = serde_json::to_vec(manifest).map_err(|e| crate::Error::Json {
         path: None,
         source: Box::new(e),
     })?;
+    if bytes.len() as u64 > MAX_MANIFEST_BYTES {
+        return Err(crate::Error::InvalidCheckpoint {
+            step,
+            reason: format!(
+                "its manifest for the bucket is {} bytes (at most {MAX_MANIFEST_BYTES}): \
+                 the graph or metadata is too large to push",
+                bytes.len()
+            ),
+        });
+    }
     let hash = *blake3::hash(&bytes).as_bytes();
     Ok((bytes, hash))
 }
@@ -252,11 +464,35 @@ mod tests {
             prefix: Path::from("runs/a"),
         };
         let h = [0xab; 32];
-        let c = layout.commit(42, &h);
+        let legacy = Commit {
+            step: 42,
+            generation: 0,
+            hash: h,
+        };
+        let c = layout.commit(&legacy);
         assert_eq!(c.as_ref(), format!("runs/a/commits/{:020}-{}", 42, hex(&h)));
         let name = c.filename().expect("has a name");
+        assert_eq!(Commit::parse(name), Some(legacy));
         assert_eq!(parse_commit(name), Some((42, h)));
+        let redo = Commit {
+            generation: 3,
+            ..legacy
+        };
+        let name = layout.commit(&redo);
+        assert_eq!(Commit::parse(name.filename().expect("named")), Some(redo));
         assert_eq!(parse_commit("42-ab"), None);
+        assert_eq!(Commit::parse(&format!("{:020}-7-{}", 1, hex(&h))), None);
+        let shard = ShardId {
+            rank: 1,
+            world_size: 4,
+            hash: h,
+        };
+        let key = layout.shard(9, &shard);
+        assert_eq!(ShardId::parse(key.filename().expect("named")), Some(shard));
+        let absurd = format!("000000-of-1000000000-{}.json", hex(&h));
+        assert_eq!(ShardId::parse(&absurd), None);
+        let outside = format!("000004-of-000004-{}.json", hex(&h));
+        assert_eq!(ShardId::parse(&outside), None);
         assert_eq!(parse_chunk(&hex(&h)), Some(h));
         assert_eq!(parse_chunk("zz"), None);
         let name = layout.manifest(7, &h);

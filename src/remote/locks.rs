@@ -9,8 +9,14 @@
 //! push waits until the collection is over. A lock counts while it is
 //! younger than the remote's grace period, by the server's clock (each
 //! lock's time is compared with that of the lock just written); a push
-//! rewrites its lock as it goes, so only the lock of a killed process goes
-//! stale.
+//! rewrites its lock as it goes (by time, between chunks), so only the
+//! lock of a killed process goes stale.
+//!
+//! A push that could not rewrite its lock in time (an upload stalled for
+//! half the grace period) may have been taken for dead: before it writes a
+//! commit it rewrites its lock, waits out any collection that started
+//! meanwhile, and checks again (HEAD) that every chunk the step names is
+//! there, uploading what is not ([`Remote::reassert`]).
 
 use std::time::{Duration, Instant};
 
@@ -46,6 +52,9 @@ pub(crate) struct Lock {
     key: Path,
     name: String,
     written: Instant,
+    /// A collection may have taken it for stale since the holder last
+    /// checked its chunks.
+    lapsed: bool,
 }
 
 impl Remote {
@@ -56,18 +65,40 @@ impl Remote {
             key: self.layout.lock(&name),
             name,
             written: Instant::now(),
+            lapsed: false,
         };
         self.put(&lock.key, lock_body())?;
         Ok(lock)
     }
 
-    /// Write `lock` again if a quarter of the grace period went by since.
+    /// Write `lock` again if a quarter of the grace period went by since;
+    /// if half of it did, a collection may have judged it stale (the
+    /// server's clock counts from before the write returned): mark it.
     pub(crate) fn refresh(&self, lock: &mut Lock) -> Result<()> {
-        if lock.written.elapsed() >= self.grace / 4 {
+        let elapsed = lock.written.elapsed();
+        if elapsed >= self.grace / 4 {
+            lock.lapsed |= elapsed >= self.grace / 2;
             self.put(&lock.key, lock_body())?;
             lock.written = Instant::now();
         }
         Ok(())
+    }
+
+    /// Before a commit that relies on chunks in the bucket: whether the
+    /// lock lapsed since the last call, in which case it has been written
+    /// again and no collection runs now, and the caller must check (HEAD)
+    /// the chunks it relies on before committing, then call again.
+    pub(crate) fn reassert(&self, lock: &mut Lock) -> Result<bool> {
+        self.refresh(lock)?;
+        lock.lapsed |= lock.written.elapsed() >= self.grace / 2;
+        if !lock.lapsed {
+            return Ok(false);
+        }
+        self.put(&lock.key, lock_body())?;
+        lock.written = Instant::now();
+        self.wait_for_collections(lock)?;
+        lock.lapsed = false;
+        Ok(true)
     }
 
     /// Delete `lock`. Failing that, it goes stale after the grace period.
@@ -107,21 +138,26 @@ impl Remote {
     /// Take a push lock, waiting (at most the grace period) while a
     /// collection runs.
     fn lock_for_push(&self) -> Result<Lock> {
-        let lock = self.write_lock(LockKind::Push)?;
+        let mut lock = self.write_lock(LockKind::Push)?;
+        match self.wait_for_collections(&mut lock) {
+            Ok(()) => Ok(lock),
+            Err(e) => {
+                self.release(lock);
+                Err(e)
+            }
+        }
+    }
+
+    /// Wait (at most the grace period, keeping `lock` fresh) until no
+    /// collection holds a live lock.
+    fn wait_for_collections(&self, lock: &mut Lock) -> Result<()> {
         let started = Instant::now();
         loop {
-            let collections = match self.live_locks(LockKind::Gc, &lock) {
-                Ok(c) => c,
-                Err(e) => {
-                    self.release(lock);
-                    return Err(e);
-                }
-            };
+            let collections = self.live_locks(LockKind::Gc, lock)?;
             if collections.is_empty() {
-                return Ok(lock);
+                return Ok(());
             }
             if started.elapsed() >= self.grace {
-                self.release(lock);
                 return Err(Error::RemoteBusy {
                     url: self.url.clone(),
                     detail: format!(
@@ -132,13 +168,15 @@ impl Remote {
                     ),
                 });
             }
-            std::thread::sleep(POLL);
+            std::thread::sleep(POLL.min(self.grace / 8));
+            self.refresh(lock)?;
         }
     }
 }
 
-/// What a lock says: who holds it, for a person looking at the bucket.
-fn lock_body() -> Vec<u8> {
+/// What a lock (or an owner object) says: who wrote it, for a person
+/// looking at the bucket.
+pub(super) fn lock_body() -> Vec<u8> {
     let host = std::env::var("HOSTNAME").unwrap_or_default();
     format!(
         "{{\"pid\":{},\"host\":{host:?},\"unix_ms\":{}}}",

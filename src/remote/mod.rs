@@ -4,6 +4,7 @@
 
 mod layout;
 mod locks;
+mod owner;
 mod push;
 mod read;
 mod replicate;
@@ -24,7 +25,9 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
 use crate::format::manifest::Hash;
 use crate::{Error, Result};
+pub(crate) use layout::Commit;
 use layout::{parse_chunk, parse_commit, Layout, COMMITS, DELETED};
+pub use layout::{MAX_MANIFEST_BYTES, MAX_WORLD_SIZE};
 
 pub use push::PushReport;
 pub use replicate::ReplicationStatus;
@@ -32,15 +35,13 @@ pub(crate) use replicate::Replicator;
 pub use retention::GcReport;
 pub use shards::{ShardInfo, ShardStatus};
 
-/// Requests retried at most this often before failing: with the backoff
-/// below, a server that is back within about 10 s (a restart) is waited
-/// for, and an endpoint that stays unreachable fails within about 12 s.
-const MAX_RETRIES: usize = 6;
-/// Nor for longer than this in all.
-const RETRY_TIMEOUT: Duration = Duration::from_secs(30);
-/// The first wait before a retry, doubling up to the second (with jitter).
+/// How long requests to a server that does not answer (refused
+/// connections, 5xx answers, a restart) are retried before an operation
+/// fails: a server back within this window is waited out.
+pub const DEFAULT_RETRY_WINDOW: Duration = Duration::from_secs(30);
+/// The first wait before a retry; waits grow to the second (with jitter).
 const FIRST_RETRY_WAIT: Duration = Duration::from_millis(250);
-const LONGEST_RETRY_WAIT: Duration = Duration::from_secs(4);
+const LONGEST_RETRY_WAIT: Duration = Duration::from_secs(2);
 /// One request's time limit, and a connection's.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -66,6 +67,13 @@ pub struct Remote {
     layout: Layout,
     url: String,
     grace: Duration,
+    retry_window: Duration,
+    /// Where the bucket is, for `s3://` URLs (the client is built again
+    /// when the retry window changes).
+    s3_bucket: Option<String>,
+    /// The directory of a `file://` URL: empty while it is missing, the
+    /// first write creates it.
+    dir: Option<std::path::PathBuf>,
     runtime: tokio::runtime::Runtime,
 }
 
@@ -77,19 +85,13 @@ impl std::fmt::Debug for Remote {
     }
 }
 
-/// A commit object found in the bucket.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Commit {
-    pub(crate) step: u64,
-    /// The hash of the step's manifest.
-    pub(crate) hash: Hash,
-}
-
 impl Remote {
     /// Open `url`: `s3://BUCKET/PREFIX` (credentials, endpoint and region
     /// from `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`,
     /// `AWS_ENDPOINT_URL`, `AWS_ALLOW_HTTP`) or `file:///DIR` (a directory
-    /// as a bucket, created if missing). Nothing is requested yet.
+    /// as a bucket: it reads as empty while it is missing, the first write
+    /// creates it, and every object and its directory is fsynced before a
+    /// commit names it). Nothing is requested yet.
     ///
     /// # Errors
     /// [`Error::InvalidUrl`] for another scheme or a malformed URL.
@@ -98,52 +100,26 @@ impl Remote {
             url: url.to_owned(),
             reason: reason.to_owned(),
         };
-        let (store, prefix): (Arc<dyn ObjectStore>, &str) =
-            if let Some(rest) = url.strip_prefix("s3://") {
-                let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-                if bucket.is_empty() {
-                    return Err(invalid("no bucket named"));
-                }
-                let retry = object_store::RetryConfig {
-                    max_retries: MAX_RETRIES,
-                    retry_timeout: RETRY_TIMEOUT,
-                    backoff: object_store::BackoffConfig {
-                        init_backoff: FIRST_RETRY_WAIT,
-                        max_backoff: LONGEST_RETRY_WAIT,
-                        base: 2.0,
-                    },
-                };
-                // Client options replace those from_env read: take the one
-                // that matters here again.
-                let allow_http = std::env::var("AWS_ALLOW_HTTP")
-                    .is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
-                let client = object_store::ClientOptions::new()
-                    .with_allow_http(allow_http)
-                    .with_timeout(REQUEST_TIMEOUT)
-                    .with_connect_timeout(CONNECT_TIMEOUT);
-                let s3 = object_store::aws::AmazonS3Builder::from_env()
-                    .with_bucket_name(bucket)
-                    .with_retry(retry)
-                    .with_client_options(client)
-                    .build()
-                    .map_err(|e| remote_error(url, "configuring", e))?;
-                (Arc::new(s3), prefix)
-            } else if let Some(dir) = url.strip_prefix("file://") {
-                if !dir.starts_with('/') {
-                    return Err(invalid("a file:// URL needs an absolute path: file:///DIR"));
-                }
-                std::fs::create_dir_all(dir).map_err(|source| Error::Io {
-                    op: "create directory",
-                    path: dir.into(),
-                    source,
-                })?;
-                let fs = object_store::local::LocalFileSystem::new_with_prefix(dir)
-                    .map_err(|e| remote_error(url, "opening", e))?;
-                (Arc::new(fs), "")
-            } else {
-                return Err(invalid("the scheme must be s3:// or file://"));
-            };
-        Remote::with_store(store, prefix, url)
+        if let Some(rest) = url.strip_prefix("s3://") {
+            let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+            if bucket.is_empty() {
+                return Err(invalid("no bucket named"));
+            }
+            let store = s3_store(url, bucket, DEFAULT_RETRY_WINDOW)?;
+            let mut remote = Remote::with_store(store, prefix, url)?;
+            remote.s3_bucket = Some(bucket.to_owned());
+            Ok(remote)
+        } else if let Some(dir) = url.strip_prefix("file://") {
+            if !dir.starts_with('/') {
+                return Err(invalid("a file:// URL needs an absolute path: file:///DIR"));
+            }
+            let fs = object_store::local::LocalFileSystem::new().with_fsync(true);
+            let mut remote = Remote::with_store(Arc::new(fs), dir, url)?;
+            remote.dir = Some(dir.into());
+            Ok(remote)
+        } else {
+            Err(invalid("the scheme must be s3:// or file://"))
+        }
     }
 
     /// A remote over any [`ObjectStore`] (tests inject faults this way),
@@ -169,8 +145,33 @@ impl Remote {
             layout: Layout { prefix },
             url: url.to_owned(),
             grace: DEFAULT_GRACE_PERIOD,
+            retry_window: DEFAULT_RETRY_WINDOW,
+            s3_bucket: None,
+            dir: None,
             runtime,
         })
+    }
+
+    /// Set how long requests to a server that does not answer are retried
+    /// (default [`DEFAULT_RETRY_WINDOW`], 30 s): a restart or an outage
+    /// shorter than this is waited out, a longer one fails the operation
+    /// with an error naming the URL. For `s3://` remotes (a directory does
+    /// not retry; a store given to [`with_store`](Self::with_store) keeps
+    /// its own policy).
+    ///
+    /// # Errors
+    /// [`Error::Remote`] if the client cannot be configured again.
+    pub fn with_retry_window(mut self, window: Duration) -> Result<Remote> {
+        if let Some(bucket) = &self.s3_bucket {
+            self.store = s3_store(&self.url, bucket, window)?;
+        }
+        self.retry_window = window;
+        Ok(self)
+    }
+
+    /// The retry window.
+    pub fn retry_window(&self) -> Duration {
+        self.retry_window
     }
 
     /// Set the grace period (default [`DEFAULT_GRACE_PERIOD`], 10 minutes):
@@ -198,34 +199,85 @@ impl Remote {
         self.grace
     }
 
+    /// Whether the bucket is there: for a `file://` URL, whether its
+    /// directory exists; for `s3://`, whether the bucket answers a listing.
+    /// Commands that only read (`ckpt ls`, `show`, `verify`, `gc`, `pull`)
+    /// check this first, so that a mistyped URL is an error rather than an
+    /// empty bucket.
+    pub fn exists(&self) -> Result<bool> {
+        if let Some(dir) = &self.dir {
+            return Ok(dir.is_dir());
+        }
+        let prefix = self.layout.folder(COMMITS);
+        let listed = self.runtime.block_on(async {
+            let mut listing = self.store.list(Some(&prefix));
+            listing.try_next().await.map(drop)
+        });
+        match listed.map_err(|e| self.error("listing", e)) {
+            Ok(()) => Ok(true),
+            Err(Error::NoBucket { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The URL this remote was opened with.
     pub fn url(&self) -> &str {
         &self.url
     }
 
-    /// Run `f` to completion; its error becomes [`Error::Remote`].
+    /// Run `f` to completion; its error becomes [`Error::Remote`] (or
+    /// [`Error::NoBucket`]).
     fn block_on<T>(&self, op: &str, f: impl Future<Output = object_store::Result<T>>) -> Result<T> {
-        self.runtime
-            .block_on(f)
-            .map_err(|e| remote_error(&self.url, op, e))
+        self.runtime.block_on(f).map_err(|e| self.error(op, e))
+    }
+
+    /// `e` as this crate's error: a missing bucket said plainly.
+    fn error(&self, op: &str, e: object_store::Error) -> Error {
+        if e.to_string().contains("NoSuchBucket") {
+            return Error::NoBucket {
+                url: self.url.clone(),
+                source: Some(Box::new(e)),
+            };
+        }
+        remote_error(&self.url, op, e)
     }
 
     fn put(&self, key: &Path, bytes: Vec<u8>) -> Result<()> {
         let payload = PutPayload::from(bytes);
-        self.block_on("writing to", self.store.put(key, payload))
-            .map(|_| ())
+        let put = self.runtime.block_on(self.store.put(key, payload));
+        match put {
+            Ok(_) => Ok(()),
+            // S3 answers a write to a missing bucket with 404.
+            Err(object_store::Error::NotFound { source, .. }) => Err(Error::NoBucket {
+                url: self.url.clone(),
+                source: Some(source),
+            }),
+            Err(e) => Err(self.error("writing to", e)),
+        }
     }
 
-    /// The bytes at `key`, or `None` if there is no such object.
-    fn get_bytes(&self, key: &Path) -> Result<Option<bytes::Bytes>> {
+    /// The bytes at `key`, or `None` if there is no such object; an object
+    /// larger than `cap` bytes is refused as [`Error::Corrupt`] before it
+    /// is read.
+    fn get_bytes(&self, key: &Path, cap: u64) -> Result<Option<bytes::Bytes>> {
         let got = self.runtime.block_on(async {
             match self.store.get(key).await {
-                Ok(r) => r.bytes().await.map(Some),
-                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Ok(r) if r.meta.size > cap => Ok(Err(r.meta.size)),
+                Ok(r) => r.bytes().await.map(|b| Ok(Some(b))),
+                Err(object_store::Error::NotFound { .. }) => Ok(Ok(None)),
                 Err(e) => Err(e),
             }
         });
-        got.map_err(|e| remote_error(&self.url, "reading from", e))
+        got.map_err(|e| remote_error(&self.url, "reading from", e))?
+            .map_err(|size| {
+                Error::corrupt(
+                    None,
+                    format!(
+                        "{}/{key} is {size} bytes (at most {cap} are read)",
+                        self.url
+                    ),
+                )
+            })
     }
 
     /// Names of the objects in `folder`.
@@ -233,26 +285,51 @@ impl Remote {
         self.list_keys(&self.layout.folder(folder))
     }
 
-    /// The last part of the name of each object under `prefix`.
+    /// The name of each object directly in folder `prefix` (not in a
+    /// folder below it: another prefix's objects may be there).
     fn list_keys(&self, prefix: &Path) -> Result<Vec<String>> {
-        self.block_on("listing", async {
-            self.store
-                .list(Some(prefix))
-                .map_ok(|meta| meta.location.filename().unwrap_or_default().to_owned())
-                .try_collect()
-                .await
-        })
+        Ok(self
+            .list_under(prefix, 1)?
+            .into_iter()
+            .map(|(mut parts, _)| parts.remove(0))
+            .collect())
     }
 
-    /// Every commit object, by ascending step.
+    /// Each object `depth` folders down from `prefix`: its name's parts
+    /// below `prefix`, and its metadata. A `file://` bucket whose
+    /// directory is missing is empty (and not created).
+    pub(crate) fn list_under(
+        &self,
+        prefix: &Path,
+        depth: usize,
+    ) -> Result<Vec<(Vec<String>, object_store::ObjectMeta)>> {
+        if self.dir.as_ref().is_some_and(|d| !d.is_dir()) {
+            return Ok(Vec::new());
+        }
+        let found: Vec<object_store::ObjectMeta> = self.block_on("listing", async {
+            self.store.list(Some(prefix)).try_collect().await
+        })?;
+        Ok(found
+            .into_iter()
+            .filter_map(|meta| {
+                let parts: Vec<String> = meta
+                    .location
+                    .prefix_match(prefix)?
+                    .map(|p| p.as_ref().to_owned())
+                    .collect();
+                (parts.len() == depth).then_some((parts, meta))
+            })
+            .collect())
+    }
+
+    /// Every commit object, ascending by step, then generation.
     pub(crate) fn commits(&self) -> Result<Vec<Commit>> {
         let mut commits: Vec<Commit> = self
             .list_names(COMMITS)?
             .iter()
-            .filter_map(|n| parse_commit(n))
-            .map(|(step, hash)| Commit { step, hash })
+            .filter_map(|n| Commit::parse(n))
             .collect();
-        commits.sort_by_key(|c| (c.step, c.hash));
+        commits.sort();
         Ok(commits)
     }
 
@@ -276,15 +353,27 @@ impl Remote {
         deleted.map_err(|e| remote_error(&self.url, "deleting from", e))
     }
 
-    /// Make step `step` visible: its manifest `bytes` (hashing to `hash`),
-    /// then the commit naming it. Whatever the step needs must be there.
-    fn put_step(&self, step: u64, hash: &Hash, bytes: Vec<u8>) -> Result<()> {
-        self.put(&self.layout.manifest(step, hash), bytes)?;
-        let commit = format!(
-            "{{\"format\":1,\"step\":{step},\"manifest\":\"{}\"}}",
-            crate::format::manifest::hex(hash)
+    /// Make `commit`'s step visible: its manifest `bytes`, then the commit
+    /// naming it. Whatever the step needs must be there.
+    fn put_step(&self, commit: &Commit, bytes: Vec<u8>) -> Result<()> {
+        self.put(&self.layout.manifest(commit.step, &commit.hash), bytes)?;
+        let body = format!(
+            "{{\"format\":1,\"step\":{},\"generation\":{},\"manifest\":\"{}\"}}",
+            commit.step,
+            commit.generation,
+            crate::format::manifest::hex(&commit.hash)
         );
-        self.put(&self.layout.commit(step, hash), commit.into_bytes())
+        self.put(&self.layout.commit(commit), body.into_bytes())
+    }
+
+    /// The generation a new commit of `step` takes: newer than any there.
+    pub(crate) fn next_generation(commits: &[Commit], step: u64) -> u64 {
+        commits
+            .iter()
+            .filter(|c| c.step == step)
+            .map(|c| c.generation)
+            .max()
+            .map_or(1, |g| g + 1)
     }
 
     /// The hashes of every chunk in the bucket.
@@ -297,10 +386,87 @@ impl Remote {
     }
 }
 
+/// The `s3://` client for `bucket`, retrying for `window`.
+fn s3_store(url: &str, bucket: &str, window: Duration) -> Result<Arc<dyn ObjectStore>> {
+    // Retries end when the window is over, not after a count: waits are
+    // random (jitter), so a count gives no bound in time.
+    let retry = object_store::RetryConfig {
+        max_retries: 1_000,
+        retry_timeout: window,
+        backoff: object_store::BackoffConfig {
+            init_backoff: FIRST_RETRY_WAIT,
+            max_backoff: LONGEST_RETRY_WAIT,
+            base: 2.0,
+        },
+    };
+    // Client options replace those from_env read: take the one that
+    // matters here again.
+    let allow_http =
+        std::env::var("AWS_ALLOW_HTTP").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
+    let client = object_store::ClientOptions::new()
+        .with_allow_http(allow_http)
+        .with_timeout(REQUEST_TIMEOUT)
+        .with_connect_timeout(CONNECT_TIMEOUT);
+    let s3 = object_store::aws::AmazonS3Builder::from_env()
+        .with_bucket_name(bucket)
+        .with_retry(retry)
+        .with_client_options(client)
+        .build()
+        .map_err(|e| remote_error(url, "configuring", e))?;
+    Ok(Arc::new(s3))
+}
+
 fn remote_error(url: &str, op: &str, e: object_store::Error) -> Error {
+    let op = if lacks_credentials(url, &e.to_string(), env_has_credentials()) {
+        format!(
+            "{op} (no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or run \
+             where instance credentials exist)"
+        )
+    } else {
+        op.to_owned()
+    };
     Error::Remote {
-        op: op.to_owned(),
+        op,
         url: url.to_owned(),
         source: Box::new(e),
+    }
+}
+
+/// Whether the environment names credentials for S3.
+fn env_has_credentials() -> bool {
+    [
+        "AWS_ACCESS_KEY_ID",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    ]
+    .iter()
+    .any(|v| std::env::var_os(v).is_some())
+}
+
+/// Without credentials in the environment the S3 client asks the cloud's
+/// instance metadata endpoint, and its error names only that address.
+fn lacks_credentials(url: &str, error: &str, env_has_credentials: bool) -> bool {
+    url.starts_with("s3://") && error.contains("169.254.169.254") && !env_has_credentials
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_credential_is_named() {
+        let error = "Generic S3 error: error sending request for url \
+                     (http://169.254.169.254/latest/api/token)";
+        assert!(lacks_credentials("s3://b/run", error, false));
+        assert!(!lacks_credentials("s3://b/run", error, true));
+        assert!(!lacks_credentials("s3://b/run", "503 Slow Down", false));
+        let e = object_store::Error::Generic {
+            store: "S3",
+            source: error.into(),
+        };
+        let message = remote_error("s3://b/run", "listing", e).to_string();
+        assert!(message.starts_with("listing"), "{message}");
+        assert!(message.contains("s3://b/run"), "{message}");
     }
 }

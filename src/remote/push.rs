@@ -6,9 +6,15 @@
 //! (same chunks, same hashes), so a step already in the bucket costs a
 //! metadata read, not a read of its data. A step is visible in the bucket
 //! only once its commit is there, and a rerun after any failure skips what
-//! landed: chunks are listed first, and a step whose commit exists is done.
+//! landed: chunks are listed first, and a step whose newest commit names
+//! the same content and whose chunks are all there is done.
+//!
+//! A step committed again with other content (a rollback and redo) is
+//! pushed under a commit of a newer generation, which readers take. A push
+//! writes only into a prefix that holds its store's run (see
+//! [`owner`](super::owner)).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
@@ -16,7 +22,7 @@ use object_store::{ObjectStoreExt, PutPayload};
 
 use super::layout::{encode, RemoteBlob, RemoteManifest, RemotePacked};
 use super::locks::Lock;
-use super::{remote_error, Remote};
+use super::{remote_error, Commit, Remote};
 use crate::engine::{ChunkPlace, StepData};
 use crate::format::manifest::{hex, Hash, Placement};
 use crate::{CheckpointStore, Error, GradientCheckpoint, Result, StepInfo};
@@ -96,26 +102,55 @@ impl CheckpointStore {
         lock: &mut Lock,
         progress: &mut dyn FnMut(u64, u64) -> bool,
     ) -> Result<PushReport> {
+        remote.claim(&self.store_id()?)?;
         let mut report = PushReport::default();
-        let mut done: HashSet<(u64, Hash)> = remote
-            .commits()?
-            .into_iter()
-            .map(|c| (c.step, c.hash))
-            .collect();
-        done.extend(remote.deleted()?);
+        let commits = remote.commits()?;
+        // Ascending: the last commit of a step is its newest.
+        let newest: BTreeMap<u64, Commit> = commits.iter().map(|c| (c.step, *c)).collect();
+        let deleted: HashSet<(u64, Hash)> = remote.deleted()?.into_iter().collect();
         let mut present: HashSet<Hash> = remote.chunk_hashes()?;
         for step in self.steps()? {
             remote.refresh(lock)?;
             let outcome = self.with_step(step, |ckpt, info, data| {
                 let manifest = remote_manifest(&ckpt, &info, data)?;
-                let (bytes, hash) = encode(&manifest)?;
-                if done.contains(&(step, hash)) {
+                manifest
+                    .check(step)
+                    .map_err(|reason| Error::InvalidCheckpoint {
+                        step,
+                        reason: format!("the bucket's readers would refuse it: {reason}"),
+                    })?;
+                let (bytes, hash) = encode(step, &manifest)?;
+                if deleted.contains(&(step, hash)) {
                     return Ok(Outcome::Present);
                 }
+                let chunks = step_chunks(data)?;
+                // The same content as the newest commit, whole: done. The
+                // same content with chunks missing (collected after a lock
+                // lapsed): repaired under the same commit.
+                let same = newest.get(&step).filter(|c| c.hash == hash);
+                if same.is_some() && chunks.iter().all(|c| present.contains(&c.hash)) {
+                    return Ok(Outcome::Present);
+                }
+                let generation =
+                    same.map_or_else(|| Remote::next_generation(&commits, step), |c| c.generation);
                 let before = report.bytes_uploaded;
-                let missing = missing_chunks(data, &mut present, &mut report)?;
-                remote.upload(step, data, &missing, before, progress)?;
-                remote.put_step(step, &hash, bytes)?;
+                let missing = count_missing(&chunks, &mut present, &mut report);
+                remote.upload(step, data, &missing, lock, before, progress)?;
+                while remote.reassert(lock)? {
+                    let there = remote.present(chunks.iter().map(|c| c.hash))?;
+                    let gone: Vec<&StepChunk> =
+                        chunks.iter().filter(|c| !there.contains(&c.hash)).collect();
+                    if gone.is_empty() {
+                        break;
+                    }
+                    remote.upload(step, data, &gone, lock, before, progress)?;
+                }
+                let commit = Commit {
+                    step,
+                    generation,
+                    hash,
+                };
+                remote.put_step(&commit, bytes)?;
                 Ok(Outcome::Pushed)
             })?;
             match outcome {
@@ -131,42 +166,63 @@ impl CheckpointStore {
     }
 }
 
-/// A chunk the bucket lacks: one of a blob, or the step's packed blobs.
-enum Missing {
-    Chunk(ChunkPlace),
-    Packed(Hash),
+/// One chunk of a step: of a blob, or the step's packed blobs.
+struct StepChunk {
+    hash: Hash,
+    len: usize,
+    what: Missing,
 }
 
-/// The chunks of the step the bucket lacks (each once), counted in
-/// `report`; they are taken as present from here on.
-fn missing_chunks(
-    data: &StepData<'_>,
-    present: &mut HashSet<Hash>,
-    report: &mut PushReport,
-) -> Result<Vec<Missing>> {
-    let mut missing = Vec::new();
-    let mut count = |hash: Hash, len: usize, what: Missing| {
-        if present.insert(hash) {
-            report.bytes_uploaded += len as u64;
-            report.chunks_uploaded += 1;
-            missing.push(what);
-        } else {
-            report.bytes_skipped += len as u64;
-        }
-    };
+/// Where a chunk's bytes are in the store.
+enum Missing {
+    Chunk(ChunkPlace),
+    Packed,
+}
+
+/// The chunks of the step, each once.
+fn step_chunks(data: &StepData<'_>) -> Result<Vec<StepChunk>> {
+    let mut seen = HashSet::new();
+    let mut chunks = Vec::new();
     if let Some(p) = data.packed_ref() {
-        count(
-            p.hash,
-            usize::try_from(p.len).unwrap_or(usize::MAX),
-            Missing::Packed(p.hash),
-        );
+        seen.insert(p.hash);
+        chunks.push(StepChunk {
+            hash: p.hash,
+            len: usize::try_from(p.len).unwrap_or(usize::MAX),
+            what: Missing::Packed,
+        });
     }
     for name in data.blob_refs().keys() {
         for place in data.chunk_places(name)? {
-            count(place.hash, place.len, Missing::Chunk(place));
+            if seen.insert(place.hash) {
+                chunks.push(StepChunk {
+                    hash: place.hash,
+                    len: place.len,
+                    what: Missing::Chunk(place),
+                });
+            }
         }
     }
-    Ok(missing)
+    Ok(chunks)
+}
+
+/// The chunks of `chunks` the bucket lacks, counted in `report`; they are
+/// taken as present from here on.
+fn count_missing<'c>(
+    chunks: &'c [StepChunk],
+    present: &mut HashSet<Hash>,
+    report: &mut PushReport,
+) -> Vec<&'c StepChunk> {
+    let mut missing = Vec::new();
+    for c in chunks {
+        if present.insert(c.hash) {
+            report.bytes_uploaded += c.len as u64;
+            report.chunks_uploaded += 1;
+            missing.push(c);
+        } else {
+            report.bytes_skipped += c.len as u64;
+        }
+    }
+    missing
 }
 
 /// The bucket's manifest of a stored step, from the store's manifest.
@@ -202,36 +258,38 @@ fn remote_manifest(
 
 impl Remote {
     /// Upload `missing` chunks of a step: each read from the store when an
-    /// upload slot frees up, several in flight; `landed` counts the bytes
-    /// uploaded by the push, for `progress`.
+    /// upload slot frees up, several in flight, keeping `lock` fresh;
+    /// `landed` counts the bytes uploaded by the push, for `progress`.
     fn upload(
         &self,
         step: u64,
         data: &StepData<'_>,
-        missing: &[Missing],
+        missing: &[&StepChunk],
+        lock: &mut Lock,
         mut landed: u64,
         progress: &mut dyn FnMut(u64, u64) -> bool,
     ) -> Result<()> {
-        let reads = missing.iter().map(|m| -> Result<(Hash, Bytes)> {
-            match m {
-                Missing::Chunk(place) => Ok((place.hash, Bytes::from(data.read_chunk(place)?))),
-                Missing::Packed(hash) => Ok((*hash, Bytes::from(data.packed_bytes()?))),
+        let reads = missing.iter().map(|c| -> Result<(Hash, Bytes)> {
+            match &c.what {
+                Missing::Chunk(place) => Ok((c.hash, Bytes::from(data.read_chunk(place)?))),
+                Missing::Packed => Ok((c.hash, Bytes::from(data.packed_bytes()?))),
             }
         });
         self.upload_chunks(reads, &mut |len| {
             landed += len;
             progress(step, landed);
+            self.refresh(lock)
         })
     }
 
     /// Upload the chunks `reads` yields, each taken when an upload slot
     /// frees up ([`UPLOADS_IN_FLIGHT`] in flight); `landed` gets each
     /// one's length as it lands, outside the runtime (free to block;
-    /// uploads in flight wait meanwhile).
+    /// uploads in flight wait meanwhile), and may stop the upload.
     pub(super) fn upload_chunks(
         &self,
         reads: impl Iterator<Item = Result<(Hash, Bytes)>>,
-        landed: &mut dyn FnMut(u64),
+        landed: &mut dyn FnMut(u64) -> Result<()>,
     ) -> Result<()> {
         let (store, layout, url) = (&self.store, &self.layout, &self.url);
         let mut uploads = futures::stream::iter(reads)
@@ -246,8 +304,29 @@ impl Remote {
             })
             .buffer_unordered(UPLOADS_IN_FLIGHT);
         while let Some(len) = self.runtime.block_on(uploads.try_next())? {
-            landed(len);
+            landed(len)?;
         }
         Ok(())
+    }
+
+    /// Which of `hashes` the bucket holds, asked object by object (several
+    /// requests in flight).
+    pub(super) fn present(&self, hashes: impl Iterator<Item = Hash>) -> Result<HashSet<Hash>> {
+        let unique: BTreeSet<Hash> = hashes.collect();
+        let (store, layout) = (&self.store, &self.layout);
+        self.block_on("looking for chunks in", async {
+            futures::stream::iter(unique)
+                .map(|hash| async move {
+                    match store.head(&layout.chunk(&hash)).await {
+                        Ok(_) => Ok(Some(hash)),
+                        Err(object_store::Error::NotFound { .. }) => Ok(None),
+                        Err(e) => Err(e),
+                    }
+                })
+                .buffer_unordered(UPLOADS_IN_FLIGHT)
+                .try_filter_map(|found| async move { Ok(found) })
+                .try_collect()
+                .await
+        })
     }
 }

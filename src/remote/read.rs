@@ -72,7 +72,7 @@ impl Remote {
     fn readable(&self, step: u64) -> Result<Vec<(Commit, RemoteManifest)>> {
         let mut readable = Vec::new();
         for c in self.commits()?.into_iter().rev().filter(|c| c.step == step) {
-            if let Some(m) = self.checked_manifest(c, None)? {
+            if let Ok(m) = self.checked_manifest(c, None)? {
                 readable.push((c, single(step, m)?));
             }
         }
@@ -80,6 +80,9 @@ impl Remote {
     }
 
     /// Copy step `step` from the bucket into `store` (one commit there).
+    /// An empty store takes the run identity of the prefix
+    /// ([`owner`](Self::owner)): a job resumed from the bucket on a new
+    /// machine goes on pushing into it.
     ///
     /// # Errors
     /// [`Error::StepsNotFound`] when the bucket has no complete copy of it;
@@ -106,6 +109,11 @@ impl Remote {
             .into_iter()
             .next()
             .ok_or(Error::StepsNotFound { steps: vec![step] })?;
+        // An empty store filled from this prefix continues its run: it
+        // takes the prefix's owner as its id, so it may push there.
+        if let Some(owner) = self.owner()? {
+            store.join_run(&owner)?;
+        }
         let total = fetch_bytes(&m);
         let mut fetched = 0;
         self.restore_into(m, store, &mut |n| {

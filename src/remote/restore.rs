@@ -11,7 +11,7 @@ use object_store::ObjectStoreExt;
 
 use super::layout::{parse_hex, RemoteBlob, RemoteManifest};
 use super::Remote;
-use crate::format::layout::packed_slice;
+use crate::format::layout::{chunk_lengths, packed_slice};
 use crate::format::manifest::{hex, Hash};
 use crate::store::Incoming;
 use crate::{CheckpointStore, CommitInfo, Dtype, Error, GradientCheckpoint, Result, Tensor};
@@ -44,7 +44,8 @@ impl<'r> Blobs<'r> {
         let packed = match &m.packed {
             Some(p) => {
                 let hash = parse(step, "packed blobs", &p.hash)?;
-                let mut got = remote.fetch(step, &[("packed blobs", hash)], progress)?;
+                let len = usize::try_from(p.len).unwrap_or(usize::MAX);
+                let mut got = remote.fetch(step, &[("packed blobs", hash, len)], progress)?;
                 got.pop().map(|b| b.to_vec()).unwrap_or_default()
             }
             None => Vec::new(),
@@ -87,19 +88,20 @@ impl<'r> Blobs<'r> {
                 break;
             }
         }
-        let mut wanted: Vec<(&str, Hash)> = Vec::new();
+        let mut wanted: Vec<(&str, Hash, usize)> = Vec::new();
         for (name, blob) in &batch {
-            for h in blob.chunks.iter().flatten() {
-                wanted.push((name, parse(step, name, h)?));
-            }
+            wanted.extend(blob_chunks(step, name, blob)?);
         }
         let mut pieces = self.remote.fetch(step, &wanted, progress)?.into_iter();
         drop(wanted);
         for (name, blob) in batch {
             let data = match (&blob.chunks, blob.offset) {
                 (Some(hashes), None) => {
-                    let mut data = Vec::with_capacity(usize::try_from(blob.len).unwrap_or(0));
-                    for piece in pieces.by_ref().take(hashes.len()) {
+                    // Sized by what arrived (each piece checked against its
+                    // hash and length), not by what the manifest claims.
+                    let got: Vec<_> = pieces.by_ref().take(hashes.len()).collect();
+                    let mut data = Vec::with_capacity(got.iter().map(bytes::Bytes::len).sum());
+                    for piece in got {
                         data.extend_from_slice(&piece);
                     }
                     data
@@ -119,19 +121,20 @@ impl<'r> Blobs<'r> {
 }
 
 impl Remote {
-    /// The chunks `wanted` (each with the blob it belongs to, for errors),
-    /// fetched several at a time and hash-checked, in order; `progress`
-    /// gets each one's length as it arrives.
+    /// The chunks `wanted` (each with the blob it belongs to, for errors,
+    /// and its length), fetched several at a time and checked against
+    /// their hash and length, in order; `progress` gets each one's length
+    /// as it arrives.
     pub(super) fn fetch(
         &self,
         step: u64,
-        wanted: &[(&str, Hash)],
+        wanted: &[(&str, Hash, usize)],
         progress: &mut dyn FnMut(u64),
     ) -> Result<Vec<bytes::Bytes>> {
         let (store, layout, url) = (&self.store, &self.layout, &self.url);
         let corrupt = |detail: String| Error::corrupt(Some(step), detail);
         let mut fetches = futures::stream::iter(wanted)
-            .map(|(what, hash)| async move {
+            .map(|(what, hash, len)| async move {
                 let got = match store.get(&layout.chunk(hash)).await {
                     Ok(got) => got.bytes().await,
                     Err(e) => Err(e),
@@ -142,7 +145,7 @@ impl Remote {
                     }
                     e => super::remote_error(url, "reading chunks from", e),
                 })?;
-                if blake3::hash(&piece).as_bytes() != hash {
+                if piece.len() != *len || blake3::hash(&piece).as_bytes() != hash {
                     return Err(corrupt(format!(
                         "{what}: chunk {} in {url} fails its hash check",
                         hex(hash)
@@ -260,6 +263,24 @@ fn incoming(step: u64, name: String, blob: &RemoteBlob) -> Result<Incoming> {
         len: blob.len,
         tensor,
     })
+}
+
+/// The chunks of a chunked blob (checked by `RemoteManifest::check`), each
+/// with the blob's name and its length.
+pub(super) fn blob_chunks<'a>(
+    step: u64,
+    name: &'a str,
+    blob: &RemoteBlob,
+) -> Result<Vec<(&'a str, Hash, usize)>> {
+    let Some(hashes) = &blob.chunks else {
+        return Ok(Vec::new());
+    };
+    let len = usize::try_from(blob.len).unwrap_or(usize::MAX);
+    hashes
+        .iter()
+        .zip(chunk_lengths(len))
+        .map(|(h, n)| Ok((name, parse(step, name, h)?, n)))
+        .collect()
 }
 
 fn parse(step: u64, what: &str, h: &str) -> Result<Hash> {

@@ -5,12 +5,10 @@
 
 use std::collections::{BTreeSet, HashSet};
 
-use futures::TryStreamExt;
-
 use super::layout::{parse_chunk, parse_commit, ShardId, CHUNKS, MANIFESTS, SHARDS};
 use super::locks::LockKind;
 use super::step::{chunks_of, StepManifest};
-use super::Remote;
+use super::{Commit, Remote};
 use crate::format::manifest::Hash;
 use crate::{Result, Retention};
 
@@ -31,6 +29,9 @@ pub struct GcReport {
     /// Unreferenced objects kept because they are younger than the grace
     /// period.
     pub young_kept: u64,
+    /// Commits of steps committed again since (a rollback and redo),
+    /// deleted: a newer commit of the step checks out.
+    pub commits_superseded: u64,
     /// True when nothing was deleted because a push was in flight (its
     /// lock was live): run it again later.
     pub deferred: bool,
@@ -80,11 +81,11 @@ impl Remote {
         for &step in &doomed {
             for c in commits.iter().filter(|c| c.step == step) {
                 let shards = match self.checked_manifest(*c, None)? {
-                    Some(StepManifest::Sharded { ids, .. }) => ids,
+                    Ok(StepManifest::Sharded { ids, .. }) => ids,
                     _ => Vec::new(),
                 };
                 self.put(&self.layout.deleted(step, &c.hash), Vec::new())?;
-                self.delete(&self.layout.commit(step, &c.hash))?;
+                self.delete(&self.layout.commit(c))?;
                 self.delete(&self.layout.manifest(step, &c.hash))?;
                 for id in &shards {
                     self.delete(&self.layout.shard(step, id))?;
@@ -120,14 +121,14 @@ impl Remote {
 
     fn collect_locked(&self) -> Result<GcReport> {
         let mut report = GcReport::default();
-        let commits = self.commits()?;
+        let commits = self.current_commits(&mut report)?;
         let named: HashSet<(u64, Hash)> = commits.iter().map(|c| (c.step, c.hash)).collect();
         let mut needed: HashSet<Hash> = HashSet::new();
         let mut named_shards: HashSet<(u64, ShardId)> = HashSet::new();
         for c in &commits {
             // A commit whose manifest is missing or damaged names nothing
             // that can be read; `verify` reports it.
-            if let Some(m) = self.checked_manifest(*c, None)? {
+            if let Ok(m) = self.checked_manifest(*c, None)? {
                 needed.extend(m.chunks());
                 if let StepManifest::Sharded { ids, .. } = m {
                     named_shards.extend(ids.into_iter().map(|id| (c.step, id)));
@@ -143,7 +144,7 @@ impl Remote {
             }
             if modified >= cutoff {
                 report.young_kept += 1;
-                if let Some(m) = self.checked_shard(step, &id, None)? {
+                if let Ok(m) = self.checked_shard(step, &id, None)? {
                     needed.extend(chunks_of(&m));
                 }
                 continue;
@@ -162,6 +163,33 @@ impl Remote {
         report.chunks_deleted = chunks;
         report.bytes_deleted = bytes;
         Ok(report)
+    }
+
+    /// The commits that stay: of each step, the newest that checks out and
+    /// every newer one (a damaged newer commit is for `verify` to report);
+    /// older ones are superseded (a step committed again) and deleted here.
+    fn current_commits(&self, report: &mut GcReport) -> Result<Vec<Commit>> {
+        let commits = self.commits()?;
+        if commits.is_empty() {
+            return Ok(commits);
+        }
+        let chunks = self.chunk_hashes()?;
+        let mut current = Vec::new();
+        for of_step in commits.chunk_by(|a, b| a.step == b.step) {
+            let Some((newest, _)) = self.newest_complete(of_step, &chunks)? else {
+                current.extend_from_slice(of_step);
+                continue;
+            };
+            for c in of_step {
+                if *c >= newest {
+                    current.push(*c);
+                } else {
+                    self.delete(&self.layout.commit(c))?;
+                    report.commits_superseded += 1;
+                }
+            }
+        }
+        Ok(current)
     }
 
     /// Delete each object of `folder` that `keep` does not keep, unless it
@@ -207,25 +235,13 @@ impl Remote {
     /// Every shard in the bucket: its step, its name, its last
     /// modification (ms since the epoch).
     pub(crate) fn list_shards(&self) -> Result<Vec<(u64, ShardId, i64)>> {
-        let prefix = self.layout.folder(SHARDS);
-        let found: Vec<(Vec<String>, i64)> = self.block_on("listing", async {
-            self.store
-                .list(Some(&prefix))
-                .map_ok(|m| {
-                    let parts = m.location.parts().map(|p| p.as_ref().to_owned()).collect();
-                    (parts, m.last_modified.timestamp_millis())
-                })
-                .try_collect()
-                .await
-        })?;
+        let found = self.list_under(&self.layout.folder(SHARDS), 2)?;
         Ok(found
             .into_iter()
-            .filter_map(|(parts, modified)| {
-                let [.., step, name] = parts.as_slice() else {
-                    return None;
-                };
-                let step = step.parse().ok()?;
-                Some((step, ShardId::parse(name)?, modified))
+            .filter_map(|(parts, meta)| {
+                let step = parts[0].parse().ok()?;
+                let id = ShardId::parse(&parts[1])?;
+                Some((step, id, meta.last_modified.timestamp_millis()))
             })
             .collect())
     }
@@ -233,16 +249,13 @@ impl Remote {
     /// Name, last modification (ms since the epoch) and size of each object
     /// in `folder`.
     pub(crate) fn list_meta(&self, folder: &str) -> Result<Vec<(String, i64, u64)>> {
-        let prefix = self.layout.folder(folder);
-        self.block_on("listing", async {
-            self.store
-                .list(Some(&prefix))
-                .map_ok(|m| {
-                    let name = m.location.filename().unwrap_or_default().to_owned();
-                    (name, m.last_modified.timestamp_millis(), m.size)
-                })
-                .try_collect()
-                .await
-        })
+        let found = self.list_under(&self.layout.folder(folder), 1)?;
+        Ok(found
+            .into_iter()
+            .map(|(mut parts, meta)| {
+                let modified = meta.last_modified.timestamp_millis();
+                (parts.remove(0), modified, meta.size)
+            })
+            .collect())
     }
 }

@@ -6,19 +6,18 @@
 //! (so ranks finishing together write the same bytes), and readers count a
 //! step only when its commit names N shards that are all there and whole.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures::{StreamExt, TryStreamExt};
-use object_store::ObjectStoreExt;
 
 use super::layout::{
     encode, GlobalManifest, RemoteBlob, RemoteManifest, RemotePacked, ShardId, MANIFEST_FORMAT,
+    MAX_WORLD_SIZE,
 };
-use super::push::UPLOADS_IN_FLIGHT;
+use super::locks::Lock;
 use super::step::StepManifest;
-use super::Remote;
+use super::{Commit, Remote};
 use crate::format::layout::{split, PACK_BELOW};
 use crate::format::manifest::{hex, Hash};
 use crate::{CheckpointStore, Error, GradientCheckpoint, Result};
@@ -113,9 +112,14 @@ impl Remote {
         if ckpt.step != step {
             return Err(invalid(format!("the checkpoint is of step {}", ckpt.step)));
         }
+        if world_size > MAX_WORLD_SIZE {
+            return Err(invalid(format!(
+                "{world_size} ranks: a global step has at most {MAX_WORLD_SIZE}"
+            )));
+        }
         ckpt.validate()?;
         self.check_world_size(step, world_size)?;
-        self.with_push_lock(|_| self.put_shard(step, rank, world_size, ckpt))
+        self.with_push_lock(|lock| self.put_shard(step, rank, world_size, ckpt, lock))
     }
 
     fn put_shard(
@@ -124,6 +128,7 @@ impl Remote {
         rank: u32,
         world_size: u32,
         ckpt: &GradientCheckpoint,
+        lock: &mut Lock,
     ) -> Result<ShardInfo> {
         let (manifest, mut pieces, packed) = shard_manifest(ckpt)?;
         if let Some((hash, bytes)) = &packed {
@@ -142,7 +147,7 @@ impl Remote {
             finalize: Duration::ZERO,
         };
         let mut missing = Vec::new();
-        for (hash, bytes) in pieces {
+        for &(hash, bytes) in &pieces {
             if present.insert(hash) {
                 info.bytes_uploaded += bytes.len() as u64;
                 missing.push((hash, bytes));
@@ -150,11 +155,22 @@ impl Remote {
                 info.bytes_skipped += bytes.len() as u64;
             }
         }
-        let reads = missing
-            .into_iter()
-            .map(|(hash, bytes)| Ok((hash, Bytes::copy_from_slice(bytes))));
-        self.upload_chunks(reads, &mut |_| {})?;
-        let (bytes, hash) = encode(&manifest)?;
+        let (bytes, hash) = encode(step, &manifest)?;
+        self.upload_pieces(&missing, lock)?;
+        // A collection may have taken the lock for stale during the upload:
+        // the chunks the shard names are checked again.
+        while self.reassert(lock)? {
+            let there = self.present(pieces.iter().map(|(h, _)| *h))?;
+            let gone: Vec<(Hash, &[u8])> = pieces
+                .iter()
+                .filter(|(h, _)| !there.contains(h))
+                .map(|(h, b)| (*h, *b))
+                .collect();
+            if gone.is_empty() {
+                break;
+            }
+            self.upload_pieces(&gone, lock)?;
+        }
         let id = ShardId {
             rank,
             world_size,
@@ -165,9 +181,17 @@ impl Remote {
         // Another rank may have started the step with another world size
         // since the check before the upload.
         self.check_world_size(step, world_size)?;
-        info.complete = self.finalize(step, world_size)?;
+        info.complete = self.finalize(step, &id)?;
         info.finalize = landed.elapsed();
         Ok(info)
+    }
+
+    /// Upload chunks held in memory, keeping `lock` fresh.
+    fn upload_pieces(&self, pieces: &[(Hash, &[u8])], lock: &mut Lock) -> Result<()> {
+        let reads = pieces
+            .iter()
+            .map(|(hash, bytes)| Ok((*hash, Bytes::copy_from_slice(bytes))));
+        self.upload_chunks(reads, &mut |_| self.refresh(lock))
     }
 
     /// Refuse a world size other shards of `step` contradict.
@@ -187,70 +211,81 @@ impl Remote {
         }
     }
 
-    /// If every rank of `step` has a whole shard, write the step's manifest
-    /// and commit (unless there). Of several shards of one rank, the one
-    /// with the smallest hash counts, so every rank that finalizes picks
-    /// the same.
-    fn finalize(&self, step: u64, world_size: u32) -> Result<bool> {
-        let ids: BTreeSet<ShardId> = self
-            .shard_ids(step)?
+    /// If every rank of `step` has a whole shard in the current attempt
+    /// (written after the step's newest commit; of a rank's, the newest),
+    /// write the step's manifest and a commit of a newer generation.
+    /// Whether the step's newest commit then names shard `ours`.
+    fn finalize(&self, step: u64, ours: &ShardId) -> Result<bool> {
+        let commits = self.commit_times(step)?;
+        let newest = commits.last().copied();
+        let since = newest.map_or(i64::MIN, |(_, t)| t);
+        let mut attempt: Vec<(i64, ShardId)> = self
+            .list_under(&self.layout.shard_folder(step), 1)?
             .into_iter()
-            .filter(|id| id.world_size == world_size)
+            .filter_map(|(name, meta)| {
+                let id = ShardId::parse(&name[0])?;
+                let t = meta.last_modified.timestamp_millis();
+                (id.world_size == ours.world_size && t > since).then_some((t, id))
+            })
             .collect();
-        let ranks: HashSet<u32> = ids.iter().map(|id| id.rank).collect();
-        if ranks.len() != usize::try_from(world_size).unwrap_or(usize::MAX) {
-            return Ok(false);
-        }
-        // A shard's chunks land before it, and collection takes no chunk a
-        // young shard names: a shard that is there and whole is complete.
+        // Newest first; of shards written in the same millisecond, the
+        // smallest hash, so that every rank that finalizes picks the same.
+        attempt.sort_by(|(ta, a), (tb, b)| tb.cmp(ta).then(a.hash.cmp(&b.hash)));
         let mut chosen: BTreeMap<u32, ShardId> = BTreeMap::new();
-        for id in &ids {
+        for (_, id) in &attempt {
             if chosen.contains_key(&id.rank) {
                 continue;
             }
-            if self.checked_shard(step, id, None)?.is_some() {
+            // A shard's chunks land before it, and collection takes no
+            // chunk a young shard names: a shard there and whole is whole.
+            if self.checked_shard(step, id, None)?.is_ok() {
                 chosen.insert(id.rank, *id);
             }
         }
-        if chosen.len() != ranks.len() {
-            return Ok(false);
+        if chosen.len() != usize::try_from(ours.world_size).unwrap_or(usize::MAX) {
+            return self.names_shard(newest.map(|(c, _)| c), ours);
         }
         let global = GlobalManifest {
             format: MANIFEST_FORMAT,
             step,
-            world_size,
+            world_size: ours.world_size,
             shards: chosen.values().map(|id| hex(&id.hash)).collect(),
         };
-        let (bytes, hash) = encode(&global)?;
-        if !self
-            .commits()?
-            .iter()
-            .any(|c| c.step == step && c.hash == hash)
-        {
-            self.put_step(step, &hash, bytes)?;
-        }
-        Ok(true)
+        let (bytes, hash) = encode(step, &global)?;
+        let commit = match newest {
+            Some((c, _)) if c.hash == hash => c,
+            _ => Commit {
+                step,
+                generation: newest.map_or(1, |(c, _)| c.generation + 1),
+                hash,
+            },
+        };
+        self.put_step(&commit, bytes)?;
+        Ok(chosen.get(&ours.rank) == Some(ours))
     }
 
-    /// Which of `hashes` the bucket holds, asked object by object
-    /// (several requests in flight).
-    fn present(&self, hashes: impl Iterator<Item = Hash>) -> Result<HashSet<Hash>> {
-        let unique: BTreeSet<Hash> = hashes.collect();
-        let (store, layout) = (&self.store, &self.layout);
-        self.block_on("looking for chunks in", async {
-            futures::stream::iter(unique)
-                .map(|hash| async move {
-                    match store.head(&layout.chunk(&hash)).await {
-                        Ok(_) => Ok(Some(hash)),
-                        Err(object_store::Error::NotFound { .. }) => Ok(None),
-                        Err(e) => Err(e),
-                    }
-                })
-                .buffer_unordered(UPLOADS_IN_FLIGHT)
-                .try_filter_map(|found| async move { Ok(found) })
-                .try_collect()
-                .await
+    /// Whether `commit` (a global step's) names shard `id`.
+    fn names_shard(&self, commit: Option<Commit>, id: &ShardId) -> Result<bool> {
+        let Some(commit) = commit else {
+            return Ok(false);
+        };
+        Ok(match self.checked_manifest(commit, None)? {
+            Ok(StepManifest::Sharded { ids, .. }) => ids.contains(id),
+            _ => false,
         })
+    }
+
+    /// The commits of `step` with the time each was written (ms since the
+    /// epoch, server clock), ascending by generation.
+    fn commit_times(&self, step: u64) -> Result<Vec<(Commit, i64)>> {
+        let mut found: Vec<(Commit, i64)> = self
+            .list_meta(super::layout::COMMITS)?
+            .into_iter()
+            .filter_map(|(name, t, _)| Commit::parse(&name).map(|c| (c, t)))
+            .filter(|(c, _)| c.step == step)
+            .collect();
+        found.sort();
+        Ok(found)
     }
 
     /// Every shard object of `step`.
@@ -276,7 +311,7 @@ impl Remote {
         let mut ids: Vec<ShardId> = self.shard_ids(step)?;
         ids.sort();
         for id in ids.iter().filter(|id| id.rank == rank) {
-            if let Some(m) = self.checked_shard(step, id, Some(&chunks))? {
+            if let Ok(m) = self.checked_shard(step, id, Some(&chunks))? {
                 return self.assemble(m, &mut |_| {}).map(Some);
             }
         }
@@ -297,8 +332,7 @@ impl Remote {
         let world_size = world_sizes.first().copied();
         let mut landed = BTreeSet::new();
         for id in ids.iter().filter(|id| Some(id.world_size) == world_size) {
-            if !landed.contains(&id.rank) && self.checked_shard(step, id, Some(&chunks))?.is_some()
-            {
+            if !landed.contains(&id.rank) && self.checked_shard(step, id, Some(&chunks))?.is_ok() {
                 landed.insert(id.rank);
             }
         }
@@ -419,5 +453,11 @@ fn shard_manifest(ckpt: &GradientCheckpoint) -> Result<ShardData<'_>> {
         hash: hex(hash),
     });
     let manifest = RemoteManifest::of(ckpt, blobs, packed_ref)?;
+    manifest
+        .check(ckpt.step)
+        .map_err(|reason| Error::InvalidCheckpoint {
+            step: ckpt.step,
+            reason: format!("the bucket's readers would refuse it: {reason}"),
+        })?;
     Ok((manifest, pieces, packed))
 }

@@ -4,11 +4,11 @@
 
 use std::collections::HashSet;
 
-use super::layout::{parse_hex, GlobalManifest, RemoteManifest, ShardId, MANIFEST_FORMAT};
+use super::layout::{parse_hex, GlobalManifest, RemoteManifest, ShardId, MAX_MANIFEST_BYTES};
 use super::{Commit, Remote};
 use crate::format::layout::chunk_lengths;
-use crate::format::manifest::Hash;
-use crate::{Result, StepSummary};
+use crate::format::manifest::{hex, Hash};
+use crate::{Error, Result, StepSummary};
 
 /// A complete step's manifests.
 #[derive(Clone, Debug)]
@@ -49,72 +49,83 @@ impl StepManifest {
     pub(crate) fn summary(&self) -> StepSummary {
         let parts = self.parts();
         let mut s = summary(&parts[0]);
-        s.logical_bytes = parts.iter().map(|m| summary(m).logical_bytes).sum();
+        s.logical_bytes = parts
+            .iter()
+            .fold(0, |n, m| n.saturating_add(summary(m).logical_bytes));
         s.blobs = parts.iter().map(|m| m.blobs.len()).sum();
         s
     }
 }
 
+/// What a commit stands for, or why a reader cannot rely on it (naming
+/// the object at fault).
+pub(crate) type Checked<T = StepManifest> = std::result::Result<T, String>;
+
 impl Remote {
     /// What `commit` stands for, if its manifest is there, hashes right, is
-    /// one this build reads, and (given the bucket's chunks) names only
-    /// chunks that are there; for a global step, the same of every shard.
+    /// one this build reads, passes [`RemoteManifest::check`], and (given
+    /// the bucket's chunks) names only chunks that are there; for a global
+    /// step, the same of every shard.
     pub(super) fn checked_manifest(
         &self,
         commit: Commit,
         chunks: Option<&HashSet<Hash>>,
-    ) -> Result<Option<StepManifest>> {
+    ) -> Result<Checked> {
         let key = self.layout.manifest(commit.step, &commit.hash);
-        let Some(bytes) = self.get_hashed(&key, &commit.hash)? else {
-            return Ok(None);
+        let bytes = match self.get_hashed(&key, &commit.hash)? {
+            Ok(bytes) => bytes,
+            Err(why) => return Ok(Err(why)),
         };
+        let step = commit.step;
         if let Ok(m) = serde_json::from_slice::<RemoteManifest>(&bytes) {
-            let ok = m.format == MANIFEST_FORMAT && m.step == commit.step && has_chunks(&m, chunks);
-            return Ok(ok.then_some(StepManifest::Single(m)));
+            return Ok(check_single(m, step, chunks)
+                .map(StepManifest::Single)
+                .map_err(|why| format!("{key}: {why}")));
         }
         let Ok(global) = serde_json::from_slice::<GlobalManifest>(&bytes) else {
-            return Ok(None);
+            return Ok(Err(format!("{key} is not a manifest this build reads")));
         };
-        let world_size = global.world_size;
-        let size_ok = usize::try_from(world_size).is_ok_and(|n| n == global.shards.len());
-        if global.format != MANIFEST_FORMAT || global.step != commit.step || !size_ok {
-            return Ok(None);
+        if let Err(why) = global.check(step) {
+            return Ok(Err(format!("{key}: {why}")));
         }
+        let world_size = global.world_size;
         let (mut shards, mut ids) = (Vec::new(), Vec::new());
         for (rank, hash) in (0..world_size).zip(&global.shards) {
             let Some(hash) = parse_hex(hash) else {
-                return Ok(None);
+                return Ok(Err(format!("{key}: shard {rank} is not named by a hash")));
             };
             let id = ShardId {
                 rank,
                 world_size,
                 hash,
             };
-            let Some(m) = self.checked_shard(commit.step, &id, chunks)? else {
-                return Ok(None);
-            };
-            shards.push(m);
+            match self.checked_shard(step, &id, chunks)? {
+                Ok(m) => shards.push(m),
+                Err(why) => return Ok(Err(why)),
+            }
             ids.push(id);
         }
-        Ok(Some(StepManifest::Sharded { shards, ids }))
+        Ok(Ok(StepManifest::Sharded { shards, ids }))
     }
 
-    /// Shard `id` of `step`, if it is there, hashes right, and (given the
-    /// bucket's chunks) names only chunks that are there.
+    /// Shard `id` of `step`, if it is there, hashes right, passes
+    /// [`RemoteManifest::check`], and (given the bucket's chunks) names
+    /// only chunks that are there.
     pub(super) fn checked_shard(
         &self,
         step: u64,
         id: &ShardId,
         chunks: Option<&HashSet<Hash>>,
-    ) -> Result<Option<RemoteManifest>> {
-        let Some(bytes) = self.get_hashed(&self.layout.shard(step, id), &id.hash)? else {
-            return Ok(None);
+    ) -> Result<Checked<RemoteManifest>> {
+        let key = self.layout.shard(step, id);
+        let bytes = match self.get_hashed(&key, &id.hash)? {
+            Ok(bytes) => bytes,
+            Err(why) => return Ok(Err(why)),
         };
         let Ok(m) = serde_json::from_slice::<RemoteManifest>(&bytes) else {
-            return Ok(None);
+            return Ok(Err(format!("{key} is not a manifest this build reads")));
         };
-        let ok = m.format == MANIFEST_FORMAT && m.step == step && has_chunks(&m, chunks);
-        Ok(ok.then_some(m))
+        Ok(check_single(m, step, chunks).map_err(|why| format!("{key}: {why}")))
     }
 
     /// Of `commits` (ascending), the newest that checks out against the
@@ -125,7 +136,7 @@ impl Remote {
         chunks: &HashSet<Hash>,
     ) -> Result<Option<(Commit, StepManifest)>> {
         for c in commits.iter().rev() {
-            if let Some(m) = self.checked_manifest(*c, Some(chunks))? {
+            if let Ok(m) = self.checked_manifest(*c, Some(chunks))? {
                 return Ok(Some((*c, m)));
             }
         }
@@ -147,14 +158,23 @@ impl Remote {
         self.newest_complete(&commits, chunks)
     }
 
-    /// The bytes at `key` if they are there and hash to `hash`.
+    /// The bytes at `key` if they are there, within [`MAX_MANIFEST_BYTES`]
+    /// and hash to `hash`; else why not.
     fn get_hashed(
         &self,
         key: &object_store::path::Path,
         hash: &Hash,
-    ) -> Result<Option<bytes::Bytes>> {
-        let bytes = self.get_bytes(key)?;
-        Ok(bytes.filter(|b| blake3::hash(b).as_bytes() == hash))
+    ) -> Result<Checked<bytes::Bytes>> {
+        let bytes = match self.get_bytes(key, MAX_MANIFEST_BYTES) {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => return Ok(Err(format!("{key} is missing"))),
+            Err(Error::Corrupt { detail, .. }) => return Ok(Err(detail)),
+            Err(e) => return Err(e),
+        };
+        if blake3::hash(&bytes).as_bytes() != hash {
+            return Ok(Err(format!("{key} fails its hash check")));
+        }
+        Ok(Ok(bytes))
     }
 
     /// Each complete step's newest commit that checks out, with what it
@@ -174,18 +194,20 @@ impl Remote {
     }
 }
 
-/// Whether every chunk `m` names parses, and (given the bucket's chunks)
-/// is there.
-fn has_chunks(m: &RemoteManifest, chunks: Option<&HashSet<Hash>>) -> bool {
-    let Some(chunks) = chunks else {
-        return true;
-    };
-    let named = m
-        .blobs
-        .values()
-        .map(|b| b.chunks.as_ref().map_or(0, Vec::len));
-    let all_parse = chunks_of(m).count() == named.sum::<usize>() + usize::from(m.packed.is_some());
-    all_parse && chunks_of(m).all(|h| chunks.contains(&h))
+/// `m` as step `step`'s manifest, if it passes its checks and (given the
+/// bucket's chunks) names only chunks that are there.
+fn check_single(
+    m: RemoteManifest,
+    step: u64,
+    chunks: Option<&HashSet<Hash>>,
+) -> Checked<RemoteManifest> {
+    m.check(step)?;
+    if let Some(chunks) = chunks {
+        if let Some(h) = chunks_of(&m).find(|h| !chunks.contains(h)) {
+            return Err(format!("chunk {} is missing", hex(&h)));
+        }
+    }
+    Ok(m)
 }
 
 /// The chunks a manifest names (its blobs' and its packed chunk).
@@ -204,7 +226,7 @@ fn summary(m: &RemoteManifest) -> StepSummary {
         timestamp: m.timestamp,
         loss_cid: m.loss_cid.clone(),
         metrics: m.metrics.clone(),
-        logical_bytes: m.blobs.values().map(|b| b.len).sum(),
+        logical_bytes: m.blobs.values().fold(0, |n, b| n.saturating_add(b.len)),
         bytes_written: 0,
         blobs: m.blobs.len(),
     }
@@ -219,13 +241,13 @@ pub(crate) fn new_bytes(m: &RemoteManifest, seen: &mut HashSet<String>) -> u64 {
         };
         for (hash, n) in hashes.iter().zip(chunk_lengths(len)) {
             if seen.insert(hash.clone()) {
-                bytes += n as u64;
+                bytes = u64::saturating_add(bytes, n as u64);
             }
         }
     }
     if let Some(p) = &m.packed {
         if seen.insert(p.hash.clone()) {
-            bytes += p.len;
+            bytes = bytes.saturating_add(p.len);
         }
     }
     bytes

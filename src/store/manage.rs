@@ -166,6 +166,20 @@ impl CheckpointStore {
         })
     }
 
+    /// Take the run identity `id` of a bucket this empty store is being
+    /// filled from; a store with steps keeps its own (returns false).
+    #[cfg(feature = "remote")]
+    pub(crate) fn join_run(&self, id: &str) -> Result<bool> {
+        let what = || format!("taking the store id {id}");
+        self.db.write("pull", &what, TxnKind::Whole, |engine| {
+            if !engine.steps_in(..)?.is_empty() {
+                return Ok(false);
+            }
+            engine.set_store_id(id)?;
+            Ok(true)
+        })
+    }
+
     /// Hand the file's free space back to the filesystem (redb compaction).
     /// Returns whether anything was compacted.
     ///

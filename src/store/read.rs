@@ -52,6 +52,13 @@ impl CheckpointStore {
         self.db.read(&what, View::latest_step)
     }
 
+    /// The store's UUID, given when it was created (or taken from the
+    /// bucket it was pulled from): it names the store's run in a bucket.
+    pub fn store_id(&self) -> Result<String> {
+        let what = || "reading the store id".to_owned();
+        self.db.read(&what, View::store_id)
+    }
+
     /// Every stored step, ascending.
     pub fn steps(&self) -> Result<Vec<u64>> {
         self.steps_in(..)

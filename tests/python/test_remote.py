@@ -127,3 +127,33 @@ def test_torch_models_of_each_rank_resume_from_the_bucket(tmp_path):
             assert torch.equal(a, b)
         got = fresh_opt.state_dict()["state"][0]["exp_avg"]
         assert torch.equal(got, opts[rank].state_dict()["state"][0]["exp_avg"])
+
+
+def test_a_redone_step_replaces_the_old_one_and_a_prefix_holds_one_run(tmp_path):
+    for url in _buckets(tmp_path):
+        remote = ckptstore.Remote(url, grace_period=3600.0)
+        with ckptstore.open(tmp_path / f"a-{uuid.uuid4().hex}.ckpt") as store:
+            for step in range(1, 4):
+                store.save(step, _state(step))
+            assert store.push(remote)["steps_pushed"] == [1, 2, 3]
+            for round_ in range(3):
+                store.remove(3)
+                store.save(3, _state(100 + round_))
+                assert store.push(remote)["steps_pushed"] == [3]
+                _same(remote.load(3), _state(100 + round_))
+            assert remote.owner() == store.store_id
+            with ckptstore.open(tmp_path / f"b-{uuid.uuid4().hex}.ckpt") as other:
+                other.save(1, _state(9))
+                with pytest.raises(ValueError, match="holds the run of store"):
+                    other.push(url)
+                remote.adopt(other)
+                assert other.push(remote)["steps_pushed"] == [1]
+                _same(remote.load(1), _state(9))
+
+
+def test_absurd_world_sizes_are_refused():
+    remote = ckptstore.Remote("file:///nonexistent-ckptstore-bucket")
+    for rank, world in [(0, 10**9), (0, 0), (3, 3), (-1, 2)]:
+        with pytest.raises(ValueError, match="world size"):
+            remote.shard(rank, world)
+    assert remote.shard(1, ckptstore.MAX_WORLD_SIZE).world_size == ckptstore.MAX_WORLD_SIZE

@@ -111,3 +111,48 @@ fn bad_urls_and_unreachable_servers_are_one_line_errors() -> Result {
     );
     Ok(())
 }
+
+/// A mistyped `file://` URL is an error for the commands that read, and
+/// creates nothing; a pull that fails leaves no new store behind; a step
+/// missing from a bucket is said to be missing from that bucket.
+#[test]
+fn reading_commands_refuse_a_missing_bucket_and_leave_nothing() -> Result {
+    let dir = tempfile::tempdir()?;
+    let missing = dir.path().join("no/such/bucket");
+    let url = format!("file://{}", missing.display());
+    for args in [
+        vec!["ls", &url],
+        vec!["show", &url, "3"],
+        vec!["verify", &url],
+        vec!["gc", &url, "--keep-last", "1"],
+    ] {
+        let (code, out, err) = ckpt(&args)?;
+        assert_eq!(code, 1, "{args:?}: {out}{err}");
+        assert!(err.contains(&format!("no bucket at {url}")), "{err}");
+    }
+    assert!(!dir.path().join("no").exists(), "nothing is created");
+
+    let store = store_with(dir.path(), 0..2)?;
+    drop(store);
+    let p = dir.path().join("run.ckpt");
+    let bucket = format!("file://{}/bucket", dir.path().display());
+    assert_eq!(ckpt(&["push", &p.to_string_lossy(), &bucket])?.0, 0);
+    let target = dir.path().join("pulled.ckpt");
+    let t = target.to_string_lossy();
+    let (code, _, err) = ckpt(&["pull", &bucket, &t, "--step", "99"])?;
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains(&format!("step 99 is not in {bucket}")),
+        "{err}"
+    );
+    assert!(!target.exists(), "a failed pull leaves no store");
+    let (code, _, err) = ckpt(&["show", &bucket, "99"])?;
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains(&format!("step 99 is not in {bucket}")),
+        "{err}"
+    );
+    assert_eq!(ckpt(&["pull", &bucket, &t, "--step", "1"])?.0, 0);
+    assert_eq!(CheckpointStore::open(&target)?.steps()?, vec![1]);
+    Ok(())
+}

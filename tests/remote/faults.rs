@@ -110,3 +110,86 @@ impl ObjectStore for Failing {
         self.inner.copy_opts(from, to, options).await
     }
 }
+
+/// Holds the first `count` writes of keys containing `infix` for `delay`
+/// each (blocking the caller's runtime): an upload that stalls.
+#[derive(Debug)]
+pub struct Slow {
+    inner: Arc<dyn ObjectStore>,
+    infix: &'static str,
+    delay: std::time::Duration,
+    count: AtomicUsize,
+}
+
+impl Slow {
+    pub fn new(
+        inner: Arc<dyn ObjectStore>,
+        infix: &'static str,
+        delay: std::time::Duration,
+        count: usize,
+    ) -> Self {
+        Slow {
+            inner,
+            infix,
+            delay,
+            count: AtomicUsize::new(count),
+        }
+    }
+}
+
+impl fmt::Display for Slow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Slow({})", self.inner)
+    }
+}
+
+#[async_trait::async_trait]
+impl ObjectStore for Slow {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> Result<PutResult> {
+        let slow = format!("/{location}").contains(self.infix)
+            && self
+                .count
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+        if slow {
+            std::thread::sleep(self.delay);
+        }
+        self.inner.put_opts(location, payload, opts).await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOptions,
+    ) -> Result<Box<dyn MultipartUpload>> {
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
+        self.inner.get_opts(location, options).await
+    }
+
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, Result<Path>>,
+    ) -> BoxStream<'static, Result<Path>> {
+        self.inner.delete_stream(locations)
+    }
+
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
+        self.inner.list(prefix)
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {
+        self.inner.copy_opts(from, to, options).await
+    }
+}

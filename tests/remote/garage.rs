@@ -298,3 +298,124 @@ fn the_aws_cli_reads_the_layout() -> Result {
     assert_eq!(blake3::hash(&bytes).to_hex().as_str(), chunk);
     Ok(())
 }
+
+/// The server process of `scripts/garage.sh start`: kill it (-9) and start
+/// it again. `None` when the variables are not set.
+struct Server {
+    garage: String,
+    config: String,
+    pid_file: String,
+}
+
+impl Server {
+    fn from_env() -> Option<Server> {
+        Some(Server {
+            garage: std::env::var("CKPT_GARAGE").ok()?,
+            config: std::env::var("CKPT_GARAGE_CONFIG").ok()?,
+            pid_file: std::env::var("CKPT_GARAGE_PID").ok()?,
+        })
+    }
+
+    fn kill(&self) {
+        let pid = std::fs::read_to_string(&self.pid_file).expect("pid file");
+        let killed = Command::new("kill").args(["-9", pid.trim()]).status();
+        assert!(killed.is_ok_and(|s| s.success()), "kill -9 garage");
+    }
+
+    fn start(&self) {
+        let log = std::fs::File::options()
+            .append(true)
+            .create(true)
+            .open(format!("{}.restart.log", self.config))
+            .expect("log");
+        // The server outlives the test: `garage.sh stop` ends it.
+        #[allow(clippy::zombie_processes)]
+        let child = Command::new(&self.garage)
+            .args(["-c", &self.config, "server"])
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("restart garage");
+        std::fs::write(&self.pid_file, child.id().to_string()).expect("pid file");
+    }
+
+    /// Wait until `remote` answers again.
+    fn wait_for(remote: &Remote) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while remote.steps().is_err() {
+            assert!(Instant::now() < deadline, "garage did not come back");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+/// An outage of the server shorter than the retry window (30 s by
+/// default), mid-push, is waited out: the push succeeds. A longer one
+/// fails the push with one error naming the URL, at about the window.
+#[test]
+fn outages_within_the_retry_window_are_waited_out() -> Result {
+    let Some((_server, bucket)) = server("outages_within_the_retry_window") else {
+        return Ok(());
+    };
+    let Some(garage) = Server::from_env() else {
+        eprintln!("outages_within_the_retry_window: skipped: CKPT_GARAGE* not set");
+        return Ok(());
+    };
+    let dir = tempfile::tempdir()?;
+    let store = big_store(dir.path(), 0..4)?;
+    for outage in [5, 9] {
+        let url = fresh(&bucket);
+        let remote = Remote::open(&url)?;
+        let mut restart = None;
+        let pushed = store.push_with(&remote, &mut |_, uploaded| {
+            if restart.is_none() && uploaded >= 4 << 20 {
+                garage.kill();
+                let garage = Server::from_env().expect("variables");
+                restart = Some(std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_secs(outage));
+                    garage.start();
+                }));
+            }
+            true
+        });
+        restart
+            .ok_or("the push ended first")?
+            .join()
+            .map_err(|_| "restart")?;
+        let report = pushed.map_err(|e| format!("a {outage} s outage: {e}"))?;
+        assert_eq!(report.steps_pushed, vec![0, 1, 2, 3], "{outage} s");
+        assert_eq!(whole_steps(&remote, &store)?, vec![0, 1, 2, 3]);
+    }
+    // Past the window: one clear error, in about the window.
+    let url = fresh(&bucket);
+    let remote = Remote::open(&url)?.with_retry_window(Duration::from_secs(3))?;
+    garage.kill();
+    let started = Instant::now();
+    let failed = store.push(&remote).expect_err("the server is down");
+    let took = started.elapsed();
+    garage.start();
+    assert!(failed.to_string().contains(&url), "{failed}");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    eprintln!("with the server down, a 3 s window failed after {took:?}: {failed}");
+    Server::wait_for(&remote);
+    Ok(())
+}
+
+#[test]
+fn a_push_to_a_missing_bucket_says_so() -> Result {
+    let Some((_server, _bucket)) = server("a_push_to_a_missing_bucket") else {
+        return Ok(());
+    };
+    let dir = tempfile::tempdir()?;
+    let store = super::store_with(dir.path(), 0..1)?;
+    let url = format!("s3://no-such-bucket-{}/run", fresh_prefix());
+    let e = store
+        .push(&Remote::open(&url)?)
+        .expect_err("no such bucket");
+    assert!(
+        e.to_string().starts_with(&format!("no bucket at {url}")),
+        "{e}"
+    );
+    assert!(!Remote::open(&url)?.exists()?);
+    Ok(())
+}

@@ -10,9 +10,11 @@ mod common;
 mod cli;
 mod faults;
 mod garage;
+mod promise;
 mod replicate;
 mod retention;
 mod shards;
+mod untrusted;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

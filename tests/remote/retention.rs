@@ -81,6 +81,8 @@ fn a_collection_never_takes_a_chunk_a_push_counts_on() -> Result {
     let grace = Duration::from_secs(1);
     std::thread::sleep(grace + Duration::from_millis(100));
     let pusher = dir_remote(dir.path(), grace)?;
+    // The prefix holds the first store's run: the second takes it over.
+    pusher.adopt(&second)?;
     let collector = dir_remote(dir.path(), grace)?;
     let everything = Retention::new().keep_last(0).allow_deleting_all();
     let mut raced = false;

@@ -33,6 +33,7 @@ from typing import Dict, Optional
 import numpy as np
 
 from ._ckptstore import (  # noqa: F401  (re-exported)
+    MAX_WORLD_SIZE,
     CorruptError,
     Error,
     LockedError,
@@ -240,8 +241,17 @@ class Store:
         return self._raw.stats()
 
     def push(self, remote) -> dict:
-        """Upload every step the bucket (a URL or a Remote) lacks."""
-        return self._raw.push(remote.url if isinstance(remote, Remote) else str(remote))
+        """Upload every step the bucket (a URL or a Remote, whose grace
+        period is kept) lacks. Refused (ValueError) when the prefix holds
+        another store's run: see `Remote.adopt`."""
+        remote = remote if isinstance(remote, Remote) else Remote(str(remote))
+        return self._raw.push(remote._raw)
+
+    @property
+    def store_id(self) -> str:
+        """The store's UUID; it names the store's run in a bucket
+        (`Remote.owner`)."""
+        return self._raw.store_id()
 
     def replication_status(self) -> Optional[dict]:
         """Where background replication (`replicate_to`) stands, or None."""
@@ -329,9 +339,25 @@ class Remote:
         """Which ranks of global step `step` have landed."""
         return self._raw.shards(int(step))
 
+    def owner(self) -> Optional[str]:
+        """The id of the store whose run this prefix holds, or None."""
+        return self._raw.owner()
+
+    def adopt(self, store: "Store") -> None:
+        """Make this prefix hold `store`'s run from now on (a store restored
+        from a backup, or a run continued by a new store)."""
+        self._raw.adopt(store._raw)
+
     def shard(self, rank: int, world_size: int) -> "Shard":
-        """Rank `rank`'s side of global steps of `world_size` ranks."""
-        return Shard(self, int(rank), int(world_size))
+        """Rank `rank`'s side of global steps of `world_size` ranks
+        (1 to MAX_WORLD_SIZE)."""
+        rank, world_size = int(rank), int(world_size)
+        if not 0 < world_size <= MAX_WORLD_SIZE or not 0 <= rank < world_size:
+            raise ValueError(
+                f"rank {rank} of {world_size} ranks: ranks are 0..world_size, "
+                f"and a world size is 1 to {MAX_WORLD_SIZE}"
+            )
+        return Shard(self, rank, world_size)
 
 
 class Shard:

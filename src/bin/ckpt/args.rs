@@ -136,6 +136,10 @@ pub(crate) enum Command {
         store: PathBuf,
         /// The bucket: `s3://BUCKET/PREFIX` or `file:///DIR`.
         url: String,
+        /// Take the prefix over from the store whose run it holds (a store
+        /// restored from a backup, or a run continued by a new store).
+        #[arg(long)]
+        adopt: bool,
     },
     /// Copy a step from a bucket into a store (created if missing).
     Pull {

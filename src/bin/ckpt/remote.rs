@@ -16,9 +16,12 @@ pub(crate) fn is_url(arg: &str) -> bool {
     })
 }
 
-pub(crate) fn push(store: &Path, url: &str) -> Result<ExitCode> {
+pub(crate) fn push(store: &Path, url: &str, adopt: bool) -> Result<ExitCode> {
     let s = super::open_read(store)?;
     let remote = Remote::open(url)?;
+    if adopt {
+        remote.adopt(&s)?;
+    }
     let total: u64 = s.summaries(..)?.iter().map(|s| s.bytes_written).sum();
     let bar = bytes_bar(total, "pushing (at most)");
     let report = s.push_with(&remote, &mut |step, uploaded| {
@@ -39,8 +42,9 @@ pub(crate) fn push(store: &Path, url: &str) -> Result<ExitCode> {
 }
 
 pub(crate) fn pull(url: &str, store: &Path, step: &str) -> Result<ExitCode> {
-    let remote = Remote::open(url)?;
+    let remote = open_existing(url)?;
     let step = resolve(&remote, step)?;
+    let created = !store.exists();
     let s = CheckpointStore::open(store).map_err(|e| explain(store, e))?;
     let bar = bytes_bar(0, &format!("pulling step {step}"));
     let info = remote.pull_with(step, &s, &mut |fetched, total| {
@@ -48,12 +52,20 @@ pub(crate) fn pull(url: &str, store: &Path, step: &str) -> Result<ExitCode> {
         bar.set_position(fetched);
     });
     bar.finish_and_clear();
+    if info.is_err() && created {
+        // Leave no empty store behind a pull that failed.
+        drop(s);
+        let _ = std::fs::remove_file(store);
+    }
     let info = info.map_err(|e| match e {
         Error::StepExists { step } => format!(
             "step {step} is already in {}; remove it there first (`ckpt rm`) to pull it again",
             store.display()
         )
         .into(),
+        Error::StepsNotFound { .. } => {
+            format!("step {step} is not in {url} (`ckpt ls {url}` lists its steps)").into()
+        }
         e => explain(store, e),
     })?;
     println!(
@@ -66,7 +78,7 @@ pub(crate) fn pull(url: &str, store: &Path, step: &str) -> Result<ExitCode> {
 }
 
 pub(crate) fn ls(url: &str, json: bool, all: bool) -> Result<ExitCode> {
-    let remote = Remote::open(url)?;
+    let remote = open_existing(url)?;
     let ranks = remote.world_sizes()?;
     let sharded = ranks.values().any(|&n| n > 1);
     let summaries = remote.summaries()?;
@@ -82,9 +94,11 @@ pub(crate) fn ls(url: &str, json: bool, all: bool) -> Result<ExitCode> {
 }
 
 pub(crate) fn show(url: &str, step: &str, json: bool) -> Result<ExitCode> {
-    let remote = Remote::open(url)?;
+    let remote = open_existing(url)?;
     let step = resolve(&remote, step)?;
-    let info = remote.info(step)?.ok_or(Error::StepNotFound { step })?;
+    let info = remote
+        .info(step)?
+        .ok_or_else(|| format!("step {step} is not in {url} (`ckpt ls {url}` lists its steps)"))?;
     output::show(&info, false, json)?;
     Ok(ExitCode::SUCCESS)
 }
@@ -93,7 +107,7 @@ pub(crate) fn verify(url: &str, pages: bool) -> Result<ExitCode> {
     if pages {
         return Err("--pages checks a store file's pages; a bucket has none".into());
     }
-    let remote = Remote::open(url)?;
+    let remote = open_existing(url)?;
     let total = remote.steps()?.len() as u64;
     let bar = bar(total, "verifying");
     let report = remote.verify_with(&mut |_, _| bar.inc(1))?;
@@ -119,7 +133,7 @@ pub(crate) fn gc(
     dry_run: bool,
     grace: Option<Duration>,
 ) -> Result<ExitCode> {
-    let mut remote = Remote::open(url)?;
+    let mut remote = open_existing(url)?;
     if let Some(grace) = grace {
         remote = remote.with_grace_period(grace);
     }
@@ -145,6 +159,20 @@ pub(crate) fn gc(
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The bucket at `url`, for a command that only reads it (or deletes from
+/// it): a mistyped URL is an error, not an empty bucket.
+fn open_existing(url: &str) -> Result<Remote> {
+    let remote = Remote::open(url)?;
+    if !remote.exists()? {
+        return Err(Error::NoBucket {
+            url: url.to_owned(),
+            source: None,
+        }
+        .into());
+    }
+    Ok(remote)
 }
 
 /// `latest` or a step number, in the bucket.

@@ -1,0 +1,203 @@
+//! Bucket objects are untrusted input: crafted manifests (lengths of 2^40,
+//! `u64::MAX`, sums past 2^64, a 200 MiB loss CID, a world size of 10^9) and
+//! shard names give clear errors, in bounded memory; no reader panics.
+
+use std::path::Path;
+
+use ckptstore::{ComputationGraphStore, Error, GradientCheckpoint, Remote};
+
+use super::common::ckpt;
+use super::{store_with, Result};
+
+/// Steps a crafted commit names, each with what is wrong with it.
+const CRAFTED: [(u64, &str); 8] = [
+    (10, "a blob of 2^40 bytes in one chunk"),
+    (11, "a blob of u64::MAX bytes"),
+    (12, "two blobs of 2^63 bytes"),
+    (13, "a loss CID of 200 KiB"),
+    (14, "a manifest of 200 MiB"),
+    (15, "a global step of 10^9 ranks"),
+    (16, "a manifest that is not JSON"),
+    (17, "a tensor whose shape overflows"),
+];
+
+/// A directory bucket with step 1 pushed and the crafted steps beside it,
+/// and a shard of world size 10^9 under step 20.
+fn crafted_bucket(dir: &Path) -> Result<String> {
+    let store = store_with(dir, 1..2)?;
+    let url = format!("file://{}", dir.join("bucket").display());
+    store.push(&Remote::open(&url)?)?;
+    let bucket = dir.join("bucket");
+    let real = std::fs::read_dir(bucket.join("manifests"))?
+        .next()
+        .ok_or("a manifest")??
+        .path();
+    let manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(real)?)?;
+    for (step, _) in CRAFTED {
+        let mut m = manifest.clone();
+        m["step"] = step.into();
+        let blobs = &mut m["blobs"];
+        match step {
+            10 => blobs["adam_m"]["len"] = (1u64 << 40).into(),
+            11 => blobs["adam_m"]["len"] = u64::MAX.into(),
+            12 => {
+                blobs["adam_m"]["len"] = (1u64 << 63).into();
+                blobs["frozen"]["len"] = (1u64 << 63).into();
+            }
+            13 => m["loss_cid"] = "x".repeat(200 << 10).into(),
+            14 => m["loss_cid"] = "x".repeat(200 << 20).into(),
+            15 => {
+                m = serde_json::json!({"format": 1, "step": 15, "world_size": 1_000_000_000u64,
+                    "shards": []});
+            }
+            17 => blobs["head"]["shape"] = serde_json::json!([u64::MAX, u64::MAX]),
+            _ => {}
+        }
+        let bytes = if step == 16 {
+            b"not a manifest".to_vec()
+        } else {
+            serde_json::to_vec(&m)?
+        };
+        let hash = blake3::hash(&bytes).to_hex();
+        std::fs::write(
+            bucket.join(format!("manifests/{step:020}-{hash}.json")),
+            bytes,
+        )?;
+        std::fs::write(
+            bucket.join(format!("commits/{step:020}-{:020}-{hash}", 1)),
+            b"{}",
+        )?;
+    }
+    let shards = bucket.join(format!("shards/{:020}", 20));
+    std::fs::create_dir_all(&shards)?;
+    let name = format!("000000-of-1000000000-{}.json", blake3::hash(b"x").to_hex());
+    std::fs::write(shards.join(name), b"x")?;
+    Ok(url)
+}
+
+#[test]
+fn crafted_objects_give_clear_errors() -> Result {
+    let dir = tempfile::tempdir()?;
+    let url = crafted_bucket(dir.path())?;
+    let remote = Remote::open(&url)?;
+    assert_eq!(remote.steps()?, vec![1]);
+    assert_eq!(remote.latest_step()?, Some(1));
+    for (step, what) in CRAFTED {
+        assert_eq!(remote.get(step)?, None, "{what}");
+        assert_eq!(remote.info(step)?, None, "{what}");
+        assert!(
+            remote.pull(step, &tmp_store(dir.path(), step)?).is_err(),
+            "{what}"
+        );
+    }
+    let report = remote.verify()?;
+    assert_eq!(report.steps_ok, 1);
+    let damaged: Vec<u64> = report.damaged.iter().map(|(s, _)| *s).collect();
+    assert_eq!(damaged, CRAFTED.map(|(s, _)| s).to_vec());
+    for (step, e) in &report.damaged {
+        let message = e.to_string();
+        assert!(message.contains(&format!("step {step}")), "{message}");
+        assert!(message.contains("manifests/"), "{message}");
+    }
+    assert_eq!(remote.summaries()?.len(), 1);
+    assert!(remote.shards(20)?.world_size.is_none());
+    assert!(remote.incomplete_steps()?.is_empty());
+    let gc = remote.collect_garbage()?;
+    assert_eq!(gc.chunks_deleted, 0, "{gc:?}");
+    // Nothing this crate writes is refused when read back: the caps hold
+    // when committing and sharding too.
+    let c = GradientCheckpoint::new(ComputationGraphStore::new(), 3);
+    match remote.commit_shard(3, 0, 1_000_000_000, &c) {
+        Err(Error::InvalidCheckpoint { reason, .. }) => assert!(reason.contains("at most")),
+        other => panic!("{other:?}"),
+    }
+    let long = c.with_loss_cid("x".repeat(100 << 10));
+    assert!(matches!(
+        tmp_store(dir.path(), 99)?.commit(&long),
+        Err(Error::InvalidCheckpoint { .. })
+    ));
+    Ok(())
+}
+
+#[test]
+fn the_cli_reports_crafted_objects_and_goes_on() -> Result {
+    let dir = tempfile::tempdir()?;
+    let url = crafted_bucket(dir.path())?;
+    let (code, out, err) = ckpt(&["verify", &url])?;
+    assert_eq!(code, 3, "{out}{err}");
+    for (step, _) in CRAFTED {
+        assert!(out.contains(&format!("DAMAGED step {step}:")), "{out}");
+    }
+    for args in [
+        vec!["ls", &url],
+        vec!["ls", "--all", &url],
+        vec!["gc", &url, "--keep-last", "1", "--dry-run"],
+    ] {
+        let (code, out, err) = ckpt(&args)?;
+        assert_eq!(code, 0, "{args:?}: {out}{err}");
+    }
+    let (code, _, err) = ckpt(&["show", &url, "11"])?;
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("step 11 is not in"), "{err}");
+    Ok(())
+}
+
+/// Reading every crafted step in a process of its own: its peak memory
+/// stays far below what the crafted numbers ask for (the 200 MiB manifest
+/// is refused before it is read).
+#[test]
+fn crafted_objects_are_read_in_bounded_memory() -> Result {
+    let dir = tempfile::tempdir()?;
+    let url = crafted_bucket(dir.path())?;
+    let out = std::process::Command::new(std::env::current_exe()?)
+        .args([
+            "untrusted::reading_child",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+        ])
+        .env("CKPT_URL", &url)
+        .env("CKPT_DIR", dir.path())
+        .output()?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    let peak: u64 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("peak_kib="))
+        .ok_or("the child reports its peak")?
+        .trim()
+        .parse()?;
+    eprintln!("peak memory reading the crafted bucket: {} MiB", peak >> 10);
+    assert!(peak < 160 << 10, "peak {peak} KiB");
+    Ok(())
+}
+
+#[test]
+#[ignore = "a child process of crafted_objects_are_read_in_bounded_memory"]
+fn reading_child() -> Result {
+    let url = std::env::var("CKPT_URL")?;
+    let dir = std::path::PathBuf::from(std::env::var("CKPT_DIR")?);
+    let remote = Remote::open(&url)?;
+    assert_eq!(remote.verify()?.steps_ok, 1);
+    for (step, _) in CRAFTED {
+        assert_eq!(remote.get(step)?, None);
+        assert!(remote.pull(step, &tmp_store(&dir, step + 100)?).is_err());
+    }
+    remote.summaries()?;
+    remote.incomplete_steps()?;
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let peak = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .ok_or("VmHWM")?
+        .trim()
+        .trim_end_matches(" kB");
+    println!("peak_kib={peak}");
+    Ok(())
+}
+
+fn tmp_store(dir: &Path, n: u64) -> Result<ckptstore::CheckpointStore> {
+    Ok(ckptstore::CheckpointStore::open(
+        dir.join(format!("pull-{n}.ckpt")),
+    )?)
+}
