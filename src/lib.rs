@@ -77,6 +77,7 @@ mod exchange;
 mod format;
 mod graph;
 mod options;
+mod process;
 #[cfg(feature = "remote")]
 mod remote;
 mod report;

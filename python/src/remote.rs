@@ -155,14 +155,15 @@ impl RawRemote {
     }
 
     /// Apply a retention policy in the bucket; the steps removed.
-    #[pyo3(signature = (keep_last=None, keep_every=None))]
+    #[pyo3(signature = (keep_last=None, keep_every=None, allow_deleting_all=false))]
     fn gc(
         &self,
         py: Python<'_>,
         keep_last: Option<usize>,
         keep_every: Option<u64>,
+        allow_deleting_all: bool,
     ) -> PyResult<Vec<u64>> {
-        let policy = policy(keep_last, keep_every)?;
+        let policy = policy(keep_last, keep_every, allow_deleting_all)?;
         py.detach(|| self.remote.apply_retention(&policy))
             .map_err(py_err)
     }

@@ -91,8 +91,20 @@ pub(crate) fn ckpt_dict(py: Python<'_>, ckpt: GradientCheckpoint) -> PyResult<Bo
 }
 
 /// A retention policy from `gc`'s arguments.
-pub(crate) fn policy(keep_last: Option<usize>, keep_every: Option<u64>) -> PyResult<Retention> {
+pub(crate) fn policy(
+    keep_last: Option<usize>,
+    keep_every: Option<u64>,
+    allow_deleting_all: bool,
+) -> PyResult<Retention> {
+    if keep_last == Some(0) && keep_every.is_none() && !allow_deleting_all {
+        return Err(PyValueError::new_err(
+            "keep_last=0 keeps no step: pass allow_deleting_all=True to delete every step",
+        ));
+    }
     let mut policy = Retention::new();
+    if allow_deleting_all {
+        policy = policy.allow_deleting_all();
+    }
     if let Some(n) = keep_last {
         policy = policy.keep_last(n);
     }
@@ -103,6 +115,20 @@ pub(crate) fn policy(keep_last: Option<usize>, keep_every: Option<u64>) -> PyRes
         return Err(PyValueError::new_err("gc needs keep_last or keep_every"));
     }
     Ok(policy)
+}
+
+/// A failure of the last flush before a store closes: a replication
+/// failure says what becomes of the steps not uploaded (nothing retries
+/// once the store is closed).
+fn closing_error(e: ckptstore::Error) -> PyErr {
+    match e {
+        ckptstore::Error::ReplicationFailed { url, steps, source } => CkptError::new_err(format!(
+            "replication to {url} failed and the store is closing: steps {steps:?} are not \
+             in the bucket; the next store opened with replicate_to on this file uploads \
+             them (or run `ckpt push`): {source}"
+        )),
+        e => py_err(e),
+    }
 }
 
 /// (ok, steps_ok, bytes_checked, damaged steps)
@@ -244,14 +270,15 @@ impl RawStore {
     }
 
     /// Apply a retention policy now; the steps removed.
-    #[pyo3(signature = (keep_last=None, keep_every=None))]
+    #[pyo3(signature = (keep_last=None, keep_every=None, allow_deleting_all=false))]
     fn gc(
         &self,
         py: Python<'_>,
         keep_last: Option<usize>,
         keep_every: Option<u64>,
+        allow_deleting_all: bool,
     ) -> PyResult<Vec<u64>> {
-        let policy = policy(keep_last, keep_every)?;
+        let policy = policy(keep_last, keep_every, allow_deleting_all)?;
         let store = self.get()?;
         py.detach(|| store.apply_retention(&policy)).map_err(py_err)
     }
@@ -314,7 +341,7 @@ impl RawStore {
     /// Finish background saves and close the store.
     fn close(&mut self, py: Python<'_>) -> PyResult<()> {
         let result = match &self.store {
-            Some(store) => py.detach(|| store.flush()).map_err(py_err),
+            Some(store) => py.detach(|| store.flush()).map_err(closing_error),
             None => Ok(()),
         };
         if let Some(store) = self.store.take() {

@@ -15,12 +15,14 @@ mod overlay;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use redb::{Database, ReadOnlyDatabase, ReadableDatabase};
 
 use crate::engine::{Engine, View};
 use crate::error::StorageContext;
+use crate::process::Owner;
 use crate::{Durability, Error, Result, StoreOptions};
 use backend::{DynBackend, Source};
 
@@ -60,6 +62,11 @@ pub(crate) struct Db {
     staging: Mutex<()>,
     /// Called after each write transaction commits (replication).
     after_write: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
+    /// The process that opened it: a forked child may not use or close it.
+    owner: Owner,
+    /// Set once the file proved damaged (redb panicked, or reported
+    /// corruption): redb's close, which commits, is then never run.
+    damaged: AtomicBool,
 }
 
 impl Db {
@@ -84,7 +91,14 @@ impl Db {
             state: RwLock::new(state),
             staging: Mutex::new(()),
             after_write: std::sync::OnceLock::new(),
+            owner: Owner::current(),
+            damaged: AtomicBool::new(false),
         }
+    }
+
+    /// Whether this is a forked child of the process that opened it.
+    pub(crate) fn forked(&self) -> bool {
+        self.owner.forked()
     }
 
     pub(crate) fn path(&self) -> &Path {
@@ -174,6 +188,8 @@ impl Db {
         if self.read_only {
             return Err(self.read_only_error("compact"));
         }
+        self.owner
+            .check(&|| format!("checkpoint store {}", self.path().display()))?;
         let mut guard = self.live_mut()?;
         let State::Writable(db) = &mut *guard else {
             return Err(self.poisoned("the handle is closed"));
@@ -227,6 +243,8 @@ impl Db {
         what: &dyn Fn() -> String,
         f: impl FnOnce(&State) -> Result<T>,
     ) -> Result<T> {
+        self.owner
+            .check(&|| format!("checkpoint store {}", self.path().display()))?;
         let outcome = {
             let guard = self.live()?;
             catch_unwind(AssertUnwindSafe(|| f(&guard)))
@@ -241,8 +259,13 @@ impl Db {
     ) -> Result<T> {
         match outcome {
             Ok(result) => {
-                if matches!(&result, Err(e) if e.is_io()) {
-                    self.set_state(State::Closed);
+                if let Err(e) = &result {
+                    if is_damage(e) {
+                        self.damaged.store(true, Ordering::SeqCst);
+                    }
+                    if e.is_io() {
+                        self.set_state(State::Closed);
+                    }
                 }
                 result
             }
@@ -253,6 +276,7 @@ impl Db {
                     panic_message(&*payload)
                 );
                 let e = self.poisoned(&detail);
+                self.damaged.store(true, Ordering::SeqCst);
                 self.set_state(State::Poisoned(detail));
                 Err(e)
             }
@@ -305,7 +329,27 @@ impl Db {
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if !matches!(&*guard, State::Poisoned(_)) {
-            *guard = state;
+            let old = std::mem::replace(&mut *guard, state);
+            self.close(old);
+        }
+    }
+
+    /// Close the database `state` holds: not at all on a damaged file or in
+    /// a forked child (the state is leaked: redb's close commits, which
+    /// can panic on damaged pages, and releases file locks the parent
+    /// holds); otherwise behind a panic boundary, reporting a panic once
+    /// on stderr rather than taking the process down.
+    fn close(&self, state: State) {
+        if self.damaged.load(Ordering::SeqCst) || self.forked() {
+            std::mem::forget(state);
+            return;
+        }
+        if let Err(payload) = catch_unwind(AssertUnwindSafe(|| drop(state))) {
+            eprintln!(
+                "ckptstore: closing {} failed: redb panicked: {} (run `ckpt verify --pages`)",
+                self.path().display(),
+                panic_message(&*payload)
+            );
         }
     }
 
@@ -321,6 +365,30 @@ impl Db {
             path: self.path().to_owned(),
             op,
         }
+    }
+}
+
+impl Drop for Db {
+    fn drop(&mut self) {
+        let state = std::mem::replace(
+            self.state
+                .get_mut()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+            State::Closed,
+        );
+        self.close(state);
+    }
+}
+
+/// Whether `e` shows the file damaged (not merely an I/O failure).
+fn is_damage(e: &Error) -> bool {
+    match e {
+        Error::Corrupt { .. } | Error::Poisoned { .. } => true,
+        Error::Storage { source, .. } => matches!(
+            source.downcast_ref::<redb::Error>(),
+            Some(redb::Error::Corrupted(_))
+        ),
+        _ => false,
     }
 }
 
@@ -424,6 +492,7 @@ fn open_overlay(path: &Path, options: &StoreOptions) -> Result<Database> {
 /// Check the checksum of every redb page of the store at `path` without
 /// changing the file. `Ok(false)`: damage was found.
 pub(crate) fn check_pages(path: &Path, options: &StoreOptions) -> Result<bool> {
+    let before = Stamp::of(path)?;
     let checked = catch_unwind(AssertUnwindSafe(|| {
         let mut db = open_overlay(path, options)?;
         open::check_tables_of(path, &db)?;
@@ -433,5 +502,47 @@ pub(crate) fn check_pages(path: &Path, options: &StoreOptions) -> Result<bool> {
             Err(e) => Err(open::open_error(path, e)),
         }
     }));
-    checked.unwrap_or(Ok(false))
+    let ok = checked.unwrap_or(Ok(false));
+    // What was read is one state of the file only if no commit landed
+    // meanwhile (each rewrites the header). Damage is reported only when
+    // the file stays still a moment longer: a commit under way when the
+    // check ended would have shown itself by then.
+    if !matches!(ok, Ok(true)) {
+        std::thread::sleep(SETTLE);
+    }
+    if Stamp::of(path)? != before {
+        return Err(Error::StoreChanged {
+            path: path.to_owned(),
+        });
+    }
+    ok
+}
+
+/// How long a damaged-looking file must stay unchanged to be reported.
+const SETTLE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// What changes when a commit lands: the length, the modification time
+/// and redb's header (the first page, with the commit slots).
+#[derive(Debug, PartialEq, Eq)]
+struct Stamp {
+    len: u64,
+    modified: Option<std::time::SystemTime>,
+    header: Vec<u8>,
+}
+
+impl Stamp {
+    fn of(path: &Path) -> Result<Stamp> {
+        use std::io::Read;
+        let file = std::fs::File::open(path).map_err(|e| Error::io("open", path, e))?;
+        let meta = file.metadata().map_err(|e| Error::io("stat", path, e))?;
+        let mut header = Vec::with_capacity(4096);
+        file.take(4096)
+            .read_to_end(&mut header)
+            .map_err(|e| Error::io("read", path, e))?;
+        Ok(Stamp {
+            len: meta.len(),
+            modified: meta.modified().ok(),
+            header,
+        })
+    }
 }

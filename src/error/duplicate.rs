@@ -97,11 +97,29 @@ impl Error {
                 op,
             },
             Error::InvalidOptions(m) => Error::InvalidOptions(m.clone()),
+            Error::StoreChanged { .. } | Error::Forked { .. } => self.duplicate_handle(),
             Error::UnknownNode { id } => Error::UnknownNode { id: id.clone() },
             Error::GraphCycle { stuck, total } => Error::GraphCycle {
                 stuck: *stuck,
                 total: *total,
             },
+        }
+    }
+
+    /// [`duplicate`](Self::duplicate) of the errors about a handle's use.
+    fn duplicate_handle(&self) -> Error {
+        match self {
+            Error::StoreChanged { path } => Error::StoreChanged { path: path.clone() },
+            Error::Forked {
+                what,
+                opened_by,
+                this,
+            } => Error::Forked {
+                what: what.clone(),
+                opened_by: *opened_by,
+                this: *this,
+            },
+            e => Error::InvalidOptions(e.to_string()),
         }
     }
 

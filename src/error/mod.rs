@@ -247,6 +247,18 @@ pub enum Error {
         op: &'static str,
     },
 
+    /// A store file changed while its pages were checked: a writer is
+    /// committing, and what was read is no one state of the file.
+    #[error(
+        "{path} changed while its pages were checked (a writer is committing): page checks \
+         need the writer to be gone; stop it or check a copy (`ckpt verify` without --pages \
+         checks every hash beside a writer)"
+    )]
+    StoreChanged {
+        /// The store file.
+        path: PathBuf,
+    },
+
     /// A step named by the caller is not stored.
     #[error("step {step} is not in the store")]
     StepNotFound {
@@ -293,6 +305,22 @@ pub enum Error {
         path: PathBuf,
         /// What happened.
         detail: String,
+    },
+
+    /// A handle (a store or a remote) used in a process other than the one
+    /// that opened it: a child made by `fork()`. Its database, threads and
+    /// locks belong to the parent; open the store again in the child.
+    #[error(
+        "{what} was opened by process {opened_by}; this is process {this} (a fork): \
+         open it again here"
+    )]
+    Forked {
+        /// The store file or the bucket's URL.
+        what: String,
+        /// The process that opened it.
+        opened_by: u32,
+        /// This process.
+        this: u32,
     },
 
     /// The store was opened read-only and a write was attempted.

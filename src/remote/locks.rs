@@ -104,7 +104,7 @@ impl Remote {
     /// Delete `lock`. Failing that, it goes stale after the grace period.
     pub(crate) fn release(&self, lock: Lock) {
         let Lock { key, .. } = lock;
-        let _ = self.runtime.block_on(self.store.delete(&key));
+        let _ = self.run(self.store.delete(&key));
     }
 
     /// The names of the live locks of `kind` other than `own`.

@@ -74,7 +74,19 @@ pub struct Remote {
     /// The directory of a `file://` URL: empty while it is missing, the
     /// first write creates it.
     dir: Option<std::path::PathBuf>,
-    runtime: tokio::runtime::Runtime,
+    /// The process that opened it: a forked child may not use it.
+    owner: crate::process::Owner,
+    /// Always there until dropped; leaked rather than shut down in a
+    /// forked child (its threads are the parent's).
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Drop for Remote {
+    fn drop(&mut self) {
+        if self.owner.forked() {
+            std::mem::forget(self.runtime.take());
+        }
+    }
 }
 
 impl std::fmt::Debug for Remote {
@@ -148,7 +160,8 @@ impl Remote {
             retry_window: DEFAULT_RETRY_WINDOW,
             s3_bucket: None,
             dir: None,
-            runtime,
+            owner: crate::process::Owner::current(),
+            runtime: Some(runtime),
         })
     }
 
@@ -209,10 +222,10 @@ impl Remote {
             return Ok(dir.is_dir());
         }
         let prefix = self.layout.folder(COMMITS);
-        let listed = self.runtime.block_on(async {
+        let listed = self.run(async {
             let mut listing = self.store.list(Some(&prefix));
             listing.try_next().await.map(drop)
-        });
+        })?;
         match listed.map_err(|e| self.error("listing", e)) {
             Ok(()) => Ok(true),
             Err(Error::NoBucket { .. }) => Ok(false),
@@ -228,7 +241,19 @@ impl Remote {
     /// Run `f` to completion; its error becomes [`Error::Remote`] (or
     /// [`Error::NoBucket`]).
     fn block_on<T>(&self, op: &str, f: impl Future<Output = object_store::Result<T>>) -> Result<T> {
-        self.runtime.block_on(f).map_err(|e| self.error(op, e))
+        self.run(f)?.map_err(|e| self.error(op, e))
+    }
+
+    /// Run `f` to completion on the remote's runtime, in the process that
+    /// opened the remote only.
+    fn run<F: Future>(&self, f: F) -> Result<F::Output> {
+        self.owner.check(&|| format!("remote {}", self.url))?;
+        let runtime = self.runtime.as_ref().ok_or_else(|| Error::Forked {
+            what: format!("remote {}", self.url),
+            opened_by: 0,
+            this: std::process::id(),
+        })?;
+        Ok(runtime.block_on(f))
     }
 
     /// `e` as this crate's error: a missing bucket said plainly.
@@ -244,7 +269,7 @@ impl Remote {
 
     fn put(&self, key: &Path, bytes: Vec<u8>) -> Result<()> {
         let payload = PutPayload::from(bytes);
-        let put = self.runtime.block_on(self.store.put(key, payload));
+        let put = self.run(self.store.put(key, payload))?;
         match put {
             Ok(_) => Ok(()),
             // S3 answers a write to a missing bucket with 404.
@@ -260,14 +285,14 @@ impl Remote {
     /// larger than `cap` bytes is refused as [`Error::Corrupt`] before it
     /// is read.
     fn get_bytes(&self, key: &Path, cap: u64) -> Result<Option<bytes::Bytes>> {
-        let got = self.runtime.block_on(async {
+        let got = self.run(async {
             match self.store.get(key).await {
                 Ok(r) if r.meta.size > cap => Ok(Err(r.meta.size)),
                 Ok(r) => r.bytes().await.map(|b| Ok(Some(b))),
                 Err(object_store::Error::NotFound { .. }) => Ok(Ok(None)),
                 Err(e) => Err(e),
             }
-        });
+        })?;
         got.map_err(|e| remote_error(&self.url, "reading from", e))?
             .map_err(|size| {
                 Error::corrupt(
@@ -344,12 +369,12 @@ impl Remote {
 
     /// Delete `key`; a key already gone is fine.
     fn delete(&self, key: &Path) -> Result<()> {
-        let deleted = self.runtime.block_on(async {
+        let deleted = self.run(async {
             match self.store.delete(key).await {
                 Err(object_store::Error::NotFound { .. }) => Ok(()),
                 other => other,
             }
-        });
+        })?;
         deleted.map_err(|e| remote_error(&self.url, "deleting from", e))
     }
 

@@ -303,7 +303,7 @@ impl Remote {
                 Ok::<u64, Error>(len)
             })
             .buffer_unordered(UPLOADS_IN_FLIGHT);
-        while let Some(len) = self.runtime.block_on(uploads.try_next())? {
+        while let Some(len) = self.run(uploads.try_next())?? {
             landed(len)?;
         }
         Ok(())

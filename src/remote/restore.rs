@@ -156,7 +156,7 @@ impl Remote {
             .buffered(DOWNLOADS_IN_FLIGHT);
         let mut pieces = Vec::with_capacity(wanted.len());
         // `progress` runs outside the runtime, free to block.
-        while let Some(piece) = self.runtime.block_on(fetches.try_next())? {
+        while let Some(piece) = self.run(fetches.try_next())?? {
             progress(piece.len() as u64);
             pieces.push(piece);
         }

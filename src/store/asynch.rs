@@ -341,6 +341,7 @@ impl CheckpointStore {
 
     /// Refuse at once what the background writer could only fail.
     fn check_async(&self, op: &'static str, ckpt: &GradientCheckpoint) -> Result<()> {
+        self.check_process()?;
         if self.is_read_only() {
             return Err(Error::ReadOnly {
                 path: self.path().to_owned(),
@@ -378,6 +379,7 @@ impl CheckpointStore {
     /// it); [`Error::ReplicationFailed`] when that push failed (it is
     /// retried in the background). The store keeps working.
     pub fn flush(&self) -> Result<()> {
+        self.check_process()?;
         let writer = lock(&self.writer, "flushing")?;
         if let Some(w) = writer.as_ref() {
             w.flush()?;

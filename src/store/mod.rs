@@ -22,6 +22,9 @@ pub(crate) use commit::Incoming;
 /// A store of training checkpoints in one redb file, keyed by step.
 ///
 /// Every method takes `&self`; share a store between threads with an `Arc`.
+/// A store belongs to the process that opened it: in a child made by
+/// `fork()` every call fails with [`Error::Forked`](crate::Error::Forked)
+/// and dropping it does nothing (open the store again in the child).
 /// A commit is one write transaction that makes the step (large commits
 /// write their new chunks in transactions of their own first, which no
 /// step references until that one): the step is visible, whole, once
@@ -79,6 +82,7 @@ impl CheckpointStore {
     /// stands, or `None` if this store does not replicate.
     #[cfg(feature = "remote")]
     pub fn replication_status(&self) -> Result<Option<crate::ReplicationStatus>> {
+        self.check_process()?;
         self.replicator.as_ref().map(|r| r.status(self)).transpose()
     }
 
@@ -148,6 +152,41 @@ impl CheckpointStore {
     /// store again to see commits of a writer started since.
     pub fn recovered_in_memory(&self) -> bool {
         self.db.is_recovered_view()
+    }
+}
+
+impl CheckpointStore {
+    /// Refuse work in a forked child of the process that opened the store.
+    pub(crate) fn check_process(&self) -> Result<()> {
+        if self.db.forked() {
+            // The database refuses it, naming the store and the processes.
+            return self
+                .db
+                .read(&|| "checking the process".to_owned(), |_| Ok(()));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for CheckpointStore {
+    /// In a forked child, nothing: the background threads are the
+    /// parent's (they do not exist here), and so are the database and its
+    /// file locks. They are leaked, and the parent's store is untouched.
+    fn drop(&mut self) {
+        if !self.db.forked() {
+            return;
+        }
+        let writer = self
+            .writer
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(w) = writer.take() {
+            std::mem::forget(w);
+        }
+        #[cfg(feature = "remote")]
+        if let Some(r) = self.replicator.take() {
+            std::mem::forget(r);
+        }
     }
 }
 

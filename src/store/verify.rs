@@ -31,8 +31,13 @@ impl CheckpointStore {
     /// The file is never changed: it is read through a layer that keeps
     /// redb's writes in memory, so this works on a store opened by a
     /// training process, on a store whose writer died, and on files you may
-    /// only read. It reads the whole file. A commit that lands while the
-    /// check runs can make it report damage that is not there: check again.
+    /// only read. It reads the whole file.
+    ///
+    /// # Errors
+    /// [`Error::StoreChanged`](crate::Error::StoreChanged) when a commit
+    /// landed while the check ran (a live writer): what was read is no one
+    /// state of the file, so nothing is claimed. Damage is reported only
+    /// when the file stayed unchanged through the check and a second after.
     ///
     /// ```
     /// use ckptstore::{CheckpointStore, ComputationGraphStore, GradientCheckpoint};

@@ -313,3 +313,54 @@ fn compact_waits_for_readers_when_asked() -> Result {
     assert!(out.contains("compacted"), "{out}");
     Ok(())
 }
+
+/// Page checks beside a writer that commits all the while: each says the
+/// store is fine or that it changed during the check, never "damaged";
+/// `ckpt verify --pages` exits 0 or 1 (not 3), and `ckpt verify` checks
+/// every hash beside the writer.
+#[test]
+fn page_checks_beside_a_live_writer_never_cry_wolf() -> Result {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("run.ckpt");
+    let store = CheckpointStore::open(&path)?;
+    store.commit(&common::deterministic(0))?;
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (mut clean, mut changed, mut cli_codes) = (0, 0, Vec::new());
+    std::thread::scope(|s| -> Result {
+        s.spawn(|| {
+            let mut step = 1;
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                store.commit(&common::deterministic(step)).expect("commit");
+                store.remove(step - 1).expect("remove");
+                step += 1;
+            }
+        });
+        for _ in 0..12 {
+            match CheckpointStore::check_pages(&path) {
+                Ok(true) => clean += 1,
+                Err(Error::StoreChanged { .. }) => changed += 1,
+                other => panic!("a page check beside a writer: {other:?}"),
+            }
+        }
+        for _ in 0..4 {
+            let (code, out, err) = common::ckpt(&["verify", "--pages", &path.to_string_lossy()])?;
+            assert!(code == 0 || code == 1, "exit {code}: {out}{err}");
+            if code == 1 {
+                assert!(
+                    err.contains("page checks need the writer to be gone"),
+                    "{err}"
+                );
+            }
+            cli_codes.push(code);
+            let (code, out, err) = common::ckpt(&["verify", &path.to_string_lossy()])?;
+            assert_eq!(code, 0, "{out}{err}");
+        }
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    })?;
+    println!("beside a writer: {clean} clean checks, {changed} saw it change; ckpt: {cli_codes:?}");
+    assert!(changed > 0, "the writer never committed during a check");
+    drop(store);
+    assert!(CheckpointStore::check_pages(&path)?, "quiet: a clean check");
+    Ok(())
+}

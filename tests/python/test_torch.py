@@ -198,3 +198,48 @@ def test_cuda_tensors_are_moved_to_the_host(tmp_path):
         cpu = torch.nn.Linear(4, 4)
         ct.load(store, model=cpu)
     assert torch.equal(cpu.weight, model.weight.cpu())
+
+
+class WithExtraState(torch.nn.Module):
+    """A module whose get_extra_state() holds tensors and plain values."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 3)
+        self.calls = 0
+        self.scale = torch.zeros(3)
+
+    def get_extra_state(self):
+        return {"calls": self.calls, "scale": self.scale, "names": ("a", "b")}
+
+    def set_extra_state(self, state):
+        self.calls = state["calls"]
+        self.scale = state["scale"]
+        assert state["names"] == ("a", "b")
+
+
+def test_extra_state_round_trips_through_set_extra_state(tmp_path):
+    with ckptstore.open(tmp_path / "run.ckpt") as store:
+        m = WithExtraState()
+        m.calls, m.scale = 7, torch.tensor([1.5, -2.0, 0.25])
+        ct.save(store, 1, model=m)
+        restored = WithExtraState()
+        assert ct.load(store, model=restored) == 1
+        assert restored.calls == 7
+        assert torch.equal(restored.scale, m.scale)
+        assert torch.equal(restored.lin.weight, m.lin.weight)
+        # The tensor inside the extra state is a typed tensor of the step.
+        assert "model/_extra_state/scale" in store.load(1).tensors
+
+
+def test_quantized_and_sparse_tensors_are_refused_by_name(tmp_path):
+    with ckptstore.open(tmp_path / "run.ckpt") as store:
+        q = torch.quantize_per_tensor(torch.randn(4), 0.1, 0, torch.qint8)
+        with pytest.raises(TypeError, match=r"extra/q: quantized"):
+            ct.save(store, 1, extra={"q": q})
+        sparse = torch.eye(3).to_sparse()
+        with pytest.raises(TypeError, match=r"extra/s: torch.sparse_coo"):
+            ct.save(store, 1, extra={"s": sparse})
+        with pytest.raises(TypeError):
+            ct.save(store, 1.5, extra={"x": torch.zeros(1)})
+        assert store.steps() == []

@@ -27,6 +27,7 @@ a step is listed only once every rank's shard has landed.
 PyTorch: `ckptstore.torch`.
 """
 
+import operator
 from dataclasses import dataclass, field
 from typing import Dict, Optional
 
@@ -177,6 +178,24 @@ def _checkpoint(d):
     return Checkpoint(d["step"], d["timestamp"], d["loss_cid"], d["metrics"], tensors)
 
 
+def _step(step) -> int:
+    """`step` as a step number: an int (or anything `operator.index`
+    takes), not a bool, float or str, from 0 to 2**64 - 1."""
+    if isinstance(step, bool):
+        raise TypeError(f"a step is an int, not a bool ({step!r})")
+    try:
+        n = operator.index(step)
+    except TypeError:
+        raise TypeError(f"a step is an int, not {type(step).__name__} ({step!r})") from None
+    if not 0 <= n < 1 << 64:
+        raise ValueError(f"step {n}: steps are 0 to 2**64 - 1")
+    return n
+
+
+def _optional_step(step) -> Optional[int]:
+    return None if step is None else _step(step)
+
+
 class Handle:
     """A background save: `result()` waits and returns its CommitInfo."""
 
@@ -200,12 +219,12 @@ class Store:
     def save(self, step: int, state: dict, metrics=None) -> CommitInfo:
         """Commit `state` as `step`; durable when it returns."""
         tensors, blobs = _split(state)
-        return self._save_raw(int(step), tensors, blobs, _metrics(metrics))
+        return self._save_raw(_step(step), tensors, blobs, _metrics(metrics))
 
     def save_async(self, step: int, state: dict, metrics=None) -> Handle:
         """Queue `state` for commit in the background; the arrays are copied now."""
         tensors, blobs = _split(state)
-        return self._save_async_raw(int(step), tensors, blobs, _metrics(metrics))
+        return self._save_async_raw(_step(step), tensors, blobs, _metrics(metrics))
 
     def _save_raw(self, step, tensors, blobs, metrics):
         # tensors: (name, store dtype, shape, C-contiguous array); blobs: (name, bytes)
@@ -219,7 +238,7 @@ class Store:
 
     def load(self, step: Optional[int] = None) -> Optional[Checkpoint]:
         """The step `step` (the latest if None), or None if it is not stored."""
-        return _checkpoint(self._raw.load(None if step is None else int(step)))
+        return _checkpoint(self._raw.load(_optional_step(step)))
 
     def steps(self):
         return self._raw.steps()
@@ -228,10 +247,12 @@ class Store:
         return self._raw.latest_step()
 
     def remove(self, step: int) -> bool:
-        return self._raw.remove(int(step))
+        return self._raw.remove(_step(step))
 
-    def gc(self, keep_last=None, keep_every=None):
-        return self._raw.gc(keep_last, keep_every)
+    def gc(self, keep_last=None, keep_every=None, allow_deleting_all: bool = False):
+        """Apply a retention policy; the steps removed. A policy that keeps
+        nothing (`keep_last=0`) needs `allow_deleting_all=True`."""
+        return self._raw.gc(keep_last, keep_every, allow_deleting_all)
 
     def verify(self):
         ok, steps_ok, bytes_checked, damaged = self._raw.verify()
@@ -258,17 +279,21 @@ class Store:
         return self._raw.replication_status()
 
     def close(self) -> None:
-        """Finish background saves and close."""
+        """Finish background saves, wait for background replication to
+        cover every save (`replicate_to`), and close. Raises the first
+        failure of either; uploads still missing are made by the next
+        store opened with `replicate_to` on this file (it pushes what the
+        bucket lacks when it opens), not by this one."""
         self._raw.close()
 
     def __len__(self):
         return len(self.steps())
 
     def __contains__(self, step):
-        return isinstance(step, int) and step >= 0 and self._raw.contains(step)
+        return self._raw.contains(_step(step))
 
     def __getitem__(self, step):
-        ck = self.load(step)
+        ck = self.load(_step(step))
         if ck is None:
             raise KeyError(step)
         return ck
@@ -321,23 +346,25 @@ class Remote:
 
     def load(self, step: Optional[int] = None) -> Optional[Checkpoint]:
         """A step pushed from one store (the latest if None), or None."""
-        return _checkpoint(self._raw.load(None if step is None else int(step)))
+        return _checkpoint(self._raw.load(_optional_step(step)))
 
     def pull(self, step: int, store: Store) -> CommitInfo:
         """Copy `step` into a local store."""
-        return CommitInfo(**self._raw.pull(int(step), store._raw))
+        return CommitInfo(**self._raw.pull(_step(step), store._raw))
 
     def verify(self):
         ok, steps_ok, bytes_checked, damaged = self._raw.verify()
         return _Report(ok, steps_ok, bytes_checked, damaged)
 
-    def gc(self, keep_last=None, keep_every=None):
-        """Apply a retention policy in the bucket; the steps removed."""
-        return self._raw.gc(keep_last, keep_every)
+    def gc(self, keep_last=None, keep_every=None, allow_deleting_all: bool = False):
+        """Apply a retention policy in the bucket; the steps removed. A
+        policy that keeps nothing (`keep_last=0`) needs
+        `allow_deleting_all=True`."""
+        return self._raw.gc(keep_last, keep_every, allow_deleting_all)
 
     def shards(self, step: int) -> dict:
         """Which ranks of global step `step` have landed."""
-        return self._raw.shards(int(step))
+        return self._raw.shards(_step(step))
 
     def owner(self) -> Optional[str]:
         """The id of the store whose run this prefix holds, or None."""
@@ -372,7 +399,7 @@ class Shard:
     def save(self, step: int, state: dict, metrics=None) -> ShardInfo:
         """Upload this rank's shard of `step`; the arrays are copied."""
         tensors, blobs = _split(state)
-        return self._save_raw(int(step), tensors, blobs, _metrics(metrics))
+        return self._save_raw(_step(step), tensors, blobs, _metrics(metrics))
 
     def _save_raw(self, step, tensors, blobs, metrics):
         shard = (step, self.rank, self.world_size)
@@ -383,7 +410,7 @@ class Shard:
 
     def load(self, step: Optional[int] = None) -> Optional[Checkpoint]:
         """This rank's shard of `step` (the latest complete step if None)."""
-        return _checkpoint(self._raw.load(None if step is None else int(step)))
+        return _checkpoint(self._raw.load(_optional_step(step)))
 
     def latest_step(self) -> Optional[int]:
         return self.remote.latest_step()

@@ -31,6 +31,8 @@ import json
 import numpy as np
 import torch
 
+from . import _step
+
 __all__ = ["save", "load", "state"]
 
 _STRUCTURE = "torch/structure"
@@ -64,11 +66,19 @@ def _dtype_name(dtype):
     return str(dtype).removeprefix("torch.")
 
 
+def _check_layout(t, name):
+    """Refuse, naming the key, a tensor whose bytes are not plain elements."""
+    if t.is_quantized:
+        raise TypeError(f"{name}: quantized tensors ({t.dtype}, {t.qscheme()}) are not "
+                        "supported; store t.dequantize() or t.int_repr() with its scales")
+    if t.is_sparse or t.layout != torch.strided:
+        raise TypeError(f"{name}: {t.layout} tensors are not supported; convert to dense "
+                        "(t.to_dense()) first")
+
+
 def _host_bytes(t):
     """A uint8 numpy array over `t`'s elements: its own memory when `t` is a
     contiguous CPU tensor, else a host copy."""
-    if t.is_sparse or t.is_quantized or t.layout != torch.strided:
-        raise TypeError(f"{t.layout} tensors are not supported; convert to dense first")
     t = t.detach()
     if t.device.type != "cpu":
         t = t.to("cpu")
@@ -85,6 +95,7 @@ class _Flattener:
     def tensor(self, t, name):
         if name in self.tensors:
             raise ValueError(f"two tensors would be stored as {name!r}")
+        _check_layout(t, name)
         self.tensors[name] = t
         return {"__tensor__": name, "dtype": _dtype_name(t.dtype), "shape": list(t.shape)}
 
@@ -112,7 +123,9 @@ def state(model=None, optimizer=None, extra=None):
     structure = {"format": _FORMAT}
     if model is not None:
         sd = model.state_dict()
-        structure["model"] = [[k, f.tensor(v, f"model/{k}")] for k, v in sd.items()]
+        # A module's get_extra_state() is stored under its `_extra_state`
+        # key like `extra`: tensors typed, the rest as structure.
+        structure["model"] = [[k, f.walk(v, f"model/{k}")] for k, v in sd.items()]
     if optimizer is not None:
         structure["optimizer"] = f.walk(optimizer.state_dict(), "optimizer")
     if extra is not None:
@@ -147,8 +160,8 @@ def save(store, step, model=None, optimizer=None, metrics=None, extra=None, bloc
     arrays = _arrays(tensors)
     blobs = [(_STRUCTURE, blob)]
     if blocking:
-        return store._save_raw(int(step), arrays, blobs, raw_metrics)
-    return store._save_async_raw(int(step), arrays, blobs, raw_metrics)
+        return store._save_raw(_step(step), arrays, blobs, raw_metrics)
+    return store._save_async_raw(_step(step), arrays, blobs, raw_metrics)
 
 
 class _Rebuilder:
@@ -191,7 +204,7 @@ def load(store, model=None, optimizer=None, step=None, strict=True):
     if model is not None:
         if "model" not in structure:
             raise KeyError(f"step {step} has no model state")
-        sd = {k: rebuild.tensor(ref) for k, ref in structure["model"]}
+        sd = {k: rebuild.walk(ref) for k, ref in structure["model"]}
         model.load_state_dict(sd, strict=strict)
     if optimizer is not None:
         if "optimizer" not in structure:
@@ -210,7 +223,7 @@ def load_extra(store, step=None):
 
 def _load(store, step):
     """(step, structure, name -> uint8 array over the loaded bytes)."""
-    d = store._raw.load(None if step is None else int(step))
+    d = store._raw.load(None if step is None else _step(step))
     if d is None:
         if step is not None:
             raise KeyError(step)
