@@ -3,50 +3,75 @@
 //! runs never mix their steps in one prefix; global steps' shards are the
 //! one case of several writers, by design, and claim nothing.
 //!
-//! No conditional PUT is assumed: two stores pushing first at once both
-//! write their claim and then list the claims; the earliest written (ties
-//! broken by name) holds the prefix, every claimant sees the same one, and
-//! the others withdraw theirs.
+//! No conditional PUT is assumed. A store that finds no owner writes a
+//! claim (`owner/claim-<uuid>`) and lists the folder: only a store that
+//! finds its claim alone there writes `owner/<uuid>`. Of two claims that
+//! overlap, at most one is alone when listed (the one listed first was
+//! written before the other was listed); when neither is, both withdraw
+//! and try again after a random wait.
 
 use super::layout::OWNER;
 use super::locks::lock_body;
 use super::Remote;
 use crate::{CheckpointStore, Error, Result};
 
+/// The name of a claim starts so.
+const CLAIM: &str = "claim-";
+/// Rounds of claims before a push gives up on a contested prefix.
+const CLAIM_ATTEMPTS: u32 = 8;
+
 impl Remote {
     /// The store (its [`CheckpointStore::store_id`]) whose run this prefix
     /// holds, or `None` if no push has claimed it (a bucket of 0.3, or an
     /// empty one).
     pub fn owner(&self) -> Result<Option<String>> {
-        let mut claims = self.list_under(&self.layout.folder(OWNER), 1)?;
-        claims.sort_by(|(a, ma), (b, mb)| (ma.last_modified, a).cmp(&(mb.last_modified, b)));
-        Ok(claims
+        let mut owners: Vec<String> = self
+            .list_names(OWNER)?
             .into_iter()
-            .next()
-            .map(|(mut name, _)| name.remove(0)))
+            .filter(|n| !n.starts_with(CLAIM))
+            .collect();
+        owners.sort();
+        Ok(owners.into_iter().next())
     }
 
     /// Claim the prefix for the store `id` unless it holds another run.
     ///
     /// # Errors
-    /// [`Error::PrefixOwned`] when another store's run is there.
+    /// [`Error::PrefixOwned`] when another store's run is there;
+    /// [`Error::RemoteBusy`] when other stores keep claiming it at the same
+    /// moment.
     pub(crate) fn claim(&self, id: &str) -> Result<()> {
-        let (owner, claimed) = if let Some(owner) = self.owner()? {
-            (owner, false)
-        } else {
-            self.put(&self.layout.owner(id), lock_body())?;
-            (self.owner()?.unwrap_or_else(|| id.to_owned()), true)
-        };
-        if owner == id {
-            return Ok(());
+        let own_claim = format!("{CLAIM}{id}");
+        for attempt in 1..=CLAIM_ATTEMPTS {
+            if let Some(owner) = self.owner()? {
+                if owner == id {
+                    return Ok(());
+                }
+                return Err(Error::PrefixOwned {
+                    url: self.url.clone(),
+                    owner,
+                    ours: id.to_owned(),
+                });
+            }
+            let claim = self.layout.owner(&own_claim);
+            self.put(&claim, lock_body())?;
+            let alone = self.list_names(OWNER)?.iter().all(|n| *n == own_claim);
+            if alone {
+                self.put(&self.layout.owner(id), lock_body())?;
+            }
+            self.delete(&claim)?;
+            if alone {
+                return Ok(());
+            }
+            let jitter = uuid::Uuid::new_v4().as_u128() % 200;
+            let wait = u64::try_from(jitter).unwrap_or(0) + 20 * u64::from(attempt);
+            std::thread::sleep(std::time::Duration::from_millis(wait));
         }
-        if claimed {
-            self.delete(&self.layout.owner(id))?;
-        }
-        Err(Error::PrefixOwned {
+        Err(Error::RemoteBusy {
             url: self.url.clone(),
-            owner,
-            ours: id.to_owned(),
+            detail: "other stores claimed this prefix at the same moment, again and again; \
+                     push again"
+                .into(),
         })
     }
 
@@ -73,9 +98,9 @@ impl Remote {
     pub fn adopt(&self, store: &CheckpointStore) -> Result<()> {
         let id = store.store_id()?;
         self.put(&self.layout.owner(&id), lock_body())?;
-        for (name, _) in self.list_under(&self.layout.folder(OWNER), 1)? {
-            if name[0] != id {
-                self.delete(&self.layout.folder(OWNER).join(name[0].as_str()))?;
+        for name in self.list_names(OWNER)? {
+            if name != id && !name.starts_with(CLAIM) {
+                self.delete(&self.layout.owner(&name))?;
             }
         }
         Ok(())

@@ -201,7 +201,7 @@ fn stores_racing_for_an_empty_prefix_leave_one_run() -> Result {
                     barrier.wait();
                     match store.push(&remote) {
                         Ok(_) => true,
-                        Err(Error::PrefixOwned { .. }) => false,
+                        Err(Error::PrefixOwned { .. } | Error::RemoteBusy { .. }) => false,
                         Err(e) => panic!("{e}"),
                     }
                 })
