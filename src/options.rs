@@ -137,7 +137,7 @@ impl StoreOptions {
     ///
     /// With it, recovery after kill -9 reads megabytes in milliseconds
     /// whatever the store's size; without it, the first writable open after
-    /// a crash reads the whole file, twice (the README's benchmark has the
+    /// a crash reads the whole file, twice (bench/README.md has the
     /// figures of both, and what each commit costs). Turn it off only for a
     /// store that is cheap to re-read and whose commits must be as fast as
     /// they can be.

@@ -310,7 +310,7 @@ impl CheckpointStore {
     /// committed (the store keeps one such spare checkpoint), so a training
     /// loop that checkpoints the same parameters again and again copies
     /// into memory that is already allocated and paged in, instead of
-    /// `clone()`-ing into fresh pages every time (the README's benchmark,
+    /// `clone()`-ing into fresh pages every time (bench/README.md,
     /// async section, compares the two). Memory: the copies queued and
     /// running, plus one spare, which the store holds until it is dropped.
     ///
