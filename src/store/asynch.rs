@@ -31,12 +31,24 @@ fn lock<'a, T>(m: &'a Mutex<T>, what: &str) -> Result<MutexGuard<'a, T>> {
 /// The outcome of one [`CheckpointStore::commit_async`], to wait for.
 ///
 /// Dropping a handle does not cancel the commit; its outcome is then
-/// reported only by [`CheckpointStore::flush`] (if it failed).
-#[derive(Debug)]
+/// reported only by [`CheckpointStore::flush`] (if it failed). A failure
+/// the handle delivered ([`wait`](Self::wait), [`try_wait`](Self::try_wait))
+/// is not reported again by `flush`.
 #[must_use = "a commit's failure is reported through its handle or flush()"]
 pub struct CommitHandle {
     step: u64,
+    /// Which job: its failure, once delivered here, leaves `flush`'s list.
+    job: u64,
+    progress: Arc<(Mutex<Progress>, Condvar)>,
     reply: Receiver<Result<CommitInfo>>,
+}
+
+impl std::fmt::Debug for CommitHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CommitHandle")
+            .field("step", &self.step)
+            .finish_non_exhaustive()
+    }
 }
 
 impl CommitHandle {
@@ -48,29 +60,42 @@ impl CommitHandle {
     /// Block until the commit is done: `Ok` once the step is durable (with
     /// the store's durability) and visible to readers.
     pub fn wait(self) -> Result<CommitInfo> {
-        self.reply.recv().unwrap_or_else(|_| {
+        let outcome = self.reply.recv().unwrap_or_else(|_| {
             Err(writer_stopped(
                 self.step,
                 "the background writer stopped before reporting",
             ))
-        })
+        });
+        self.delivered(outcome)
+    }
+
+    /// `outcome`, delivered to the caller: a failure leaves `flush`'s list.
+    fn delivered(&self, outcome: Result<CommitInfo>) -> Result<CommitInfo> {
+        if outcome.is_err() {
+            if let Ok(mut p) = self.progress.0.lock() {
+                p.failed.retain(|f| f.job != self.job);
+            }
+        }
+        outcome
     }
 
     /// The outcome if the commit is done, without blocking; otherwise the
     /// handle back.
     pub fn try_wait(self) -> std::result::Result<Result<CommitInfo>, CommitHandle> {
         match self.reply.try_recv() {
-            Ok(outcome) => Ok(outcome),
+            Ok(outcome) => Ok(self.delivered(outcome)),
             Err(mpsc::TryRecvError::Empty) => Err(self),
-            Err(mpsc::TryRecvError::Disconnected) => Ok(Err(writer_stopped(
+            Err(mpsc::TryRecvError::Disconnected) => Ok(self.delivered(Err(writer_stopped(
                 self.step,
                 "the background writer stopped before reporting",
-            ))),
+            )))),
         }
     }
 }
 
 struct Job {
+    /// Numbers the job, for its handle.
+    id: u64,
     ckpt: GradientCheckpoint,
     /// Keep the checkpoint's buffers for the next
     /// [`commit_async_copy`](CheckpointStore::commit_async_copy).
@@ -78,11 +103,21 @@ struct Job {
     reply: SyncSender<Result<CommitInfo>>,
 }
 
-/// Commits queued or running, and failures not yet reported by `flush`.
+/// Commits queued or running, and failures not yet reported by `flush`
+/// or their handle.
 #[derive(Default)]
 struct Progress {
     in_flight: usize,
-    failed: Vec<(u64, Error)>,
+    /// The id the next job gets.
+    next_job: u64,
+    failed: Vec<Failure>,
+}
+
+/// A background commit that failed.
+struct Failure {
+    job: u64,
+    step: u64,
+    error: Error,
 }
 
 /// Commit one job, then count it done and report its outcome.
@@ -93,7 +128,11 @@ fn commit_job(
     spare: &Mutex<Option<GradientCheckpoint>>,
 ) {
     let step = job.ckpt.step;
-    let done = Done { progress, step };
+    let done = Done {
+        progress,
+        job: job.id,
+        step,
+    };
     let outcome = put(db, &job.ckpt, &Borrowed::new(), false, Hashing::Inline);
     if job.recycle {
         // One spare at most: a burst of copies does not leave a pile of
@@ -106,7 +145,11 @@ fn commit_job(
     }
     if let Err(e) = &outcome {
         if let Ok(mut p) = progress.0.lock() {
-            p.failed.push((step, e.duplicate()));
+            p.failed.push(Failure {
+                job: job.id,
+                step,
+                error: e.duplicate(),
+            });
         }
     }
     drop(done);
@@ -119,6 +162,7 @@ fn commit_job(
 /// waiting for ever).
 struct Done<'a> {
     progress: &'a (Mutex<Progress>, Condvar),
+    job: u64,
     step: u64,
 }
 
@@ -134,7 +178,11 @@ impl Drop for Done<'_> {
             let e = Error::WriterStopped {
                 detail: "the background writer panicked".into(),
             };
-            p.failed.push((self.step, e));
+            p.failed.push(Failure {
+                job: self.job,
+                step: self.step,
+                error: e,
+            });
         }
         p.in_flight = p.in_flight.saturating_sub(1);
         cvar.notify_all();
@@ -213,9 +261,15 @@ impl AsyncWriter {
     fn submit(&self, ckpt: GradientCheckpoint, recycle: bool) -> Result<CommitHandle> {
         let step = ckpt.step;
         let (reply, outcome) = mpsc::sync_channel(1);
-        lock(&self.progress.0, "counting commits")?.in_flight += 1;
+        let job = {
+            let mut p = lock(&self.progress.0, "counting commits")?;
+            p.in_flight += 1;
+            p.next_job += 1;
+            p.next_job
+        };
         let sent = self.queue.as_ref().is_some_and(|q| {
             q.send(Job {
+                id: job,
                 ckpt,
                 recycle,
                 reply,
@@ -229,6 +283,8 @@ impl AsyncWriter {
         }
         Ok(CommitHandle {
             step,
+            job,
+            progress: self.progress.clone(),
             reply: outcome,
         })
     }
@@ -242,12 +298,12 @@ impl AsyncWriter {
                 .map_err(|_| writer_stopped(0, "the background writer panicked"))?;
         }
         let failed = std::mem::take(&mut p.failed);
-        let steps: Vec<u64> = failed.iter().map(|(s, _)| *s).collect();
+        let steps: Vec<u64> = failed.iter().map(|f| f.step).collect();
         match failed.into_iter().next() {
             None => Ok(()),
-            Some((_, first)) => Err(Error::AsyncCommitFailed {
+            Some(first) => Err(Error::AsyncCommitFailed {
                 steps,
-                source: Box::new(first),
+                source: Box::new(first.error),
             }),
         }
     }
@@ -375,7 +431,7 @@ impl CheckpointStore {
     ///
     /// # Errors
     /// [`Error::AsyncCommitFailed`] naming every background commit that
-    /// failed since the last `flush` (whether or not its handle reported
+    /// failed since the last `flush` and whose handle has not reported
     /// it); [`Error::ReplicationFailed`] when that push failed (it is
     /// retried in the background). The store keeps working.
     pub fn flush(&self) -> Result<()> {
