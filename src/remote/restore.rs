@@ -135,7 +135,18 @@ impl Remote {
         let corrupt = |detail: String| Error::corrupt(Some(step), detail);
         let mut fetches = futures::stream::iter(wanted)
             .map(|(what, hash, len)| async move {
+                let damaged = || {
+                    corrupt(format!(
+                        "{what}: chunk {} in {url} fails its hash check",
+                        hex(hash)
+                    ))
+                };
                 let got = match store.get(&layout.chunk(hash)).await {
+                    // Refused before its body is read: an object of another
+                    // length is not this chunk, whatever its size.
+                    Ok(got) if usize::try_from(got.meta.size).ok() != Some(*len) => {
+                        return Err(damaged())
+                    }
                     Ok(got) => got.bytes().await,
                     Err(e) => Err(e),
                 };
@@ -146,10 +157,7 @@ impl Remote {
                     e => super::remote_error(url, "reading chunks from", e),
                 })?;
                 if piece.len() != *len || blake3::hash(&piece).as_bytes() != hash {
-                    return Err(corrupt(format!(
-                        "{what}: chunk {} in {url} fails its hash check",
-                        hex(hash)
-                    )));
+                    return Err(damaged());
                 }
                 Ok(piece)
             })

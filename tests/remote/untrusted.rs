@@ -144,11 +144,23 @@ fn the_cli_reports_crafted_objects_and_goes_on() -> Result {
 
 /// Reading every crafted step in a process of its own: its peak memory
 /// stays far below what the crafted numbers ask for (the 200 MiB manifest
-/// is refused before it is read).
+/// and a 2 GiB object under a chunk's name are refused before they are
+/// read).
 #[test]
 fn crafted_objects_are_read_in_bounded_memory() -> Result {
     let dir = tempfile::tempdir()?;
     let url = crafted_bucket(dir.path())?;
+    // And a bucket whose chunk object is 2 GiB (sparse) under a chunk's name.
+    let big = dir.path().join("big");
+    std::fs::create_dir_all(&big)?;
+    let big_url = format!("file://{}", big.join("bucket").display());
+    store_with(&big, 1..2)?.push(&Remote::open(&big_url)?)?;
+    let chunks = big.join("bucket/chunks");
+    let chunk = std::fs::read_dir(&chunks)?.next().ok_or("a chunk")??.path();
+    std::fs::File::options()
+        .write(true)
+        .open(chunk)?
+        .set_len(2 << 30)?;
     let out = std::process::Command::new(std::env::current_exe()?)
         .args([
             "untrusted::reading_child",
@@ -157,6 +169,7 @@ fn crafted_objects_are_read_in_bounded_memory() -> Result {
             "--nocapture",
         ])
         .env("CKPT_URL", &url)
+        .env("CKPT_BIG_URL", &big_url)
         .env("CKPT_DIR", dir.path())
         .output()?;
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -185,6 +198,9 @@ fn reading_child() -> Result {
     }
     remote.summaries()?;
     remote.incomplete_steps()?;
+    let big = Remote::open(&std::env::var("CKPT_BIG_URL")?)?;
+    assert!(matches!(big.get(1), Err(Error::Corrupt { .. })));
+    assert_eq!(big.verify()?.damaged.len(), 1);
     let status = std::fs::read_to_string("/proc/self/status")?;
     let peak = status
         .lines()
