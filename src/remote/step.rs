@@ -177,6 +177,40 @@ impl Remote {
         Ok(Ok(bytes))
     }
 
+    /// The steps that have commits none of which checks out (a manifest
+    /// missing, damaged or refused by its checks, a chunk missing), each
+    /// with why its newest commit does not: listings skip them, `verify`
+    /// reports them as damaged.
+    ///
+    /// # Errors
+    /// [`Error::Remote`] when the bucket fails.
+    pub fn skipped_steps(&self) -> Result<Vec<(u64, String)>> {
+        let commits = self.commits()?;
+        if commits.is_empty() {
+            return Ok(Vec::new());
+        }
+        let chunks = self.chunk_hashes()?;
+        let mut skipped = Vec::new();
+        for of_step in commits.chunk_by(|a, b| a.step == b.step) {
+            let mut why = None;
+            for c in of_step.iter().rev() {
+                match self.checked_manifest(*c, Some(&chunks))? {
+                    Ok(_) => {
+                        why = None;
+                        break;
+                    }
+                    Err(reason) => {
+                        why.get_or_insert(reason);
+                    }
+                }
+            }
+            if let (Some(why), Some(c)) = (why, of_step.first()) {
+                skipped.push((c.step, why));
+            }
+        }
+        Ok(skipped)
+    }
+
     /// Each complete step's newest commit that checks out, with what it
     /// stands for, ascending.
     pub(crate) fn complete(&self) -> Result<Vec<(Commit, StepManifest)>> {

@@ -100,6 +100,8 @@ fn crafted_objects_give_clear_errors() -> Result {
         assert!(message.contains("manifests/"), "{message}");
     }
     assert_eq!(remote.summaries()?.len(), 1);
+    let skipped: Vec<u64> = remote.skipped_steps()?.iter().map(|(s, _)| *s).collect();
+    assert_eq!(skipped, CRAFTED.map(|(s, _)| s).to_vec());
     assert!(remote.shards(20)?.world_size.is_none());
     assert!(remote.incomplete_steps()?.is_empty());
     let gc = remote.collect_garbage()?;
@@ -135,6 +137,13 @@ fn the_cli_reports_crafted_objects_and_goes_on() -> Result {
     ] {
         let (code, out, err) = ckpt(&args)?;
         assert_eq!(code, 0, "{args:?}: {out}{err}");
+        if args[0] == "ls" {
+            // Each crafted step is skipped with a warning naming it.
+            for (step, what) in CRAFTED {
+                let warned = format!("warning: step {step} skipped");
+                assert!(err.contains(&warned), "{what}: {err}");
+            }
+        }
     }
     let (code, _, err) = ckpt(&["show", &url, "11"])?;
     assert_eq!(code, 1, "{err}");

@@ -90,6 +90,7 @@ pub(crate) fn ls(url: &str, json: bool, all: bool) -> Result<ExitCode> {
         }
         (true, true) => output::ls_all_json(&summaries, &ranks, &remote.incomplete_steps()?)?,
     }
+    warn_skipped(&remote)?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -142,6 +143,7 @@ pub(crate) fn gc(
         println!("would remove {} steps: {doomed:?}", doomed.len());
         return Ok(ExitCode::SUCCESS);
     }
+    warn_skipped(&remote)?;
     let collected = remote.gc(policy)?;
     let removed = &collected.steps_removed;
     println!("removed {} steps: {removed:?}", removed.len());
@@ -159,6 +161,19 @@ pub(crate) fn gc(
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Say on stderr which steps a listing skipped because their objects do
+/// not check out.
+fn warn_skipped(remote: &Remote) -> Result<()> {
+    for (step, why) in remote.skipped_steps()? {
+        eprintln!(
+            "ckpt: warning: step {step} skipped: {}; `ckpt verify {}` reports it",
+            why.chars().take(300).collect::<String>(),
+            remote.url()
+        );
+    }
+    Ok(())
 }
 
 /// The bucket at `url`, for a command that only reads it (or deletes from
