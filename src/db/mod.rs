@@ -263,7 +263,10 @@ impl Db {
                     if is_damage(e) {
                         self.damaged.store(true, Ordering::SeqCst);
                     }
-                    if e.is_io() {
+                    // Only the store's own device failing (redb's I/O
+                    // error) closes the handle; a failure of another file
+                    // (an export target, say) is that file's.
+                    if matches!(e, Error::Storage { .. }) && e.is_io() {
                         self.set_state(State::Closed);
                     }
                 }

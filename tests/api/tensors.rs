@@ -219,3 +219,24 @@ fn borrowed_tensors_commit_like_owned_ones() -> Result {
     assert_eq!(store.steps()?, vec![0, 1]);
     Ok(())
 }
+
+/// A failure writing another file (an export target that cannot be
+/// created) is that file's: the store's handle stays open, so its writer
+/// lock still keeps a second writer out, and it goes on working.
+#[test]
+fn a_failed_export_target_leaves_the_store_open() -> Result {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("run.ckpt");
+    let store = CheckpointStore::open(&path)?;
+    store.commit(&common::deterministic(1))?;
+    let e = store
+        .export_safetensors(1, "/proc/ckptstore-no/such.safetensors")
+        .expect_err("/proc refuses new files");
+    assert!(e.os_error().is_some(), "{e}");
+    assert!(
+        CheckpointStore::open(&path).is_err_and(|e| e.is_locked()),
+        "the writer's lock was released by a failed export"
+    );
+    assert_eq!(store.steps()?, vec![1]);
+    Ok(())
+}
