@@ -232,6 +232,7 @@ def test_extra_state_round_trips_through_set_extra_state(tmp_path):
         assert "model/_extra_state/scale" in store.load(1).tensors
 
 
+@pytest.mark.filterwarnings("ignore:torch.quantize_per_tensor")
 def test_quantized_and_sparse_tensors_are_refused_by_name(tmp_path):
     with ckptstore.open(tmp_path / "run.ckpt") as store:
         q = torch.quantize_per_tensor(torch.randn(4), 0.1, 0, torch.qint8)

@@ -139,11 +139,7 @@ fn a_server_killed_mid_push_and_restarted() -> Result {
     let Some((_server, bucket)) = server("a_server_killed_mid_push") else {
         return Ok(());
     };
-    let (Ok(garage), Ok(config), Ok(pid_file)) = (
-        std::env::var("CKPT_GARAGE"),
-        std::env::var("CKPT_GARAGE_CONFIG"),
-        std::env::var("CKPT_GARAGE_PID"),
-    ) else {
+    let Some(garage) = Server::from_env() else {
         eprintln!("a_server_killed_mid_push: skipped: CKPT_GARAGE* not set");
         return Ok(());
     };
@@ -154,26 +150,11 @@ fn a_server_killed_mid_push_and_restarted() -> Result {
     let mut restart = None;
     let outcome = store.push_with(&remote, &mut |_, uploaded| {
         if restart.is_none() && uploaded >= 8 << 20 {
-            let pid = std::fs::read_to_string(&pid_file).expect("pid file");
-            let killed = Command::new("kill").args(["-9", pid.trim()]).status();
-            assert!(killed.is_ok_and(|s| s.success()), "kill -9 garage");
-            let (garage, config, pid_file) = (garage.clone(), config.clone(), pid_file.clone());
+            garage.kill();
+            let garage = Server::from_env().expect("variables");
             restart = Some(std::thread::spawn(move || {
                 std::thread::sleep(Duration::from_secs(1));
-                let log = std::fs::File::options()
-                    .append(true)
-                    .create(true)
-                    .open(format!("{config}.restart.log"))
-                    .expect("log");
-                // The server outlives the test: `garage.sh stop` ends it.
-                #[allow(clippy::zombie_processes)]
-                let child = Command::new(garage)
-                    .args(["-c", &config, "server"])
-                    .stdout(log.try_clone().expect("log"))
-                    .stderr(log)
-                    .spawn()
-                    .expect("restart garage");
-                std::fs::write(pid_file, child.id().to_string()).expect("pid file");
+                garage.start();
             }));
         }
         true
@@ -190,11 +171,7 @@ fn a_server_killed_mid_push_and_restarted() -> Result {
         }
     }
     // The server is back once it answers.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while remote.steps().is_err() {
-        assert!(Instant::now() < deadline, "garage did not come back");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    Server::wait_for(&remote);
     whole_steps(&remote, &store)?;
     store.push(&remote)?;
     assert_eq!(whole_steps(&remote, &store)?, (0..6).collect::<Vec<_>>());

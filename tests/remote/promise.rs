@@ -108,7 +108,21 @@ fn replication_serves_the_redone_step() -> Result {
 #[test]
 fn a_redone_global_step_never_mixes_attempts() -> Result {
     let dir = tempfile::tempdir()?;
-    let remote = Remote::open(&dir_url(dir.path()))?;
+    redo_a_global_step(&Remote::open(&dir_url(dir.path()))?)?;
+    assert_eq!(commits_of(&dir.path().join("bucket"), 7)?, 2);
+    if let Ok(bucket) = std::env::var("CKPT_TEST_BUCKET") {
+        let _server = super::garage::SERVER
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let url = format!("s3://{bucket}/{}", super::garage::fresh_prefix());
+        redo_a_global_step(&Remote::open(&url)?)?;
+    }
+    Ok(())
+}
+
+/// Step 7 of two ranks, then redone: the old attempt is served until every
+/// rank of the new one has landed.
+fn redo_a_global_step(remote: &Remote) -> Result {
     let shard = |rank: u32, round: u64| -> Result<GradientCheckpoint> {
         let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), 7);
         c.set_optimizer_state("params", bytes(u64::from(rank) + 10 * round, 100_000));
@@ -125,7 +139,6 @@ fn a_redone_global_step_never_mixes_attempts() -> Result {
     assert!(remote.get_shard(7, 0)? == Some(shard(0, 2)?));
     assert!(remote.get_shard(7, 1)? == Some(shard(1, 1)?));
     assert_eq!(remote.steps()?, vec![7]);
-    assert_eq!(commits_of(&dir.path().join("bucket"), 7)?, 2);
     assert!(remote.verify()?.is_ok());
     Ok(())
 }
@@ -186,9 +199,23 @@ fn a_prefix_holds_one_run() -> Result {
 #[test]
 fn stores_racing_for_an_empty_prefix_leave_one_run() -> Result {
     let dir = tempfile::tempdir()?;
-    let url = dir_url(dir.path());
+    race_for(&dir_url(dir.path()), dir.path())?;
+    assert_eq!(common_names(&dir.path().join("bucket/owner"))?.len(), 1);
+    if let Ok(bucket) = std::env::var("CKPT_TEST_BUCKET") {
+        let _server = super::garage::SERVER
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let url = format!("s3://{bucket}/{}", super::garage::fresh_prefix());
+        race_for(&url, &sub(dir.path(), "garage")?)?;
+    }
+    Ok(())
+}
+
+/// Four stores (in `dir`) push first into `url` at once: exactly one wins.
+fn race_for(url: &str, dir: &Path) -> Result {
+    let url = url.to_owned();
     let stores: Vec<CheckpointStore> = (0..4)
-        .map(|i| store_of(&sub(dir.path(), &format!("s{i}"))?, 1..3, checkpoint))
+        .map(|i| store_of(&sub(dir, &format!("s{i}"))?, 1..3, checkpoint))
         .collect::<Result<_>>()?;
     let barrier = Barrier::new(stores.len());
     let won: Vec<bool> = std::thread::scope(|s| {
@@ -218,7 +245,6 @@ fn stores_racing_for_an_empty_prefix_leave_one_run() -> Result {
         Remote::open(&url)?.owner()?,
         Some(stores[winner].store_id()?)
     );
-    assert_eq!(common_names(&dir.path().join("bucket/owner"))?.len(), 1);
     Ok(())
 }
 
