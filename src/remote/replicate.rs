@@ -58,7 +58,8 @@ struct State {
     /// The `requested` value the last finished attempt covered, and
     /// whether it failed.
     attempted: u64,
-    failed: Option<Error>,
+    /// Shared with every `flush` that reports it, not copied.
+    failed: Option<Arc<Error>>,
     running: bool,
     /// Retry now, whatever the backoff (a flush waits).
     urgent: bool,
@@ -143,16 +144,15 @@ impl Replicator {
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
         }
         let failure = match (&state.failed, state.end == Some(End::Panicked)) {
-            (_, true) => Some(Error::WriterStopped {
+            (_, true) => Some(Arc::new(Error::WriterStopped {
                 detail: "the replication thread panicked; reopen the store to resume".into(),
-            }),
-            (Some(e), false) => Some(e.duplicate()),
+            })),
+            (Some(e), false) => Some(e.clone()),
             (None, false) => None,
         };
         match failure {
             None => Ok(()),
-            Some(e) => {
-                let source = Box::new(e);
+            Some(source) => {
                 let confirmed = state.confirmed.clone();
                 drop(state);
                 let steps = store
@@ -267,7 +267,7 @@ fn run(store: &CheckpointStore, remote: &Remote, shared: &Shared) {
             Ok(_) => {} // stopped part way
             Err(e) => {
                 state.failures = state.failures.saturating_add(1);
-                state.failed = Some(e);
+                state.failed = Some(Arc::new(e));
                 let backoff =
                     FIRST_BACKOFF.saturating_mul(1 << state.failures.min(6).saturating_sub(1));
                 retry_at = Some(Instant::now() + backoff.min(MAX_BACKOFF));

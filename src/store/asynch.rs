@@ -32,15 +32,25 @@ fn lock<'a, T>(m: &'a Mutex<T>, what: &str) -> Result<MutexGuard<'a, T>> {
 ///
 /// Dropping a handle does not cancel the commit; its outcome is then
 /// reported only by [`CheckpointStore::flush`] (if it failed). A failure
-/// the handle delivered ([`wait`](Self::wait), [`try_wait`](Self::try_wait))
-/// is not reported again by `flush`.
+/// is delivered once, to whichever asks first: the handle
+/// ([`wait`](Self::wait), [`try_wait`](Self::try_wait)), whose error is the
+/// commit's own, or `flush`, after which the handle's error says that
+/// `flush` reported it.
 #[must_use = "a commit's failure is reported through its handle or flush()"]
 pub struct CommitHandle {
     step: u64,
     /// Which job: its failure, once delivered here, leaves `flush`'s list.
     job: u64,
     progress: Arc<(Mutex<Progress>, Condvar)>,
-    reply: Receiver<Result<CommitInfo>>,
+    reply: Receiver<Reply>,
+}
+
+/// What a handle hears from the writer: the commit's info, or that it
+/// failed (the error waits in the writer's list, to be taken once: by the
+/// handle, or by `flush` if the handle never asks).
+enum Reply {
+    Done(CommitInfo),
+    Failed,
 }
 
 impl std::fmt::Debug for CommitHandle {
@@ -60,35 +70,39 @@ impl CommitHandle {
     /// Block until the commit is done: `Ok` once the step is durable (with
     /// the store's durability) and visible to readers.
     pub fn wait(self) -> Result<CommitInfo> {
-        let outcome = self.reply.recv().unwrap_or_else(|_| {
-            Err(writer_stopped(
-                self.step,
-                "the background writer stopped before reporting",
-            ))
-        });
-        self.delivered(outcome)
+        let reply = self.reply.recv();
+        self.delivered(reply.ok())
     }
 
-    /// `outcome`, delivered to the caller: a failure leaves `flush`'s list.
-    fn delivered(&self, outcome: Result<CommitInfo>) -> Result<CommitInfo> {
-        if outcome.is_err() {
-            if let Ok(mut p) = self.progress.0.lock() {
-                p.failed.retain(|f| f.job != self.job);
+    /// What `reply` says, for the caller: a failure is taken out of the
+    /// writer's list (`flush` does not report it again); one `flush`
+    /// already reported says so.
+    fn delivered(&self, reply: Option<Reply>) -> Result<CommitInfo> {
+        let stopped =
+            || writer_stopped(self.step, "the background writer stopped before reporting");
+        match reply {
+            Some(Reply::Done(info)) => Ok(info),
+            Some(Reply::Failed) => {
+                let mut p = lock(&self.progress.0, "reporting a failure")?;
+                match p.failed.iter().position(|f| f.job == self.job) {
+                    Some(i) => Err(p.failed.remove(i).error),
+                    None => Err(writer_stopped(
+                        self.step,
+                        "the commit failed; flush() reported the failure",
+                    )),
+                }
             }
+            None => Err(stopped()),
         }
-        outcome
     }
 
     /// The outcome if the commit is done, without blocking; otherwise the
     /// handle back.
     pub fn try_wait(self) -> std::result::Result<Result<CommitInfo>, CommitHandle> {
         match self.reply.try_recv() {
-            Ok(outcome) => Ok(self.delivered(outcome)),
+            Ok(reply) => Ok(self.delivered(Some(reply))),
             Err(mpsc::TryRecvError::Empty) => Err(self),
-            Err(mpsc::TryRecvError::Disconnected) => Ok(self.delivered(Err(writer_stopped(
-                self.step,
-                "the background writer stopped before reporting",
-            )))),
+            Err(mpsc::TryRecvError::Disconnected) => Ok(self.delivered(None)),
         }
     }
 }
@@ -100,7 +114,7 @@ struct Job {
     /// Keep the checkpoint's buffers for the next
     /// [`commit_async_copy`](CheckpointStore::commit_async_copy).
     recycle: bool,
-    reply: SyncSender<Result<CommitInfo>>,
+    reply: SyncSender<Reply>,
 }
 
 /// Commits queued or running, and failures not yet reported by `flush`
@@ -143,18 +157,23 @@ fn commit_job(
     } else {
         drop(job.ckpt); // free the blobs before reporting
     }
-    if let Err(e) = &outcome {
-        if let Ok(mut p) = progress.0.lock() {
-            p.failed.push(Failure {
-                job: job.id,
-                step,
-                error: e.duplicate(),
-            });
+    let reply = match outcome {
+        Ok(info) => Reply::Done(info),
+        Err(error) => {
+            // Kept for whoever asks first: the handle, or flush.
+            if let Ok(mut p) = progress.0.lock() {
+                p.failed.push(Failure {
+                    job: job.id,
+                    step,
+                    error,
+                });
+            }
+            Reply::Failed
         }
-    }
+    };
     drop(done);
     // The caller may have dropped its handle: fine.
-    let _ = job.reply.send(outcome);
+    let _ = job.reply.send(reply);
 }
 
 /// Counts a job done when dropped, also if the commit panicked (a bug in

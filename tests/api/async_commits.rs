@@ -186,6 +186,17 @@ fn failures_reach_the_handle_and_flush_and_the_store_goes_on() -> Result {
     );
     assert!(store.flush().is_ok(), "a failure is reported once");
 
+    // Reported by flush first: the handle asked later says so.
+    plan.arm(0, &[Op::Sync]);
+    let late = store.commit_async(common::deterministic(4))?;
+    assert!(store.flush().is_err());
+    let e = late.wait().expect_err("the commit failed");
+    assert!(e.to_string().contains("flush() reported"), "{e}");
+    assert!(store.flush().is_ok());
+    if store.steps()?.contains(&4) {
+        store.remove(4)?; // the data landed before the failed sync
+    }
+
     // The store keeps working.
     let retry: Vec<u64> = [1, 2]
         .into_iter()
