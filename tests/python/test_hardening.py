@@ -150,3 +150,44 @@ def test_close_says_what_becomes_of_pending_replication(tmp_path):
     message = str(failed.value)
     assert "is closing" in message and "[1]" in message, message
     assert "retrying in the background" not in message, message
+
+
+# A background commit that fails on the device, never observed through its
+# handle: flush() raises OSError with the errno (EFBIG from RLIMIT_FSIZE,
+# in a process of its own), and the store goes on.
+_EFBIG = r"""
+import os, resource, signal, sys
+import numpy as np
+import ckptstore
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+path = sys.argv[1]
+store = ckptstore.open(path)
+store.save(1, {"w": np.zeros(1000, np.float32)})
+limit = os.path.getsize(path) + (1 << 20)
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+del_me = store.save_async(2, {"w": np.ones(16 << 20, np.float32)})  # 64 MiB
+del del_me
+try:
+    store.flush()
+    print("flush raised nothing")
+except OSError as e:
+    print("errno", e.errno)
+resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+store.flush()  # reported once
+store.save(3, {"w": np.zeros(10, np.float32)})
+print("steps", store.steps(), store.verify().ok)
+store.close()
+"""
+
+
+def test_flush_raises_an_unobserved_device_failure_as_oserror(tmp_path):
+    run = subprocess.run(
+        [sys.executable, "-c", _EFBIG, str(tmp_path / "run.ckpt")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert "errno 27" in lines, run.stdout  # EFBIG
+    assert "steps [1, 3] True" in lines, run.stdout
