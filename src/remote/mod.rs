@@ -26,7 +26,7 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use crate::format::manifest::Hash;
 use crate::{Error, Result};
 pub(crate) use layout::Commit;
-use layout::{parse_chunk, parse_commit, Layout, COMMITS, DELETED};
+use layout::{parse_chunk, parse_commit, Layout, COMMITS, DELETED, MANIFESTS};
 pub use layout::{MAX_MANIFEST_BYTES, MAX_WORLD_SIZE};
 
 pub use push::PushReport;
@@ -356,6 +356,15 @@ impl Remote {
             .collect();
         commits.sort();
         Ok(commits)
+    }
+
+    /// The (step, hash) of every manifest object.
+    pub(crate) fn manifest_names(&self) -> Result<HashSet<(u64, Hash)>> {
+        Ok(self
+            .list_names(MANIFESTS)?
+            .iter()
+            .filter_map(|n| parse_commit(n.strip_suffix(".json")?))
+            .collect())
     }
 
     /// The (step, manifest hash) of every step retention deleted.

@@ -108,6 +108,7 @@ impl CheckpointStore {
         // Ascending: the last commit of a step is its newest.
         let newest: BTreeMap<u64, Commit> = commits.iter().map(|c| (c.step, *c)).collect();
         let deleted: HashSet<(u64, Hash)> = remote.deleted()?.into_iter().collect();
+        let manifests = remote.manifest_names()?;
         let mut present: HashSet<Hash> = remote.chunk_hashes()?;
         for step in self.steps()? {
             remote.refresh(lock)?;
@@ -125,10 +126,13 @@ impl CheckpointStore {
                 }
                 let chunks = step_chunks(data)?;
                 // The same content as the newest commit, whole: done. The
-                // same content with chunks missing (collected after a lock
-                // lapsed): repaired under the same commit.
+                // same content with its manifest or chunks missing (chunks
+                // collected after a lock lapsed): repaired under the same
+                // commit.
                 let same = newest.get(&step).filter(|c| c.hash == hash);
-                if same.is_some() && chunks.iter().all(|c| present.contains(&c.hash)) {
+                let whole = manifests.contains(&(step, hash))
+                    && chunks.iter().all(|c| present.contains(&c.hash));
+                if same.is_some() && whole {
                     return Ok(Outcome::Present);
                 }
                 let generation =

@@ -248,9 +248,9 @@ fn race_for(url: &str, dir: &Path) -> Result {
     Ok(())
 }
 
-/// A step whose commit is there but whose chunks are not (collected while
-/// a push's lock had lapsed, or deleted by hand) is not "present": the
-/// next push uploads them again.
+/// A step whose commit is there but whose chunks or manifest are not
+/// (collected while a push's lock had lapsed, or deleted by hand) is not
+/// "present": the next push uploads them again.
 #[test]
 fn a_step_missing_chunks_is_repaired_by_the_next_push() -> Result {
     let dir = tempfile::tempdir()?;
@@ -267,6 +267,16 @@ fn a_step_missing_chunks_is_repaired_by_the_next_push() -> Result {
     let verified = remote.verify()?;
     assert!(verified.is_ok() && verified.steps_ok == 2, "{verified:?}");
     assert_eq!(commits_of(&dir.path().join("bucket"), 1)?, 1);
+    // A commit whose manifest is gone: the same.
+    let manifests = dir.path().join("bucket/manifests");
+    let first = common_names(&manifests)?
+        .into_iter()
+        .next()
+        .ok_or("a manifest")?;
+    std::fs::remove_file(manifests.join(first))?;
+    assert_eq!(remote.verify()?.damaged.len(), 1);
+    assert_eq!(store.push(&remote)?.steps_pushed, vec![1]);
+    assert!(remote.verify()?.is_ok());
     Ok(())
 }
 
