@@ -57,6 +57,10 @@ impl StepManifest {
     }
 }
 
+/// Steps none of whose commits checks out, each with why its newest does
+/// not.
+type Skipped = Vec<(u64, String)>;
+
 /// What a commit stands for, or why a reader cannot rely on it (naming
 /// the object at fault).
 pub(crate) type Checked<T = StepManifest> = std::result::Result<T, String>;
@@ -185,46 +189,43 @@ impl Remote {
     /// # Errors
     /// [`Error::Remote`] when the bucket fails.
     pub fn skipped_steps(&self) -> Result<Vec<(u64, String)>> {
-        let commits = self.commits()?;
-        if commits.is_empty() {
-            return Ok(Vec::new());
-        }
-        let chunks = self.chunk_hashes()?;
-        let mut skipped = Vec::new();
-        for of_step in commits.chunk_by(|a, b| a.step == b.step) {
-            let mut why = None;
-            for c in of_step.iter().rev() {
-                match self.checked_manifest(*c, Some(&chunks))? {
-                    Ok(_) => {
-                        why = None;
-                        break;
-                    }
-                    Err(reason) => {
-                        why.get_or_insert(reason);
-                    }
-                }
-            }
-            if let (Some(why), Some(c)) = (why, of_step.first()) {
-                skipped.push((c.step, why));
-            }
-        }
-        Ok(skipped)
+        Ok(self.sort_steps()?.1)
     }
 
     /// Each complete step's newest commit that checks out, with what it
     /// stands for, ascending.
     pub(crate) fn complete(&self) -> Result<Vec<(Commit, StepManifest)>> {
+        Ok(self.sort_steps()?.0)
+    }
+
+    /// One pass over the commits, newest first within each step: each
+    /// step's newest commit that checks out (ascending), and the steps none
+    /// of whose commits do, with why their newest does not.
+    fn sort_steps(&self) -> Result<(Vec<(Commit, StepManifest)>, Skipped)> {
         let commits = self.commits()?;
+        let (mut complete, mut skipped) = (Vec::new(), Vec::new());
         if commits.is_empty() {
-            return Ok(Vec::new());
+            return Ok((complete, skipped));
         }
         let chunks = self.chunk_hashes()?;
-        let mut complete = Vec::new();
         // Commits come sorted by step: one group per step.
         for of_step in commits.chunk_by(|a, b| a.step == b.step) {
-            complete.extend(self.newest_complete(of_step, &chunks)?);
+            let mut why = None;
+            for c in of_step.iter().rev() {
+                match self.checked_manifest(*c, Some(&chunks))? {
+                    Ok(m) => {
+                        complete.push((*c, m));
+                        why = None;
+                        break;
+                    }
+                    Err(reason) => {
+                        why.get_or_insert((c.step, reason));
+                    }
+                }
+            }
+            skipped.extend(why);
         }
-        Ok(complete)
+        Ok((complete, skipped))
     }
 }
 
