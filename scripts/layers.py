@@ -6,10 +6,11 @@ own layer and the ones below it, never one above.
              process, file helpers (the files at the top of src/)
     format   src/format/
     engine   src/engine/
+    exchange src/exchange/ (codecs: safetensors in and out, over the
+             engine's step data; the store calls them)
     db       src/db/
-    store    src/store/
-    exchange, remote   src/exchange/, src/remote/ (beside each other; neither
-                       names the other)
+    store    src/store/ (the local public API)
+    remote   src/remote/ (over the store's step reader and commit API)
 
 Every `crate::...` path is read (grouped `use crate::{a, b::{c, d}}` too),
 and a name the crate root re-exports (`crate::CheckpointStore`) is resolved
@@ -30,7 +31,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"
 KNOWN = ROOT / "scripts" / "layers-known.txt"
 
-RANK = {"model": 0, "format": 1, "engine": 2, "db": 3, "store": 4, "exchange": 5, "remote": 5}
+RANK = {"model": 0, "format": 1, "engine": 2, "exchange": 3, "db": 4, "store": 5, "remote": 6}
 
 
 def layer_of_module(first: str) -> str:
@@ -108,9 +109,7 @@ def edges() -> set:
             first = p.split("::")[0]
             module = names.get(first, first)
             there = layer_of_module(module)
-            wrong = RANK[there] > RANK[here] or (
-                there != here and RANK[there] == RANK[here] == RANK["remote"]
-            )
+            wrong = RANK[there] > RANK[here]
             if wrong:
                 out.add(f"{rel} -> {there}")
         if re.search(r"^impl CheckpointStore\b", text, re.M) and rel.parts[0] != "store":
@@ -118,7 +117,105 @@ def edges() -> set:
     return out
 
 
+def module_file(parts: list):
+    """The file of the longest module path `parts` names, or None."""
+    for n in range(len(parts), 0, -1):
+        base = SRC.joinpath(*parts[:n])
+        for candidate in (base.with_suffix(".rs"), base / "mod.rs"):
+            if candidate.is_file():
+                return candidate, parts[n:]
+    return None, parts
+
+
+def resolve(parts: list, names: dict):
+    """The file defining what a module path names: a re-export of the
+    module's front door (`pub use sub::Name`) is followed to `sub`."""
+    if parts and parts[0] in names and not module_file(parts[:1])[0]:
+        parts = [names[parts[0]]] + parts
+    path, rest = module_file(parts)
+    while path is not None and path.name == "mod.rs" and rest:
+        text = path.read_text()
+        m = re.search(
+            r"pub(?:\(crate\))? use (\w+)::(?:\{[^}]*\b%s\b[^}]*\}|%s\b)" % (rest[0], rest[0]),
+            text,
+        )
+        if not m or not (path.parent / (m.group(1) + ".rs")).exists() and not (
+            path.parent / m.group(1) / "mod.rs"
+        ).exists():
+            break
+        sub = list(path.relative_to(SRC).parent.parts) + [m.group(1)]
+        path, rest = module_file(sub)[0], rest
+        if path is None or path.name != "mod.rs":
+            break
+    return path
+
+
+def file_edges() -> dict:
+    """file -> files it names, by `crate::` and `super::` paths."""
+    names = reexports()
+    graph = {}
+    for path in sorted(SRC.rglob("*.rs")):
+        rel = path.relative_to(SRC)
+        if rel.parts[0] == "bin" or rel.name == "lib.rs":
+            continue
+        text = re.sub(r"//[^\n]*", "", path.read_text())
+        here = list(rel.parent.parts) if rel.name == "mod.rs" else list(rel.with_suffix("").parts)
+        targets = set()
+        for p in paths_in(text):
+            targets.add(resolve(p.split("::"), names))
+        for sup in re.findall(r"super::([\w:]+)", text):
+            targets.add(resolve(here[:-1] + sup.split("::"), {}))
+        for tree in re.findall(r"use super::\{(.*?)\};", text, re.S):
+            for item in expand(tree):
+                targets.add(resolve(here[:-1] + item.split("::"), {}))
+        graph[path] = {t for t in targets if t is not None and t != path}
+    return graph
+
+
+def circles(graph: dict) -> list:
+    """Strongly connected sets of more than one file (Tarjan), leaving out
+    each folder's front door (`mod.rs`) with the files of its folder."""
+
+    def front_door(a, b):
+        return (a.name == "mod.rs" and b.parent == a.parent) or (
+            b.name == "mod.rs" and a.parent == b.parent
+        )
+
+    g = {a: {b for b in bs if b in graph and not front_door(a, b)} for a, bs in graph.items()}
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in g[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(str(c.relative_to(SRC)) for c in comp))
+
+    sys.setrecursionlimit(10000)
+    for v in g:
+        if v not in index:
+            visit(v)
+    return out
+
+
 def main() -> int:
+    loops = circles(file_edges())
+    for loop in loops:
+        print("layers: files that name each other: " + " <-> ".join(loop))
     found = edges()
     known = set()
     if KNOWN.exists():
@@ -134,7 +231,7 @@ def main() -> int:
     for e in gone:
         print(f"layers: mended, remove from {KNOWN.name}: {e}")
     print(f"layers: {len(found)} known back-edges, {len(new)} new, {len(gone)} mended")
-    return 1 if new or gone else 0
+    return 1 if new or gone or loops else 0
 
 
 if __name__ == "__main__":

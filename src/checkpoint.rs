@@ -1,13 +1,13 @@
 //! The training state that one step commits, and its JSON file format.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fs::{self, File};
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::fs;
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{ComputationGraphStore, Error, Result, Tensor};
+use crate::file::{unix_now, write_durably};
+use crate::{ComputationGraphStore, Dtype, Error, Result, Tensor};
 
 /// A snapshot of training state at one optimizer step.
 ///
@@ -142,16 +142,6 @@ impl GradientCheckpoint {
         })
     }
 
-    /// Read a safetensors file as step `step`: its tensors, and for a file
-    /// [`CheckpointStore::export_safetensors`](crate::CheckpointStore::export_safetensors)
-    /// wrote, the rest of the step it came from (see there).
-    ///
-    /// # Errors
-    /// [`Error::InvalidSafetensors`] naming the file and the problem.
-    pub fn load_safetensors(path: &Path, step: u64) -> Result<Self> {
-        crate::exchange::read::read_file(path, step)
-    }
-
     /// Check that the checkpoint can be stored and read back exactly: JSON
     /// has no NaN or infinity, so every metric must be finite; metadata
     /// strings (loss CID, names) are at most [`MAX_TEXT_BYTES`] long, the
@@ -220,62 +210,32 @@ impl GradientCheckpoint {
 /// blob, tensor or metric name), in bytes.
 pub const MAX_TEXT_BYTES: usize = 64 << 10;
 
-/// Seconds since the Unix epoch (0 if the clock is before it).
-pub(crate) fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+/// One blob or tensor of a streamed commit, before its bytes are read.
+pub(crate) struct Incoming {
+    pub(crate) name: String,
+    pub(crate) len: u64,
+    /// A tensor's dtype and shape; `None` for an optimizer blob.
+    pub(crate) tensor: Option<(Dtype, Vec<u64>)>,
 }
 
-/// Write `bytes` to `path` through a fsynced temporary file and a rename,
-/// then fsync the directory. Removes the temporary file on failure.
-fn write_durably(path: &Path, bytes: &[u8]) -> Result<()> {
-    write_durably_with(path, |file| file.write_all(bytes))
-}
-
-/// Write `path` through `write`, which fills a temporary file beside it;
-/// fsync it, rename it over `path`, fsync the directory. On any failure the
-/// temporary file is removed and `path` is untouched; errors name `path`.
-pub(crate) fn write_durably_with(
-    path: &Path,
-    write: impl FnOnce(&mut File) -> std::io::Result<()>,
-) -> Result<()> {
-    let (dir, tmp) = temp_beside(path, "tmp");
-    let result = (|| {
-        // Errors name the file the caller asked for, not the temporary one.
-        let mut file = File::create(&tmp).map_err(|e| Error::io("create", path, e))?;
-        write(&mut file).map_err(|e| Error::io("write", path, e))?;
-        file.sync_all().map_err(|e| Error::io("fsync", path, e))?;
-        drop(file);
-        fs::rename(&tmp, path).map_err(|e| Error::io("rename into", path, e))
-    })();
-    if result.is_err() {
-        // Best effort: the temporary file may not exist if create failed.
-        let _ = fs::remove_file(&tmp);
-        return result;
+impl Incoming {
+    /// Put this blob or tensor, with its bytes `data`, into `ckpt`.
+    pub(crate) fn place(&self, ckpt: &mut GradientCheckpoint, data: Vec<u8>) -> Result<()> {
+        match &self.tensor {
+            Some((dtype, shape)) => {
+                let tensor = Tensor::new(*dtype, shape.clone(), data).map_err(|e| match e {
+                    Error::InvalidTensor { reason, .. } => Error::InvalidTensor {
+                        name: Some(self.name.clone()),
+                        reason,
+                    },
+                    e => e,
+                })?;
+                ckpt.tensors.insert(self.name.clone(), tensor);
+            }
+            None => {
+                ckpt.optimizer_state.insert(self.name.clone(), data);
+            }
+        }
+        Ok(())
     }
-    sync_dir(&dir)
-}
-
-/// `path`'s directory, and a fresh hidden temporary name in it:
-/// `.NAME.TAG-UUID`.
-pub(crate) fn temp_beside(path: &Path, tag: &str) -> (PathBuf, PathBuf) {
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
-        _ => PathBuf::from("."),
-    };
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.{tag}-{}", uuid::Uuid::new_v4()));
-    (dir, tmp)
-}
-
-/// fsync a directory so that a rename inside it is durable.
-pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
-    let handle = File::open(dir).map_err(|e| Error::io("open directory", dir, e))?;
-    handle
-        .sync_all()
-        .map_err(|e| Error::io("fsync directory", dir, e))
 }

@@ -34,7 +34,7 @@
 //!   anything reopens it for writing, without a byte of it changing.
 //! - With the `remote` feature (on by default), committed steps replicate
 //!   to a bucket (S3-compatible, or a directory), deduplicated by content,
-//!   once ([`CheckpointStore::push`]) or after every commit
+//!   once ([`Remote::push`]) or after every commit
 //!   ([`StoreOptions::replicate_to`]); any machine lists, verifies and
 //!   restores them from the bucket alone ([`Remote`]).
 //! - [`GradientCheckpoint::save`] / [`GradientCheckpoint::load`] keep the
@@ -74,6 +74,7 @@ mod db;
 mod engine;
 mod error;
 mod exchange;
+mod file;
 mod format;
 mod graph;
 mod options;
@@ -88,13 +89,15 @@ mod tensor;
 pub use checkpoint::{GradientCheckpoint, MAX_TEXT_BYTES};
 pub use error::{Cause, Error, Result};
 pub use graph::{ComputationGraphStore, ComputationNode};
-pub use options::{Durability, StoreOptions};
+pub use options::Durability;
 #[cfg(feature = "remote")]
 pub use remote::{
-    GcReport, PushReport, Remote, ReplicationStatus, ShardInfo, ShardStatus, DEFAULT_GRACE_PERIOD,
+    GcReport, PushReport, Remote, ShardInfo, ShardStatus, DEFAULT_GRACE_PERIOD,
     DEFAULT_RETRY_WINDOW, MAX_MANIFEST_BYTES, MAX_WORLD_SIZE,
 };
+#[cfg(feature = "remote")]
+pub use report::ReplicationStatus;
 pub use report::{CommitInfo, StepInfo, StoreStats, TensorInfo, VerifyReport};
 pub use retention::{Goal, Retention, StepSummary};
-pub use store::{CheckpointStore, CommitHandle};
+pub use store::{CheckpointStore, CommitHandle, StoreOptions};
 pub use tensor::{Dtype, Tensor, TensorRef};

@@ -133,3 +133,26 @@ impl VerifyReport {
         self.damaged.is_empty() && self.accounting.is_empty()
     }
 }
+
+#[cfg(feature = "remote")]
+/// Where background replication stands
+/// ([`CheckpointStore::replication_status`](crate::CheckpointStore::replication_status)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReplicationStatus {
+    /// The bucket's URL.
+    pub url: String,
+    /// Steps committed here that no push has confirmed in the bucket yet,
+    /// ascending.
+    pub pending: Vec<u64>,
+    /// Whether a push is running now.
+    pub running: bool,
+    /// Steps uploaded since the store was opened.
+    pub steps_uploaded: u64,
+    /// Chunk bytes uploaded since the store was opened.
+    pub bytes_uploaded: u64,
+    /// Pushes that failed in a row (0 after a success).
+    pub consecutive_failures: u32,
+    /// The last failure, while failures go on; retried with backoff.
+    pub last_error: Option<String>,
+}

@@ -91,7 +91,7 @@ fn main() -> Result {
         let url = format!("s3://{bucket}/{run}/ckpt-{r}");
         let remote = Remote::open(&url)?;
         let started = Instant::now();
-        let report = store.push(&remote)?;
+        let report = remote.push(&store)?;
         push.push(started.elapsed());
         assert_eq!(report.bytes_uploaded, total);
 
@@ -130,7 +130,7 @@ fn main() -> Result {
     let remote = Remote::open(&format!("s3://{bucket}/{run}/ckpt-0"))?;
     store.commit(&step(2, &one_changed)?)?;
     let started = Instant::now();
-    let frozen = store.push(&remote)?;
+    let frozen = remote.push(&store)?;
     let frozen_time = started.elapsed();
     let mut scattered = tensors.clone();
     for (i, t) in scattered.iter_mut().enumerate() {
@@ -154,7 +154,7 @@ fn main() -> Result {
         .sum();
     store.commit(&step(3, &scattered)?)?;
     let started = Instant::now();
-    let spread = store.push(&remote)?;
+    let spread = remote.push(&store)?;
     let spread_time = started.elapsed();
 
     let (push, cp_up, get, pull, cp_down) = (

@@ -4,9 +4,9 @@ use std::sync::Mutex;
 
 use ckptstore::{CommitHandle, CommitInfo};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
 
-use crate::{info_dict, py_err, CkptError};
+use crate::results;
+use crate::{py_err, CkptError};
 
 /// A background save.
 #[pyclass(module = "ckptstore._ckptstore", name = "Handle")]
@@ -49,14 +49,14 @@ impl Handle {
     }
 
     /// Wait for the save: its info, or its error raised.
-    fn result<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    fn result(&self, py: Python<'_>) -> PyResult<results::CommitInfo> {
         let handle = lock(&self.pending)?.take();
         if let Some(h) = handle {
             let outcome = py.detach(move || h.wait());
             self.record(outcome)?;
         }
         match lock(&self.outcome)?.as_ref() {
-            Some(Ok(info)) => info_dict(py, info),
+            Some(Ok(info)) => Ok(info.into()),
             Some(Err(e)) => Err(e.clone_ref(py)),
             None => Err(CkptError::new_err("the save has no outcome")),
         }

@@ -7,12 +7,12 @@
 mod arrays;
 mod handle;
 mod remote;
+mod results;
 mod store;
 
-use ckptstore::{CommitInfo, Error};
+use ckptstore::Error;
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
 
 pyo3::create_exception!(
     _ckptstore,
@@ -65,17 +65,6 @@ pub(crate) fn py_err(e: Error) -> PyErr {
 }
 
 /// What `save` did, for Python.
-pub(crate) fn info_dict<'py>(py: Python<'py>, info: &CommitInfo) -> PyResult<Bound<'py, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("step", info.step)?;
-    d.set_item("bytes_written", info.bytes_written)?;
-    d.set_item("bytes_reused", info.bytes_reused)?;
-    d.set_item("logical_bytes", info.logical_bytes)?;
-    d.set_item("removed", info.removed.clone())?;
-    d.set_item("seconds", info.duration.as_secs_f64())?;
-    Ok(d)
-}
-
 /// The module.
 #[pymodule]
 fn _ckptstore(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -83,6 +72,7 @@ fn _ckptstore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<remote::RawRemote>()?;
     m.add_class::<handle::Handle>()?;
     m.add_class::<arrays::Buffer>()?;
+    results::register(m)?;
     m.add("Error", m.py().get_type::<CkptError>())?;
     m.add("MAX_WORLD_SIZE", ckptstore::MAX_WORLD_SIZE)?;
     m.add("StepExistsError", m.py().get_type::<StepExistsError>())?;

@@ -8,8 +8,9 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::store::{ckpt_dict, owned, policy, report_tuple, PyTensor, RawStore};
-use crate::{info_dict, py_err};
+use crate::py_err;
+use crate::results;
+use crate::store::{ckpt_dict, owned, policy, PyTensor, RawStore};
 
 /// A bucket (`s3://BUCKET/PREFIX` or `file:///DIR`).
 #[pyclass(module = "ckptstore._ckptstore", name = "RawRemote")]
@@ -86,12 +87,12 @@ impl RawRemote {
         py: Python<'py>,
         step: u64,
         store: PyRef<'py, RawStore>,
-    ) -> PyResult<Bound<'py, PyDict>> {
+    ) -> PyResult<results::CommitInfo> {
         let store = store.get()?;
         let info = py
             .detach(|| self.remote.pull(step, store))
             .map_err(py_err)?;
-        info_dict(py, &info)
+        Ok((&info).into())
     }
 
     /// Commit rank `rank`'s shard of global step `step` of `world_size`
@@ -103,20 +104,13 @@ impl RawRemote {
         tensors: Vec<PyTensor<'py>>,
         blobs: Vec<(String, Vec<u8>)>,
         metrics: BTreeMap<String, f64>,
-    ) -> PyResult<Bound<'py, PyDict>> {
+    ) -> PyResult<results::ShardInfo> {
         let (step, rank, world_size) = shard;
         let ckpt = owned(step, &tensors, blobs, metrics)?;
         let info = py
             .detach(|| self.remote.commit_shard(step, rank, world_size, &ckpt))
             .map_err(py_err)?;
-        let d = PyDict::new(py);
-        d.set_item("step", info.step)?;
-        d.set_item("rank", info.rank)?;
-        d.set_item("world_size", info.world_size)?;
-        d.set_item("bytes_uploaded", info.bytes_uploaded)?;
-        d.set_item("bytes_skipped", info.bytes_skipped)?;
-        d.set_item("complete", info.complete)?;
-        Ok(d)
+        Ok((&info).into())
     }
 
     /// Rank `rank`'s shard of `step` (the latest complete step if None).
@@ -137,21 +131,15 @@ impl RawRemote {
     }
 
     /// Which ranks of `step` have landed.
-    fn shards<'py>(&self, py: Python<'py>, step: u64) -> PyResult<Bound<'py, PyDict>> {
+    fn shards(&self, py: Python<'_>, step: u64) -> PyResult<results::ShardStatus> {
         let s = py.detach(|| self.remote.shards(step)).map_err(py_err)?;
-        let d = PyDict::new(py);
-        d.set_item("step", s.step)?;
-        d.set_item("world_size", s.world_size)?;
-        d.set_item("landed", s.landed)?;
-        d.set_item("missing", s.missing)?;
-        d.set_item("complete", s.complete)?;
-        Ok(d)
+        Ok(s.into())
     }
 
-    /// (ok, steps_ok, bytes_checked, damaged steps)
-    fn verify(&self, py: Python<'_>) -> PyResult<(bool, u64, u64, Vec<u64>)> {
+    /// Verify every step in the bucket.
+    fn verify(&self, py: Python<'_>) -> PyResult<results::VerifyReport> {
         let report = py.detach(|| self.remote.verify()).map_err(py_err)?;
-        Ok(report_tuple(&report))
+        Ok((&report).into())
     }
 
     /// Apply a retention policy in the bucket; the steps removed.

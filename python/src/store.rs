@@ -12,7 +12,8 @@ use pyo3::types::PyDict;
 
 use crate::arrays::{borrow_bytes, Buffer};
 use crate::handle::Handle;
-use crate::{info_dict, py_err, CkptError};
+use crate::results;
+use crate::{py_err, CkptError};
 
 /// A tensor from Python: name, store dtype name, shape, and an array whose
 /// memory holds the elements.
@@ -132,16 +133,6 @@ fn closing_error(e: ckptstore::Error) -> PyErr {
 }
 
 /// (ok, steps_ok, bytes_checked, damaged steps)
-pub(crate) fn report_tuple(report: &ckptstore::VerifyReport) -> (bool, u64, u64, Vec<u64>) {
-    let damaged = report.damaged.iter().map(|(s, _)| *s).collect();
-    (
-        report.is_ok(),
-        report.steps_ok,
-        report.bytes_checked,
-        damaged,
-    )
-}
-
 /// An open store.
 #[pyclass(module = "ckptstore._ckptstore", name = "RawStore")]
 pub(crate) struct RawStore {
@@ -194,14 +185,14 @@ impl RawStore {
         tensors: Vec<PyTensor<'py>>,
         blobs: Vec<(String, Vec<u8>)>,
         metrics: BTreeMap<String, f64>,
-    ) -> PyResult<Bound<'py, PyDict>> {
+    ) -> PyResult<results::CommitInfo> {
         let ckpt = checkpoint(step, blobs, metrics);
         let borrowed = borrowed(&tensors)?;
         let store = self.get()?;
         let info = py
             .detach(|| store.commit_borrowed(&ckpt, &borrowed))
             .map_err(py_err)?;
-        info_dict(py, &info)
+        Ok((&info).into())
     }
 
     /// Copy the arrays now (a snapshot), then commit in the background.
@@ -284,10 +275,10 @@ impl RawStore {
     }
 
     /// (ok, steps_ok, bytes_checked, damaged steps)
-    fn verify(&self, py: Python<'_>) -> PyResult<(bool, u64, u64, Vec<u64>)> {
+    fn verify(&self, py: Python<'_>) -> PyResult<results::VerifyReport> {
         let store = self.get()?;
         let report = py.detach(|| store.verify()).map_err(py_err)?;
-        Ok(report_tuple(&report))
+        Ok((&report).into())
     }
 
     /// Upload every step the bucket lacks (with the remote's settings,
@@ -296,46 +287,24 @@ impl RawStore {
         &self,
         py: Python<'py>,
         remote: PyRef<'py, crate::remote::RawRemote>,
-    ) -> PyResult<Bound<'py, PyDict>> {
+    ) -> PyResult<results::PushReport> {
         let store = self.get()?;
         let remote = &remote.remote;
-        let r = py.detach(|| store.push(remote)).map_err(py_err)?;
-        let d = PyDict::new(py);
-        d.set_item("steps_pushed", r.steps_pushed)?;
-        d.set_item("steps_present", r.steps_present)?;
-        d.set_item("bytes_uploaded", r.bytes_uploaded)?;
-        d.set_item("bytes_skipped", r.bytes_skipped)?;
-        Ok(d)
+        let r = py.detach(|| remote.push(store)).map_err(py_err)?;
+        Ok((&r).into())
     }
 
     /// Where background replication stands, or None.
-    fn replication_status<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+    fn replication_status(&self, py: Python<'_>) -> PyResult<Option<results::ReplicationStatus>> {
         let store = self.get()?;
-        let Some(s) = py.detach(|| store.replication_status()).map_err(py_err)? else {
-            return Ok(None);
-        };
-        let d = PyDict::new(py);
-        d.set_item("url", s.url)?;
-        d.set_item("pending", s.pending)?;
-        d.set_item("running", s.running)?;
-        d.set_item("steps_uploaded", s.steps_uploaded)?;
-        d.set_item("bytes_uploaded", s.bytes_uploaded)?;
-        d.set_item("consecutive_failures", s.consecutive_failures)?;
-        d.set_item("last_error", s.last_error)?;
-        Ok(Some(d))
+        let status = py.detach(|| store.replication_status()).map_err(py_err)?;
+        Ok(status.map(Into::into))
     }
 
-    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    fn stats(&self, py: Python<'_>) -> PyResult<results::StoreStats> {
         let store = self.get()?;
         let s = py.detach(|| store.stats()).map_err(py_err)?;
-        let d = PyDict::new(py);
-        d.set_item("steps", s.steps)?;
-        d.set_item("logical_bytes", s.logical_bytes)?;
-        d.set_item("stored_bytes", s.stored_bytes)?;
-        d.set_item("chunks", s.chunks)?;
-        d.set_item("file_bytes", s.file_bytes)?;
-        d.set_item("dedup_ratio", s.dedup_ratio())?;
-        Ok(d)
+        Ok((&s).into())
     }
 
     /// Finish background saves and close the store.

@@ -22,8 +22,9 @@ use redb::{Database, ReadOnlyDatabase, ReadableDatabase};
 
 use crate::engine::{Engine, View};
 use crate::error::StorageContext;
+use crate::options::Settings;
 use crate::process::Owner;
-use crate::{Durability, Error, Result, StoreOptions};
+use crate::{Durability, Error, Result};
 use backend::{DynBackend, Source};
 
 /// What a write transaction is.
@@ -55,7 +56,7 @@ enum State {
 pub(crate) struct Db {
     source: Source,
     read_only: bool,
-    options: StoreOptions,
+    options: Settings,
     state: RwLock<State>,
     /// Held by a commit that stages its chunks in transactions of their
     /// own, so that one staging runs at a time.
@@ -71,19 +72,19 @@ pub(crate) struct Db {
 
 impl Db {
     /// Open `source` for reading and writing, creating a missing file.
-    pub(crate) fn open(source: Source, options: StoreOptions) -> Result<Db> {
+    pub(crate) fn open(source: Source, options: Settings) -> Result<Db> {
         let state = open_writable(&source, &options)?;
         Ok(Db::with_state(source, false, options, state))
     }
 
     /// Open the store at `path` read-only.
-    pub(crate) fn open_read_only(path: PathBuf, options: StoreOptions) -> Result<Db> {
+    pub(crate) fn open_read_only(path: PathBuf, options: Settings) -> Result<Db> {
         let source = Source::Path(path);
         let state = open_read_only(&source, &options)?;
         Ok(Db::with_state(source, true, options, state))
     }
 
-    fn with_state(source: Source, read_only: bool, options: StoreOptions, state: State) -> Db {
+    fn with_state(source: Source, read_only: bool, options: Settings, state: State) -> Db {
         Db {
             source,
             read_only,
@@ -109,7 +110,7 @@ impl Db {
         self.read_only
     }
 
-    pub(crate) fn options(&self) -> &StoreOptions {
+    pub(crate) fn settings(&self) -> &Settings {
         &self.options
     }
 
@@ -401,7 +402,7 @@ fn is_damage(e: &Error) -> bool {
 /// page of the file, so recovery reads megabytes, not the whole store.
 pub(crate) fn begin_write(
     db: &Database,
-    options: &StoreOptions,
+    options: &Settings,
     what: &dyn Fn() -> String,
 ) -> Result<redb::WriteTransaction> {
     let mut txn = db.begin_write().context(what)?;
@@ -429,7 +430,7 @@ fn open_guarded(path: &Path, f: impl FnOnce() -> Result<State>) -> Result<State>
     })
 }
 
-fn open_writable(source: &Source, options: &StoreOptions) -> Result<State> {
+fn open_writable(source: &Source, options: &Settings) -> Result<State> {
     let path = source.path();
     match source {
         Source::Path(p) => {
@@ -460,7 +461,7 @@ fn open_writable(source: &Source, options: &StoreOptions) -> Result<State> {
     }
 }
 
-fn open_read_only(source: &Source, options: &StoreOptions) -> Result<State> {
+fn open_read_only(source: &Source, options: &Settings) -> Result<State> {
     let path = source.path();
     open_guarded(path, || {
         let db = match open::builder(options).open_read_only(path) {
@@ -480,7 +481,7 @@ fn open_read_only(source: &Source, options: &StoreOptions) -> Result<State> {
 
 /// Open the file at `path` for redb through an [`overlay::Overlay`]: redb
 /// may repair it, and nothing reaches the file.
-fn open_overlay(path: &Path, options: &StoreOptions) -> Result<Database> {
+fn open_overlay(path: &Path, options: &Settings) -> Result<Database> {
     let file = std::fs::File::open(path).map_err(|e| Error::io("open", path, e))?;
     let overlay = overlay::Overlay::new(file).map_err(|e| Error::io("read", path, e))?;
     let mut builder = open::builder(options);
@@ -494,7 +495,7 @@ fn open_overlay(path: &Path, options: &StoreOptions) -> Result<Database> {
 
 /// Check the checksum of every redb page of the store at `path` without
 /// changing the file. `Ok(false)`: damage was found.
-pub(crate) fn check_pages(path: &Path, options: &StoreOptions) -> Result<bool> {
+pub(crate) fn check_pages(path: &Path, options: &Settings) -> Result<bool> {
     let before = Stamp::of(path)?;
     let checked = catch_unwind(AssertUnwindSafe(|| {
         let mut db = open_overlay(path, options)?;

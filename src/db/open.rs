@@ -9,10 +9,11 @@ use crate::engine::Engine;
 use crate::error::StorageContext;
 use crate::format::tables::{Found, META, META_STAGING, TABLES_FORMAT};
 use crate::format::{check_tables, create_tables, upgrade_to_current};
-use crate::{Error, Result, StoreOptions};
+use crate::options::Settings;
+use crate::{Error, Result};
 
 /// redb's builder for `options`.
-pub(crate) fn builder(options: &StoreOptions) -> redb::Builder {
+pub(crate) fn builder(options: &Settings) -> redb::Builder {
     let mut builder = Database::builder();
     builder.set_cache_size(options.cache_size);
     builder.set_check_integrity_on_open(options.check_integrity);
@@ -40,7 +41,7 @@ pub(crate) fn open_error(path: &Path, e: redb::DatabaseError) -> Error {
 /// Check a writable database's format and bring it to the current one:
 /// initialise an empty database, upgrade a format 1 store, delete the
 /// chunks of a staging a crash interrupted.
-pub(crate) fn prepare_writable(path: &Path, db: &Database, options: &StoreOptions) -> Result<()> {
+pub(crate) fn prepare_writable(path: &Path, db: &Database, options: &Settings) -> Result<()> {
     let what = || format!("opening {}", path.display());
     let (found, staging) = {
         let txn = db.begin_read().context(what)?;
@@ -101,8 +102,8 @@ fn check_txn(
 /// `path`, fsync it, link it into place (never over an existing file), and
 /// fsync the directory. redb writes a new file's header in place, so a
 /// process killed while creating one in place leaves a file no open accepts.
-pub(crate) fn create_atomically(path: &Path, options: &StoreOptions) -> Result<()> {
-    let (dir, tmp) = crate::checkpoint::temp_beside(path, "creating");
+pub(crate) fn create_atomically(path: &Path, options: &Settings) -> Result<()> {
+    let (dir, tmp) = crate::file::temp_beside(path, "creating");
     let result = (|| {
         let db = builder(options)
             .create(&tmp)
@@ -122,5 +123,5 @@ pub(crate) fn create_atomically(path: &Path, options: &StoreOptions) -> Result<(
     })();
     let _ = std::fs::remove_file(&tmp);
     result?;
-    crate::checkpoint::sync_dir(&dir)
+    crate::file::sync_dir(&dir)
 }

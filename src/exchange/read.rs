@@ -15,7 +15,7 @@ use super::{
     KEY_BLOBS, KEY_GRAPH, KEY_LOSS_CID, KEY_METRICS, KEY_TIMESTAMP, LEN_PREFIX, MAX_HEADER,
     METADATA,
 };
-use crate::store::Incoming;
+use crate::checkpoint::Incoming;
 use crate::{ComputationGraphStore, Dtype, Error, GradientCheckpoint, Result};
 
 /// A checked header: the step's metadata, and each blob or tensor in the
@@ -60,10 +60,17 @@ pub(crate) fn read_entry(
     Ok(data)
 }
 
-/// Read the safetensors file at `path` as step `step`, whole.
-pub(crate) fn read_file(path: &Path, step: u64) -> Result<GradientCheckpoint> {
-    let (mut input, len) = open_file(path)?;
-    parse(&mut input, len, step).map_err(|e| in_file(path, e))
+impl GradientCheckpoint {
+    /// Read a safetensors file as step `step`: its tensors, and for a file
+    /// [`CheckpointStore::export_safetensors`](crate::CheckpointStore::export_safetensors)
+    /// wrote, the rest of the step it came from (see there).
+    ///
+    /// # Errors
+    /// [`Error::InvalidSafetensors`] naming the file and the problem.
+    pub fn load_safetensors(path: &Path, step: u64) -> Result<Self> {
+        let (mut input, len) = open_file(path)?;
+        parse(&mut input, len, step).map_err(|e| in_file(path, e))
+    }
 }
 
 /// A parse error as the crate's error, naming the file.

@@ -17,7 +17,7 @@ use super::{
     METADATA,
 };
 use crate::engine::StepData;
-use crate::{CheckpointStore, Dtype, Error, GradientCheckpoint, Result, StepInfo};
+use crate::{Dtype, Error, GradientCheckpoint, Result, StepInfo};
 
 /// One tensor of the file to write.
 struct Entry {
@@ -28,18 +28,10 @@ struct Entry {
     typed: bool,
 }
 
-/// Write step `step` of `store` to `path` as safetensors, durably. The
-/// header and every tensor come from one read transaction: what is
-/// written is one version of the step, whatever commits meanwhile.
-pub(crate) fn export(store: &CheckpointStore, step: u64, path: &Path) -> Result<()> {
-    store
-        .with_step(step, |skeleton, info, data| {
-            write(step, path, &skeleton, &info, data)
-        })?
-        .ok_or(Error::StepNotFound { step })
-}
-
-fn write(
+/// Write step `step` (its skeleton, its [`StepInfo`] and its data, all
+/// from one read transaction, so that what is written is one version of
+/// the step) to `path` as safetensors, durably.
+pub(crate) fn write(
     step: u64,
     path: &Path,
     skeleton: &GradientCheckpoint,
@@ -99,7 +91,7 @@ fn write(
     metadata.insert(KEY_BLOBS, serde_json::to_string(&blobs).map_err(json_err)?);
     let header = header(&metadata, &entries).map_err(json_err)?;
 
-    crate::checkpoint::write_durably_with(path, |file| {
+    crate::file::write_durably_with(path, |file| {
         let mut out = BufWriter::new(file);
         out.write_all(&(header.len() as u64).to_le_bytes())?;
         out.write_all(&header)?;

@@ -43,6 +43,7 @@ use crate::{
 };
 
 pub(crate) use super::codec::{hex, Hash};
+pub(crate) use super::step::{BlobRef, ChunkRef, ChunkUse, Manifest, PackedRef, Placement, Typed};
 
 /// The first byte of a format 2 manifest (after its hash).
 pub(crate) const BINARY: u8 = 2;
@@ -71,95 +72,6 @@ const MIN_TYPED: usize = 3;
 /// Blob kinds in the encoding.
 const KIND_CHUNKS: u8 = 0;
 const KIND_PACKED: u8 = 1;
-
-/// One chunk of a blob: its content hash, and its id in `chunk_data`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct ChunkRef {
-    pub(crate) hash: Hash,
-    pub(crate) id: u64,
-}
-
-/// Where a blob's bytes are.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Placement {
-    /// In the step's packed small blobs, from this offset.
-    Packed { offset: u64 },
-    /// In these chunks of `chunk_data`, in order.
-    Chunks(Vec<ChunkRef>),
-    /// Format 1: in these chunks of the `chunks` table, by hash.
-    Format1Chunks(Vec<Hash>),
-}
-
-/// One optimizer blob of a manifest.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct BlobRef {
-    pub(crate) len: u64,
-    pub(crate) at: Placement,
-}
-
-/// A step's small blobs, concatenated and stored under the step in
-/// `packed` (cut as [`chunk_lengths`](super::layout::chunk_lengths) says).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct PackedRef {
-    pub(crate) len: u64,
-    pub(crate) hash: Hash,
-}
-
-/// Dtype and shape of each blob that is a tensor, by name.
-pub(crate) type Typed = BTreeMap<String, (Dtype, Vec<u64>)>;
-
-/// One use of a chunk by a manifest.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum ChunkUse<'a> {
-    Current(&'a ChunkRef),
-    Format1(&'a Hash),
-}
-
-/// A step's manifest as read.
-#[derive(Clone, Debug)]
-pub(crate) struct Manifest {
-    pub(crate) step: u64,
-    pub(crate) timestamp: u64,
-    pub(crate) loss_cid: Option<String>,
-    pub(crate) metrics: BTreeMap<String, f64>,
-    pub(crate) graph: ComputationGraphStore,
-    pub(crate) blobs: BTreeMap<String, BlobRef>,
-    pub(crate) packed: Option<PackedRef>,
-    /// The blobs that are tensors: their dtype and shape.
-    pub(crate) typed: BTreeMap<String, (Dtype, Vec<u64>)>,
-}
-
-impl Manifest {
-    /// The checkpoint this manifest describes, with its blobs still to read,
-    /// and which of them are tensors.
-    pub(crate) fn into_parts(self) -> (GradientCheckpoint, BTreeMap<String, BlobRef>, Typed) {
-        let ckpt = GradientCheckpoint {
-            graph: self.graph,
-            step: self.step,
-            loss_cid: self.loss_cid,
-            optimizer_state: HashMap::new(),
-            timestamp: self.timestamp,
-            metrics: self.metrics,
-            tensors: BTreeMap::new(),
-        };
-        (ckpt, self.blobs, self.typed)
-    }
-
-    /// Every chunk use, once per use.
-    pub(crate) fn chunk_uses(&self) -> impl Iterator<Item = ChunkUse<'_>> {
-        self.blobs.values().flat_map(|b| {
-            let (current, format1): (&[ChunkRef], &[Hash]) = match &b.at {
-                Placement::Packed { .. } => (&[], &[]),
-                Placement::Chunks(c) => (c, &[]),
-                Placement::Format1Chunks(h) => (&[], h),
-            };
-            current
-                .iter()
-                .map(ChunkUse::Current)
-                .chain(format1.iter().map(ChunkUse::Format1))
-        })
-    }
-}
 
 /// A tensor's entry in the typed section: its name, dtype and shape.
 pub(crate) type TypedRef<'a> = (&'a str, Dtype, &'a [u64]);

@@ -4,7 +4,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Deserializer};
 
-use super::manifest::{BlobRef, Hash, Manifest, PackedRef, Placement};
+use super::codec::Hash;
+use super::step::{BlobRef, Manifest, PackedRef, Placement, Typed};
 use crate::{ComputationGraphStore, Error, Result};
 
 #[derive(Deserialize)]
@@ -79,7 +80,7 @@ pub(crate) fn decode(step: u64, json: &[u8]) -> Result<Manifest> {
             len: p.len,
             hash: p.hash,
         }),
-        typed: super::manifest::Typed::new(),
+        typed: Typed::new(),
     })
 }
 

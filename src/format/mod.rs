@@ -24,6 +24,7 @@ mod codec;
 pub(crate) mod layout;
 pub(crate) mod manifest;
 mod manifest_v1;
+mod step;
 pub(crate) mod summary;
 pub(crate) mod tables;
 

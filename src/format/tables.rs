@@ -94,7 +94,7 @@ pub(crate) fn create_tables(txn: &WriteTransaction, what: &dyn Fn() -> String) -
         .context(what)?;
     let id = uuid::Uuid::new_v4().to_string();
     meta.insert(META_STORE_ID, id.as_bytes()).context(what)?;
-    let now = crate::checkpoint::unix_now();
+    let now = crate::file::unix_now();
     meta.insert(META_CREATED, now.to_le_bytes().as_slice())
         .context(what)?;
     txn.open_table(STEPS).context(what)?;

@@ -30,8 +30,6 @@ use layout::{parse_chunk, parse_commit, Layout, COMMITS, DELETED, MANIFESTS};
 pub use layout::{MAX_MANIFEST_BYTES, MAX_WORLD_SIZE};
 
 pub use push::PushReport;
-pub use replicate::ReplicationStatus;
-pub(crate) use replicate::Replicator;
 pub use retention::GcReport;
 pub use shards::{ShardInfo, ShardStatus};
 

@@ -85,14 +85,14 @@ impl Remote {
     /// let remote = Remote::open(&format!("file://{}", dir.path().join("bucket").display()))?;
     /// let first = CheckpointStore::open(dir.path().join("a.ckpt"))?;
     /// first.commit(&GradientCheckpoint::new(ComputationGraphStore::new(), 1))?;
-    /// first.push(&remote)?;
+    /// remote.push(&first)?;
     ///
     /// let second = CheckpointStore::open(dir.path().join("b.ckpt"))?;
     /// second.commit(&GradientCheckpoint::new(ComputationGraphStore::new(), 2))?;
-    /// assert!(second.push(&remote).is_err()); // the prefix holds the first run
+    /// assert!(remote.push(&second).is_err()); // the prefix holds the first run
     /// remote.adopt(&second)?;
-    /// assert_eq!(second.push(&remote)?.steps_pushed, vec![2]);
-    /// assert!(first.push(&remote).is_err());
+    /// assert_eq!(remote.push(&second)?.steps_pushed, vec![2]);
+    /// assert!(remote.push(&first).is_err());
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn adopt(&self, store: &CheckpointStore) -> Result<()> {

@@ -1,4 +1,4 @@
-//! `CheckpointStore::push`: upload every committed step the bucket lacks.
+//! `Remote::push`: upload every committed step the bucket lacks.
 //!
 //! Per step, in order: the chunks the bucket lacks (read from the store one
 //! at a time, several uploads in flight), then the manifest, then the
@@ -30,7 +30,7 @@ use crate::{CheckpointStore, Error, GradientCheckpoint, Result, StepInfo};
 /// Uploads in flight at once.
 pub(crate) const UPLOADS_IN_FLIGHT: usize = 8;
 
-/// What [`CheckpointStore::push`] did.
+/// What [`Remote::push`] did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PushReport {
@@ -52,8 +52,8 @@ enum Outcome {
     Present,
 }
 
-impl CheckpointStore {
-    /// Upload every committed step `remote` lacks, deduplicated by content
+impl Remote {
+    /// Upload every committed step of `store` that this bucket lacks, deduplicated by content
     /// against everything in the bucket. Idempotent and resumable: rerun
     /// after any failure or kill, it finishes the job without uploading
     /// again what landed. A step that the bucket's retention deleted
@@ -69,9 +69,9 @@ impl CheckpointStore {
     ///
     /// let bucket = dir.path().join("bucket");
     /// let remote = Remote::open(&format!("file://{}", bucket.display()))?;
-    /// let report = store.push(&remote)?;
+    /// let report = remote.push(&store)?;
     /// assert_eq!(report.steps_pushed, vec![1]);
-    /// assert_eq!(store.push(&remote)?.steps_present, 1); // nothing to do
+    /// assert_eq!(remote.push(&store)?.steps_present, 1); // nothing to do
     /// assert_eq!(remote.get(1)?, Some(ckpt));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
@@ -81,8 +81,8 @@ impl CheckpointStore {
     /// request (after bounded retries); [`Error::RemoteBusy`] when a
     /// garbage collection of the bucket holds its lock for longer than the
     /// grace period; store errors as for reads.
-    pub fn push(&self, remote: &Remote) -> Result<PushReport> {
-        self.push_with(remote, &mut |_, _| true)
+    pub fn push(&self, store: &CheckpointStore) -> Result<PushReport> {
+        self.push_with(store, &mut |_, _| true)
     }
 
     /// [`push`](Self::push), calling `progress(step, bytes_uploaded)` after
@@ -90,29 +90,29 @@ impl CheckpointStore {
     /// stops early, with what it did so far, when `progress` returns false.
     pub fn push_with(
         &self,
-        remote: &Remote,
+        store: &CheckpointStore,
         progress: &mut dyn FnMut(u64, u64) -> bool,
     ) -> Result<PushReport> {
-        remote.with_push_lock(|lock| self.push_locked(remote, lock, progress))
+        self.with_push_lock(|lock| self.push_locked(store, lock, progress))
     }
 
     fn push_locked(
         &self,
-        remote: &Remote,
+        store: &CheckpointStore,
         lock: &mut Lock,
         progress: &mut dyn FnMut(u64, u64) -> bool,
     ) -> Result<PushReport> {
-        remote.claim(&self.store_id()?)?;
+        self.claim(&store.store_id()?)?;
         let mut report = PushReport::default();
-        let commits = remote.commits()?;
+        let commits = self.commits()?;
         // Ascending: the last commit of a step is its newest.
         let newest: BTreeMap<u64, Commit> = commits.iter().map(|c| (c.step, *c)).collect();
-        let deleted: HashSet<(u64, Hash)> = remote.deleted()?.into_iter().collect();
-        let manifests = remote.manifest_names()?;
-        let mut present: HashSet<Hash> = remote.chunk_hashes()?;
-        for step in self.steps()? {
-            remote.refresh(lock)?;
-            let outcome = self.with_step(step, |ckpt, info, data| {
+        let deleted: HashSet<(u64, Hash)> = self.deleted()?.into_iter().collect();
+        let manifests = self.manifest_names()?;
+        let mut present: HashSet<Hash> = self.chunk_hashes()?;
+        for step in store.steps()? {
+            self.refresh(lock)?;
+            let outcome = store.with_step(step, |ckpt, info, data| {
                 let manifest = remote_manifest(&ckpt, &info, data)?;
                 manifest
                     .check(step)
@@ -139,22 +139,22 @@ impl CheckpointStore {
                     same.map_or_else(|| Remote::next_generation(&commits, step), |c| c.generation);
                 let before = report.bytes_uploaded;
                 let missing = count_missing(&chunks, &mut present, &mut report);
-                remote.upload(step, data, &missing, lock, before, progress)?;
-                while remote.reassert(lock)? {
-                    let there = remote.present(chunks.iter().map(|c| c.hash))?;
+                self.upload(step, data, &missing, lock, before, progress)?;
+                while self.reassert(lock)? {
+                    let there = self.present(chunks.iter().map(|c| c.hash))?;
                     let gone: Vec<&StepChunk> =
                         chunks.iter().filter(|c| !there.contains(&c.hash)).collect();
                     if gone.is_empty() {
                         break;
                     }
-                    remote.upload(step, data, &gone, lock, before, progress)?;
+                    self.upload(step, data, &gone, lock, before, progress)?;
                 }
                 let commit = Commit {
                     step,
                     generation,
                     hash,
                 };
-                remote.put_step(&commit, bytes)?;
+                self.put_step(&commit, bytes)?;
                 Ok(Outcome::Pushed)
             })?;
             match outcome {

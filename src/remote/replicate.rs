@@ -3,7 +3,7 @@
 //! backoff, and reports through [`ReplicationStatus`] and `flush`.
 //!
 //! Every write transaction of the store bumps a request counter; the thread
-//! runs one [`CheckpointStore::push`] at a time, covering every request made
+//! runs one [`Remote::push`] at a time, covering every request made
 //! before it started. A push after a restart (the thread starts with one
 //! request) uploads whatever the bucket lacks, so nothing committed is lost
 //! to a crash between a commit and its upload.
@@ -16,33 +16,68 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::Remote;
-use crate::{CheckpointStore, Error, Result};
+use crate::store::{Replica, Replication};
+use crate::{CheckpointStore, Error, ReplicationStatus, Result, StoreOptions};
 
 /// The first retry waits this long; each failure doubles it.
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 /// The longest wait between two attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 
-/// Where background replication stands
-/// ([`CheckpointStore::replication_status`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ReplicationStatus {
-    /// The bucket's URL.
-    pub url: String,
-    /// Steps committed here that no push has confirmed in the bucket yet,
-    /// ascending.
-    pub pending: Vec<u64>,
-    /// Whether a push is running now.
-    pub running: bool,
-    /// Steps uploaded since the store was opened.
-    pub steps_uploaded: u64,
-    /// Chunk bytes uploaded since the store was opened.
-    pub bytes_uploaded: u64,
-    /// Pushes that failed in a row (0 after a success).
-    pub consecutive_failures: u32,
-    /// The last failure, while failures go on; retried with backoff.
-    pub last_error: Option<String>,
+impl StoreOptions {
+    /// Replicate every committed step to `remote` in the background: after
+    /// each local commit a thread uploads what the bucket lacks
+    /// ([`Remote::push`]); a failed upload is
+    /// retried with backoff (1 s doubling to 60 s) and reported by
+    /// [`flush`](crate::CheckpointStore::flush) (which waits for uploads)
+    /// and [`replication_status`](crate::CheckpointStore::replication_status).
+    /// Opening the store starts with a push, so uploads cut short by a
+    /// crash or a restart resume. Only for stores opened for writing.
+    ///
+    /// ```
+    /// use ckptstore::{ComputationGraphStore, GradientCheckpoint, Remote, StoreOptions};
+    /// # let dir = tempfile::tempdir()?;
+    /// let remote = Remote::open(&format!("file://{}/bucket", dir.path().display()))?;
+    /// let store = StoreOptions::new()
+    ///     .replicate_to(remote)
+    ///     .open(dir.path().join("run.ckpt"))?;
+    /// store.commit(&GradientCheckpoint::new(ComputationGraphStore::new(), 1))?;
+    /// store.flush()?; // waits for the upload
+    /// let status = store.replication_status()?.expect("replicating");
+    /// assert!(status.pending.is_empty());
+    /// # let remote = Remote::open(&format!("file://{}/bucket", dir.path().display()))?;
+    /// assert_eq!(remote.steps()?, vec![1]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[must_use]
+    pub fn replicate_to(mut self, remote: Remote) -> Self {
+        self.replicate_to = Some(Arc::new(Target(Arc::new(remote))));
+        self
+    }
+}
+
+/// The bucket a store replicates to, as the store's extension point sees it.
+#[derive(Debug)]
+struct Target(Arc<Remote>);
+
+impl Replication for Target {
+    fn start(&self, store: CheckpointStore) -> Result<Box<dyn Replica>> {
+        Ok(Box::new(Replicator::start(store, self.0.clone())?))
+    }
+}
+
+impl Replica for Replicator {
+    fn on_write(&self) -> Box<dyn Fn() + Send + Sync> {
+        Box::new(Replicator::on_write(self))
+    }
+
+    fn status(&self, store: &CheckpointStore) -> Result<ReplicationStatus> {
+        Replicator::status(self, store)
+    }
+
+    fn flush(&self, store: &CheckpointStore) -> Result<()> {
+        Replicator::flush(self, store)
+    }
 }
 
 /// What the caller's handle and the thread share.
@@ -249,7 +284,7 @@ fn run(store: &CheckpointStore, remote: &Remote, shared: &Shared) {
             state.requested
         };
         let outcome = store.steps().and_then(|seen| {
-            let report = store.push_with(remote, &mut |_, _| lock(shared).end.is_none())?;
+            let report = remote.push_with(store, &mut |_, _| lock(shared).end.is_none())?;
             Ok((seen, report))
         });
         let mut state = lock(shared);

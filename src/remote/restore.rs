@@ -11,9 +11,9 @@ use object_store::ObjectStoreExt;
 
 use super::layout::{parse_hex, RemoteBlob, RemoteManifest};
 use super::Remote;
+use crate::checkpoint::Incoming;
 use crate::format::layout::{chunk_lengths, packed_slice};
 use crate::format::manifest::{hex, Hash};
-use crate::store::Incoming;
 use crate::{CheckpointStore, CommitInfo, Dtype, Error, GradientCheckpoint, Result, Tensor};
 
 /// Chunk downloads in flight at once: more than uploads, since a download

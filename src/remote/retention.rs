@@ -57,10 +57,10 @@ impl Remote {
     /// for step in 1..=4 {
     ///     store.commit(&GradientCheckpoint::new(ComputationGraphStore::new(), step))?;
     /// }
-    /// store.push(&remote)?;
+    /// remote.push(&store)?;
     /// assert_eq!(remote.apply_retention(&Retention::new().keep_last(2))?, vec![1, 2]);
     /// assert_eq!(remote.steps()?, vec![3, 4]);
-    /// assert!(store.push(&remote)?.steps_pushed.is_empty()); // 1 and 2 stay deleted
+    /// assert!(remote.push(&store)?.steps_pushed.is_empty()); // 1 and 2 stay deleted
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     ///

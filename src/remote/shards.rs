@@ -387,22 +387,22 @@ impl Remote {
     }
 }
 
-impl CheckpointStore {
-    /// Upload step `step` of this store as rank `rank`'s shard of global
-    /// step `step` of `world_size` ranks ([`Remote::commit_shard`]).
+impl Remote {
+    /// Upload step `step` of `store` as rank `rank`'s shard of global
+    /// step `step` of `world_size` ranks ([`commit_shard`](Self::commit_shard)).
     ///
     /// # Errors
-    /// [`Error::StepNotFound`] if the step is not stored here; as
-    /// [`Remote::commit_shard`].
+    /// [`Error::StepNotFound`] if the step is not in `store`; as
+    /// [`commit_shard`](Self::commit_shard).
     pub fn push_shard(
         &self,
-        remote: &Remote,
+        store: &CheckpointStore,
         step: u64,
         rank: u32,
         world_size: u32,
     ) -> Result<ShardInfo> {
-        let ckpt = self.get(step)?.ok_or(Error::StepNotFound { step })?;
-        remote.commit_shard(step, rank, world_size, &ckpt)
+        let ckpt = store.get(step)?.ok_or(Error::StepNotFound { step })?;
+        self.commit_shard(step, rank, world_size, &ckpt)
     }
 }
 

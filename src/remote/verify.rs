@@ -26,7 +26,7 @@ impl Remote {
     /// # let store = CheckpointStore::open(dir.path().join("run.ckpt"))?;
     /// # let remote = Remote::open(&format!("file://{}", dir.path().join("bucket").display()))?;
     /// store.commit(&GradientCheckpoint::new(ComputationGraphStore::new(), 1))?;
-    /// store.push(&remote)?;
+    /// remote.push(&store)?;
     /// let report = remote.verify()?;
     /// assert!(report.is_ok());
     /// assert_eq!(report.steps_ok, 1);

@@ -434,7 +434,7 @@ impl CheckpointStore {
     ) -> Result<CommitHandle> {
         let mut writer = lock(&self.writer, "starting")?;
         if writer.is_none() {
-            let depth = self.db.options().async_queue_depth;
+            let depth = self.db.settings().async_queue_depth;
             *writer = Some(AsyncWriter::start(self.db.clone(), depth)?);
         }
         let writer = writer

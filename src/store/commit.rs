@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use super::CheckpointStore;
+use crate::checkpoint::Incoming;
 use crate::db::{Db, TxnKind};
 use crate::engine::hashing::{with_hashes, Hashing};
 use crate::engine::plan::{Borrowed, Plan, Streamed};
@@ -12,7 +13,7 @@ use crate::format::layout::{split, PACK_BELOW};
 use crate::format::manifest::Hash;
 #[cfg(doc)]
 use crate::Error;
-use crate::{CommitInfo, Dtype, GradientCheckpoint, Result, Tensor, TensorRef};
+use crate::{CommitInfo, GradientCheckpoint, Result, Tensor, TensorRef};
 
 /// A commit stages its chunks when they exceed this fraction of the page
 /// cache: redb keeps a transaction's new pages in a write buffer of half
@@ -114,7 +115,7 @@ pub(crate) fn put(
     let start = Instant::now();
     ckpt.validate()?;
     let plan = Plan::with_borrowed(ckpt, borrowed);
-    let stage_above = db.options().cache_size / STAGE_ABOVE_CACHE_FRACTION;
+    let stage_above = db.settings().cache_size / STAGE_ABOVE_CACHE_FRACTION;
     let mut info = with_hashes(&plan.pieces, hashing, |hashes| {
         if plan.chunk_bytes() > stage_above {
             commit_staged(db, &plan, replace, hashes, stage_above)
@@ -137,7 +138,7 @@ fn commit_once(
 ) -> Result<CommitInfo> {
     let step = plan.step();
     let what = || format!("committing step {step}");
-    let policy = &db.options().retention;
+    let policy = &db.settings().retention;
     db.write("commit", &what, TxnKind::Whole, |engine| {
         let info = engine.put(plan, hashes, replace, policy)?;
         if staged {
@@ -215,36 +216,6 @@ fn stage(
     Ok(())
 }
 
-/// One blob or tensor of a streamed commit, before its bytes are read.
-pub(crate) struct Incoming {
-    pub(crate) name: String,
-    pub(crate) len: u64,
-    /// A tensor's dtype and shape; `None` for an optimizer blob.
-    pub(crate) tensor: Option<(Dtype, Vec<u64>)>,
-}
-
-impl Incoming {
-    /// Put this blob or tensor, with its bytes `data`, into `ckpt`.
-    pub(crate) fn place(&self, ckpt: &mut GradientCheckpoint, data: Vec<u8>) -> Result<()> {
-        match &self.tensor {
-            Some((dtype, shape)) => {
-                let tensor = Tensor::new(*dtype, shape.clone(), data).map_err(|e| match e {
-                    crate::Error::InvalidTensor { reason, .. } => crate::Error::InvalidTensor {
-                        name: Some(self.name.clone()),
-                        reason,
-                    },
-                    e => e,
-                })?;
-                ckpt.tensors.insert(self.name.clone(), tensor);
-            }
-            None => {
-                ckpt.optimizer_state.insert(self.name.clone(), data);
-            }
-        }
-        Ok(())
-    }
-}
-
 impl CheckpointStore {
     /// Commit `ckpt`'s metadata with blobs and tensors `read` gives one at
     /// a time, in the order of `incoming` (see [`put_streamed`]).
@@ -271,7 +242,7 @@ pub(crate) fn put_streamed(
 ) -> Result<CommitInfo> {
     let start = Instant::now();
     let step = ckpt.step;
-    let part_bytes = db.options().cache_size / STAGE_ABOVE_CACHE_FRACTION;
+    let part_bytes = db.settings().cache_size / STAGE_ABOVE_CACHE_FRACTION;
     let _one_staging_at_a_time = db.staging()?;
     let mut staged = Vec::new();
     let mut streamed = Vec::new();

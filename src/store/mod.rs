@@ -6,18 +6,23 @@ mod asynch;
 mod commit;
 mod manage;
 mod open;
+mod options;
 mod read;
+#[cfg(feature = "remote")]
+mod replica;
 mod verify;
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use crate::db::Db;
-use crate::{Result, StoreOptions};
+use crate::Result;
 use asynch::AsyncWriter;
 
 pub use asynch::CommitHandle;
-pub(crate) use commit::Incoming;
+pub use options::StoreOptions;
+#[cfg(feature = "remote")]
+pub(crate) use replica::{Replica, Replication};
 
 /// A store of training checkpoints in one redb file, keyed by step.
 ///
@@ -48,7 +53,7 @@ pub struct CheckpointStore {
     /// Background replication, with `StoreOptions::replicate_to`; dropped
     /// after the writer, whose last commits it may still see.
     #[cfg(feature = "remote")]
-    replicator: Option<crate::remote::Replicator>,
+    replicator: Option<Box<dyn Replica>>,
 }
 
 impl CheckpointStore {
@@ -66,14 +71,14 @@ impl CheckpointStore {
         }
     }
 
-    /// Start replicating to the remote the options name, if any.
+    /// Start replicating to `target` (from the options), if any.
     #[cfg(feature = "remote")]
-    fn start_replication(mut self) -> Result<Self> {
-        let Some(remote) = self.db.options().replicate_to.clone() else {
+    fn start_replication(mut self, target: Option<&dyn Replication>) -> Result<Self> {
+        let Some(target) = target else {
             return Ok(self);
         };
-        let replicator = crate::remote::Replicator::start(Self::sharing(self.db.clone()), remote)?;
-        self.db.set_after_write(Box::new(replicator.on_write()));
+        let replicator = target.start(Self::sharing(self.db.clone()))?;
+        self.db.set_after_write(replicator.on_write());
         self.replicator = Some(replicator);
         Ok(self)
     }
@@ -194,7 +199,7 @@ impl std::fmt::Debug for CheckpointStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CheckpointStore")
             .field("path", &self.db.path())
-            .field("options", self.db.options())
+            .field("settings", self.db.settings())
             .finish_non_exhaustive()
     }
 }

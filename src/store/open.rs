@@ -4,9 +4,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::CheckpointStore;
+use super::StoreOptions;
 use crate::db::backend::{DynBackend, Source};
 use crate::db::Db;
-use crate::{Durability, Error, Result, StoreOptions};
+use crate::{Durability, Error, Result};
 
 impl StoreOptions {
     /// Open the store at `path` for reading and writing, creating it if it
@@ -47,25 +48,25 @@ impl StoreOptions {
     }
 
     fn open_source(self, source: Source) -> Result<CheckpointStore> {
-        self.validate()?;
-        if self.shared && self.durability == Durability::Eventual {
+        self.settings.validate()?;
+        if self.settings.shared && self.settings.durability == Durability::Eventual {
             return Err(Error::InvalidOptions(
                 "Durability::Eventual needs shared(false): readers in other processes \
                  only see durable commits"
                     .into(),
             ));
         }
-        let store = CheckpointStore::from_db(Db::open(source, self)?);
+        let store = CheckpointStore::from_db(Db::open(source, self.settings)?);
         #[cfg(feature = "remote")]
-        let store = store.start_replication()?;
+        let store = store.start_replication(self.replicate_to.as_deref())?;
         Ok(store)
     }
 
     /// Open an existing store read-only. With a shared writer (the default)
     /// in another process, the reader sees each step that writer commits.
     pub fn open_read_only(self, path: impl AsRef<Path>) -> Result<CheckpointStore> {
-        self.validate()?;
-        let db = Db::open_read_only(path.as_ref().to_owned(), self)?;
+        self.settings.validate()?;
+        let db = Db::open_read_only(path.as_ref().to_owned(), self.settings)?;
         Ok(CheckpointStore::from_db(db))
     }
 }

@@ -324,7 +324,11 @@ impl CheckpointStore {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn export_safetensors(&self, step: u64, path: impl AsRef<std::path::Path>) -> Result<()> {
-        crate::exchange::write::export(self, step, path.as_ref())
+        let path = path.as_ref();
+        self.with_step(step, |skeleton, info, data| {
+            crate::exchange::write::write(step, path, &skeleton, &info, data)
+        })?
+        .ok_or(crate::Error::StepNotFound { step })
     }
 
     /// Commit the safetensors file at `path` as step `step`: its tensors
@@ -353,7 +357,7 @@ impl CheckpointStore {
         let path = path.as_ref();
         let crate::exchange::read::Source { header, mut input } =
             crate::exchange::read::open(path, step)?;
-        let mut read = |entry: &crate::store::Incoming| {
+        let mut read = |entry: &crate::checkpoint::Incoming| {
             crate::exchange::read::read_entry(&mut input, entry)
                 .map_err(|e| crate::exchange::read::in_file(path, e))
         };

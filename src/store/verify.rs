@@ -49,7 +49,7 @@ impl CheckpointStore {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn check_pages(path: impl AsRef<std::path::Path>) -> Result<bool> {
-        crate::db::check_pages(path.as_ref(), &crate::StoreOptions::new())
+        crate::db::check_pages(path.as_ref(), &crate::options::Settings::default())
     }
 
     /// [`verify`](Self::verify), calling `progress(step, blob_bytes)` after

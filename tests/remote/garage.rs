@@ -124,7 +124,7 @@ fn a_killed_push_leaves_whole_steps_and_the_rerun_completes() -> Result {
         killed >= rounds / 2,
         "only {killed} of {rounds} pushes were cut short"
     );
-    let last = store.push(&remote)?;
+    let last = remote.push(&store)?;
     assert_eq!(last.steps_present + last.steps_pushed.len() as u64, next);
     assert_eq!(whole_steps(&remote, &store)?, (0..next).collect::<Vec<_>>());
     eprintln!("{killed} of {rounds} pushes killed (a whole push took {whole:?})");
@@ -148,7 +148,7 @@ fn a_server_killed_mid_push_and_restarted() -> Result {
     let url = fresh(&bucket);
     let remote = Remote::open(&url)?;
     let mut restart = None;
-    let outcome = store.push_with(&remote, &mut |_, uploaded| {
+    let outcome = remote.push_with(&store, &mut |_, uploaded| {
         if restart.is_none() && uploaded >= 8 << 20 {
             garage.kill();
             let garage = Server::from_env().expect("variables");
@@ -173,7 +173,7 @@ fn a_server_killed_mid_push_and_restarted() -> Result {
     // The server is back once it answers.
     Server::wait_for(&remote);
     whole_steps(&remote, &store)?;
-    store.push(&remote)?;
+    remote.push(&store)?;
     assert_eq!(whole_steps(&remote, &store)?, (0..6).collect::<Vec<_>>());
     Ok(())
 }
@@ -214,7 +214,7 @@ fn a_reader_during_a_push_sees_only_whole_steps() -> Result {
             Ok(looks)
         })
     };
-    let pushed = store.push(&Remote::open(&url)?);
+    let pushed = Remote::open(&url)?.push(&store);
     done.store(true, Ordering::SeqCst);
     let looks = reader.join().map_err(|_| "reader panicked")??;
     assert_eq!(pushed?.steps_pushed.len(), 6);
@@ -250,7 +250,7 @@ fn the_aws_cli_reads_the_layout() -> Result {
     let dir = tempfile::tempdir()?;
     let store = super::store_with(dir.path(), 0..2)?;
     let url = fresh(&bucket);
-    store.push(&Remote::open(&url)?)?;
+    Remote::open(&url)?.push(&store)?;
     let prefix = url.trim_start_matches("s3://");
 
     let listing = String::from_utf8(aws(&["s3", "ls", &format!("s3://{prefix}/commits/")])?)?;
@@ -344,7 +344,7 @@ fn outages_within_the_retry_window_are_waited_out() -> Result {
         let url = fresh(&bucket);
         let remote = Remote::open(&url)?;
         let mut restart = None;
-        let pushed = store.push_with(&remote, &mut |_, uploaded| {
+        let pushed = remote.push_with(&store, &mut |_, uploaded| {
             if restart.is_none() && uploaded >= 4 << 20 {
                 garage.kill();
                 let garage = Server::from_env().expect("variables");
@@ -368,7 +368,7 @@ fn outages_within_the_retry_window_are_waited_out() -> Result {
     let remote = Remote::open(&url)?.with_retry_window(Duration::from_secs(3))?;
     garage.kill();
     let started = Instant::now();
-    let failed = store.push(&remote).expect_err("the server is down");
+    let failed = remote.push(&store).expect_err("the server is down");
     let took = started.elapsed();
     garage.start();
     assert!(failed.to_string().contains(&url), "{failed}");
@@ -386,8 +386,8 @@ fn a_push_to_a_missing_bucket_says_so() -> Result {
     let dir = tempfile::tempdir()?;
     let store = super::store_with(dir.path(), 0..1)?;
     let url = format!("s3://no-such-bucket-{}/run", fresh_prefix());
-    let e = store
-        .push(&Remote::open(&url)?)
+    let e = Remote::open(&url)?
+        .push(&store)
         .expect_err("no such bucket");
     assert!(
         e.to_string().starts_with(&format!("no bucket at {url}")),

@@ -86,12 +86,12 @@ pub(crate) fn round_trip(remote: &Remote) -> Result {
     let dir = tempfile::tempdir()?;
     let store = store_with(dir.path(), 0..3)?;
     assert_eq!(remote.latest_step()?, None);
-    let first = store.push(remote)?;
+    let first = remote.push(&store)?;
     assert_eq!(first.steps_pushed, vec![0, 1, 2]);
     // The frozen tensor is uploaded once for the three steps.
     assert!(first.bytes_skipped >= 2 * (4 << 20), "{first:?}");
     assert!(first.bytes_uploaded < (4 << 20) + 3 * 400_000, "{first:?}");
-    let again = store.push(remote)?;
+    let again = remote.push(&store)?;
     assert_eq!(
         (
             again.steps_pushed.len(),
@@ -110,7 +110,7 @@ pub(crate) fn round_trip(remote: &Remote) -> Result {
 
     // A step whose 4 MiB tensor is unchanged uploads little.
     store.commit(&checkpoint(3)?)?;
-    let next = store.push(remote)?;
+    let next = remote.push(&store)?;
     assert_eq!(next.steps_pushed, vec![3]);
     let total = checkpoint(3)?.logical_bytes();
     assert!(
@@ -158,14 +158,14 @@ fn a_push_failing_at_any_call_resumes() -> Result {
     let store = store_with(dir.path(), 0..3)?;
     // Count the calls of a whole push.
     let counting = Arc::new(faults::Failing::new(Arc::new(InMemory::new()), 0));
-    store.push(&Remote::with_store(counting.clone(), "p", "mem://count")?)?;
+    Remote::with_store(counting.clone(), "p", "mem://count")?.push(&store)?;
     let calls = counting.calls.load(Ordering::SeqCst);
     assert!(calls > 10, "{calls}");
     for k in 1..=calls {
         let memory = Arc::new(InMemory::new());
         let failing = Arc::new(faults::Failing::new(memory.clone(), k));
         let remote = Remote::with_store(failing.clone(), "p", "mem://failing")?;
-        let failed = store.push(&remote).is_err();
+        let failed = remote.push(&store).is_err();
         failing.fail_at.store(0, Ordering::SeqCst);
         if k == calls {
             // The last call deletes the push's lock: failing it leaves a
@@ -185,7 +185,7 @@ fn a_push_failing_at_any_call_resumes() -> Result {
         for step in remote.steps()? {
             assert!(remote.get(step)? == store.get(step)?, "k={k}");
         }
-        let rerun = store.push(&remote)?;
+        let rerun = remote.push(&store)?;
         assert_eq!(rerun.steps_present + rerun.steps_pushed.len() as u64, 3);
         assert_eq!(remote.steps()?, vec![0, 1, 2], "k={k}");
     }
@@ -199,7 +199,7 @@ fn a_restore_failing_at_any_call_never_returns_wrong_data() -> Result {
     let dir = tempfile::tempdir()?;
     let store = store_with(dir.path(), 0..1)?;
     let memory = Arc::new(InMemory::new());
-    store.push(&Remote::with_store(memory.clone(), "p", "mem://m")?)?;
+    Remote::with_store(memory.clone(), "p", "mem://m")?.push(&store)?;
     let counting = Arc::new(faults::Failing::new(memory.clone(), 0));
     let remote = Remote::with_store(counting.clone(), "p", "mem://count")?;
     assert!(remote.get(0)?.is_some());

@@ -57,14 +57,14 @@ fn a_redone_step_replaces_the_old_one() -> Result {
     let dir = tempfile::tempdir()?;
     let store = store_with(dir.path(), 1..4)?;
     let remote = Remote::open(&dir_url(dir.path()))?.with_grace_period(Duration::ZERO);
-    store.push(&remote)?;
+    remote.push(&store)?;
     let mut last = None;
     for round in 1..=5 {
         // A rollback after a loss spike: step 3 again, other content.
         store.remove(3)?;
         let again = redone(3, round)?;
         store.commit(&again)?;
-        let report = store.push(&remote)?;
+        let report = remote.push(&store)?;
         assert_eq!(report.steps_pushed, vec![3], "round {round}");
         assert!(remote.get(3)? == Some(again.clone()), "round {round}");
         assert_eq!(remote.steps()?, vec![1, 2, 3]);
@@ -73,7 +73,7 @@ fn a_redone_step_replaces_the_old_one() -> Result {
     }
     // A push with nothing new does nothing; the redone steps' commits are
     // superseded, and garbage collection deletes them.
-    assert_eq!(store.push(&remote)?.steps_present, 3);
+    assert_eq!(remote.push(&store)?.steps_present, 3);
     assert_eq!(commits_of(&dir.path().join("bucket"), 3)?, 6);
     let gc = remote.collect_garbage()?;
     assert_eq!(gc.commits_superseded, 5, "{gc:?}");
@@ -150,10 +150,10 @@ fn a_prefix_holds_one_run() -> Result {
     let remote = Remote::open(&url)?;
     let first = store_with(&sub(dir.path(), "a")?, 1..9)?;
     let second = store_of(&sub(dir.path(), "b")?, 1..9, other_run)?;
-    let report = first.push(&remote)?;
+    let report = remote.push(&first)?;
     assert_eq!(report.steps_pushed.len(), 8);
     assert_eq!(remote.owner()?, Some(first.store_id()?));
-    match second.push(&remote) {
+    match remote.push(&second) {
         Err(e @ Error::PrefixOwned { .. }) => {
             let message = e.to_string();
             assert!(message.contains(&first.store_id()?), "{message}");
@@ -177,7 +177,7 @@ fn a_prefix_holds_one_run() -> Result {
     remote.pull(8, &resumed)?;
     assert_eq!(resumed.store_id()?, first.store_id()?);
     resumed.commit(&checkpoint(9)?)?;
-    assert_eq!(resumed.push(&remote)?.steps_pushed, vec![9]);
+    assert_eq!(remote.push(&resumed)?.steps_pushed, vec![9]);
 
     // Adopting the prefix hands it to another store.
     let (code, out, err) =
@@ -189,7 +189,7 @@ fn a_prefix_holds_one_run() -> Result {
         assert!(remote.get(step)? == second.get(step)?, "step {step}");
     }
     assert!(matches!(
-        first.push(&remote),
+        remote.push(&first),
         Err(Error::PrefixOwned { .. })
     ));
     Ok(())
@@ -226,7 +226,7 @@ fn race_for(url: &str, dir: &Path) -> Result {
                 s.spawn(move || {
                     let remote = Remote::open(url).expect("remote");
                     barrier.wait();
-                    match store.push(&remote) {
+                    match remote.push(store) {
                         Ok(_) => true,
                         Err(Error::PrefixOwned { .. } | Error::RemoteBusy { .. }) => false,
                         Err(e) => panic!("{e}"),
@@ -256,13 +256,13 @@ fn a_step_missing_chunks_is_repaired_by_the_next_push() -> Result {
     let dir = tempfile::tempdir()?;
     let store = store_with(dir.path(), 1..3)?;
     let remote = Remote::open(&dir_url(dir.path()))?;
-    store.push(&remote)?;
+    remote.push(&store)?;
     let chunks = dir.path().join("bucket/chunks");
     for name in common_names(&chunks)? {
         std::fs::remove_file(chunks.join(name))?;
     }
     assert_eq!(remote.verify()?.damaged.len(), 2);
-    let report = store.push(&remote)?;
+    let report = remote.push(&store)?;
     assert_eq!(report.steps_pushed, vec![1, 2]);
     let verified = remote.verify()?;
     assert!(verified.is_ok() && verified.steps_ok == 2, "{verified:?}");
@@ -275,7 +275,7 @@ fn a_step_missing_chunks_is_repaired_by_the_next_push() -> Result {
         .ok_or("a manifest")?;
     std::fs::remove_file(manifests.join(first))?;
     assert_eq!(remote.verify()?.damaged.len(), 1);
-    assert_eq!(store.push(&remote)?.steps_pushed, vec![1]);
+    assert_eq!(remote.push(&store)?.steps_pushed, vec![1]);
     assert!(remote.verify()?.is_ok());
     Ok(())
 }
@@ -324,7 +324,7 @@ fn a_push_whose_lock_lapsed_never_commits_on_collected_chunks() -> Result {
                 std::thread::sleep(Duration::from_millis(50));
             }
         });
-        let report = store.push(&pusher);
+        let report = pusher.push(&store);
         stop.store(true, Ordering::SeqCst);
         report
     })?;
@@ -349,9 +349,9 @@ fn prefixes_do_not_leak_into_each_other() -> Result {
     let inner = store_with(&sub(dir.path(), "inner")?, 1..3)?;
     let outer = store_with(&sub(dir.path(), "outer")?, 1..3)?;
     let base = dir.path().join("bucket/outer");
-    inner.push(&Remote::open(&format!("file://{}/chunks", base.display()))?)?;
+    Remote::open(&format!("file://{}/chunks", base.display()))?.push(&inner)?;
     let remote = Remote::open(&format!("file://{}", base.display()))?;
-    let report = outer.push(&remote)?;
+    let report = remote.push(&outer)?;
     assert!(report.bytes_uploaded > 4 << 20, "{report:?}");
     let verified = remote.verify()?;
     assert!(verified.is_ok() && verified.steps_ok == 2, "{verified:?}");
@@ -398,7 +398,7 @@ fn a_bucket_of_0_3_0_still_reads() -> Result {
     three.metrics.insert("loss".into(), 0.25);
     store.commit(&three)?;
     store.commit(&fixture_step(4)?)?;
-    let report = store.push(&remote)?;
+    let report = remote.push(&store)?;
     assert_eq!(report.steps_pushed, vec![3, 4]);
     assert_eq!(remote.owner()?, Some(store.store_id()?));
     assert!(remote.get(3)? == Some(three));

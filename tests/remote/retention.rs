@@ -21,7 +21,7 @@ fn retention_deletes_steps_and_what_only_they_need() -> Result {
     let dir = tempfile::tempdir()?;
     let store = store_with(dir.path(), 0..5)?;
     let remote = dir_remote(dir.path(), Duration::ZERO)?;
-    store.push(&remote)?;
+    remote.push(&store)?;
     let chunks_before = count(dir.path(), "chunks");
 
     assert!(remote
@@ -47,7 +47,7 @@ fn retention_deletes_steps_and_what_only_they_need() -> Result {
     assert!(remote.verify()?.is_ok());
     // Nothing left to collect, and deleted steps are not pushed again.
     assert_eq!(remote.collect_garbage()?.chunks_deleted, 0);
-    let again = store.push(&remote)?;
+    let again = remote.push(&store)?;
     assert!(again.steps_pushed.is_empty(), "{again:?}");
     assert_eq!(again.bytes_uploaded, 0);
 
@@ -56,7 +56,7 @@ fn retention_deletes_steps_and_what_only_they_need() -> Result {
     let mut changed = checkpoint(1)?;
     changed.metrics.insert("loss".into(), 42.0);
     store.commit(&changed)?;
-    assert_eq!(store.push(&remote)?.steps_pushed, vec![1]);
+    assert_eq!(remote.push(&store)?.steps_pushed, vec![1]);
     assert!(remote.get(1)? == Some(changed));
     Ok(())
 }
@@ -69,7 +69,7 @@ fn a_collection_never_takes_a_chunk_a_push_counts_on() -> Result {
     let dir = tempfile::tempdir()?;
     let first = store_with(dir.path(), 0..2)?;
     let remote = dir_remote(dir.path(), Duration::ZERO)?;
-    first.push(&remote)?;
+    remote.push(&first)?;
 
     let other = tempfile::tempdir()?;
     let second = CheckpointStore::open(other.path().join("b.ckpt"))?;
@@ -86,7 +86,7 @@ fn a_collection_never_takes_a_chunk_a_push_counts_on() -> Result {
     let collector = dir_remote(dir.path(), grace)?;
     let everything = Retention::new().keep_last(0).allow_deleting_all();
     let mut raced = false;
-    let report = second.push_with(&pusher, &mut |_, _| {
+    let report = pusher.push_with(&second, &mut |_, _| {
         if !raced {
             raced = true;
             assert_eq!(
@@ -118,7 +118,7 @@ fn a_stale_lock_holds_nothing_and_young_garbage_is_kept() -> Result {
     let dir = tempfile::tempdir()?;
     let store = store_with(dir.path(), 0..2)?;
     let remote = dir_remote(dir.path(), Duration::from_secs(3600))?;
-    store.push(&remote)?;
+    remote.push(&store)?;
     // A killed push left its lock and an unreferenced chunk.
     std::fs::write(dir.path().join("bucket/locks/push-killed"), b"{}")?;
     std::fs::write(dir.path().join("bucket/chunks").join("ab".repeat(32)), b"x")?;
@@ -145,7 +145,7 @@ fn verify_names_each_damaged_step_and_readers_skip_them() -> Result {
     let dir = tempfile::tempdir()?;
     let store = store_with(dir.path(), 0..3)?;
     let remote = dir_remote(dir.path(), Duration::from_secs(3600))?;
-    store.push(&remote)?;
+    remote.push(&store)?;
     assert_eq!(remote.verify()?.steps_ok, 3);
 
     // Step 2: a byte of its own adam_m chunk flipped. Step 1: its

@@ -413,10 +413,10 @@ fn local_stores_take_part_with_push_shard() -> Result {
     for rank in 0..3 {
         let store = ckptstore::CheckpointStore::open(dir.path().join(format!("rank{rank}.ckpt")))?;
         store.commit(&shard(6, rank)?)?;
-        let info = store.push_shard(&remote, 6, rank, 3)?;
+        let info = remote.push_shard(&store, 6, rank, 3)?;
         assert_eq!(info.complete, rank == 2);
         assert!(matches!(
-            store.push_shard(&remote, 7, rank, 3),
+            remote.push_shard(&store, 7, rank, 3),
             Err(Error::StepNotFound { step: 7 })
         ));
     }

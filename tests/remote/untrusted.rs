@@ -26,7 +26,7 @@ const CRAFTED: [(u64, &str); 8] = [
 fn crafted_bucket(dir: &Path) -> Result<String> {
     let store = store_with(dir, 1..2)?;
     let url = format!("file://{}", dir.join("bucket").display());
-    store.push(&Remote::open(&url)?)?;
+    Remote::open(&url)?.push(&store)?;
     let bucket = dir.join("bucket");
     let real = std::fs::read_dir(bucket.join("manifests"))?
         .next()
@@ -163,7 +163,7 @@ fn crafted_objects_are_read_in_bounded_memory() -> Result {
     let big = dir.path().join("big");
     std::fs::create_dir_all(&big)?;
     let big_url = format!("file://{}", big.join("bucket").display());
-    store_with(&big, 1..2)?.push(&Remote::open(&big_url)?)?;
+    Remote::open(&big_url)?.push(&store_with(&big, 1..2)?)?;
     let chunks = big.join("bucket/chunks");
     let chunk = std::fs::read_dir(&chunks)?.next().ok_or("a chunk")??.path();
     std::fs::File::options()

@@ -28,20 +28,34 @@ PyTorch: `ckptstore.torch`.
 """
 
 import operator
+import os
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
 from ._ckptstore import (  # noqa: F401  (re-exported)
     MAX_WORLD_SIZE,
+    CommitInfo,
     CorruptError,
     Error,
     LockedError,
+    PushReport,
     RawRemote,
     RawStore,
+    ReplicationStatus,
+    ShardInfo,
+    ShardStatus,
     StepExistsError,
+    StoreStats,
+    Tensor,
+    VerifyReport,
 )
+
+# What a state maps names to: an array, bytes (an untyped blob), or a
+# Tensor given by its bytes.
+Value = Union[np.ndarray, bytes, bytearray, memoryview, Tensor]
+_RawTensor = Tuple[str, str, List[int], Any]
 
 __all__ = [
     "open",
@@ -49,22 +63,33 @@ __all__ = [
     "Remote",
     "Shard",
     "ShardInfo",
+    "ShardStatus",
     "Checkpoint",
     "CommitInfo",
+    "DTYPE_NAMES",
+    "PushReport",
+    "ReplicationStatus",
+    "StoreStats",
+    "Tensor",
+    "Value",
+    "VerifyReport",
     "Error",
     "StepExistsError",
     "CorruptError",
     "LockedError",
 ]
 
-# numpy dtype name -> safetensors dtype name, and back.
-_TO_STORE = {
+# A dtype's name in numpy or torch -> its safetensors name in the store:
+# the one dtype table of the package (numpy and torch share their names;
+# the float8 types are torch's, bfloat16 numpy's through ml_dtypes).
+DTYPE_NAMES: Dict[str, str] = {
     "bool": "BOOL",
     "uint8": "U8",
     "int8": "I8",
     "uint16": "U16",
     "int16": "I16",
     "float16": "F16",
+    "bfloat16": "BF16",
     "uint32": "U32",
     "int32": "I32",
     "float32": "F32",
@@ -72,21 +97,13 @@ _TO_STORE = {
     "int64": "I64",
     "float64": "F64",
     "complex64": "C64",
-    "bfloat16": "BF16",  # with ml_dtypes
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+    "float8_e4m3fnuz": "F8_E4M3FNUZ",
+    "float8_e5m2fnuz": "F8_E5M2FNUZ",
+    "float8_e8m0fnu": "F8_E8M0",
 }
-_FROM_STORE = {v: k for k, v in _TO_STORE.items()}
-
-
-@dataclass
-class CommitInfo:
-    """What a save did."""
-
-    step: int
-    bytes_written: int
-    bytes_reused: int
-    logical_bytes: int
-    removed: list
-    seconds: float
+_FROM_STORE = {v: k for k, v in DTYPE_NAMES.items()}
 
 
 @dataclass
@@ -100,26 +117,30 @@ class Checkpoint:
     tensors: Dict[str, np.ndarray] = field(default_factory=dict)
 
 
-def _split(state):
-    if not isinstance(state, dict):
+def _split(state: Mapping[str, Value]) -> Tuple[List[_RawTensor], List[Tuple[str, bytes]]]:
+    if not isinstance(state, Mapping):
         raise TypeError(f"state must be a dict of name -> array or bytes, not {type(state).__name__}")
-    tensors, blobs = [], []
+    tensors: List[_RawTensor] = []
+    blobs: List[Tuple[str, bytes]] = []
     for name, value in state.items():
         if not isinstance(name, str):
             raise TypeError(f"state keys must be str, not {type(name).__name__}")
         if isinstance(value, (bytes, bytearray, memoryview)):
             blobs.append((name, bytes(value)))
             continue
+        if isinstance(value, Tensor):
+            tensors.append((name, value.dtype, list(value.shape), value.data))
+            continue
         if not isinstance(value, np.ndarray):
             raise TypeError(f"{name!r}: expected a numpy array or bytes, not {type(value).__name__}")
-        dtype = _TO_STORE.get(value.dtype.name)
+        dtype = DTYPE_NAMES.get(value.dtype.name)
         if dtype is None:
             raise TypeError(f"{name!r}: dtype {value.dtype} is not supported")
         tensors.append((name, dtype, list(value.shape), _contiguous_le(value)))
     return tensors, blobs
 
 
-def _contiguous_le(array):
+def _contiguous_le(array: np.ndarray) -> np.ndarray:
     """`array` itself when C-contiguous and little-endian, else such a copy
     (ascontiguousarray would also turn a 0-d array into a 1-d one)."""
     if not array.flags["C_CONTIGUOUS"]:
@@ -129,46 +150,41 @@ def _contiguous_le(array):
     return array
 
 
-def _metrics(metrics):
+def _metrics(metrics: Optional[Mapping[str, float]]) -> Dict[str, float]:
     return {str(k): float(v) for k, v in (metrics or {}).items()}
 
 
-def _bytes_array(buffer):
+def _bytes_array(buffer: Any) -> np.ndarray:
     """A writable 1-D uint8 array viewing a loaded Buffer (no copy)."""
     return np.asarray(buffer)
 
 
-def _array(dtype, shape, buffer):
-    data = _bytes_array(buffer)
-    name = _FROM_STORE.get(dtype)
+def _numpy_dtype(store_dtype: str) -> Optional[np.dtype]:
+    """The numpy dtype of a store dtype, or None where numpy lacks it
+    (the F8 types; BF16 without ml_dtypes)."""
+    name = _FROM_STORE.get(store_dtype)
+    if name is None or name.startswith("float8"):
+        return None
     if name == "bfloat16":
         try:
             import ml_dtypes  # noqa: F401
 
-            np_dtype = np.dtype("bfloat16")
+            return np.dtype("bfloat16")
         except (ImportError, TypeError):
-            np_dtype = None
-    else:
-        np_dtype = np.dtype(name) if name else None
+            return None
+    return np.dtype(name)
+
+
+def _array(dtype: str, shape: List[int], buffer: Any) -> np.ndarray:
+    data = _bytes_array(buffer)
+    np_dtype = _numpy_dtype(dtype)
     if np_dtype is None:
-        # A dtype numpy lacks (F8, F6, F4, BF16 without ml_dtypes): the bytes.
+        # A dtype numpy lacks: the bytes.
         return data
     return data.view(np_dtype.newbyteorder("<")).reshape(tuple(shape))
 
 
-@dataclass
-class ShardInfo:
-    """What a shard's save did: `complete` once every rank's shard is in."""
-
-    step: int
-    rank: int
-    world_size: int
-    bytes_uploaded: int
-    bytes_skipped: int
-    complete: bool
-
-
-def _checkpoint(d):
+def _checkpoint(d: Optional[Dict[str, Any]]) -> Optional[Checkpoint]:
     """A Checkpoint from a loaded step's dict, or None."""
     if d is None:
         return None
@@ -178,7 +194,7 @@ def _checkpoint(d):
     return Checkpoint(d["step"], d["timestamp"], d["loss_cid"], d["metrics"], tensors)
 
 
-def _step(step) -> int:
+def _step(step: Any) -> int:
     """`step` as a step number: an int (or anything `operator.index`
     takes), not a bool, float or str, from 0 to 2**64 - 1."""
     if isinstance(step, bool):
@@ -192,46 +208,51 @@ def _step(step) -> int:
     return n
 
 
-def _optional_step(step) -> Optional[int]:
+def _optional_step(step: Any) -> Optional[int]:
     return None if step is None else _step(step)
 
 
 class Handle:
     """A background save: `result()` waits and returns its CommitInfo."""
 
-    def __init__(self, raw):
+    def __init__(self, raw: Any) -> None:
         self._raw = raw
 
     def done(self) -> bool:
-        return self._raw.done()
+        return bool(self._raw.done())
 
     def result(self) -> CommitInfo:
-        return CommitInfo(**self._raw.result())
+        """Wait for the save: its CommitInfo, or its error raised."""
+        info: CommitInfo = self._raw.result()
+        return info
 
 
 class Store:
     """An open checkpoint store. Use `ckptstore.open`."""
 
-    def __init__(self, path, read_only=False, cache_size=None, replicate_to=None):
+    def __init__(
+        self,
+        path: "os.PathLike[str] | str",
+        read_only: bool = False,
+        cache_size: Optional[int] = None,
+        replicate_to: "Remote | str | None" = None,
+    ) -> None:
         url = replicate_to.url if isinstance(replicate_to, Remote) else replicate_to
         self._raw = RawStore(str(path), read_only, cache_size, url)
 
-    def save(self, step: int, state: dict, metrics=None) -> CommitInfo:
+    def save(
+        self, step: int, state: Mapping[str, Value], metrics: Optional[Mapping[str, float]] = None
+    ) -> CommitInfo:
         """Commit `state` as `step`; durable when it returns."""
         tensors, blobs = _split(state)
-        return self._save_raw(_step(step), tensors, blobs, _metrics(metrics))
+        return self._raw.save(_step(step), tensors, blobs, _metrics(metrics))
 
-    def save_async(self, step: int, state: dict, metrics=None) -> Handle:
+    def save_async(
+        self, step: int, state: Mapping[str, Value], metrics: Optional[Mapping[str, float]] = None
+    ) -> Handle:
         """Queue `state` for commit in the background; the arrays are copied now."""
         tensors, blobs = _split(state)
-        return self._save_async_raw(_step(step), tensors, blobs, _metrics(metrics))
-
-    def _save_raw(self, step, tensors, blobs, metrics):
-        # tensors: (name, store dtype, shape, C-contiguous array); blobs: (name, bytes)
-        return CommitInfo(**self._raw.save(step, tensors, blobs, metrics))
-
-    def _save_async_raw(self, step, tensors, blobs, metrics):
-        return Handle(self._raw.save_async(step, tensors, blobs, metrics))
+        return Handle(self._raw.save_async(_step(step), tensors, blobs, _metrics(metrics)))
 
     def flush(self) -> None:
         self._raw.flush()
@@ -240,7 +261,8 @@ class Store:
         """The step `step` (the latest if None), or None if it is not stored."""
         return _checkpoint(self._raw.load(_optional_step(step)))
 
-    def steps(self):
+    def steps(self) -> List[int]:
+        """The stored steps, ascending."""
         return self._raw.steps()
 
     def latest_step(self) -> Optional[int]:
@@ -249,19 +271,24 @@ class Store:
     def remove(self, step: int) -> bool:
         return self._raw.remove(_step(step))
 
-    def gc(self, keep_last=None, keep_every=None, allow_deleting_all: bool = False):
+    def gc(
+        self,
+        keep_last: Optional[int] = None,
+        keep_every: Optional[int] = None,
+        allow_deleting_all: bool = False,
+    ) -> List[int]:
         """Apply a retention policy; the steps removed. A policy that keeps
         nothing (`keep_last=0`) needs `allow_deleting_all=True`."""
         return self._raw.gc(keep_last, keep_every, allow_deleting_all)
 
-    def verify(self):
-        ok, steps_ok, bytes_checked, damaged = self._raw.verify()
-        return _Report(ok, steps_ok, bytes_checked, damaged)
+    def verify(self) -> VerifyReport:
+        """Hash-check every step."""
+        return self._raw.verify()
 
-    def stats(self) -> dict:
+    def stats(self) -> StoreStats:
         return self._raw.stats()
 
-    def push(self, remote) -> dict:
+    def push(self, remote: "Remote | str") -> PushReport:
         """Upload every step the bucket (a URL or a Remote, whose grace
         period is kept) lacks. Refused (ValueError) when the prefix holds
         another store's run: see `Remote.adopt`."""
@@ -274,7 +301,7 @@ class Store:
         (`Remote.owner`)."""
         return self._raw.store_id()
 
-    def replication_status(self) -> Optional[dict]:
+    def replication_status(self) -> Optional[ReplicationStatus]:
         """Where background replication (`replicate_to`) stands, or None."""
         return self._raw.replication_status()
 
@@ -286,36 +313,31 @@ class Store:
         bucket lacks when it opens), not by this one."""
         self._raw.close()
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.steps())
 
-    def __contains__(self, step):
+    def __contains__(self, step: object) -> bool:
         return self._raw.contains(_step(step))
 
-    def __getitem__(self, step):
+    def __getitem__(self, step: int) -> Checkpoint:
         ck = self.load(_step(step))
         if ck is None:
             raise KeyError(step)
         return ck
 
-    def __enter__(self):
+    def __enter__(self) -> "Store":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> bool:
         self.close()
         return False
 
 
-@dataclass
-class _Report:
-    ok: bool
-    steps_ok: int
-    bytes_checked: int
-    damaged: list
-
-
 def open(  # noqa: A001
-    path, read_only: bool = False, cache_size: Optional[int] = None, replicate_to=None
+    path: "os.PathLike[str] | str",
+    read_only: bool = False,
+    cache_size: Optional[int] = None,
+    replicate_to: "Remote | str | None" = None,
 ) -> Store:
     """Open (or create, unless read_only) the store at `path`; `cache_size`
     (bytes) sets the page cache (StoreOptions::cache_size in Rust);
@@ -330,14 +352,14 @@ class Remote:
     stores pushed there, every chunk hash-checked; holds global steps of
     multi-rank jobs (`shard`)."""
 
-    def __init__(self, url: str, grace_period: Optional[float] = None):
+    def __init__(self, url: str, grace_period: Optional[float] = None) -> None:
         self._raw = RawRemote(str(url), grace_period)
 
     @property
     def url(self) -> str:
         return self._raw.url()
 
-    def steps(self):
+    def steps(self) -> List[int]:
         """The complete steps, ascending."""
         return self._raw.steps()
 
@@ -350,19 +372,24 @@ class Remote:
 
     def pull(self, step: int, store: Store) -> CommitInfo:
         """Copy `step` into a local store."""
-        return CommitInfo(**self._raw.pull(_step(step), store._raw))
+        return self._raw.pull(_step(step), store._raw)
 
-    def verify(self):
-        ok, steps_ok, bytes_checked, damaged = self._raw.verify()
-        return _Report(ok, steps_ok, bytes_checked, damaged)
+    def verify(self) -> VerifyReport:
+        """Hash-check every step in the bucket."""
+        return self._raw.verify()
 
-    def gc(self, keep_last=None, keep_every=None, allow_deleting_all: bool = False):
+    def gc(
+        self,
+        keep_last: Optional[int] = None,
+        keep_every: Optional[int] = None,
+        allow_deleting_all: bool = False,
+    ) -> List[int]:
         """Apply a retention policy in the bucket; the steps removed. A
         policy that keeps nothing (`keep_last=0`) needs
         `allow_deleting_all=True`."""
         return self._raw.gc(keep_last, keep_every, allow_deleting_all)
 
-    def shards(self, step: int) -> dict:
+    def shards(self, step: int) -> ShardStatus:
         """Which ranks of global step `step` have landed."""
         return self._raw.shards(_step(step))
 
@@ -392,35 +419,27 @@ class Shard:
     and loads like a Store (also with `ckptstore.torch`); a step becomes
     visible (`Remote.steps`, `latest_step`) once every rank saved it."""
 
-    def __init__(self, remote: Remote, rank: int, world_size: int):
+    def __init__(self, remote: Remote, rank: int, world_size: int) -> None:
         self.remote, self.rank, self.world_size = remote, rank, world_size
-        self._raw = _ShardLoader(remote._raw, rank)
 
-    def save(self, step: int, state: dict, metrics=None) -> ShardInfo:
+    def save(
+        self, step: int, state: Mapping[str, Value], metrics: Optional[Mapping[str, float]] = None
+    ) -> ShardInfo:
         """Upload this rank's shard of `step`; the arrays are copied."""
         tensors, blobs = _split(state)
-        return self._save_raw(_step(step), tensors, blobs, _metrics(metrics))
+        shard = (_step(step), self.rank, self.world_size)
+        return self.remote._raw.save_shard(shard, tensors, blobs, _metrics(metrics))
 
-    def _save_raw(self, step, tensors, blobs, metrics):
-        shard = (step, self.rank, self.world_size)
-        return ShardInfo(**self.remote._raw.save_shard(shard, tensors, blobs, metrics))
-
-    def _save_async_raw(self, step, tensors, blobs, metrics):
+    def save_async(
+        self, step: int, state: Mapping[str, Value], metrics: Optional[Mapping[str, float]] = None
+    ) -> Handle:
+        """Not offered: a shard is saved blocking (ValueError)."""
         raise ValueError("a shard is saved blocking: pass blocking=True")
 
     def load(self, step: Optional[int] = None) -> Optional[Checkpoint]:
         """This rank's shard of `step` (the latest complete step if None)."""
-        return _checkpoint(self._raw.load(_optional_step(step)))
+        return _checkpoint(self.remote._raw.load_shard(self.rank, _optional_step(step)))
 
     def latest_step(self) -> Optional[int]:
         return self.remote.latest_step()
 
-
-class _ShardLoader:
-    """What `ckptstore.torch.load` calls: `load(step)` of one rank."""
-
-    def __init__(self, raw, rank):
-        self._remote, self._rank = raw, rank
-
-    def load(self, step=None):
-        return self._remote.load_shard(self._rank, step)

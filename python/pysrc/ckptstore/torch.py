@@ -27,39 +27,22 @@ checkpoint. `load` builds tensors over the bytes the store read and
 """
 
 import json
+from typing import Any, Dict, Literal, Mapping, Optional, Tuple, Union, overload
 
 import numpy as np
 import torch
 
-from . import _step
+from . import DTYPE_NAMES, CommitInfo, Handle, Shard, ShardInfo, Store, Tensor
 
-__all__ = ["save", "load", "state"]
+_Model = Optional[torch.nn.Module]
+_Optimizer = Optional[torch.optim.Optimizer]
+_Metrics = Optional[Mapping[str, float]]
+
+__all__ = ["save", "load", "load_extra", "state"]
 
 _STRUCTURE = "torch/structure"
 _FORMAT = 1
 
-# torch dtype -> the store's dtype; others are stored as their raw bytes.
-_TO_STORE = {
-    torch.bool: "BOOL",
-    torch.uint8: "U8",
-    torch.int8: "I8",
-    torch.int16: "I16",
-    torch.uint16: "U16",
-    torch.float16: "F16",
-    torch.bfloat16: "BF16",
-    torch.int32: "I32",
-    torch.uint32: "U32",
-    torch.float32: "F32",
-    torch.complex64: "C64",
-    torch.float64: "F64",
-    torch.int64: "I64",
-    torch.uint64: "U64",
-    torch.float8_e4m3fn: "F8_E4M3",
-    torch.float8_e5m2: "F8_E5M2",
-    torch.float8_e4m3fnuz: "F8_E4M3FNUZ",
-    torch.float8_e5m2fnuz: "F8_E5M2FNUZ",
-    torch.float8_e8m0fnu: "F8_E8M0",
-}
 
 
 def _dtype_name(dtype):
@@ -117,7 +100,9 @@ class _Flattener:
                         "None, and lists, tuples and dicts of them are supported)")
 
 
-def state(model=None, optimizer=None, extra=None):
+def state(
+    model: _Model = None, optimizer: _Optimizer = None, extra: Any = None
+) -> Tuple[Dict[str, torch.Tensor], bytes]:
     """The tensors (name -> torch.Tensor) and structure blob of a save."""
     f = _Flattener()
     structure = {"format": _FORMAT}
@@ -135,19 +120,59 @@ def state(model=None, optimizer=None, extra=None):
 
 
 def _arrays(tensors):
-    """(name, store dtype, shape, uint8 array) of each tensor."""
-    out = []
+    """name -> ckptstore.Tensor over each tensor's bytes (a dtype the store
+    does not know is stored as its raw bytes, U8)."""
+    out = {}
     for name, t in tensors.items():
         data = _host_bytes(t)
-        dtype = _TO_STORE.get(t.dtype)
+        dtype = DTYPE_NAMES.get(_dtype_name(t.dtype))
         if dtype is None:
-            out.append((name, "U8", [data.size], data))
+            out[name] = Tensor("U8", [data.size], data)
         else:
-            out.append((name, dtype, list(t.shape), data))
+            out[name] = Tensor(dtype, list(t.shape), data)
     return out
 
 
-def save(store, step, model=None, optimizer=None, metrics=None, extra=None, blocking=True):
+@overload
+def save(
+    store: Store,
+    step: int,
+    model: _Model = None,
+    optimizer: _Optimizer = None,
+    metrics: _Metrics = None,
+    extra: Any = None,
+    blocking: Literal[True] = True,
+) -> CommitInfo: ...
+@overload
+def save(
+    store: Store,
+    step: int,
+    model: _Model = None,
+    optimizer: _Optimizer = None,
+    metrics: _Metrics = None,
+    extra: Any = None,
+    *,
+    blocking: Literal[False],
+) -> Handle: ...
+@overload
+def save(
+    store: Shard,
+    step: int,
+    model: _Model = None,
+    optimizer: _Optimizer = None,
+    metrics: _Metrics = None,
+    extra: Any = None,
+    blocking: Literal[True] = True,
+) -> ShardInfo: ...
+def save(
+    store: Union[Store, Shard],
+    step: int,
+    model: _Model = None,
+    optimizer: _Optimizer = None,
+    metrics: _Metrics = None,
+    extra: Any = None,
+    blocking: bool = True,
+) -> Union[CommitInfo, ShardInfo, Handle]:
     """Store `model`'s and `optimizer`'s state (and `extra`: tensors, numbers,
     strings, lists, tuples, dicts) as `step`.
 
@@ -156,12 +181,13 @@ def save(store, step, model=None, optimizer=None, metrics=None, extra=None, bloc
     a handle whose `result()` waits for the commit.
     """
     tensors, blob = state(model, optimizer, extra)
-    raw_metrics = {str(k): float(v) for k, v in (metrics or {}).items()}
-    arrays = _arrays(tensors)
-    blobs = [(_STRUCTURE, blob)]
+    values = _arrays(tensors)
+    if _STRUCTURE in values:
+        raise ValueError(f"{_STRUCTURE!r} is the name of the structure blob")
+    values[_STRUCTURE] = blob
     if blocking:
-        return store._save_raw(_step(step), arrays, blobs, raw_metrics)
-    return store._save_async_raw(_step(step), arrays, blobs, raw_metrics)
+        return store.save(step, values, metrics)
+    return store.save_async(step, values, metrics)
 
 
 class _Rebuilder:
@@ -192,7 +218,13 @@ class _Rebuilder:
         raise ValueError(f"unknown structure entry {sorted(obj)}")
 
 
-def load(store, model=None, optimizer=None, step=None, strict=True):
+def load(
+    store: Union[Store, Shard],
+    model: _Model = None,
+    optimizer: _Optimizer = None,
+    step: Optional[int] = None,
+    strict: bool = True,
+) -> Optional[int]:
     """Restore `model` and `optimizer` in place from `step` (the latest if
     None) and return the step; None (and nothing restored) when the store is
     empty; KeyError when `step` is not stored. `load_extra` gives `extra`.
@@ -213,7 +245,7 @@ def load(store, model=None, optimizer=None, step=None, strict=True):
     return step
 
 
-def load_extra(store, step=None):
+def load_extra(store: Union[Store, Shard], step: Optional[int] = None) -> Any:
     """The `extra` saved with `step` (the latest if None), or None."""
     step, structure, tensors = _load(store, step)
     if step is None or "extra" not in structure:
@@ -221,18 +253,19 @@ def load_extra(store, step=None):
     return _Rebuilder(tensors).walk(structure["extra"])
 
 
-def _load(store, step):
+def _load(store: Union[Store, Shard], step: Optional[int]) -> Tuple[Any, Any, Any]:
     """(step, structure, name -> uint8 array over the loaded bytes)."""
-    d = store._raw.load(None if step is None else _step(step))
-    if d is None:
+    ck = store.load(step)
+    if ck is None:
         if step is not None:
             raise KeyError(step)
         return None, None, None
-    blob = d["blobs"].get(_STRUCTURE)
+    blob = ck.tensors.pop(_STRUCTURE, None)
     if blob is None:
-        raise ValueError(f"step {d['step']} was not saved by ckptstore.torch")
-    structure = json.loads(bytes(np.asarray(blob)))
+        raise ValueError(f"step {ck.step} was not saved by ckptstore.torch")
+    structure = json.loads(blob.tobytes())
     if structure.get("format") != _FORMAT:
-        raise ValueError(f"step {d['step']}: unknown ckptstore.torch format {structure.get('format')}")
-    tensors = {name: np.asarray(buf) for name, (_, _, buf) in d["tensors"].items()}
-    return d["step"], structure, tensors
+        raise ValueError(f"step {ck.step}: unknown ckptstore.torch format {structure.get('format')}")
+    # Each array views the bytes the store read: as uint8, no copy.
+    tensors = {name: a.reshape(-1).view(np.uint8) for name, a in ck.tensors.items()}
+    return ck.step, structure, tensors

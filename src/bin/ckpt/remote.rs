@@ -24,7 +24,7 @@ pub(crate) fn push(store: &Path, url: &str, adopt: bool) -> Result<ExitCode> {
     }
     let total: u64 = s.summaries(..)?.iter().map(|s| s.bytes_written).sum();
     let bar = bytes_bar(total, "pushing (at most)");
-    let report = s.push_with(&remote, &mut |step, uploaded| {
+    let report = remote.push_with(&s, &mut |step, uploaded| {
         bar.set_message(format!("pushing step {step}"));
         bar.set_position(uploaded);
         true

@@ -1,0 +1,113 @@
+"""The whole public API of `ckptstore`, typed: CI runs `mypy --strict` on
+this file and then runs it. Usage: python typed.py [DIR] (a temporary
+directory by default)."""
+
+import sys
+import tempfile
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import numpy as np
+import torch
+
+import ckptstore
+import ckptstore.torch as ct
+from ckptstore import (
+    Checkpoint,
+    CommitInfo,
+    PushReport,
+    Remote,
+    ReplicationStatus,
+    Shard,
+    ShardInfo,
+    ShardStatus,
+    Store,
+    StoreStats,
+    Tensor,
+    Value,
+    VerifyReport,
+)
+
+
+def local(dir: Path) -> Store:
+    state: Dict[str, Value] = {
+        "w": np.arange(12, dtype=np.float32).reshape(3, 4),
+        "rng": b"\x01\x02",
+        "h": Tensor("BF16", [2], np.zeros(4, dtype=np.uint8)),
+    }
+    store = ckptstore.open(dir / "run.ckpt", cache_size=16 << 20)
+    info: CommitInfo = store.save(1, state, metrics={"loss": 0.5})
+    assert info.step == 1 and info["step"] == 1 and info.seconds >= 0
+    handle = store.save_async(2, state)
+    assert handle.result().step == 2 and handle.done()
+    store.flush()
+    ck: Optional[Checkpoint] = store.load()
+    assert ck is not None and ck.step == 2
+    w: np.ndarray = store[1].tensors["w"]
+    assert w.shape == (3, 4)
+    steps: List[int] = store.steps()
+    assert steps == [1, 2] and store.latest_step() == 2 and 1 in store and len(store) == 2
+    report: VerifyReport = store.verify()
+    assert report.ok and report.damaged == []
+    stats: StoreStats = store.stats()
+    assert stats.steps == 2 and stats.dedup_ratio >= 1.0
+    assert store.gc(keep_last=5) == [] and not store.remove(7)
+    status: Optional[ReplicationStatus] = store.replication_status()
+    assert status is None
+    assert len(store.store_id) == 36
+    return store
+
+
+def remote(dir: Path, store: Store) -> None:
+    bucket = Remote(f"file://{dir}/bucket", grace_period=60.0)
+    pushed: PushReport = store.push(bucket)
+    assert pushed.steps_pushed == [1, 2] and bucket.url.startswith("file://")
+    assert bucket.owner() == store.store_id
+    bucket.adopt(store)
+    assert bucket.steps() == [1, 2] and bucket.latest_step() == 2
+    loaded = bucket.load(1)
+    assert loaded is not None and loaded.metrics == {"loss": 0.5}
+    with ckptstore.open(dir / "copy.ckpt") as copy:
+        assert bucket.pull(2, copy).step == 2
+    assert bucket.verify().ok and bucket.gc(keep_last=10) == []
+
+    ranks = Remote(f"file://{dir}/ranks")
+    for rank in range(2):
+        shard: Shard = ranks.shard(rank, 2)
+        done: ShardInfo = shard.save(5, {"x": np.full(3, rank, dtype=np.int64)})
+        assert done.complete == (rank == 1)
+    status: ShardStatus = ranks.shards(5)
+    assert status.complete and status.landed == [0, 1]
+    mine = ranks.shard(1, 2).load()
+    assert mine is not None and int(mine.tensors["x"][0]) == 1
+
+
+def pytorch(dir: Path) -> None:
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    with ckptstore.open(dir / "torch.ckpt") as store:
+        ct.save(store, 10, model=model, optimizer=opt, metrics={"loss": 1.0}, extra={"epoch": 3})
+        handle = ct.save(store, 11, model=model, blocking=False)
+        assert handle.result().step == 11
+        assert ct.load(store, model=model, optimizer=opt, step=10) == 10
+        assert ct.load_extra(store, step=10) == {"epoch": 3}
+
+
+def main(dir: Path) -> None:
+    store = local(dir)
+    remote(dir, store)
+    store.close()
+    pytorch(dir)
+    try:
+        ckptstore.open(dir / "run.ckpt", read_only=True).save(3, {})
+    except ckptstore.Error as e:
+        print("refused as expected:", type(e).__name__)
+    print("typed example: ok")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1:
+        main(Path(sys.argv[1]))
+    else:
+        with tempfile.TemporaryDirectory() as d:
+            main(Path(d))

@@ -1,0 +1,249 @@
+//! The frozen classes results cross the boundary as (re-exported by the
+//! `ckptstore` package under the same names). Each also reads by key,
+//! `report["steps_pushed"]`, as the dicts of 0.3 did.
+
+use pyo3::exceptions::PyKeyError;
+use pyo3::prelude::*;
+use pyo3::IntoPyObjectExt;
+
+/// A frozen class of read-only fields with a repr and `obj["field"]`.
+macro_rules! result_class {
+    ($(#[$meta:meta])* $name:ident { $($(#[$fmeta:meta])* $field:ident: $ty:ty),* $(,)? }) => {
+        $(#[$meta])*
+        #[pyclass(frozen, get_all, eq, module = "ckptstore")]
+        #[derive(Clone, Debug, PartialEq)]
+        pub(crate) struct $name {
+            $($(#[$fmeta])* pub(crate) $field: $ty,)*
+        }
+
+        #[pymethods]
+        impl $name {
+            fn __repr__(&self) -> String {
+                let fields: Vec<String> =
+                    vec![$(format!("{}={:?}", stringify!($field), self.$field)),*];
+                format!("{}({})", stringify!($name), fields.join(", "))
+            }
+
+            /// The field named `key`.
+            fn __getitem__(&self, py: Python<'_>, key: &str) -> PyResult<Py<PyAny>> {
+                match key {
+                    $(stringify!($field) => self.$field.clone().into_py_any(py),)*
+                    _ => Err(PyKeyError::new_err(key.to_owned())),
+                }
+            }
+        }
+    };
+}
+
+result_class! {
+    /// What a save did.
+    CommitInfo {
+        step: u64,
+        bytes_written: u64,
+        bytes_reused: u64,
+        logical_bytes: u64,
+        removed: Vec<u64>,
+        seconds: f64,
+    }
+}
+
+impl From<&ckptstore::CommitInfo> for CommitInfo {
+    fn from(i: &ckptstore::CommitInfo) -> Self {
+        CommitInfo {
+            step: i.step,
+            bytes_written: i.bytes_written,
+            bytes_reused: i.bytes_reused,
+            logical_bytes: i.logical_bytes,
+            removed: i.removed.clone(),
+            seconds: i.duration.as_secs_f64(),
+        }
+    }
+}
+
+result_class! {
+    /// What a verification found: `ok` when nothing is damaged.
+    VerifyReport {
+        ok: bool,
+        steps_ok: u64,
+        bytes_checked: u64,
+        /// The damaged steps.
+        damaged: Vec<u64>,
+    }
+}
+
+impl From<&ckptstore::VerifyReport> for VerifyReport {
+    fn from(r: &ckptstore::VerifyReport) -> Self {
+        VerifyReport {
+            ok: r.is_ok(),
+            steps_ok: r.steps_ok,
+            bytes_checked: r.bytes_checked,
+            damaged: r.damaged.iter().map(|(s, _)| *s).collect(),
+        }
+    }
+}
+
+result_class! {
+    /// What a store holds.
+    StoreStats {
+        steps: u64,
+        logical_bytes: u64,
+        stored_bytes: u64,
+        chunks: u64,
+        file_bytes: u64,
+        allocated_bytes: u64,
+        dedup_ratio: f64,
+    }
+}
+
+impl From<&ckptstore::StoreStats> for StoreStats {
+    fn from(s: &ckptstore::StoreStats) -> Self {
+        StoreStats {
+            steps: s.steps,
+            logical_bytes: s.logical_bytes,
+            stored_bytes: s.stored_bytes,
+            chunks: s.chunks,
+            file_bytes: s.file_bytes,
+            allocated_bytes: s.allocated_bytes,
+            dedup_ratio: s.dedup_ratio(),
+        }
+    }
+}
+
+result_class! {
+    /// What a push did.
+    PushReport {
+        steps_pushed: Vec<u64>,
+        steps_present: u64,
+        bytes_uploaded: u64,
+        bytes_skipped: u64,
+    }
+}
+
+impl From<&ckptstore::PushReport> for PushReport {
+    fn from(r: &ckptstore::PushReport) -> Self {
+        PushReport {
+            steps_pushed: r.steps_pushed.clone(),
+            steps_present: r.steps_present,
+            bytes_uploaded: r.bytes_uploaded,
+            bytes_skipped: r.bytes_skipped,
+        }
+    }
+}
+
+result_class! {
+    /// Where background replication stands.
+    ReplicationStatus {
+        url: String,
+        pending: Vec<u64>,
+        running: bool,
+        steps_uploaded: u64,
+        bytes_uploaded: u64,
+        consecutive_failures: u32,
+        last_error: Option<String>,
+    }
+}
+
+impl From<ckptstore::ReplicationStatus> for ReplicationStatus {
+    fn from(s: ckptstore::ReplicationStatus) -> Self {
+        ReplicationStatus {
+            url: s.url,
+            pending: s.pending,
+            running: s.running,
+            steps_uploaded: s.steps_uploaded,
+            bytes_uploaded: s.bytes_uploaded,
+            consecutive_failures: s.consecutive_failures,
+            last_error: s.last_error,
+        }
+    }
+}
+
+result_class! {
+    /// What a shard's save did: `complete` once every rank's shard is in.
+    ShardInfo {
+        step: u64,
+        rank: u32,
+        world_size: u32,
+        bytes_uploaded: u64,
+        bytes_skipped: u64,
+        complete: bool,
+    }
+}
+
+impl From<&ckptstore::ShardInfo> for ShardInfo {
+    fn from(i: &ckptstore::ShardInfo) -> Self {
+        ShardInfo {
+            step: i.step,
+            rank: i.rank,
+            world_size: i.world_size,
+            bytes_uploaded: i.bytes_uploaded,
+            bytes_skipped: i.bytes_skipped,
+            complete: i.complete,
+        }
+    }
+}
+
+result_class! {
+    /// Which ranks of a global step have landed.
+    ShardStatus {
+        step: u64,
+        world_size: Option<u32>,
+        landed: Vec<u32>,
+        missing: Vec<u32>,
+        complete: bool,
+    }
+}
+
+impl From<ckptstore::ShardStatus> for ShardStatus {
+    fn from(s: ckptstore::ShardStatus) -> Self {
+        ShardStatus {
+            step: s.step,
+            world_size: s.world_size,
+            landed: s.landed,
+            missing: s.missing,
+            complete: s.complete,
+        }
+    }
+}
+
+/// Add the classes to the module.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<CommitInfo>()?;
+    m.add_class::<VerifyReport>()?;
+    m.add_class::<StoreStats>()?;
+    m.add_class::<PushReport>()?;
+    m.add_class::<ReplicationStatus>()?;
+    m.add_class::<ShardInfo>()?;
+    m.add_class::<ShardStatus>()?;
+    m.add_class::<Tensor>()
+}
+
+/// A tensor given as its bytes, for a dtype numpy may lack (`BF16`
+/// without ml_dtypes, the `F8_*` types): a value of a saved state, like a
+/// numpy array. `data` is any C-contiguous buffer of dtype x shape bytes.
+#[pyclass(frozen, get_all, module = "ckptstore")]
+pub(crate) struct Tensor {
+    dtype: String,
+    shape: Vec<u64>,
+    data: Py<PyAny>,
+}
+
+#[pymethods]
+impl Tensor {
+    #[new]
+    fn new(dtype: String, shape: Vec<u64>, data: Bound<'_, PyAny>) -> PyResult<Self> {
+        if ckptstore::Dtype::from_name(&dtype).is_none() {
+            return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                "unknown dtype {dtype:?}: a safetensors dtype name such as \"BF16\""
+            )));
+        }
+        Ok(Tensor {
+            dtype,
+            shape,
+            data: data.unbind(),
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Tensor(dtype={:?}, shape={:?})", self.dtype, self.shape)
+    }
+}

@@ -1,0 +1,117 @@
+//! How to open a store: [`StoreOptions`].
+
+#[cfg(feature = "remote")]
+use std::sync::Arc;
+
+#[cfg(feature = "remote")]
+use super::replica::Replication;
+use crate::options::Settings;
+#[cfg(doc)]
+use crate::{CheckpointStore, Error};
+use crate::{Durability, Retention};
+
+/// How to open a [`CheckpointStore`].
+///
+/// ```
+/// use ckptstore::{Durability, StoreOptions};
+/// # let dir = tempfile::tempdir()?;
+/// let store = StoreOptions::new()
+///     .cache_size(16 << 20)
+///     .shared(false)
+///     .durability(Durability::Eventual)
+///     .open(dir.path().join("run.ckpt"))?;
+/// assert!(store.steps()?.is_empty());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct StoreOptions {
+    pub(crate) settings: Settings,
+    /// Where to replicate (set by `replicate_to`, in the remote layer).
+    #[cfg(feature = "remote")]
+    pub(crate) replicate_to: Option<Arc<dyn Replication>>,
+}
+
+impl StoreOptions {
+    /// The defaults: 56 MiB cache, durable commits, readable by other
+    /// processes while this one writes.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Bytes of memory redb may use to cache pages (default 56 MiB, so that
+    /// a commit needs at most the checkpoint plus 64 MiB of memory; redb's
+    /// own default of 1 GiB shows up as resident memory). A commit with
+    /// more than a quarter of this in new chunks writes them in
+    /// transactions of a quarter each before the one that makes the step:
+    /// redb would otherwise evict, read back and rewrite its pages.
+    pub fn cache_size(mut self, bytes: usize) -> Self {
+        self.settings.cache_size = bytes;
+        self
+    }
+
+    /// When a commit reaches the disk (default [`Durability::Immediate`]).
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.settings.durability = durability;
+        self
+    }
+
+    /// Whether other processes may open the store read-only while this one
+    /// writes (default `true`). With `false` the writer locks the file for
+    /// itself.
+    pub fn shared(mut self, shared: bool) -> Self {
+        self.settings.shared = shared;
+        self
+    }
+
+    /// How many checkpoints [`CheckpointStore::commit_async`] may queue
+    /// before it blocks the caller (default 2; at least 1). Memory held by
+    /// queued commits is at most this many checkpoints plus the one being
+    /// written.
+    ///
+    /// 0 counts as 1; more than 1,024 is refused when the store opens
+    /// ([`Error::InvalidOptions`]).
+    pub fn async_queue_depth(mut self, depth: usize) -> Self {
+        self.settings.async_queue_depth = depth.max(1);
+        self
+    }
+
+    /// Check the checksum of every redb page when opening for writing
+    /// (default `false`).
+    ///
+    /// redb trusts a cleanly closed file. ckptstore hashes every chunk and
+    /// manifest, so damage inside them is always reported, and panics redb
+    /// raises on damaged pages are turned into [`Error::Corrupt`]; but some
+    /// damage to redb's own pages can make redb panic while already
+    /// unwinding, which aborts the process. With this set, a damaged file is
+    /// refused at open instead, at the cost of reading the whole file on
+    /// every open, and with no partial access to the intact steps. Read-only
+    /// opens never check.
+    pub fn check_integrity(mut self, enabled: bool) -> Self {
+        self.settings.check_integrity = enabled;
+        self
+    }
+
+    /// Make every commit record redb's allocator state and commit in two
+    /// phases, so that opening the store after a crash loads that state
+    /// instead of walking the whole file (default `true`).
+    ///
+    /// With it, recovery after kill -9 reads megabytes in milliseconds
+    /// whatever the store's size; without it, the first writable open after
+    /// a crash reads the whole file, twice (bench/README.md has the
+    /// figures of both, and what each commit costs). Turn it off only for a
+    /// store that is cheap to re-read and whose commits must be as fast as
+    /// they can be.
+    pub fn quick_repair(mut self, enabled: bool) -> Self {
+        self.settings.quick_repair = enabled;
+        self
+    }
+
+    /// A retention policy applied in the transaction of every commit: the
+    /// steps it does not keep are deleted with the commit, atomically
+    /// (default: keep everything). See also
+    /// [`CheckpointStore::apply_retention`].
+    pub fn retention(mut self, policy: Retention) -> Self {
+        self.settings.retention = policy;
+        self
+    }
+}
