@@ -92,8 +92,9 @@ pub use graph::{ComputationGraphStore, ComputationNode};
 pub use options::Durability;
 #[cfg(feature = "remote")]
 pub use remote::{
-    GcReport, PushReport, Remote, ShardInfo, ShardStatus, DEFAULT_GRACE_PERIOD,
-    DEFAULT_RETRY_WINDOW, MAX_MANIFEST_BYTES, MAX_WORLD_SIZE,
+    DcpIndex, DcpTensor, EntryInfo, GcReport, GlobalStep, Piece, PushReport, Remote, ShardInfo,
+    ShardStatus, DCP_METADATA, DEFAULT_GRACE_PERIOD, DEFAULT_RETRY_WINDOW, MAX_MANIFEST_BYTES,
+    MAX_WORLD_SIZE,
 };
 #[cfg(feature = "remote")]
 pub use report::ReplicationStatus;

@@ -5,6 +5,7 @@
 //! does I/O. `RawRemote` is a bucket (object storage, global steps).
 
 mod arrays;
+mod global_step;
 mod handle;
 mod remote;
 mod results;
@@ -72,6 +73,7 @@ fn _ckptstore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<remote::RawRemote>()?;
     m.add_class::<handle::Handle>()?;
     m.add_class::<arrays::Buffer>()?;
+    m.add_class::<global_step::RawGlobalStep>()?;
     results::register(m)?;
     m.add("Error", m.py().get_type::<CkptError>())?;
     m.add("MAX_WORLD_SIZE", ckptstore::MAX_WORLD_SIZE)?;

@@ -8,6 +8,8 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
+use crate::arrays::Buffer;
+use crate::global_step::RawGlobalStep;
 use crate::py_err;
 use crate::results;
 use crate::store::{ckpt_dict, owned, policy, PyTensor, RawStore};
@@ -111,6 +113,71 @@ impl RawRemote {
             .detach(|| self.remote.commit_shard(step, rank, world_size, &ckpt))
             .map_err(py_err)?;
         Ok((&info).into())
+    }
+
+    /// Upload rank `rank`'s shard of global step `step` without completing
+    /// the step (`commit_global` does); its ShardInfo names it.
+    fn upload_shard(
+        &self,
+        py: Python<'_>,
+        shard: (u64, u32, u32),
+        tensors: Vec<PyTensor<'_>>,
+        blobs: Vec<(String, Vec<u8>)>,
+        metrics: BTreeMap<String, f64>,
+    ) -> PyResult<results::ShardInfo> {
+        let (step, rank, world_size) = shard;
+        let ckpt = owned(step, &tensors, blobs, metrics)?;
+        let info = py
+            .detach(|| self.remote.upload_shard(step, rank, world_size, &ckpt))
+            .map_err(py_err)?;
+        Ok((&info).into())
+    }
+
+    /// Complete global step `step` with exactly these shards, by rank.
+    fn commit_global(&self, py: Python<'_>, step: u64, shards: Vec<String>) -> PyResult<()> {
+        py.detach(|| self.remote.commit_global(step, &shards))
+            .map_err(py_err)
+    }
+
+    /// Step `step` opened for reading parts of it, or None.
+    fn open_global(&self, py: Python<'_>, step: u64) -> PyResult<Option<RawGlobalStep>> {
+        let global = py
+            .detach(|| self.remote.open_global(step))
+            .map_err(py_err)?;
+        Ok(global.map(|inner| RawGlobalStep { inner }))
+    }
+
+    /// The bytes of each (rank, name, offset, len) of `opened`, fetching
+    /// only the chunks they overlap, each hash-checked.
+    fn read_pieces(
+        &self,
+        py: Python<'_>,
+        opened: PyRef<'_, RawGlobalStep>,
+        pieces: Vec<(u32, String, u64, u64)>,
+    ) -> PyResult<Vec<Buffer>> {
+        let refs: Vec<ckptstore::Piece<'_>> = pieces
+            .iter()
+            .map(|(rank, name, offset, len)| (*rank, name.as_str(), *offset, *len))
+            .collect();
+        let inner = &opened.inner;
+        let got = py
+            .detach(|| self.remote.read_pieces(inner, &refs))
+            .map_err(py_err)?;
+        Ok(got.into_iter().map(Buffer::new).collect())
+    }
+
+    /// Write DCP step `step` as one safetensors file of whole tensors (with
+    /// `prefix`, only those under it, stripped); the names written.
+    #[pyo3(signature = (step, path, prefix=None))]
+    fn consolidate(
+        &self,
+        py: Python<'_>,
+        step: u64,
+        path: std::path::PathBuf,
+        prefix: Option<String>,
+    ) -> PyResult<Vec<String>> {
+        py.detach(|| self.remote.consolidate(step, &path, prefix.as_deref()))
+            .map_err(py_err)
     }
 
     /// Rank `rank`'s shard of `step` (the latest complete step if None).

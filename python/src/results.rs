@@ -166,6 +166,8 @@ result_class! {
         bytes_uploaded: u64,
         bytes_skipped: u64,
         complete: bool,
+        /// The shard's name (the hash of its manifest).
+        shard: String,
     }
 }
 
@@ -178,6 +180,7 @@ impl From<&ckptstore::ShardInfo> for ShardInfo {
             bytes_uploaded: i.bytes_uploaded,
             bytes_skipped: i.bytes_skipped,
             complete: i.complete,
+            shard: i.shard.clone(),
         }
     }
 }

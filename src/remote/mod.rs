@@ -2,9 +2,12 @@
 //! directory) through the `object_store` crate, and restored from the
 //! bucket alone. See [`layout`] for the names in the bucket.
 
+mod coordinated;
+mod dcp;
 mod layout;
 mod locks;
 mod owner;
+mod pieces;
 mod push;
 mod read;
 mod replicate;
@@ -29,6 +32,8 @@ pub(crate) use layout::Commit;
 use layout::{parse_chunk, parse_commit, Layout, COMMITS, DELETED, MANIFESTS};
 pub use layout::{MAX_MANIFEST_BYTES, MAX_WORLD_SIZE};
 
+pub use dcp::{DcpIndex, DcpTensor, DCP_METADATA};
+pub use pieces::{EntryInfo, GlobalStep, Piece};
 pub use push::PushReport;
 pub use retention::GcReport;
 pub use shards::{ShardInfo, ShardStatus};

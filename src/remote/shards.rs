@@ -43,6 +43,9 @@ pub struct ShardInfo {
     /// Time from this shard landing to the end of the call: looking for the
     /// other shards and, when all are there, writing the step's commit.
     pub finalize: Duration,
+    /// The shard's name: the hash of its manifest, in hex (what
+    /// [`Remote::commit_global`] takes).
+    pub shard: String,
 }
 
 /// Which ranks of a step have landed ([`Remote::shards`]).
@@ -80,6 +83,7 @@ impl Remote {
     /// let remote = Remote::open(&format!("file://{}", dir.path().display()))?;
     /// let shard = |rank: u8| {
     ///     let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), 7);
+    ///     c.timestamp = 1_700_000_000; // the same each time it is built
     ///     c.set_optimizer_state("params", vec![rank; 1 << 20]);
     ///     c
     /// };
@@ -103,6 +107,19 @@ impl Remote {
         world_size: u32,
         ckpt: &GradientCheckpoint,
     ) -> Result<ShardInfo> {
+        Self::check_shard_args(step, rank, world_size, ckpt)?;
+        self.check_world_size(step, world_size)?;
+        self.with_push_lock(|lock| self.put_shard(step, rank, world_size, ckpt, lock, true))
+    }
+
+    /// Check a shard's arguments as [`commit_shard`](Self::commit_shard)
+    /// does.
+    pub(super) fn check_shard_args(
+        step: u64,
+        rank: u32,
+        world_size: u32,
+        ckpt: &GradientCheckpoint,
+    ) -> Result<()> {
         let invalid = |reason: String| Error::InvalidCheckpoint { step, reason };
         if rank >= world_size {
             return Err(invalid(format!(
@@ -117,18 +134,19 @@ impl Remote {
                 "{world_size} ranks: a global step has at most {MAX_WORLD_SIZE}"
             )));
         }
-        ckpt.validate()?;
-        self.check_world_size(step, world_size)?;
-        self.with_push_lock(|lock| self.put_shard(step, rank, world_size, ckpt, lock))
+        ckpt.validate()
     }
 
-    fn put_shard(
+    /// Upload a shard (its chunks, then its manifest) and, with
+    /// `finalize`, write the step's commit if every rank's shard is there.
+    pub(super) fn put_shard(
         &self,
         step: u64,
         rank: u32,
         world_size: u32,
         ckpt: &GradientCheckpoint,
         lock: &mut Lock,
+        finalize: bool,
     ) -> Result<ShardInfo> {
         let (manifest, mut pieces, packed) = shard_manifest(ckpt)?;
         if let Some((hash, bytes)) = &packed {
@@ -145,6 +163,7 @@ impl Remote {
             bytes_skipped: 0,
             complete: false,
             finalize: Duration::ZERO,
+            shard: String::new(),
         };
         let mut missing = Vec::new();
         for &(hash, bytes) in &pieces {
@@ -177,6 +196,10 @@ impl Remote {
             hash,
         };
         self.put(&self.layout.shard(step, &id), bytes)?;
+        info.shard = hex(&hash);
+        if !finalize {
+            return Ok(info);
+        }
         let landed = Instant::now();
         // Another rank may have started the step with another world size
         // since the check before the upload.
@@ -277,7 +300,7 @@ impl Remote {
 
     /// The commits of `step` with the time each was written (ms since the
     /// epoch, server clock), ascending by generation.
-    fn commit_times(&self, step: u64) -> Result<Vec<(Commit, i64)>> {
+    pub(super) fn commit_times(&self, step: u64) -> Result<Vec<(Commit, i64)>> {
         let mut found: Vec<(Commit, i64)> = self
             .list_meta(super::layout::COMMITS)?
             .into_iter()

@@ -22,6 +22,8 @@ pub struct Failing {
     pub down: AtomicBool,
     /// Panic instead of failing (a bug in a dependency).
     pub panics: AtomicBool,
+    /// The keys of every GET, in order.
+    pub gets: std::sync::Mutex<Vec<String>>,
 }
 
 impl Failing {
@@ -32,6 +34,7 @@ impl Failing {
             fail_at: AtomicUsize::new(fail_at),
             down: AtomicBool::new(false),
             panics: AtomicBool::new(false),
+            gets: std::sync::Mutex::new(Vec::new()),
         }
     }
 
@@ -80,6 +83,9 @@ impl ObjectStore for Failing {
 
     async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
         self.check("get")?;
+        if let Ok(mut gets) = self.gets.lock() {
+            gets.push(location.to_string());
+        }
         self.inner.get_opts(location, options).await
     }
 

@@ -125,6 +125,7 @@ fn a_redone_global_step_never_mixes_attempts() -> Result {
 fn redo_a_global_step(remote: &Remote) -> Result {
     let shard = |rank: u32, round: u64| -> Result<GradientCheckpoint> {
         let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), 7);
+        c.timestamp = 1_700_000_000; // the same each time it is built
         c.set_optimizer_state("params", bytes(u64::from(rank) + 10 * round, 100_000));
         Ok(c)
     };
@@ -290,6 +291,7 @@ fn a_push_whose_lock_lapsed_never_commits_on_collected_chunks() -> Result {
     let dir = tempfile::tempdir()?;
     let make = |step: u64| -> Result<GradientCheckpoint> {
         let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), step);
+        c.timestamp = 1_700_000_000 + step; // the same each time it is built
         c.set_optimizer_state("w", bytes(step, 3 << 20));
         Ok(c)
     };

@@ -52,6 +52,11 @@ from ._ckptstore import (  # noqa: F401  (re-exported)
     VerifyReport,
 )
 
+# The errors pickle by the name users import them under (DCP sends a
+# rank's exception to the coordinator pickled).
+for _error in (Error, StepExistsError, CorruptError, LockedError):
+    _error.__module__ = "ckptstore"
+
 # What a state maps names to: an array, bytes (an untyped blob), or a
 # Tensor given by its bytes.
 Value = Union[np.ndarray, bytes, bytearray, memoryview, Tensor]

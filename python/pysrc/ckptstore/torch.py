@@ -44,6 +44,20 @@ _STRUCTURE = "torch/structure"
 _FORMAT = 1
 
 
+def _sharded_kind(t: Any) -> Optional[str]:
+    """'DTensor' or 'ShardedTensor' for the distributed tensor types."""
+    for module, name in (
+        ("torch.distributed.tensor", "DTensor"),
+        ("torch.distributed._shard.sharded_tensor", "ShardedTensor"),
+    ):
+        try:
+            cls = getattr(__import__(module, fromlist=[name]), name)
+        except (ImportError, AttributeError):
+            continue
+        if isinstance(t, cls):
+            return name
+    return None
+
 
 def _dtype_name(dtype):
     return str(dtype).removeprefix("torch.")
@@ -51,6 +65,12 @@ def _dtype_name(dtype):
 
 def _check_layout(t, name):
     """Refuse, naming the key, a tensor whose bytes are not plain elements."""
+    kind = _sharded_kind(t)
+    if kind is not None:
+        raise TypeError(
+            f"{name}: a {kind} is one shard of a distributed tensor; save sharded "
+            "state with torch.distributed.checkpoint and ckptstore.dcp.StorageWriter"
+        )
     if t.is_quantized:
         raise TypeError(f"{name}: quantized tensors ({t.dtype}, {t.qscheme()}) are not "
                         "supported; store t.dequantize() or t.int_repr() with its scales")

@@ -45,10 +45,12 @@ pub(crate) enum Command {
         json: bool,
     },
     /// Write one step to a file: safetensors (`.safetensors`) or the
-    /// original JSON checkpoint format (any other name). Reads.
+    /// original JSON checkpoint format (any other name). A step that
+    /// `ckptstore.dcp` saved in a bucket is consolidated: whole tensors
+    /// under their fully qualified names. Reads.
     Export {
-        /// The store file.
-        store: PathBuf,
+        /// The store file, or a bucket URL (a DCP step).
+        store: String,
         /// A step number, or `latest`.
         step: String,
         /// The file to write.
@@ -57,6 +59,10 @@ pub(crate) enum Command {
         /// The file's format, instead of guessing it from its name.
         #[arg(long, value_enum)]
         format: Option<Format>,
+        /// For a DCP step: only the tensors whose names start with this,
+        /// the prefix stripped (`model.` gives a model's state dict).
+        #[arg(long)]
+        prefix: Option<String>,
     },
     /// Commit checkpoints from files: JSON of the original format, or
     /// safetensors (`.safetensors`, with --step). Creates the store if it

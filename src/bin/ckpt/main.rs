@@ -79,8 +79,24 @@ fn run(command: Command) -> Result<ExitCode> {
             store,
             step,
             output,
+            prefix,
+            ..
+        } if remote::is_url(&store) => remote::export(&store, &step, &output, prefix.as_deref()),
+        Command::Export {
+            prefix: Some(_), ..
+        } => Err("--prefix selects tensors of a DCP step in a bucket: give a URL".into()),
+        Command::Export {
+            store,
+            step,
+            output,
             format,
-        } => export(&store, &step, &output, Format::of(&output, format)),
+            ..
+        } => export(
+            Path::new(&store),
+            &step,
+            &output,
+            Format::of(&output, format),
+        ),
         Command::Import {
             store,
             files,

@@ -213,6 +213,54 @@ pub fn stats(s: &StoreStats, json: bool) -> Result {
     Ok(())
 }
 
+/// A DCP step: its tensors with their global shapes, and its values.
+pub fn show_dcp(index: &ckptstore::DcpIndex, json: bool) -> Result {
+    if json {
+        let tensors: serde_json::Map<String, serde_json::Value> = index
+            .tensors
+            .iter()
+            .map(|(name, t)| {
+                let v = serde_json::json!({
+                    "dtype": t.dtype.name(),
+                    "shape": t.shape,
+                    "boxes": t.boxes.len(),
+                });
+                (name.clone(), v)
+            })
+            .collect();
+        let v = serde_json::json!({
+            "step": index.step,
+            "world_size": index.world_size,
+            "dcp": true,
+            "tensors": tensors,
+            "values": index.values,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    println!(
+        "step {}: saved through torch.distributed.checkpoint by {} ranks",
+        index.step, index.world_size
+    );
+    println!("tensors ({}):", index.tensors.len());
+    for (name, t) in &index.tensors {
+        println!(
+            "  {name}  {} {:?}  ({} boxes)",
+            t.dtype.name(),
+            t.shape,
+            t.boxes.len()
+        );
+    }
+    if !index.values.is_empty() {
+        println!(
+            "values ({}): {}",
+            index.values.len(),
+            index.values.join(", ")
+        );
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

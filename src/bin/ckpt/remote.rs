@@ -97,10 +97,39 @@ pub(crate) fn ls(url: &str, json: bool, all: bool) -> Result<ExitCode> {
 pub(crate) fn show(url: &str, step: &str, json: bool) -> Result<ExitCode> {
     let remote = open_existing(url)?;
     let step = resolve(&remote, step)?;
+    if let Some(index) = remote.dcp_index(step)? {
+        output::show_dcp(&index, json)?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let info = remote
         .info(step)?
         .ok_or_else(|| format!("step {step} is not in {url} (`ckpt ls {url}` lists its steps)"))?;
     output::show(&info, false, json)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Consolidate a DCP step into one safetensors file.
+pub(crate) fn export(
+    url: &str,
+    step: &str,
+    output: &std::path::Path,
+    prefix: Option<&str>,
+) -> Result<ExitCode> {
+    let remote = open_existing(url)?;
+    let step = resolve(&remote, step)?;
+    if remote.dcp_index(step)?.is_none() {
+        return Err(format!(
+            "step {step} of {url} was not saved through ckptstore.dcp; `ckpt pull` copies \
+             a step into a store, which exports it"
+        )
+        .into());
+    }
+    let names = remote.consolidate(step, output, prefix)?;
+    println!(
+        "step {step}: {} tensors written to {}",
+        names.len(),
+        output.display()
+    );
     Ok(ExitCode::SUCCESS)
 }
 

@@ -1,0 +1,136 @@
+"""Benchmark: `python -m ckptstore.bench_dcp` (torch; gloo on CPU).
+
+`dcp.save` and `dcp.load` of the same sharded state (~--mib MiB of f32
+DTensors, Shard(0), evenly divisible) through ckptstore.dcp into a
+directory bucket, against DCP's own FileSystemWriter/FileSystemReader, on
+the same disk, at 1 and 4 ranks, in one run; medians of --reps rounds,
+each round running every contender once. Each time is the slowest rank's,
+between barriers. Then a load at half the world size of a step saved at 4
+ranks: bytes each rank read (`rchar` of /proc/self/io), against its share
+of the state. Ratio = FileSystem's time / ckptstore's (above 1: ckptstore
+is faster).
+"""
+
+import argparse
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def _port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rchar():
+    with open("/proc/self/io") as f:
+        for line in f:
+            if line.startswith("rchar:"):
+                return int(line.split()[1])
+    return 0
+
+
+def worker(mode, kind, target, world, rank, port, mib, step):
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from ckptstore.dcp import StorageReader, StorageWriter
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    mesh = init_device_mesh("cpu", (world,))
+    rows, width, count = 1024, 1024, max(1, mib // 4)  # 4 MiB tensors
+    state = {}
+    for i in range(count):
+        full = torch.full((rows, width), float(i)) if mode == "save" else torch.zeros(rows, width)
+        state[f"w{i}"] = distribute_tensor(full, mesh, [Shard(0)])
+    dist.barrier()
+    before, start = _rchar(), time.perf_counter()
+    if mode == "save":
+        writer = StorageWriter(target, step) if kind == "ckptstore" else dcp.FileSystemWriter(target)
+        dcp.save(state, storage_writer=writer)
+    else:
+        reader = StorageReader(target, step) if kind == "ckptstore" else dcp.FileSystemReader(target)
+        dcp.load(state, storage_reader=reader)
+    dist.barrier()
+    took, read = time.perf_counter() - start, _rchar() - before
+    print(f"RESULT {rank} {took:.6f} {read}", flush=True)
+    dist.destroy_process_group()
+
+
+def run(mode, kind, target, world, mib, step):
+    port = _port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "ckptstore.bench_dcp", "--worker", mode, kind, target,
+             str(world), str(r), str(port), str(mib), str(step)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+        for r in range(world)
+    ]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=1800)
+        if p.returncode != 0:
+            raise RuntimeError(f"{mode} {kind} at {world} ranks failed:\n{err[-2000:]}")
+        for line in out.splitlines():
+            if line.startswith("RESULT"):
+                _, rank, took, read = line.split()
+                results.append((int(rank), float(took), int(read)))
+    return max(t for _, t, _ in results), sorted(results)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mib", type=int, default=1024)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
+    ap.add_argument("--worker", nargs=8, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        mode, kind, target, world, rank, port, mib, step = args.worker
+        worker(mode, kind, target, int(world), int(rank), int(port), int(mib), int(step))
+        return
+    base = tempfile.mkdtemp(prefix="ckpt-bench-dcp-", dir=args.dir)
+    try:
+        print(f"state: {args.mib} MiB of f32 DTensors (4 MiB each, Shard(0)); medians of {args.reps}")
+        print(f"{'ranks':>5} {'op':>5} {'ckptstore s':>12} {'FileSystem s':>13} {'ratio':>6}")
+        for world in (1, 4):
+            times = {("save", "ckptstore"): [], ("save", "fs"): [], ("load", "ckptstore"): [], ("load", "fs"): []}
+            for rep in range(args.reps):
+                for kind in ("ckptstore", "fs"):
+                    where = os.path.join(base, f"{kind}-{world}-{rep}")
+                    target = f"file://{where}" if kind == "ckptstore" else where
+                    for mode in ("save", "load"):
+                        took, _ = run(mode, kind, target, world, args.mib, 1)
+                        times[(mode, kind)].append(took)
+                    shutil.rmtree(where, ignore_errors=True)
+            for mode in ("save", "load"):
+                ours = statistics.median(times[(mode, "ckptstore")])
+                theirs = statistics.median(times[(mode, "fs")])
+                print(f"{world:>5} {mode:>5} {ours:>12.3f} {theirs:>13.3f} {theirs / ours:>6.2f}")
+        # Bytes read per rank at half the world size.
+        share = args.mib * (1 << 20) // 2
+        print(f"load at 2 ranks of a step saved at 4: bytes read per rank (share {share / 2**20:.0f} MiB)")
+        for kind in ("ckptstore", "fs"):
+            where = os.path.join(base, f"{kind}-half")
+            target = f"file://{where}" if kind == "ckptstore" else where
+            run("save", kind, target, 4, args.mib, 2)
+            _, ranks = run("load", kind, target, 2, args.mib, 2)
+            per = ", ".join(f"rank {r}: {read / 2**20:.1f} MiB" for r, _, read in ranks)
+            print(f"  {kind:>9}: {per}")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

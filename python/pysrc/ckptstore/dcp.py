@@ -1,0 +1,618 @@
+"""The storage layer under `torch.distributed.checkpoint` (DCP).
+
+    import torch.distributed.checkpoint as dcp
+    from ckptstore.dcp import StorageWriter, StorageReader
+
+    dcp.save(state, storage_writer=StorageWriter("s3://bucket/run", step=100))
+    dcp.load(state, storage_reader=StorageReader("s3://bucket/run"))  # latest
+
+DCP decides *what* is saved (global shapes, shard offsets, resharding on
+load); ckptstore decides *where the bytes go*. A target is a bucket URL
+(`s3://`, `file://`) for any number of ranks, or a local store (a path or
+an open `ckptstore.Store`) for one process.
+
+In a bucket, each rank's write items become its shard of global step
+`step` (chunks deduplicated against everything in the bucket, every chunk
+hash-checked on load). The coordinator's `finish` uploads its own shard
+with DCP's metadata and then writes the step's commit naming exactly the
+shards of this save: the step is listed (`Remote.steps()`, `ckpt ls`)
+only after every rank's data and the metadata have landed. A rank that
+dies at any point leaves the step invisible; saving again completes it,
+and shards of the dead attempt are named by no commit.
+
+Loading at any world size: each read item names a box of a stored shard;
+the reader fetches only the chunks that cover the bytes of that box (for
+a box of a row-major tensor, the span from its first to its last element)
+and checks each chunk's hash; a damaged chunk fails the load with
+`ckptstore.CorruptError` (carried inside DCP's `CheckpointException`).
+
+Formats: DCP's metadata is stored as JSON (`.dcp/metadata.json` in the
+coordinator's shard: names, global shapes, dtypes, chunk boxes, where each
+box is) and rebuilt from it on load: no pickle. Non-tensor values are
+DCP's own bytes (`torch.save` by its planner), which DCP's planner loads
+with `torch.load(weights_only=False)`: trust a bucket as you would trust
+DCP's files.
+
+Memory: the coordinator keeps its own write items (CPU tensors by
+reference; device tensors copied to the host) from `write_data` to
+`finish`, where its shard is uploaded with the metadata.
+"""
+
+import io
+import json
+import operator
+import os
+from builtins import open as builtins_open
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint import storage as _storage
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata,
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    StorageMeta,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import (
+    LoadItemType,
+    LoadPlan,
+    LoadPlanner,
+    ReadItem,
+    SavePlan,
+    SavePlanner,
+    WriteItem,
+    WriteItemType,
+)
+from torch.futures import Future
+
+from . import DTYPE_NAMES, Remote, Store, Tensor, open as _open_store
+
+__all__ = ["StorageWriter", "StorageReader", "METADATA", "consolidate"]
+
+METADATA = ".dcp/metadata.json"
+"""The entry of the coordinator's shard that holds DCP's metadata."""
+
+_FORMAT = 1
+_FROM_STORE = {v: k for k, v in DTYPE_NAMES.items()}
+
+Target = Union[str, "os.PathLike[str]", Store]
+
+
+def _is_url(target: Any) -> bool:
+    return isinstance(target, str) and target.split("://", 1)[0] in ("s3", "file")
+
+
+def _check_step(step: Any) -> int:
+    if isinstance(step, bool):
+        raise TypeError(f"a step is an int, not a bool ({step!r})")
+    try:
+        n = operator.index(step)
+    except TypeError:
+        raise TypeError(f"a step is an int, not {type(step).__name__} ({step!r})") from None
+    if not 0 <= n < 1 << 64:
+        raise ValueError(f"step {n}: steps are 0 to 2**64 - 1")
+    return n
+
+
+def _world() -> Tuple[int, int]:
+    """(rank, world size) of the default process group, or (0, 1)."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+@dataclass(frozen=True)
+class _Where:
+    """Where a write item's bytes are: rank `rank`'s entry `entry`, in the
+    shard named `shard` (bucket targets)."""
+
+    rank: int
+    entry: str
+    shard: str = ""
+
+
+def _entry_name(index: MetadataIndex) -> str:
+    if index.offset is None:
+        return f"b/{index.fqn}"
+    return f"t/{index.fqn}@{','.join(str(o) for o in index.offset)}"
+
+
+def _host_bytes(t: torch.Tensor) -> Tuple[str, List[int], np.ndarray]:
+    """(store dtype, shape, uint8 array over a C-contiguous CPU copy or the
+    tensor itself)."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous()
+    name = DTYPE_NAMES.get(str(t.dtype).removeprefix("torch."))
+    if name is None:
+        raise TypeError(f"dtype {t.dtype} cannot be stored by ckptstore.dcp")
+    flat = t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
+    return name, list(t.shape), flat.numpy()
+
+
+class StorageWriter(_storage.StorageWriter):
+    """Write a DCP checkpoint as step `step` of `target`: a bucket URL (any
+    number of ranks) or a local store (a path or an open Store; one
+    process)."""
+
+    def __init__(self, target: Target, step: int) -> None:
+        super().__init__()
+        self._target = target
+        self._step = _check_step(step)
+        self._rank, self._world = 0, 1
+        self._coordinator = True
+        self._kept: Dict[str, Any] = {}
+
+    # DCP's process mode pickles the writer into another process.
+    def __getstate__(self) -> Dict[str, Any]:
+        if not _is_url(self._target):
+            raise TypeError(
+                "a StorageWriter over a local store cannot be sent to another process "
+                "(dcp.async_save in process mode): use a bucket URL, or thread mode"
+            )
+        return {"target": self._target, "step": self._step}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__init__(state["target"], state["step"])  # type: ignore[misc]
+
+    def reset(self, checkpoint_id: Any = None) -> None:
+        if checkpoint_id is not None:
+            self._step = _check_step(checkpoint_id)
+        self._kept = {}
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
+        """A checkpoint id is a step number."""
+        try:
+            _check_step(checkpoint_id)
+            return True
+        except (TypeError, ValueError):
+            return False
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        rank, world = _world()
+        self._rank = int(kwargs.get("rank", rank))
+        self._world = world
+        self._coordinator = is_coordinator
+        if not _is_url(self._target) and world > 1:
+            raise ValueError(
+                f"a local store takes one process; {world} ranks save to a bucket URL "
+                "(s3://... or file://...)"
+            )
+
+    def storage_meta(self) -> Optional[StorageMeta]:
+        return StorageMeta(checkpoint_id=str(self._step))
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        return plan
+
+    def prepare_global_plan(self, plans: List[SavePlan]) -> List[SavePlan]:
+        return plans
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> "Future[List[_storage.WriteResult]]":
+        values: Dict[str, Any] = {}
+        results = []
+        for item in plan.items:
+            results.append(self._resolve(item, planner, values))
+        shard = ""
+        if self._coordinator:
+            self._kept = values  # uploaded with the metadata by finish
+        elif _is_url(self._target):
+            shard = self._upload(values)
+        # Every rank reports its shard, also a rank with no items.
+        marker = MetadataIndex(fqn=f"\0ckptstore.rank.{self._rank}")
+        results.append(_storage.WriteResult(marker, 0, _Where(self._rank, "", shard)))
+        results = [
+            _storage.WriteResult(r.index, r.size_in_bytes, _Where(self._rank, r.storage_data.entry, shard))
+            for r in results
+        ]
+        fut: Future = Future()
+        fut.set_result(results)
+        return fut
+
+    def _resolve(self, item: WriteItem, planner: SavePlanner, values: Dict[str, Any]) -> _storage.WriteResult:
+        data = planner.resolve_data(item)
+        name = _entry_name(item.index)
+        if item.type == WriteItemType.BYTE_IO:
+            raw = data.getvalue() if isinstance(data, io.BytesIO) else bytes(data)
+            values[name] = raw
+            size = len(raw)
+        else:
+            dtype, shape, array = _host_bytes(data)
+            values[name] = Tensor(dtype, shape, array)
+            size = array.size
+        return _storage.WriteResult(index=item.index, size_in_bytes=size, storage_data=_Where(self._rank, name))
+
+    def _upload(self, values: Dict[str, Any]) -> str:
+        from . import _split
+
+        tensors, blobs = _split(values)
+        remote = Remote(str(self._target))
+        info = remote._raw.upload_shard((self._step, self._rank, self._world), tensors, blobs, {})
+        return info.shard
+
+    def finish(self, metadata: Metadata, results: List[List[_storage.WriteResult]]) -> None:
+        shards: List[str] = [""] * self._world
+        storage: Dict[MetadataIndex, _Where] = {}
+        for per_rank in results:
+            for r in per_rank:
+                where = r.storage_data
+                if where.entry:
+                    storage[r.index] = where
+                elif 0 <= where.rank < self._world:
+                    shards[where.rank] = where.shard
+        metadata.storage_data = storage
+        values = dict(self._kept)
+        self._kept = {}
+        values[METADATA] = _metadata_to_json(metadata).encode()
+        if not _is_url(self._target):
+            with _local(self._target) as store:
+                store.save(self._step, values)
+            return
+        shards[self._rank] = self._upload(values)
+        missing = [r for r, s in enumerate(shards) if not s]
+        if missing:
+            raise ValueError(f"step {self._step}: no shard reported by ranks {missing}")
+        Remote(str(self._target))._raw.commit_global(self._step, shards)
+
+
+class _local:
+    """A local target as a context manager: an open Store is used as it is;
+    a path is opened and closed around the use."""
+
+    def __init__(self, target: Target, read_only: bool = False) -> None:
+        self._target, self._read_only = target, read_only
+        self._opened: Optional[Store] = None
+
+    def __enter__(self) -> Store:
+        if isinstance(self._target, Store):
+            return self._target
+        self._opened = _open_store(self._target, read_only=self._read_only)
+        return self._opened
+
+    def __exit__(self, *exc: object) -> None:
+        if self._opened is not None:
+            self._opened.close()
+
+
+class StorageReader(_storage.StorageReader):
+    """Read a DCP checkpoint from step `step` of `target` (the latest
+    complete step if None, resolved once, by the first rank, for all)."""
+
+    def __init__(self, target: Target, step: Optional[int] = None) -> None:
+        super().__init__()
+        self._target = target
+        self._step = None if step is None else _check_step(step)
+        self._resolved: Optional[int] = None
+        self._global: Any = None
+        self._local: Dict[str, np.ndarray] = {}
+        self._where: Dict[MetadataIndex, _Where] = {}
+        self._entries: Dict[Tuple[int, str], Tuple[Optional[str], Optional[List[int]], int]] = {}
+        self._metadata: Any = None
+
+    def __getstate__(self) -> Dict[str, Any]:
+        if not _is_url(self._target):
+            raise TypeError("a StorageReader over a local store cannot be sent to another process")
+        return {"target": self._target, "step": self._step}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__init__(state["target"], state["step"])  # type: ignore[misc]
+
+    def reset(self, checkpoint_id: Any = None) -> None:
+        if checkpoint_id is not None:
+            self._step = _check_step(checkpoint_id)
+        self._resolved = None
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
+        """A checkpoint id is a step number."""
+        return StorageWriter.validate_checkpoint_id(checkpoint_id)
+
+    @property
+    def step(self) -> Optional[int]:
+        """The step being read (once `read_metadata` resolved it)."""
+        return self._resolved
+
+    def _resolve_step(self) -> int:
+        if self._resolved is not None:
+            return self._resolved
+        step = self._step
+        if step is None:
+            rank, world = _world()
+            found: List[Optional[int]] = [None]
+            if rank == 0:
+                found[0] = self._latest()
+            if world > 1:
+                dist.broadcast_object_list(found, src=0)
+            step = found[0]
+            if step is None:
+                raise FileNotFoundError(f"{self._describe()} holds no complete step")
+        self._resolved = step
+        return step
+
+    def _describe(self) -> str:
+        return str(self._target) if not isinstance(self._target, Store) else "the store"
+
+    def _latest(self) -> Optional[int]:
+        if _is_url(self._target):
+            return Remote(str(self._target)).latest_step()
+        with _local(self._target, read_only=True) as store:
+            return store.latest_step()
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        step = self._resolve_step()
+        if _is_url(self._target):
+            raw = Remote(str(self._target))._raw
+            self._global = raw.open_global(step)
+            if self._global is None:
+                raise FileNotFoundError(f"{self._describe()} has no complete step {step}")
+            for rank in range(self._global.world_size):
+                for name, entry in self._global.entries(rank).items():
+                    self._entries[(rank, name)] = entry
+            owner = [r for (r, n) in self._entries if n == METADATA]
+            if not owner:
+                raise ValueError(f"step {step} of {self._describe()} was not saved by ckptstore.dcp")
+            size = self._entries[(owner[0], METADATA)][2]
+            (buf,) = raw.read_pieces(self._global, [(owner[0], METADATA, 0, size)])
+            text = np.asarray(buf).tobytes()
+        else:
+            with _local(self._target, read_only=True) as store:
+                ck = store.load(step)
+            if ck is None:
+                raise FileNotFoundError(f"{self._describe()} has no step {step}")
+            self._local = ck.tensors
+            if METADATA not in self._local:
+                raise ValueError(f"step {step} of {self._describe()} was not saved by ckptstore.dcp")
+            text = self._local[METADATA].tobytes()
+        metadata = _metadata_from_json(text)
+        self._where = metadata.storage_data
+        self._metadata = metadata
+        return metadata
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self._where = metadata.storage_data
+        self._metadata = metadata
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        return plan
+
+    def prepare_global_plan(self, plans: List[LoadPlan]) -> List[LoadPlan]:
+        return plans
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> "Future[None]":
+        pieces = []
+        boxes = []
+        for item in plan.items:
+            where = self._where[item.storage_index]
+            piece, box = self._piece(item, where)
+            pieces.append(piece)
+            boxes.append(box)
+        for item, data, box in zip(plan.items, self._fetch(pieces), boxes):
+            if item.type == LoadItemType.BYTE_IO:
+                planner.load_bytes(item, io.BytesIO(data.tobytes()))
+                continue
+            dtype, lengths, strides = box
+            target = planner.resolve_tensor(item).detach()
+            source = _view(data, dtype, lengths, strides)
+            if target.size() != source.size():
+                raise ValueError(f"{item.storage_index.fqn}: sizes {target.size()} and {source.size()} differ")
+            target.copy_(source)
+            planner.commit_tensor(item, target)
+        fut: Future = Future()
+        fut.set_result(None)
+        return fut
+
+    def _length(self, where: _Where) -> int:
+        if self._global is not None:
+            return self._entries[(where.rank, where.entry)][2]
+        return int(self._local[where.entry].nbytes)
+
+    def _piece(self, item: ReadItem, where: _Where) -> Tuple[Tuple[int, str, int, int], Any]:
+        if item.type == LoadItemType.BYTE_IO:
+            return (where.rank, where.entry, 0, self._length(where)), None
+        # The stored chunk's dtype and sizes, from DCP's metadata.
+        index = item.storage_index
+        md = self._metadata.state_dict_metadata[index.fqn]
+        chunk = next(c for c in md.chunks if list(c.offsets) == list(index.offset or []))
+        dtype = md.properties.dtype
+        itemsize = torch.empty(0, dtype=dtype).element_size()
+        strides = _row_major(list(chunk.sizes))
+        offsets, lengths = list(item.storage_offsets), list(item.lengths)
+        if any(n == 0 for n in lengths):
+            return (where.rank, where.entry, 0, 0), (dtype, lengths, strides)
+        first = sum(o * s for o, s in zip(offsets, strides))
+        last = sum((o + n - 1) * s for o, n, s in zip(offsets, lengths, strides))
+        start, end = first * itemsize, (last + 1) * itemsize
+        if end > self._length(where):
+            raise ValueError(f"{index.fqn}: the box {offsets}+{lengths} is outside its stored chunk")
+        return (where.rank, where.entry, start, end - start), (dtype, lengths, strides)
+
+    def _fetch(self, pieces: Sequence[Tuple[int, str, int, int]]) -> List[np.ndarray]:
+        if self._global is not None:
+            raw = Remote(str(self._target))._raw
+            return [np.asarray(b) for b in raw.read_pieces(self._global, list(pieces))]
+        out = []
+        for _, entry, start, n in pieces:
+            whole = self._local[entry]
+            flat = whole.reshape(-1).view(np.uint8)
+            out.append(flat[start : start + n])
+        return out
+
+
+def _row_major(shape: Sequence[int]) -> List[int]:
+    strides, n = [], 1
+    for d in reversed(shape):
+        strides.append(n)
+        n *= d
+    return list(reversed(strides))
+
+
+def _torch_dtype(store_name: Optional[str], entry: str) -> torch.dtype:
+    name = _FROM_STORE.get(store_name or "")
+    if name is None:
+        raise ValueError(f"{entry!r}: dtype {store_name} is not a torch dtype")
+    return getattr(torch, name)
+
+
+def _view(data: np.ndarray, dtype: torch.dtype, lengths: List[int], strides: List[int]) -> torch.Tensor:
+    """The box `lengths` of a row-major tensor with `strides` (elements),
+    from `data`, the bytes from its first element to its last."""
+    if any(n == 0 for n in lengths) or data.size == 0:
+        return torch.empty(lengths, dtype=dtype)
+    flat = torch.frombuffer(data, dtype=dtype)
+    return flat.as_strided(lengths, strides)
+
+
+def _metadata_to_json(md: Metadata) -> str:
+    tensors: Dict[str, Any] = {}
+    for fqn, m in md.state_dict_metadata.items():
+        if isinstance(m, TensorStorageMetadata):
+            tensors[fqn] = {
+                "dtype": DTYPE_NAMES[str(m.properties.dtype).removeprefix("torch.")],
+                "size": list(m.size),
+                "requires_grad": bool(m.properties.requires_grad),
+                "chunks": [{"offsets": list(c.offsets), "sizes": list(c.sizes)} for c in m.chunks],
+            }
+        elif isinstance(m, BytesStorageMetadata):
+            tensors[fqn] = {"bytes": True}
+        else:
+            raise TypeError(f"{fqn}: DCP metadata of type {type(m).__name__} is not supported")
+    where = [
+        {
+            "fqn": i.fqn,
+            "offset": None if i.offset is None else list(i.offset),
+            "index": i.index,
+            "rank": w.rank,
+            "entry": w.entry,
+        }
+        for i, w in md.storage_data.items()
+    ]
+    return json.dumps(
+        {
+            "format": _FORMAT,
+            "version": md.version,
+            "state_dict": tensors,
+            "planner_data": _planner_data_to_json(md.planner_data),
+            "storage": where,
+        },
+        separators=(",", ":"),
+    )
+
+
+def _planner_data_to_json(data: Any) -> Any:
+    """The default planners' data: fqn -> the path of keys (str or int) in
+    the nested state dict."""
+    if data is None:
+        return None
+    if isinstance(data, dict) and all(
+        isinstance(k, str) and isinstance(v, tuple) and all(isinstance(p, (str, int)) for p in v)
+        for k, v in data.items()
+    ):
+        return [[k, list(v)] for k, v in data.items()]
+    raise TypeError(
+        f"planner data of type {type(data).__name__} cannot be stored as JSON: "
+        "ckptstore.dcp supports DCP's default planners"
+    )
+
+
+def _metadata_from_json(text: bytes) -> Metadata:
+    try:
+        js = json.loads(text)
+        if js.get("format") != _FORMAT:
+            raise ValueError(f"unknown ckptstore.dcp metadata format {js.get('format')}")
+        state: Dict[str, Any] = {}
+        for fqn, m in js["state_dict"].items():
+            if m.get("bytes"):
+                state[fqn] = BytesStorageMetadata()
+                continue
+            props = TensorProperties(dtype=_torch_dtype(m["dtype"], fqn), requires_grad=bool(m["requires_grad"]))
+            chunks = [ChunkStorageMetadata(torch.Size(c["offsets"]), torch.Size(c["sizes"])) for c in m["chunks"]]
+            state[fqn] = TensorStorageMetadata(props, torch.Size(m["size"]), chunks)
+        storage = {
+            MetadataIndex(
+                fqn=w["fqn"],
+                offset=None if w["offset"] is None else torch.Size(w["offset"]),
+                index=w["index"],
+            ): _Where(int(w["rank"]), str(w["entry"]))
+            for w in js["storage"]
+        }
+        planner = js.get("planner_data")
+        planner_data = None if planner is None else {k: tuple(v) for k, v in planner}
+    except (KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"damaged ckptstore.dcp metadata: {e!r}") from None
+    return Metadata(
+        state_dict_metadata=state,
+        planner_data=planner_data,
+        storage_data=storage,
+        storage_meta=StorageMeta(),
+        version=js.get("version"),
+    )
+
+
+def consolidate(
+    target: Target, step: Optional[int], path: "os.PathLike[str] | str", prefix: Optional[str] = None
+) -> List[str]:
+    """Write DCP step `step` of `target` (the latest if None) to `path` as one
+    safetensors file of whole, unsharded tensors under their fully
+    qualified names; with `prefix` (e.g. "model."), only the names under
+    it, stripped, so that an unsharded model's `load_state_dict` and
+    `safetensors.torch.load_file` take it. Non-tensor values are left out.
+    The names written.
+
+    From a bucket, one tensor is in memory at a time (read in 32 MiB
+    windows, every chunk hash-checked), written by the Rust core, as
+    `ckpt export URL STEP -o FILE --prefix P` does. From a local store the
+    step is loaded whole first."""
+    reader = StorageReader(target, step)
+    resolved = reader._resolve_step()
+    if _is_url(target):
+        return Remote(str(target))._raw.consolidate(resolved, str(path), prefix)
+    md = reader.read_metadata()
+    header: Dict[str, Any] = {"__metadata__": {"ckptstore.step": str(resolved)}}
+    blobs = []
+    at = 0
+    names = []
+    for fqn, m in sorted(md.state_dict_metadata.items()):
+        if not isinstance(m, TensorStorageMetadata):
+            continue
+        name = fqn if prefix is None else (fqn[len(prefix):] if fqn.startswith(prefix) else None)
+        if name is None:
+            continue
+        whole = torch.zeros(tuple(m.size), dtype=m.properties.dtype)
+        for chunk in m.chunks:
+            where = md.storage_data[MetadataIndex(fqn, chunk.offsets)]
+            stored = reader._local[where.entry].reshape(-1).view(np.uint8)
+            part = torch.frombuffer(stored, dtype=whole.dtype).reshape(tuple(chunk.sizes)) if stored.size else None
+            if part is not None:
+                box = whole
+                for d, (o, n) in enumerate(zip(chunk.offsets, chunk.sizes)):
+                    box = box.narrow(d, o, n)
+                box.copy_(part)
+        data = whole.reshape(-1).view(torch.uint8).numpy().tobytes() if whole.numel() else b""
+        header[name] = {
+            "dtype": DTYPE_NAMES[str(whole.dtype).removeprefix("torch.")],
+            "shape": list(whole.shape),
+            "data_offsets": [at, at + len(data)],
+        }
+        at += len(data)
+        blobs.append(data)
+        names.append(name)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    tmp = f"{os.fspath(path)}.tmp-{os.getpid()}"
+    with builtins_open(tmp, "wb") as f:
+        f.write(len(text).to_bytes(8, "little"))
+        f.write(text)
+        for b in blobs:
+            f.write(b)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return names

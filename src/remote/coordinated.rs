@@ -1,0 +1,128 @@
+//! Global steps a coordinator completes (the storage layer under
+//! `torch.distributed.checkpoint`): every rank uploads its shard without
+//! completing the step ([`Remote::upload_shard`]); the coordinator, told
+//! every rank's shard, writes the step's commit naming exactly those
+//! ([`Remote::commit_global`]). Shards of an attempt that died before its
+//! commit are named by no commit: they never mix into a step and never
+//! block one (gc removes them).
+
+use super::layout::{encode, GlobalManifest, ShardId, MANIFEST_FORMAT, MAX_WORLD_SIZE};
+use super::{Commit, Remote, ShardInfo};
+use crate::format::manifest::{hex, Hash};
+use crate::{Error, GradientCheckpoint, Result};
+
+impl Remote {
+    /// Upload rank `rank`'s shard of global step `step` of `world_size`
+    /// ranks (chunks deduplicated against the bucket, then the shard's
+    /// manifest) without completing the step; [`ShardInfo::shard`] names
+    /// it for [`commit_global`](Self::commit_global). Shards of the step
+    /// with another world size (an attempt that died) do not matter.
+    ///
+    /// # Errors
+    /// As [`commit_shard`](Self::commit_shard), but for the world size.
+    pub fn upload_shard(
+        &self,
+        step: u64,
+        rank: u32,
+        world_size: u32,
+        ckpt: &GradientCheckpoint,
+    ) -> Result<ShardInfo> {
+        Self::check_shard_args(step, rank, world_size, ckpt)?;
+        self.with_push_lock(|lock| self.put_shard(step, rank, world_size, ckpt, lock, false))
+    }
+
+    /// Complete global step `step` with `shards` (each rank's, by rank, as
+    /// [`upload_shard`](Self::upload_shard) named them): check that each is
+    /// there and whole (its manifest hashes right, every chunk it names is
+    /// in the bucket), then write the step's manifest and a commit newer
+    /// than any of the step's. The step is listed from then on, and reads
+    /// exactly these shards.
+    ///
+    /// ```
+    /// use ckptstore::{ComputationGraphStore, GradientCheckpoint, Remote};
+    /// # let dir = tempfile::tempdir()?;
+    /// let remote = Remote::open(&format!("file://{}", dir.path().display()))?;
+    /// let shard = |rank: u8| {
+    ///     let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), 3);
+    ///     c.timestamp = 1_700_000_000; // the same each time it is built
+    ///     c.set_optimizer_state("w", vec![rank; 100]);
+    ///     c
+    /// };
+    /// let names: Vec<String> = (0..2)
+    ///     .map(|r| Ok(remote.upload_shard(3, r, 2, &shard(r as u8))?.shard))
+    ///     .collect::<ckptstore::Result<_>>()?;
+    /// assert_eq!(remote.steps()?, Vec::<u64>::new()); // not before the commit
+    /// remote.commit_global(3, &names)?;
+    /// assert_eq!(remote.steps()?, vec![3]);
+    /// assert_eq!(remote.get_shard(3, 1)?, Some(shard(1)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidCheckpoint`] for no shards, too many, or a name
+    /// that is not a hash; [`Error::Corrupt`] naming the shard when one is
+    /// missing, damaged or names a chunk the bucket lacks;
+    /// [`Error::Remote`] when the bucket fails.
+    pub fn commit_global(&self, step: u64, shards: &[String]) -> Result<()> {
+        let invalid = |reason: String| Error::InvalidCheckpoint { step, reason };
+        let world_size = u32::try_from(shards.len())
+            .ok()
+            .filter(|&n| (1..=MAX_WORLD_SIZE).contains(&n))
+            .ok_or_else(|| {
+                invalid(format!(
+                    "{} shards: a global step has 1 to {MAX_WORLD_SIZE}",
+                    shards.len()
+                ))
+            })?;
+        let ids: Vec<ShardId> = shards
+            .iter()
+            .zip(0..)
+            .map(|(name, rank)| {
+                let hash: Hash = super::layout::parse_hex(name)
+                    .ok_or_else(|| invalid(format!("shard {rank}: {name:?} is not a hash")))?;
+                Ok(ShardId {
+                    rank,
+                    world_size,
+                    hash,
+                })
+            })
+            .collect::<Result<_>>()?;
+        self.with_push_lock(|_| {
+            for id in &ids {
+                let m = self
+                    .checked_shard(step, id, None)?
+                    .map_err(|why| Error::corrupt(Some(step), why))?;
+                let named: Vec<Hash> = super::step::chunks_of(&m).collect();
+                let there = self.present(named.iter().copied())?;
+                if let Some(gone) = named.iter().find(|h| !there.contains(*h)) {
+                    return Err(Error::corrupt(
+                        Some(step),
+                        format!(
+                            "shard {} names chunk {} that {} lacks",
+                            id.rank,
+                            hex(gone),
+                            self.url
+                        ),
+                    ));
+                }
+            }
+            let global = GlobalManifest {
+                format: MANIFEST_FORMAT,
+                step,
+                world_size,
+                shards: ids.iter().map(|id| hex(&id.hash)).collect(),
+            };
+            let (bytes, hash) = encode(step, &global)?;
+            let newest = self.commit_times(step)?.last().map(|(c, _)| *c);
+            let commit = match newest {
+                Some(c) if c.hash == hash => c,
+                _ => Commit {
+                    step,
+                    generation: newest.map_or(1, |c| c.generation + 1),
+                    hash,
+                },
+            };
+            self.put_step(&commit, bytes)
+        })
+    }
+}

@@ -1,0 +1,199 @@
+//! A global step read piece by piece: a reader that needs a few byte
+//! ranges of a few entries (a DCP load at another world size) fetches only
+//! the chunks those ranges overlap, each hash-checked, and nothing of the
+//! other entries or shards.
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::layout::{RemoteBlob, RemoteManifest};
+use super::restore::blob_chunks;
+use super::step::StepManifest;
+use super::Remote;
+use crate::format::layout::packed_slice;
+use crate::format::manifest::Hash;
+use crate::{Error, Result};
+
+/// One entry of a shard, as [`GlobalStep::entries`] lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EntryInfo {
+    /// Its length in bytes.
+    pub len: u64,
+    /// A tensor's dtype name and shape; `None` for an untyped blob.
+    pub tensor: Option<(String, Vec<u64>)>,
+}
+
+/// A complete step's manifests, each checked against its hash, opened for
+/// reads of parts of its entries ([`Remote::open_global`]). A step pushed
+/// from one store reads as a global step of one rank.
+#[derive(Clone, Debug)]
+pub struct GlobalStep {
+    step: u64,
+    shards: Vec<RemoteManifest>,
+}
+
+/// A byte range of one entry of one rank's shard: `(rank, name, offset,
+/// len)`.
+pub type Piece<'a> = (u32, &'a str, u64, u64);
+
+impl GlobalStep {
+    /// The step.
+    pub fn step(&self) -> u64 {
+        self.step
+    }
+
+    /// Its number of shards (ranks).
+    pub fn world_size(&self) -> u32 {
+        u32::try_from(self.shards.len()).unwrap_or(u32::MAX)
+    }
+
+    /// Rank `rank`'s entries by name (empty for a rank it does not have).
+    pub fn entries(&self, rank: u32) -> BTreeMap<String, EntryInfo> {
+        let Some(m) = self.shard(rank) else {
+            return BTreeMap::new();
+        };
+        m.blobs
+            .iter()
+            .map(|(name, b)| {
+                let tensor = b.dtype.clone().zip(b.shape.clone());
+                (name.clone(), EntryInfo { len: b.len, tensor })
+            })
+            .collect()
+    }
+
+    fn shard(&self, rank: u32) -> Option<&RemoteManifest> {
+        self.shards.get(usize::try_from(rank).ok()?)
+    }
+
+    fn blob(&self, piece: &Piece<'_>) -> Result<&RemoteBlob> {
+        let (rank, name, offset, len) = *piece;
+        let step = self.step;
+        let blob = self
+            .shard(rank)
+            .and_then(|m| m.blobs.get(name))
+            .ok_or_else(|| Error::InvalidCheckpoint {
+                step,
+                reason: format!("rank {rank}'s shard has no entry {name:?}"),
+            })?;
+        if offset.checked_add(len).is_none_or(|end| end > blob.len) {
+            return Err(Error::InvalidCheckpoint {
+                step,
+                reason: format!(
+                    "bytes {offset}..+{len} of {name:?} (rank {rank}): it has {}",
+                    blob.len
+                ),
+            });
+        }
+        Ok(blob)
+    }
+}
+
+impl Remote {
+    /// Step `step` opened for reads of parts of it: its newest commit whose
+    /// manifests are there and hash right (a damaged newer commit falls
+    /// back to an older one); `None` if no commit of the step checks out.
+    /// Chunks are checked when read.
+    ///
+    /// # Errors
+    /// [`Error::Remote`] when the bucket fails.
+    pub fn open_global(&self, step: u64) -> Result<Option<GlobalStep>> {
+        let mut commits: Vec<_> = self
+            .commits()?
+            .into_iter()
+            .filter(|c| c.step == step)
+            .collect();
+        commits.reverse();
+        for commit in commits {
+            let shards = match self.checked_manifest(commit, None)? {
+                Ok(StepManifest::Single(m)) => vec![m],
+                Ok(StepManifest::Sharded { shards, .. }) => shards,
+                Err(_) => continue,
+            };
+            return Ok(Some(GlobalStep { step, shards }));
+        }
+        Ok(None)
+    }
+
+    /// The bytes of each of `pieces` of `global`, in order. Only the chunks
+    /// the pieces overlap are fetched (each once, several in flight), and
+    /// each is checked against its hash and length before any of its bytes
+    /// is used.
+    ///
+    /// # Errors
+    /// [`Error::InvalidCheckpoint`] for a piece outside its entry;
+    /// [`Error::Corrupt`] naming the step and chunk when a chunk is missing
+    /// or damaged; [`Error::Remote`] when the bucket fails.
+    pub fn read_pieces(&self, global: &GlobalStep, pieces: &[Piece<'_>]) -> Result<Vec<Vec<u8>>> {
+        let step = global.step;
+        // Which chunks each piece needs: (index in `wanted`, its start in
+        // the entry, its length).
+        let mut wanted: Vec<(&str, Hash, usize)> = Vec::new();
+        let mut index: HashMap<Hash, usize> = HashMap::new();
+        let mut plans: Vec<Vec<(usize, u64)>> = Vec::new();
+        for piece in pieces {
+            let (rank, name, offset, len) = *piece;
+            let blob = global.blob(piece)?;
+            let mut need = Vec::new();
+            let mut add = |what: &'static str, hash: Hash, n: usize| {
+                let i = *index.entry(hash).or_insert_with(|| {
+                    wanted.push((what, hash, n));
+                    wanted.len() - 1
+                });
+                i
+            };
+            if let Some(p) = &global.shards[rank as usize].packed {
+                if blob.offset.is_some() {
+                    let hash = super::layout::parse_hex(&p.hash)
+                        .ok_or_else(|| Error::corrupt(Some(step), "a bad packed chunk name"))?;
+                    let n = usize::try_from(p.len).unwrap_or(usize::MAX);
+                    need.push((add("packed blobs", hash, n), 0));
+                }
+            }
+            let mut start = 0u64;
+            for (_, hash, n) in blob_chunks(step, name, blob)? {
+                let end = start + n as u64;
+                if end > offset && start < offset + len {
+                    need.push((add("a tensor", hash, n), start));
+                }
+                start = end;
+            }
+            plans.push(need);
+        }
+        let fetched = self.fetch(step, &wanted, &mut |_| {})?;
+        pieces
+            .iter()
+            .zip(plans)
+            .map(|(piece, need)| assemble(global, piece, &need, &fetched))
+            .collect()
+    }
+}
+
+/// The bytes of `piece` from the fetched chunks it `need`s.
+fn assemble(
+    global: &GlobalStep,
+    piece: &Piece<'_>,
+    need: &[(usize, u64)],
+    fetched: &[bytes::Bytes],
+) -> Result<Vec<u8>> {
+    let (_, name, offset, len) = *piece;
+    let blob = global.blob(piece)?;
+    let corrupt = |why: &str| Error::corrupt(Some(global.step), format!("{name:?}: {why}"));
+    let want = usize::try_from(len).map_err(|_| corrupt("too long"))?;
+    if let Some(at) = blob.offset {
+        let packed = need.first().map_or(&[][..], |(i, _)| &fetched[*i][..]);
+        return packed_slice(packed, at + offset, len)
+            .map(<[u8]>::to_vec)
+            .ok_or_else(|| corrupt("outside the packed bytes"));
+    }
+    let mut out = Vec::with_capacity(want);
+    for &(i, start) in need {
+        let chunk = &fetched[i];
+        let from = usize::try_from(offset.saturating_sub(start)).unwrap_or(usize::MAX);
+        let to = usize::try_from((offset + len).saturating_sub(start)).unwrap_or(usize::MAX);
+        out.extend_from_slice(chunk.get(from..to.min(chunk.len())).unwrap_or(&[]));
+    }
+    if out.len() != want {
+        return Err(corrupt("its chunks do not cover it"));
+    }
+    Ok(out)
+}

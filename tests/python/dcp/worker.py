@@ -1,0 +1,113 @@
+"""One rank of a DCP save or load through ckptstore.dcp (run by
+test_dcp.py as WORLD processes over gloo on 127.0.0.1).
+
+    python worker.py save|async_save|load TARGET STEP RANK WORLD PORT [SALT]
+
+WORLD 1 with PORT 0 runs without a process group (DCP's no_dist). The
+state is a function of SALT (default 0), so a loader knows every byte to
+expect; a load prints "ok <step>" when every tensor and value is
+bit-identical to it. CKPT_DIE_AFTER_WRITE=R kills rank R (os._exit) right
+after its data is written, before the coordinator's finish.
+"""
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from ckptstore.dcp import StorageReader, StorageWriter
+
+# (global shape, dtype, placement): Shard(0), Shard(1) and sizes the world
+# sizes do not divide, Replicate, bf16 and int64, one tensor of several
+# chunks (1 MiB chunks).
+SPECS = {
+    "model.a": ((10, 6), torch.float32, "shard0"),
+    "model.b": ((5, 9), torch.bfloat16, "shard1"),
+    "model.c": ((7,), torch.int64, "replicate"),
+    "model.big": ((1100, 300), torch.float32, "shard0"),
+    "optim.step": ((), torch.float32, "plain"),
+}
+
+
+def full(name, salt):
+    shape, dtype, _ = SPECS[name]
+    n = 1
+    for d in shape:
+        n *= d
+    base = torch.arange(n, dtype=torch.float64) * 0.5 + salt + len(name)
+    return base.reshape(shape).to(dtype)
+
+
+def state(mesh, salt, empty):
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    out = {}
+    for name, (shape, dtype, how) in SPECS.items():
+        t = torch.zeros(shape, dtype=dtype) if empty else full(name, salt)
+        if mesh is None or how == "plain":
+            out[name] = t
+        else:
+            placement = {"shard0": Shard(0), "shard1": Shard(1), "replicate": Replicate()}[how]
+            out[name] = distribute_tensor(t, mesh, [placement])
+    out["extra"] = {"epoch": None if empty else 3 + salt, "name": None if empty else f"run-{salt}"}
+    return out
+
+
+def main():
+    mode, target, step, rank, world, port = sys.argv[1:7]
+    salt = int(sys.argv[7]) if len(sys.argv) > 7 else 0
+    step, rank, world, port = int(step), int(rank), int(world), int(port)
+    mesh = None
+    if port:
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+        )
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (world,))
+    die = os.environ.get("CKPT_DIE_AFTER_WRITE")
+    if die is not None and int(die) == rank:
+        original = StorageWriter.write_data
+
+        def write_then_die(self, plan, planner):
+            fut = original(self, plan, planner)
+            fut.wait()
+            os._exit(9)
+
+        StorageWriter.write_data = write_then_die
+    if mode == "save":
+        dcp.save(state(mesh, salt, empty=False), storage_writer=StorageWriter(target, step))
+        print("saved", flush=True)
+    elif mode == "async_save":
+        fut = dcp.async_save(state(mesh, salt, empty=False), storage_writer=StorageWriter(target, step))
+        fut.result()
+        if rank == 0:
+            import ckptstore
+
+            # Listed once the future resolves.
+            listed = ckptstore.Remote(target).steps()
+            print(f"listed {listed}", flush=True)
+        print("saved", flush=True)
+    else:
+        loaded = state(mesh, salt, empty=True)
+        reader = StorageReader(target, None if step < 0 else step)
+        dcp.load(loaded, storage_reader=reader)
+        for name in SPECS:
+            t = loaded[name]
+            got = t.full_tensor() if hasattr(t, "full_tensor") else t
+            want = full(name, salt)
+            if got.dtype != want.dtype or not torch.equal(got.view(-1).view(torch.uint8) if got.numel() else got, want.view(-1).view(torch.uint8) if want.numel() else want):
+                print(f"MISMATCH {name}", flush=True)
+                sys.exit(3)
+        if loaded["extra"] != {"epoch": 3 + salt, "name": f"run-{salt}"}:
+            print(f"MISMATCH extra {loaded['extra']}", flush=True)
+            sys.exit(3)
+        print(f"ok {reader.step}", flush=True)
+    if port:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,200 @@
+"""ckptstore.dcp under torch.distributed.checkpoint: real processes, gloo
+on 127.0.0.1. Saved at 4 ranks, loaded at 4, 2, 3 and in one process,
+bit-identical; a rank killed before finish leaves no step; a flipped byte
+is refused; against a directory bucket and the Garage server."""
+
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+import ckptstore
+
+WORKER = pathlib.Path(__file__).parent / "dcp" / "worker.py"
+
+
+def _port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(mode, target, step, world, salt=0, env=None, expect_ok=True):
+    """Run `world` ranks; their (returncode, output) by rank."""
+    port = _port() if world > 1 else 0
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), mode, str(target), str(step), str(r), str(world), str(port), str(salt)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
+        for r in range(world)
+    ]
+    out = []
+    for p in procs:
+        text, _ = p.communicate(timeout=300)
+        out.append((p.returncode, text))
+    if expect_ok:
+        for rank, (code, text) in enumerate(out):
+            assert code == 0, f"rank {rank} of {world} failed:\n{text[-3000:]}"
+    return out
+
+
+def _targets(tmp_path):
+    yield f"file://{tmp_path}/bucket"
+    bucket = os.environ.get("CKPT_TEST_BUCKET")
+    if bucket:
+        yield f"s3://{bucket}/dcp-{uuid.uuid4().hex}"
+
+
+@pytest.fixture(params=["dir", "garage"])
+def url(request, tmp_path):
+    if request.param == "dir":
+        return f"file://{tmp_path}/bucket"
+    bucket = os.environ.get("CKPT_TEST_BUCKET")
+    if not bucket:
+        pytest.skip("no Garage (CKPT_TEST_BUCKET unset)")
+    return f"s3://{bucket}/dcp-{uuid.uuid4().hex}"
+
+
+def test_saved_at_4_loads_at_4_2_3_and_1_bit_identical(url):
+    run("save", url, 100, 4)
+    remote = ckptstore.Remote(url)
+    assert remote.steps() == [100]
+    assert remote.shards(100).complete and remote.shards(100).world_size == 4
+    for world in (4, 2, 3, 1):
+        out = run("load", url, -1, world)
+        assert all(text.strip().endswith("ok 100") for _, text in out), out
+    assert remote.verify().ok
+
+
+def test_async_save_in_thread_mode_resolves_when_the_step_is_listed(tmp_path):
+    url = f"file://{tmp_path}/bucket"
+    out = run("async_save", url, 8, 2)
+    assert f"listed [8]" in out[0][1], out[0][1]
+    assert run("load", url, 8, 2)[0][1].strip().endswith("ok 8")
+
+
+def test_a_rank_killed_before_finish_leaves_no_step_and_a_rerun_completes(tmp_path):
+    url = f"file://{tmp_path}/bucket"
+    run("save", url, 5, 4, salt=0)
+    # Step 6: rank 2 writes its data and dies; the others fail with it.
+    out = run("save", url, 6, 4, salt=7, env={"CKPT_DIE_AFTER_WRITE": "2"}, expect_ok=False)
+    assert out[2][0] == 9
+    remote = ckptstore.Remote(url)
+    assert remote.steps() == [5]
+    assert not remote.shards(6).complete
+    # The rerun at another world size completes step 6 with its own shards.
+    run("save", url, 6, 2, salt=1)
+    assert remote.steps() == [5, 6]
+    assert run("load", url, 6, 3, salt=1)[0][1].strip().endswith("ok 6")
+    assert run("load", url, 5, 1, salt=0)[0][1].strip().endswith("ok 5")
+
+
+def test_a_flipped_byte_is_refused_with_corrupt_error(tmp_path):
+    url = f"file://{tmp_path}/bucket"
+    run("save", url, 1, 2)
+    chunks = sorted((tmp_path / "bucket" / "chunks").rglob("*"), key=lambda p: p.stat().st_size)
+    biggest = [p for p in chunks if p.is_file()][-1]
+    data = bytearray(biggest.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    biggest.write_bytes(bytes(data))
+    out = run("load", url, 1, 2, expect_ok=False)
+    for code, text in out:
+        assert code != 0
+    assert any("CorruptError" in text and "fails its hash check" in text for _, text in out), out
+
+
+def test_a_local_store_takes_one_process(tmp_path):
+    path = tmp_path / "run.ckpt"
+    run("save", path, 3, 1)
+    assert run("load", path, -1, 1)[0][1].strip().endswith("ok 3")
+    with ckptstore.open(path, read_only=True) as store:
+        assert store.steps() == [3]
+
+
+def test_torch_save_refuses_a_dtensor_naming_dcp(tmp_path):
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    import ckptstore.torch as ct
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_port()}", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        model = torch.nn.Linear(4, 2)
+        model.weight = torch.nn.Parameter(distribute_tensor(model.weight.detach(), mesh, [Shard(0)]))
+        with ckptstore.open(tmp_path / "run.ckpt") as store:
+            with pytest.raises(TypeError, match="model/weight: a DTensor .*ckptstore.dcp"):
+                ct.save(store, 1, model=model)
+            assert store.steps() == []
+    finally:
+        dist.destroy_process_group()
+
+
+def test_checkpoint_ids_are_steps_and_a_local_writer_stays_in_its_process(tmp_path):
+    import pickle
+
+    from ckptstore.dcp import StorageReader, StorageWriter
+
+    assert StorageWriter.validate_checkpoint_id(7)
+    assert not StorageWriter.validate_checkpoint_id("7")
+    assert not StorageReader.validate_checkpoint_id(-1)
+    with pytest.raises(TypeError):
+        StorageWriter(tmp_path / "run.ckpt", step=True)
+    url = f"file://{tmp_path}/bucket"
+    back = pickle.loads(pickle.dumps(StorageWriter(url, 3)))
+    assert isinstance(back, StorageWriter)
+    with pytest.raises(TypeError, match="thread mode"):
+        pickle.dumps(StorageWriter(tmp_path / "run.ckpt", 3))
+
+
+def test_consolidation_writes_whole_tensors_from_python_and_the_cli(tmp_path):
+    import json as _json
+
+    import torch
+    from safetensors.torch import load_file
+
+    sys.path.insert(0, str(WORKER.parent))
+    try:
+        import worker
+    finally:
+        sys.path.pop(0)
+    from ckptstore.dcp import consolidate
+
+    url = f"file://{tmp_path}/bucket"
+    run("save", url, 12, 3)
+    out = tmp_path / "model.safetensors"
+    names = consolidate(url, None, out, prefix="model.")
+    assert sorted(names) == ["a", "b", "big", "c"]
+    got = load_file(str(out))
+    for name in names:
+        want = worker.full(f"model.{name}", 0)
+        assert got[name].dtype == want.dtype and torch.equal(got[name], want), name
+    # The CLI writes the same bytes, and shows global shapes.
+    ckpt = os.environ.get("CKPT_BIN", "ckpt")
+    cli_out = tmp_path / "cli.safetensors"
+    subprocess.run([ckpt, "export", url, "12", "-o", str(cli_out), "--prefix", "model."], check=True)
+    from_cli = load_file(str(cli_out))
+    assert from_cli.keys() == got.keys()
+    assert all(torch.equal(from_cli[n], got[n]) for n in names)
+    shown = subprocess.run([ckpt, "show", url, "12", "--json"], check=True, capture_output=True, text=True)
+    index = _json.loads(shown.stdout)
+    assert index["world_size"] == 3 and index["dcp"]
+    assert index["tensors"]["model.big"]["shape"] == [1100, 300]
+    assert index["tensors"]["model.b"]["dtype"] == "BF16"
+    assert index["values"] == ["extra.epoch", "extra.name"]
+    # From a local store too.
+    path = tmp_path / "run.ckpt"
+    run("save", path, 2, 1)
+    local = tmp_path / "local.safetensors"
+    consolidate(path, 2, local)
+    assert torch.equal(load_file(str(local))["model.a"], worker.full("model.a", 0))

@@ -1,0 +1,183 @@
+//! Global steps a coordinator completes (`upload_shard`, `commit_global`)
+//! and reads of parts of a step (`open_global`, `read_pieces`): what
+//! `ckptstore.dcp` stands on.
+
+use std::sync::Arc;
+
+use ckptstore::{ComputationGraphStore, Error, GradientCheckpoint, Remote};
+use object_store::memory::InMemory;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+
+use super::faults::Failing;
+use super::Result;
+
+const MIB: usize = 1 << 20;
+
+fn shard(step: u64, fill: u8, len: usize) -> GradientCheckpoint {
+    let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), step);
+    c.timestamp = 1_700_000_000 + step; // the same whenever it is built
+    let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8 ^ fill).collect();
+    c.set_optimizer_state("big", data);
+    c.set_optimizer_state("small", vec![fill; 100]);
+    c
+}
+
+fn upload_all(remote: &Remote, step: u64, world: u32, fill: u8) -> Result<Vec<String>> {
+    (0..world)
+        .map(|r| {
+            Ok(remote
+                .upload_shard(step, r, world, &shard(step, fill + r as u8, 3 * MIB))?
+                .shard)
+        })
+        .collect()
+}
+
+#[test]
+fn a_step_is_listed_only_once_the_coordinator_commits_it() -> Result {
+    let dir = tempfile::tempdir()?;
+    let remote = Remote::open(&format!("file://{}", dir.path().display()))?;
+    let names = upload_all(&remote, 4, 3, 0)?;
+    assert!(
+        remote.steps()?.is_empty(),
+        "uploaded shards alone make no step"
+    );
+    remote.commit_global(4, &names)?;
+    assert_eq!(remote.steps()?, vec![4]);
+    assert!(
+        remote.get_shard(4, 2)? == Some(shard(4, 2, 3 * MIB)),
+        "remote.get_shard(4, 2)?"
+    );
+    assert!(remote.verify()?.is_ok());
+    Ok(())
+}
+
+#[test]
+fn shards_of_a_dead_attempt_never_mix_in_or_block() -> Result {
+    let dir = tempfile::tempdir()?;
+    let remote = Remote::open(&format!("file://{}", dir.path().display()))?;
+    // An attempt at 4 ranks: three shards land, then it dies.
+    for r in 0..3 {
+        remote.upload_shard(9, r, 4, &shard(9, 50 + r as u8, MIB))?;
+    }
+    // The rerun at 2 ranks is neither refused nor mixed with them.
+    let names = upload_all(&remote, 9, 2, 0)?;
+    remote.commit_global(9, &names)?;
+    assert!(
+        remote.get_shard(9, 0)? == Some(shard(9, 0, 3 * MIB)),
+        "remote.get_shard(9, 0)?"
+    );
+    assert!(
+        remote.get_shard(9, 1)? == Some(shard(9, 1, 3 * MIB)),
+        "remote.get_shard(9, 1)?"
+    );
+    assert_eq!(remote.world_size(9)?, Some(2));
+    // Redone with other content: a newer commit, exactly the new shards.
+    let again = upload_all(&remote, 9, 2, 100)?;
+    remote.commit_global(9, &again)?;
+    assert!(
+        remote.get_shard(9, 1)? == Some(shard(9, 101, 3 * MIB)),
+        "remote.get_shard(9, 1)?"
+    );
+    Ok(())
+}
+
+#[test]
+fn commit_global_refuses_shards_that_are_not_there_and_whole() -> Result {
+    let memory = Arc::new(InMemory::new());
+    let remote = Remote::with_store(memory.clone(), "c", "mem://c")?;
+    let mut names = upload_all(&remote, 2, 2, 0)?;
+    let absent = "ab".repeat(32);
+    let e = remote
+        .commit_global(2, &[names[0].clone(), absent])
+        .expect_err("a shard that is not there");
+    assert!(matches!(e, Error::Corrupt { step: Some(2), .. }), "{e}");
+    // A chunk of rank 1's shard deleted: refused, naming the chunk.
+    let chunk = futures::executor::block_on(async {
+        use futures::TryStreamExt;
+        let all: Vec<_> = memory.list(Some(&"c/chunks".into())).try_collect().await?;
+        Ok::<_, object_store::Error>(
+            all.into_iter()
+                .map(|m| m.location)
+                .max_by_key(std::string::ToString::to_string),
+        )
+    })?
+    .expect("chunks");
+    futures::executor::block_on(memory.delete(&chunk))?;
+    let e = remote
+        .commit_global(2, &names)
+        .expect_err("a chunk is gone");
+    assert!(e.to_string().contains("lacks"), "{e}");
+    assert!(remote.steps()?.is_empty());
+    names.clear();
+    let e = remote.commit_global(2, &names).expect_err("no shards");
+    assert!(matches!(e, Error::InvalidCheckpoint { .. }), "{e}");
+    Ok(())
+}
+
+#[test]
+fn a_piece_fetches_only_the_chunks_it_overlaps() -> Result {
+    let counting = Arc::new(Failing::new(Arc::new(InMemory::new()), 0));
+    let remote = Remote::with_store(counting.clone(), "p", "mem://p")?;
+    let names = upload_all(&remote, 1, 2, 0)?;
+    remote.commit_global(1, &names)?;
+    let global = remote.open_global(1)?.expect("complete");
+    assert_eq!(global.world_size(), 2);
+    assert_eq!(global.entries(1)["big"].len, 3 * MIB as u64);
+    let chunk_gets = || {
+        let gets = counting.gets.lock().expect("lock");
+        gets.iter().filter(|k| k.contains("/chunks/")).count()
+    };
+    let whole = shard(1, 1, 3 * MIB).optimizer_state["big"].clone();
+    let small = shard(1, 0, 3 * MIB).optimizer_state["small"].clone();
+    let before = chunk_gets();
+    // Inside the second chunk: one chunk fetched.
+    let at = MIB as u64 + 10;
+    let got = remote.read_pieces(&global, &[(1, "big", at, 1000)])?;
+    assert_eq!(got[0], whole[at as usize..at as usize + 1000]);
+    assert_eq!(chunk_gets() - before, 1);
+    // Across a chunk boundary, and a packed blob: three chunks.
+    let before = chunk_gets();
+    let boundary = MIB - 128; // chunks are 1 MiB - 128 B
+    let got = remote.read_pieces(
+        &global,
+        &[(1, "big", boundary as u64 - 5, 10), (0, "small", 3, 4)],
+    )?;
+    assert_eq!(got[0], whole[boundary - 5..boundary + 5]);
+    assert_eq!(got[1], small[3..7]);
+    assert_eq!(chunk_gets() - before, 3);
+    // Outside the entry: refused before anything is fetched.
+    let e = remote
+        .read_pieces(&global, &[(1, "big", 3 * MIB as u64 - 1, 2)])
+        .expect_err("outside");
+    assert!(matches!(e, Error::InvalidCheckpoint { .. }), "{e}");
+    Ok(())
+}
+
+#[test]
+fn a_damaged_chunk_fails_a_piece_naming_the_step() -> Result {
+    let memory = Arc::new(InMemory::new());
+    let remote = Remote::with_store(memory.clone(), "d", "mem://d")?;
+    let names = upload_all(&remote, 7, 1, 0)?;
+    remote.commit_global(7, &names)?;
+    let global = remote.open_global(7)?.expect("complete");
+    let data = shard(7, 0, 3 * MIB).optimizer_state["big"].clone();
+    // Overwrite every full chunk with same-length garbage.
+    let keys = futures::executor::block_on(async {
+        use futures::TryStreamExt;
+        memory
+            .list(Some(&"d/chunks".into()))
+            .try_collect::<Vec<_>>()
+            .await
+    })?;
+    for meta in keys.iter().filter(|m| m.size == MIB as u64 - 128) {
+        let bytes = vec![0u8; meta.size as usize];
+        futures::executor::block_on(memory.put(&meta.location, PutPayload::from(bytes)))?;
+    }
+    let e = remote
+        .read_pieces(&global, &[(0, "big", 0, 100)])
+        .expect_err("damaged");
+    assert!(matches!(e, Error::Corrupt { step: Some(7), .. }), "{e}");
+    assert!(e.to_string().contains("fails its hash check"), "{e}");
+    assert_ne!(data[..100], [0u8; 100]);
+    Ok(())
+}
