@@ -55,6 +55,43 @@ pub struct StepInfo {
     pub tensors: BTreeMap<String, TensorInfo>,
 }
 
+impl StepInfo {
+    /// The metadata of the step `skeleton` (a checkpoint without blob or
+    /// tensor data) whose blobs and tensors are `entries`: the one place a
+    /// `StepInfo` is built, from a store's manifest or a bucket's.
+    pub(crate) fn of(
+        skeleton: &crate::GradientCheckpoint,
+        entries: impl IntoIterator<Item = crate::checkpoint::Incoming>,
+    ) -> StepInfo {
+        let mut info = StepInfo {
+            step: skeleton.step,
+            timestamp: skeleton.timestamp,
+            loss_cid: skeleton.loss_cid.clone(),
+            metrics: skeleton.metrics.clone(),
+            node_count: skeleton.graph.node_count(),
+            edge_count: skeleton.graph.edge_count(),
+            blobs: BTreeMap::new(),
+            tensors: BTreeMap::new(),
+        };
+        for entry in entries {
+            match entry.tensor {
+                Some((dtype, shape)) => {
+                    let t = TensorInfo {
+                        dtype,
+                        shape,
+                        bytes: entry.len,
+                    };
+                    info.tensors.insert(entry.name, t);
+                }
+                None => {
+                    info.blobs.insert(entry.name, entry.len);
+                }
+            }
+        }
+        info
+    }
+}
+
 /// A stored tensor's type, without its data.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]

@@ -44,7 +44,7 @@ pub(crate) struct Plan<'a> {
 impl<'a> Plan<'a> {
     /// Cut `ckpt`: blobs of [`PACK_BELOW`] bytes or more into chunks, the
     /// rest packed together.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "remote"))]
     pub(crate) fn new(ckpt: &'a GradientCheckpoint) -> Self {
         Self::build(ckpt, &[], None)
     }

@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::MAX_TEXT_BYTES;
 use crate::format::layout::chunk_count;
-use crate::format::manifest::{hex, Hash};
+use crate::format::manifest::{hex, BlobRef, Hash, PackedRef, Placement};
 use crate::{Dtype, Tensor};
 
 /// The folder of content-addressed chunks.
@@ -226,6 +226,9 @@ pub(crate) fn parse_hex(s: &str) -> Option<Hash> {
     Some(out)
 }
 
+/// Which blobs are tensors: a blob's name to its dtype and shape.
+pub(crate) type TypeOf<'a> = dyn Fn(&str) -> Option<(Dtype, Vec<u64>)> + 'a;
+
 /// A step's manifest in the bucket.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub(crate) struct RemoteManifest {
@@ -243,7 +246,46 @@ pub(crate) struct RemoteManifest {
 
 impl RemoteManifest {
     /// The manifest of `ckpt` (its graph, metadata and `blobs`).
-    pub(crate) fn of(
+    /// The bucket's form of a step: the one model of a step (`ckpt`'s
+    /// skeleton, each blob's length and placement, which blobs are tensors,
+    /// the packed bytes) in this codec. Chunks are named by hash.
+    pub(crate) fn from_model(
+        ckpt: &crate::GradientCheckpoint,
+        blobs: &BTreeMap<String, BlobRef>,
+        typed: &TypeOf<'_>,
+        packed: Option<&PackedRef>,
+    ) -> crate::Result<RemoteManifest> {
+        let blobs = blobs
+            .iter()
+            .map(|(name, blob)| {
+                let (chunks, offset) = match &blob.at {
+                    Placement::Packed { offset } => (None, Some(*offset)),
+                    Placement::Chunks(refs) => {
+                        (Some(refs.iter().map(|c| hex(&c.hash)).collect()), None)
+                    }
+                    Placement::Format1Chunks(hashes) => {
+                        (Some(hashes.iter().map(hex).collect()), None)
+                    }
+                };
+                let tensor = typed(name);
+                let entry = RemoteBlob {
+                    len: blob.len,
+                    chunks,
+                    offset,
+                    dtype: tensor.as_ref().map(|(d, _)| d.name().to_owned()),
+                    shape: tensor.map(|(_, s)| s),
+                };
+                (name.clone(), entry)
+            })
+            .collect();
+        let packed = packed.map(|p| RemotePacked {
+            len: p.len,
+            hash: hex(&p.hash),
+        });
+        Self::of(ckpt, blobs, packed)
+    }
+
+    fn of(
         ckpt: &crate::GradientCheckpoint,
         blobs: BTreeMap<String, RemoteBlob>,
         packed: Option<RemotePacked>,

@@ -20,11 +20,11 @@ use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use object_store::{ObjectStoreExt, PutPayload};
 
-use super::layout::{encode, RemoteBlob, RemoteManifest, RemotePacked};
+use super::layout::{encode, RemoteManifest};
 use super::locks::Lock;
 use super::{remote_error, Commit, Remote};
 use crate::engine::{ChunkPlace, StepData};
-use crate::format::manifest::{hex, Hash, Placement};
+use crate::format::manifest::Hash;
 use crate::{CheckpointStore, Error, GradientCheckpoint, Result, StepInfo};
 
 /// Uploads in flight at once.
@@ -235,29 +235,8 @@ fn remote_manifest(
     info: &StepInfo,
     data: &StepData<'_>,
 ) -> Result<RemoteManifest> {
-    let mut blobs = BTreeMap::new();
-    for (name, blob) in data.blob_refs() {
-        let typed = info.tensors.get(name);
-        let (chunks, offset) = if let Placement::Packed { offset } = blob.at {
-            (None, Some(offset))
-        } else {
-            let places = data.chunk_places(name)?;
-            (Some(places.iter().map(|p| hex(&p.hash)).collect()), None)
-        };
-        let entry = RemoteBlob {
-            len: blob.len,
-            chunks,
-            offset,
-            dtype: typed.map(|t| t.dtype.name().to_owned()),
-            shape: typed.map(|t| t.shape.clone()),
-        };
-        blobs.insert(name.clone(), entry);
-    }
-    let packed = data.packed_ref().map(|p| RemotePacked {
-        len: p.len,
-        hash: hex(&p.hash),
-    });
-    RemoteManifest::of(ckpt, blobs, packed)
+    let typed = |name: &str| info.tensors.get(name).map(|t| (t.dtype, t.shape.clone()));
+    RemoteManifest::from_model(ckpt, data.blob_refs(), &typed, data.packed_ref())
 }
 
 impl Remote {

@@ -2,15 +2,16 @@
 //! when its commit names a manifest that is there, hashes right, and names
 //! only chunks the bucket holds; every chunk read is hash-checked.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 
 use super::layout::RemoteManifest;
 
+use super::restore::{incoming, skeleton};
 use super::step::{new_bytes, StepManifest};
 use super::{Commit, Remote};
+use crate::checkpoint::Incoming;
 use crate::{
-    CheckpointStore, CommitInfo, ComputationGraphStore, Dtype, Error, GradientCheckpoint, Result,
-    StepInfo, StepSummary, TensorInfo,
+    CheckpointStore, CommitInfo, Error, GradientCheckpoint, Result, StepInfo, StepSummary,
 };
 
 impl Remote {
@@ -148,36 +149,12 @@ impl Remote {
             return Ok(None);
         };
         let m = single(step, m)?;
-        let corrupt = |detail: String| Error::corrupt(Some(step), detail);
-        let graph: ComputationGraphStore =
-            serde_json::from_value(m.graph).map_err(|e| Error::Json {
-                path: None,
-                source: Box::new(e),
-            })?;
-        let mut info = StepInfo {
-            step,
-            timestamp: m.timestamp,
-            loss_cid: m.loss_cid,
-            metrics: m.metrics,
-            node_count: graph.node_count(),
-            edge_count: graph.edge_count(),
-            blobs: BTreeMap::new(),
-            tensors: BTreeMap::new(),
-        };
-        for (name, blob) in m.blobs {
-            if let (Some(dtype), Some(shape)) = (blob.dtype, blob.shape) {
-                let dtype = Dtype::from_name(&dtype)
-                    .ok_or_else(|| corrupt(format!("tensor {name:?}: unknown dtype {dtype}")))?;
-                let t = TensorInfo {
-                    dtype,
-                    shape,
-                    bytes: blob.len,
-                };
-                info.tensors.insert(name, t);
-            } else {
-                info.blobs.insert(name, blob.len);
-            }
-        }
+        let entries: Vec<Incoming> = m
+            .blobs
+            .iter()
+            .map(|(name, blob)| incoming(step, name.clone(), blob))
+            .collect::<Result<_>>()?;
+        let info = StepInfo::of(&skeleton(m)?, entries);
         Ok(Some(info))
     }
 }

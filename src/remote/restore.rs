@@ -240,7 +240,7 @@ impl Remote {
 }
 
 /// The checkpoint `m` describes, without its blobs and tensors.
-fn skeleton(m: RemoteManifest) -> Result<GradientCheckpoint> {
+pub(super) fn skeleton(m: RemoteManifest) -> Result<GradientCheckpoint> {
     let graph = serde_json::from_value(m.graph).map_err(|e| Error::Json {
         path: None,
         source: Box::new(e),
@@ -253,7 +253,7 @@ fn skeleton(m: RemoteManifest) -> Result<GradientCheckpoint> {
 }
 
 /// Blob `name` as a commit takes it: its length, dtype and shape.
-fn incoming(step: u64, name: String, blob: &RemoteBlob) -> Result<Incoming> {
+pub(super) fn incoming(step: u64, name: String, blob: &RemoteBlob) -> Result<Incoming> {
     let tensor = match (&blob.dtype, &blob.shape) {
         (Some(dtype), Some(shape)) => {
             let dtype = Dtype::from_name(dtype).ok_or_else(|| {

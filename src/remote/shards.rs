@@ -12,14 +12,13 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::layout::{
-    encode, GlobalManifest, RemoteBlob, RemoteManifest, RemotePacked, ShardId, MANIFEST_FORMAT,
-    MAX_WORLD_SIZE,
+    encode, GlobalManifest, RemoteManifest, ShardId, MANIFEST_FORMAT, MAX_WORLD_SIZE,
 };
 use super::locks::Lock;
 use super::step::StepManifest;
 use super::{Commit, Remote};
-use crate::format::layout::{split, PACK_BELOW};
-use crate::format::manifest::{hex, Hash};
+use crate::engine::plan::Plan;
+use crate::format::manifest::{hex, ChunkRef, Hash};
 use crate::{CheckpointStore, Error, GradientCheckpoint, Result};
 
 /// What [`Remote::commit_shard`] did.
@@ -438,49 +437,33 @@ type ShardData<'a> = (
 );
 
 fn shard_manifest(ckpt: &GradientCheckpoint) -> Result<ShardData<'_>> {
-    let mut entries: BTreeMap<&str, (&[u8], Option<&crate::Tensor>)> = BTreeMap::new();
-    for (name, data) in &ckpt.optimizer_state {
-        entries.insert(name, (data, None));
-    }
-    for (name, t) in &ckpt.tensors {
-        entries.insert(name, (&t.data, Some(t)));
-    }
-    let mut blobs = BTreeMap::new();
-    let mut pieces = Vec::new();
-    let mut packed = Vec::new();
-    for (name, (data, tensor)) in entries {
-        let mut blob = RemoteBlob {
-            len: data.len() as u64,
-            chunks: None,
-            offset: None,
-            dtype: tensor.map(|t| t.dtype.name().to_owned()),
-            shape: tensor.map(|t| t.shape.clone()),
-        };
-        if data.len() < PACK_BELOW {
-            blob.offset = Some(packed.len() as u64);
-            packed.extend_from_slice(data);
-        } else {
-            let mut hashes = Vec::new();
-            for piece in split(data) {
-                let hash = *blake3::hash(piece).as_bytes();
-                hashes.push(hex(&hash));
-                pieces.push((hash, piece));
-            }
-            blob.chunks = Some(hashes);
-        }
-        blobs.insert(name.to_owned(), blob);
-    }
-    let packed = (!packed.is_empty()).then(|| (*blake3::hash(&packed).as_bytes(), packed));
-    let packed_ref = packed.as_ref().map(|(hash, bytes)| RemotePacked {
-        len: bytes.len() as u64,
-        hash: hex(hash),
-    });
-    let manifest = RemoteManifest::of(ckpt, blobs, packed_ref)?;
+    // Cut as a local commit cuts it: the same plan, in the bucket's codec.
+    let plan = Plan::new(ckpt);
+    let pieces: Vec<(Hash, &[u8])> = plan
+        .pieces
+        .iter()
+        .map(|p| (*blake3::hash(p).as_bytes(), *p))
+        .collect();
+    // A bucket names chunks by hash; the ids are the store's.
+    let refs: Vec<ChunkRef> = pieces
+        .iter()
+        .map(|(hash, _)| ChunkRef { hash: *hash, id: 0 })
+        .collect();
+    let placements = plan.placements(&refs);
+    let packed_ref = plan.packed_ref();
+    let typed = |name: &str| {
+        plan.typed
+            .iter()
+            .find(|t| t.0 == name)
+            .map(|t| (t.1, t.2.to_vec()))
+    };
+    let manifest = RemoteManifest::from_model(ckpt, &placements, &typed, packed_ref.as_ref())?;
     manifest
         .check(ckpt.step)
         .map_err(|reason| Error::InvalidCheckpoint {
             step: ckpt.step,
             reason: format!("the bucket's readers would refuse it: {reason}"),
         })?;
+    let packed = packed_ref.map(|p| (p.hash, plan.packed));
     Ok((manifest, pieces, packed))
 }

@@ -1,15 +1,14 @@
 //! Reading: get, latest, listing, info, summaries, stats.
 
-use std::collections::BTreeMap;
 use std::ops::RangeBounds;
 
 use super::CheckpointStore;
+use crate::checkpoint::Incoming;
 use crate::engine::{StepData, View};
 #[cfg(doc)]
 use crate::Error;
 use crate::{
     Goal, GradientCheckpoint, Result, Retention, StepInfo, StepSummary, StoreStats, Tensor,
-    TensorInfo,
 };
 
 impl CheckpointStore {
@@ -115,28 +114,12 @@ impl CheckpointStore {
             };
             let packed = manifest.packed.clone();
             let (ckpt, blobs, typed) = manifest.into_parts();
-            let mut info = StepInfo {
-                step,
-                timestamp: ckpt.timestamp,
-                loss_cid: ckpt.loss_cid.clone(),
-                metrics: ckpt.metrics.clone(),
-                node_count: ckpt.graph.node_count(),
-                edge_count: ckpt.graph.edge_count(),
-                blobs: BTreeMap::new(),
-                tensors: BTreeMap::new(),
-            };
-            for (name, blob) in &blobs {
-                if let Some((dtype, shape)) = typed.get(name) {
-                    let t = TensorInfo {
-                        dtype: *dtype,
-                        shape: shape.clone(),
-                        bytes: blob.len,
-                    };
-                    info.tensors.insert(name.clone(), t);
-                } else {
-                    info.blobs.insert(name.clone(), blob.len);
-                }
-            }
+            let entries = blobs.iter().map(|(name, blob)| Incoming {
+                name: name.clone(),
+                len: blob.len,
+                tensor: typed.get(name).cloned(),
+            });
+            let info = StepInfo::of(&ckpt, entries);
             let data = view.step_data(step, packed, blobs)?;
             f(ckpt, info, &data).map(Some)
         })

@@ -23,12 +23,20 @@ def _port():
         return s.getsockname()[1]
 
 
-def run(mode, target, step, world, salt=0, env=None, expect_ok=True):
-    """Run `world` ranks; their (returncode, output) by rank."""
-    port = _port() if world > 1 else 0
+def _argv(script, mode, target, step, rank, world, port, salt):
+    if script == WORKER:
+        rest = [step, rank, world, port, salt]
+    else:  # fsdp_worker.py: MODE TARGET WORLD RANK PORT
+        rest = [world, rank, port]
+    return [sys.executable, str(script), mode, str(target)] + [str(a) for a in rest]
+
+
+def run(mode, target, step, world, salt=0, env=None, expect_ok=True, script=WORKER):
+    """Run `world` ranks of `script`; their (returncode, output) by rank."""
+    port = _port() if world > 1 or script != WORKER else 0
     procs = [
         subprocess.Popen(
-            [sys.executable, str(WORKER), mode, str(target), str(step), str(r), str(world), str(port), str(salt)],
+            _argv(script, mode, target, step, r, world, port, salt),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -44,13 +52,6 @@ def run(mode, target, step, world, salt=0, env=None, expect_ok=True):
         for rank, (code, text) in enumerate(out):
             assert code == 0, f"rank {rank} of {world} failed:\n{text[-3000:]}"
     return out
-
-
-def _targets(tmp_path):
-    yield f"file://{tmp_path}/bucket"
-    bucket = os.environ.get("CKPT_TEST_BUCKET")
-    if bucket:
-        yield f"s3://{bucket}/dcp-{uuid.uuid4().hex}"
 
 
 @pytest.fixture(params=["dir", "garage"])
@@ -198,3 +199,39 @@ def test_consolidation_writes_whole_tensors_from_python_and_the_cli(tmp_path):
     local = tmp_path / "local.safetensors"
     consolidate(path, 2, local)
     assert torch.equal(load_file(str(local))["model.a"], worker.full("model.a", 0))
+
+
+def test_fsdp2_saved_at_4_resumes_at_2_with_the_losses_of_an_uninterrupted_run(tmp_path):
+    fsdp = WORKER.parent / "fsdp_worker.py"
+    url = f"file://{tmp_path}/bucket"
+
+    def losses(out):
+        line = [l for l in out[0][1].splitlines() if l.startswith("losses ")][0]
+        return [float(v) for v in line.split()[1:]]
+
+    full = losses(run("full", url, None, 4, script=fsdp))
+    saved = losses(run("save", url, None, 4, script=fsdp))
+    assert saved == full[:3]
+    assert ckptstore.Remote(url).steps() == [3]
+    resumed = losses(run("resume", url, None, 2, script=fsdp))
+    assert len(resumed) == 3
+    for a, b in zip(resumed, full[3:]):
+        assert abs(a - b) <= 1e-5 * max(1.0, abs(b)), (resumed, full)
+
+
+def test_dcp_steps_dedup_and_take_retention_gc_and_verify(tmp_path):
+    url = f"file://{tmp_path}/bucket"
+    chunks = tmp_path / "bucket" / "chunks"
+
+    def stored():
+        return sum(p.stat().st_size for p in chunks.rglob("*") if p.is_file())
+
+    run("save", url, 1, 2)
+    first = stored()
+    run("save", url, 2, 2)  # the same tensors: only the small packed chunks are new
+    assert stored() - first < 64 << 10, (first, stored())
+    remote = ckptstore.Remote(url)
+    assert remote.steps() == [1, 2]
+    assert remote.gc(keep_last=1) == [1]
+    assert remote.steps() == [2] and remote.verify().ok
+    assert run("load", url, -1, 3)[0][1].strip().endswith("ok 2")

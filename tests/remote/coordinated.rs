@@ -181,3 +181,48 @@ fn a_damaged_chunk_fails_a_piece_naming_the_step() -> Result {
     assert_ne!(data[..100], [0u8; 100]);
     Ok(())
 }
+
+/// A checkpoint with every kind of entry: large and small blobs, a large
+/// and a small tensor, metrics, a loss CID.
+fn every_kind(step: u64) -> Result<GradientCheckpoint> {
+    use ckptstore::{Dtype, Tensor};
+    // (No graph nodes: a node's id is a fresh UUID.)
+    let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), step)
+        .with_loss_cid("cid_loss")
+        .with_metric("loss", 0.25);
+    c.timestamp = 1_700_000_000;
+    c.set_optimizer_state("big", (0..3 * MIB).map(|i| (i % 253) as u8).collect());
+    c.set_optimizer_state("rng", vec![7; 100]);
+    c.set_tensor(
+        "w",
+        Tensor::new(Dtype::BF16, vec![1024, 1024], vec![3; 2 * MIB])?,
+    );
+    c.set_tensor("b", Tensor::new(Dtype::F32, vec![4], vec![1; 16])?);
+    Ok(c)
+}
+
+/// The bucket's manifests are the same bytes whoever builds them: a shard
+/// uploaded from memory and a step pushed from a store name the same
+/// chunks, and both names are what 0.4's first build wrote (so a retried
+/// shard or a re-pushed step dedups against buckets written before).
+#[test]
+fn manifests_keep_their_bytes() -> Result {
+    let dir = tempfile::tempdir()?;
+    let remote = Remote::open(&format!("file://{}/b", dir.path().display()))?;
+    let shard = remote.upload_shard(5, 0, 1, &every_kind(5)?)?.shard;
+    let store = ckptstore::CheckpointStore::open(dir.path().join("s.ckpt"))?;
+    store.commit(&every_kind(6)?)?;
+    remote.push(&store)?;
+    let manifests: Vec<String> = std::fs::read_dir(dir.path().join("b/manifests"))?
+        .map(|e| Ok(e?.file_name().to_string_lossy().into_owned()))
+        .collect::<std::io::Result<_>>()?;
+    assert_eq!(
+        shard,
+        "06463cb4cfcef4667e6a16f913aee9a8bd3ce54bc0d959fa674d0a6b7a51d73e"
+    );
+    assert_eq!(
+        manifests,
+        ["00000000000000000006-728330f07c21108b5fa313891bc28c9bc0616a291806e07d0c844d8df1e87212.json"]
+    );
+    Ok(())
+}
