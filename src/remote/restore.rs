@@ -156,10 +156,16 @@ impl Remote {
                     }
                     e => super::remote_error(url, "reading chunks from", e),
                 })?;
-                if piece.len() != *len || blake3::hash(&piece).as_bytes() != hash {
-                    return Err(damaged());
-                }
-                Ok(piece)
+                // Hashed on the blocking pool: the downloads in flight are
+                // checked on every core, not on the runtime's one thread.
+                let (want, n) = (*hash, *len);
+                let checked = tokio::task::spawn_blocking(move || {
+                    let whole = piece.len() == n && *blake3::hash(&piece).as_bytes() == want;
+                    whole.then_some(piece)
+                })
+                .await
+                .map_err(|e| corrupt(format!("{what}: checking chunk {} failed: {e}", hex(hash))))?;
+                checked.ok_or_else(damaged)
             })
             .buffered(DOWNLOADS_IN_FLIGHT);
         let mut pieces = Vec::with_capacity(wanted.len());

@@ -50,7 +50,9 @@ def worker(mode, kind, target, world, rank, port, mib, step):
     rows, width, count = 1024, 1024, max(1, mib // 4)  # 4 MiB tensors
     state = {}
     for i in range(count):
-        full = torch.full((rows, width), float(i)) if mode == "save" else torch.zeros(rows, width)
+        # Distinct values everywhere (nothing for dedup to find).
+        n = rows * width
+        full = (torch.arange(n, dtype=torch.float32) + i * n).reshape(rows, width) if mode == "save" else torch.zeros(rows, width)
         state[f"w{i}"] = distribute_tensor(full, mesh, [Shard(0)])
     dist.barrier()
     before, start = _rchar(), time.perf_counter()
