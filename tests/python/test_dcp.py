@@ -75,10 +75,13 @@ def test_saved_at_4_loads_at_4_2_3_and_1_bit_identical(url):
     assert remote.verify().ok
 
 
-def test_async_save_in_thread_mode_resolves_when_the_step_is_listed(tmp_path):
+@pytest.mark.parametrize("mode", ["async_save", "async_save_process"])
+def test_async_save_resolves_when_the_step_is_listed(tmp_path, mode):
+    # Thread mode, and process mode (the writer is pickled into DCP's
+    # background process: a URL target).
     url = f"file://{tmp_path}/bucket"
-    out = run("async_save", url, 8, 2)
-    assert f"listed [8]" in out[0][1], out[0][1]
+    out = run(mode, url, 8, 2)
+    assert "listed [8]" in out[0][1], out[0][1]
     assert run("load", url, 8, 2)[0][1].strip().endswith("ok 8")
 
 

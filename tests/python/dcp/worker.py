@@ -80,8 +80,15 @@ def main():
     if mode == "save":
         dcp.save(state(mesh, salt, empty=False), storage_writer=StorageWriter(target, step))
         print("saved", flush=True)
-    elif mode == "async_save":
-        fut = dcp.async_save(state(mesh, salt, empty=False), storage_writer=StorageWriter(target, step))
+    elif mode in ("async_save", "async_save_process"):
+        kwargs = {}
+        if mode == "async_save_process":
+            from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+            kwargs["async_checkpointer_type"] = AsyncCheckpointerType.PROCESS
+        fut = dcp.async_save(
+            state(mesh, salt, empty=False), storage_writer=StorageWriter(target, step), **kwargs
+        )
         fut.result()
         if rank == 0:
             import ckptstore
