@@ -79,6 +79,8 @@ METADATA = ".dcp/metadata.json"
 """The entry of the coordinator's shard that holds DCP's metadata."""
 
 _FORMAT = 1
+# Bytes of stored boxes read at once by a load.
+_BATCH_BYTES = 64 << 20
 _FROM_STORE = {v: k for k, v in DTYPE_NAMES.items()}
 
 Target = Union[str, "os.PathLike[str]", Store]
@@ -387,14 +389,27 @@ class StorageReader(_storage.StorageReader):
         return plans
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> "Future[None]":
-        pieces = []
-        boxes = []
+        # In batches of about _BATCH_BYTES: memory holds the state being
+        # loaded and one batch, not a second copy of the state.
+        batch: List[Tuple[ReadItem, Tuple[int, str, int, int], Any]] = []
+        size = 0
         for item in plan.items:
-            where = self._where[item.storage_index]
-            piece, box = self._piece(item, where)
-            pieces.append(piece)
-            boxes.append(box)
-        for item, data, box in zip(plan.items, self._fetch(pieces), boxes):
+            piece, box = self._piece(item, self._where[item.storage_index])
+            batch.append((item, piece, box))
+            size += piece[3]
+            if size >= _BATCH_BYTES:
+                self._load_batch(batch, planner)
+                batch, size = [], 0
+        self._load_batch(batch, planner)
+        fut: Future = Future()
+        fut.set_result(None)
+        return fut
+
+    def _load_batch(self, batch: List[Tuple[ReadItem, Tuple[int, str, int, int], Any]], planner: LoadPlanner) -> None:
+        if not batch:
+            return
+        datas = self._fetch([piece for _, piece, _ in batch])
+        for (item, _, box), data in zip(batch, datas):
             if item.type == LoadItemType.BYTE_IO:
                 planner.load_bytes(item, io.BytesIO(data.tobytes()))
                 continue
@@ -405,9 +420,6 @@ class StorageReader(_storage.StorageReader):
                 raise ValueError(f"{item.storage_index.fqn}: sizes {target.size()} and {source.size()} differ")
             target.copy_(source)
             planner.commit_tensor(item, target)
-        fut: Future = Future()
-        fut.set_result(None)
-        return fut
 
     def _length(self, where: _Where) -> int:
         if self._global is not None:

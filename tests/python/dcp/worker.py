@@ -98,6 +98,10 @@ def main():
             print(f"listed {listed}", flush=True)
         print("saved", flush=True)
     else:
+        # Small batches, so that a load takes many (the default is 64 MiB).
+        import ckptstore.dcp
+
+        ckptstore.dcp._BATCH_BYTES = 256 << 10
         loaded = state(mesh, salt, empty=True)
         reader = StorageReader(target, None if step < 0 else step)
         dcp.load(loaded, storage_reader=reader)
