@@ -133,6 +133,23 @@ impl RawRemote {
         Ok((&info).into())
     }
 
+    /// Upload only the chunks of rank `rank`'s shard of `step`.
+    fn upload_shard_data(
+        &self,
+        py: Python<'_>,
+        shard: (u64, u32, u32),
+        tensors: Vec<PyTensor<'_>>,
+        blobs: Vec<(String, Vec<u8>)>,
+        metrics: BTreeMap<String, f64>,
+    ) -> PyResult<results::ShardInfo> {
+        let (step, rank, world_size) = shard;
+        let ckpt = owned(step, &tensors, blobs, metrics)?;
+        let info = py
+            .detach(|| self.remote.upload_shard_data(step, rank, world_size, &ckpt))
+            .map_err(py_err)?;
+        Ok((&info).into())
+    }
+
     /// Complete global step `step` with exactly these shards, by rank.
     fn commit_global(&self, py: Python<'_>, step: u64, shards: Vec<String>) -> PyResult<()> {
         py.detach(|| self.remote.commit_global(step, &shards))

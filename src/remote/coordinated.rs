@@ -7,6 +7,7 @@
 //! block one (gc removes them).
 
 use super::layout::{encode, GlobalManifest, ShardId, MANIFEST_FORMAT, MAX_WORLD_SIZE};
+use super::shards::Then;
 use super::{Commit, Remote, ShardInfo};
 use crate::format::manifest::{hex, Hash};
 use crate::{Error, GradientCheckpoint, Result};
@@ -28,7 +29,31 @@ impl Remote {
         ckpt: &GradientCheckpoint,
     ) -> Result<ShardInfo> {
         Self::check_shard_args(step, rank, world_size, ckpt)?;
-        self.with_push_lock(|lock| self.put_shard(step, rank, world_size, ckpt, lock, false))
+        self.with_push_lock(|lock| {
+            self.put_shard(step, rank, world_size, ckpt, lock, Then::Manifest)
+        })
+    }
+
+    /// Upload the chunks of rank `rank`'s shard of `step` and nothing else:
+    /// a coordinator that learns the rest of its shard later (DCP's
+    /// metadata, at `finish`) uploads its data early, beside the other
+    /// ranks, and its [`upload_shard`](Self::upload_shard) then finds the
+    /// chunks there. Chunks named by no shard are collected by `gc` once
+    /// the grace period has passed.
+    ///
+    /// # Errors
+    /// As [`upload_shard`](Self::upload_shard).
+    pub fn upload_shard_data(
+        &self,
+        step: u64,
+        rank: u32,
+        world_size: u32,
+        ckpt: &GradientCheckpoint,
+    ) -> Result<ShardInfo> {
+        Self::check_shard_args(step, rank, world_size, ckpt)?;
+        self.with_push_lock(|lock| {
+            self.put_shard(step, rank, world_size, ckpt, lock, Then::ChunksOnly)
+        })
     }
 
     /// Complete global step `step` with `shards` (each rank's, by rank, as

@@ -164,7 +164,9 @@ impl Remote {
                     whole.then_some(piece)
                 })
                 .await
-                .map_err(|e| corrupt(format!("{what}: checking chunk {} failed: {e}", hex(hash))))?;
+                .map_err(|e| {
+                    corrupt(format!("{what}: checking chunk {} failed: {e}", hex(hash)))
+                })?;
                 checked.ok_or_else(damaged)
             })
             .buffered(DOWNLOADS_IN_FLIGHT);

@@ -108,7 +108,9 @@ impl Remote {
     ) -> Result<ShardInfo> {
         Self::check_shard_args(step, rank, world_size, ckpt)?;
         self.check_world_size(step, world_size)?;
-        self.with_push_lock(|lock| self.put_shard(step, rank, world_size, ckpt, lock, true))
+        self.with_push_lock(|lock| {
+            self.put_shard(step, rank, world_size, ckpt, lock, Then::Complete)
+        })
     }
 
     /// Check a shard's arguments as [`commit_shard`](Self::commit_shard)
@@ -136,8 +138,8 @@ impl Remote {
         ckpt.validate()
     }
 
-    /// Upload a shard (its chunks, then its manifest) and, with
-    /// `finalize`, write the step's commit if every rank's shard is there.
+    /// Upload a shard's chunks, then as `then` says its manifest, and the
+    /// step's commit if every rank's shard is there.
     pub(super) fn put_shard(
         &self,
         step: u64,
@@ -145,7 +147,7 @@ impl Remote {
         world_size: u32,
         ckpt: &GradientCheckpoint,
         lock: &mut Lock,
-        finalize: bool,
+        then: Then,
     ) -> Result<ShardInfo> {
         let (manifest, mut pieces, packed) = shard_manifest(ckpt)?;
         if let Some((hash, bytes)) = &packed {
@@ -194,9 +196,12 @@ impl Remote {
             world_size,
             hash,
         };
-        self.put(&self.layout.shard(step, &id), bytes)?;
         info.shard = hex(&hash);
-        if !finalize {
+        if then == Then::ChunksOnly {
+            return Ok(info);
+        }
+        self.put(&self.layout.shard(step, &id), bytes)?;
+        if then == Then::Manifest {
             return Ok(info);
         }
         let landed = Instant::now();
@@ -426,6 +431,17 @@ impl Remote {
         let ckpt = store.get(step)?.ok_or(Error::StepNotFound { step })?;
         self.commit_shard(step, rank, world_size, &ckpt)
     }
+}
+
+/// How far [`Remote::put_shard`] goes after the chunks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Then {
+    /// Nothing more: the chunks are in the bucket, named by no shard.
+    ChunksOnly,
+    /// The shard's manifest.
+    Manifest,
+    /// The manifest, and the step's commit when every rank is there.
+    Complete,
 }
 
 /// A checkpoint held in memory, as the bucket takes it: its manifest, its

@@ -226,3 +226,21 @@ fn manifests_keep_their_bytes() -> Result {
     );
     Ok(())
 }
+
+#[test]
+fn data_uploaded_early_is_not_uploaded_again() -> Result {
+    let dir = tempfile::tempdir()?;
+    let remote = Remote::open(&format!("file://{}", dir.path().display()))?;
+    let data = shard(3, 9, 3 * MIB);
+    let early = remote.upload_shard_data(3, 0, 1, &data)?;
+    assert!(early.bytes_uploaded >= 3 * MIB as u64);
+    assert!(!dir.path().join("shards").exists(), "no shard manifest yet");
+    // The shard, later, with one more small entry: only that is new.
+    let mut more = data.clone();
+    more.set_optimizer_state(".dcp/metadata.json", b"{}".to_vec());
+    let info = remote.upload_shard(3, 0, 1, &more)?;
+    assert!(info.bytes_uploaded < 64 << 10, "{}", info.bytes_uploaded);
+    remote.commit_global(3, &[info.shard])?;
+    assert!(remote.get_shard(3, 0)? == Some(more));
+    Ok(())
+}

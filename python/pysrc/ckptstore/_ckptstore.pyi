@@ -260,6 +260,13 @@ class RawRemote:
         blobs: List[_Blob],
         metrics: Dict[str, float],
     ) -> ShardInfo: ...
+    def upload_shard_data(
+        self,
+        shard: Tuple[int, int, int],
+        tensors: List[_Tensor],
+        blobs: List[_Blob],
+        metrics: Dict[str, float],
+    ) -> ShardInfo: ...
     def commit_global(self, step: int, shards: List[str]) -> None: ...
     def open_global(self, step: int) -> Optional[RawGlobalStep]: ...
     def read_pieces(

@@ -35,7 +35,9 @@ DCP's files.
 
 Memory: the coordinator keeps its own write items (CPU tensors by
 reference; device tensors copied to the host) from `write_data` to
-`finish`, where its shard is uploaded with the metadata.
+`finish`. Its data is uploaded in `write_data`, beside the other ranks';
+`finish` uploads its shard manifest with the metadata (the chunks are
+there: they are hashed again, not uploaded again).
 """
 
 import io
@@ -205,7 +207,11 @@ class StorageWriter(_storage.StorageWriter):
             results.append(self._resolve(item, planner, values))
         shard = ""
         if self._coordinator:
-            self._kept = values  # uploaded with the metadata by finish
+            # Its shard is uploaded with the metadata by finish; its data
+            # now, beside the other ranks' (finish then finds it there).
+            self._kept = values
+            if _is_url(self._target):
+                self._upload(values, chunks_only=True)
         elif _is_url(self._target):
             shard = self._upload(values)
         # Every rank reports its shard, also a rank with no items.
@@ -232,12 +238,13 @@ class StorageWriter(_storage.StorageWriter):
             size = array.size
         return _storage.WriteResult(index=item.index, size_in_bytes=size, storage_data=_Where(self._rank, name))
 
-    def _upload(self, values: Dict[str, Any]) -> str:
+    def _upload(self, values: Dict[str, Any], chunks_only: bool = False) -> str:
         from . import _split
 
         tensors, blobs = _split(values)
-        remote = Remote(str(self._target))
-        info = remote._raw.upload_shard((self._step, self._rank, self._world), tensors, blobs, {})
+        raw = Remote(str(self._target))._raw
+        upload = raw.upload_shard_data if chunks_only else raw.upload_shard
+        info = upload((self._step, self._rank, self._world), tensors, blobs, {})
         return info.shard
 
     def finish(self, metadata: Metadata, results: List[List[_storage.WriteResult]]) -> None:
