@@ -81,6 +81,18 @@ def remote(dir: Path, store: Store) -> None:
     mine = ranks.shard(1, 2).load()
     assert mine is not None and int(mine.tensors["x"][0]) == 1
 
+    # A step a coordinator completes, read piece by piece.
+    coord = Remote(f"file://{dir}/coordinated")
+    data = {"x": np.arange(8, dtype=np.int64)}
+    early: ShardInfo = coord.upload_shard(7, 0, 1, data, data_only=True)
+    named: ShardInfo = coord.upload_shard(7, 0, 1, data)
+    assert early.shard == named.shard and coord.steps() == []
+    coord.commit_global(7, [named.shard])
+    opened = coord.open_global(7)
+    assert opened is not None and opened.world_size == 1
+    (piece,) = coord.read_pieces(opened, [(0, "x", 8, 16)])
+    assert piece.view(np.int64).tolist() == [1, 2]
+
 
 def pytorch(dir: Path) -> None:
     model = torch.nn.Linear(4, 2)

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use ckptstore::Remote;
+use ckptstore::{GradientCheckpoint, Remote};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -20,7 +20,29 @@ pub(crate) struct RawRemote {
     pub(crate) remote: Remote,
 }
 
+/// One of the calls that upload a shard ([`Remote::commit_shard`] and the
+/// coordinated ones).
+type ShardOp =
+    fn(&Remote, u64, u32, u32, &GradientCheckpoint) -> ckptstore::Result<ckptstore::ShardInfo>;
+
 impl RawRemote {
+    /// Build rank `rank`'s shard from Python's arrays (copied) and run `op`.
+    fn shard_call(
+        &self,
+        py: Python<'_>,
+        (step, rank, world_size): (u64, u32, u32),
+        tensors: &[PyTensor<'_>],
+        blobs: Vec<(String, Vec<u8>)>,
+        metrics: BTreeMap<String, f64>,
+        op: ShardOp,
+    ) -> PyResult<results::ShardInfo> {
+        let ckpt = owned(step, tensors, blobs, metrics)?;
+        let info = py
+            .detach(|| op(&self.remote, step, rank, world_size, &ckpt))
+            .map_err(py_err)?;
+        Ok((&info).into())
+    }
+
     /// `step`, or the latest complete step.
     fn step_or_latest(&self, step: Option<u64>) -> ckptstore::Result<Option<u64>> {
         match step {
@@ -99,20 +121,15 @@ impl RawRemote {
 
     /// Commit rank `rank`'s shard of global step `step` of `world_size`
     /// ranks, given as `(step, rank, world_size)` (the arrays are copied).
-    fn save_shard<'py>(
+    fn save_shard(
         &self,
-        py: Python<'py>,
+        py: Python<'_>,
         shard: (u64, u32, u32),
-        tensors: Vec<PyTensor<'py>>,
+        tensors: Vec<PyTensor<'_>>,
         blobs: Vec<(String, Vec<u8>)>,
         metrics: BTreeMap<String, f64>,
     ) -> PyResult<results::ShardInfo> {
-        let (step, rank, world_size) = shard;
-        let ckpt = owned(step, &tensors, blobs, metrics)?;
-        let info = py
-            .detach(|| self.remote.commit_shard(step, rank, world_size, &ckpt))
-            .map_err(py_err)?;
-        Ok((&info).into())
+        self.shard_call(py, shard, &tensors, blobs, metrics, Remote::commit_shard)
     }
 
     /// Upload rank `rank`'s shard of global step `step` without completing
@@ -125,12 +142,7 @@ impl RawRemote {
         blobs: Vec<(String, Vec<u8>)>,
         metrics: BTreeMap<String, f64>,
     ) -> PyResult<results::ShardInfo> {
-        let (step, rank, world_size) = shard;
-        let ckpt = owned(step, &tensors, blobs, metrics)?;
-        let info = py
-            .detach(|| self.remote.upload_shard(step, rank, world_size, &ckpt))
-            .map_err(py_err)?;
-        Ok((&info).into())
+        self.shard_call(py, shard, &tensors, blobs, metrics, Remote::upload_shard)
     }
 
     /// Upload only the chunks of rank `rank`'s shard of `step`.
@@ -142,12 +154,14 @@ impl RawRemote {
         blobs: Vec<(String, Vec<u8>)>,
         metrics: BTreeMap<String, f64>,
     ) -> PyResult<results::ShardInfo> {
-        let (step, rank, world_size) = shard;
-        let ckpt = owned(step, &tensors, blobs, metrics)?;
-        let info = py
-            .detach(|| self.remote.upload_shard_data(step, rank, world_size, &ckpt))
-            .map_err(py_err)?;
-        Ok((&info).into())
+        self.shard_call(
+            py,
+            shard,
+            &tensors,
+            blobs,
+            metrics,
+            Remote::upload_shard_data,
+        )
     }
 
     /// Complete global step `step` with exactly these shards, by rank.

@@ -41,6 +41,7 @@ from ._ckptstore import (  # noqa: F401  (re-exported)
     Error,
     LockedError,
     PushReport,
+    RawGlobalStep,
     RawRemote,
     RawStore,
     ReplicationStatus,
@@ -72,6 +73,7 @@ __all__ = [
     "Checkpoint",
     "CommitInfo",
     "DTYPE_NAMES",
+    "step_number",
     "PushReport",
     "ReplicationStatus",
     "StoreStats",
@@ -199,9 +201,10 @@ def _checkpoint(d: Optional[Dict[str, Any]]) -> Optional[Checkpoint]:
     return Checkpoint(d["step"], d["timestamp"], d["loss_cid"], d["metrics"], tensors)
 
 
-def _step(step: Any) -> int:
+def step_number(step: Any) -> int:
     """`step` as a step number: an int (or anything `operator.index`
-    takes), not a bool, float or str, from 0 to 2**64 - 1."""
+    takes), not a bool, float or str, from 0 to 2**64 - 1 (TypeError,
+    ValueError otherwise). Every call that takes a step checks it so."""
     if isinstance(step, bool):
         raise TypeError(f"a step is an int, not a bool ({step!r})")
     try:
@@ -211,6 +214,9 @@ def _step(step: Any) -> int:
     if not 0 <= n < 1 << 64:
         raise ValueError(f"step {n}: steps are 0 to 2**64 - 1")
     return n
+
+
+_step = step_number
 
 
 def _optional_step(step: Any) -> Optional[int]:
@@ -406,6 +412,40 @@ class Remote:
         """Make this prefix hold `store`'s run from now on (a store restored
         from a backup, or a run continued by a new store)."""
         self._raw.adopt(store._raw)
+
+    # Global steps a coordinator completes (what ckptstore.dcp stands on).
+
+    def upload_shard(
+        self, step: int, rank: int, world_size: int, state: Mapping[str, Value], data_only: bool = False
+    ) -> ShardInfo:
+        """Upload rank `rank`'s shard of global step `step` without completing
+        the step; `info.shard` names it for `commit_global`. With
+        `data_only`, only its chunks (no shard yet: a later upload_shard of
+        the same data finds them there)."""
+        tensors, blobs = _split(state)
+        raw = self._raw.upload_shard_data if data_only else self._raw.upload_shard
+        return raw((_step(step), int(rank), int(world_size)), tensors, blobs, {})
+
+    def commit_global(self, step: int, shards: List[str]) -> None:
+        """Complete global step `step` with exactly `shards` (each rank's
+        `info.shard`, by rank), after checking each is there and whole."""
+        self._raw.commit_global(_step(step), [str(s) for s in shards])
+
+    def open_global(self, step: int) -> Optional[RawGlobalStep]:
+        """Step `step` opened for reading parts of its entries (its
+        manifests checked), or None if no commit of it checks out."""
+        return self._raw.open_global(_step(step))
+
+    def read_pieces(self, opened: RawGlobalStep, pieces: List[Tuple[int, str, int, int]]) -> List[np.ndarray]:
+        """The bytes of each (rank, entry, offset, length) of `opened`, as
+        uint8 arrays; only the chunks they overlap are fetched, each
+        hash-checked."""
+        return [np.asarray(b) for b in self._raw.read_pieces(opened, pieces)]
+
+    def consolidate(self, step: int, path: "os.PathLike[str] | str", prefix: Optional[str] = None) -> List[str]:
+        """Write DCP step `step` as one safetensors file of whole tensors
+        (see `ckptstore.dcp.consolidate`); the names written."""
+        return self._raw.consolidate(_step(step), os.fspath(path), prefix)
 
     def shard(self, rank: int, world_size: int) -> "Shard":
         """Rank `rank`'s side of global steps of `world_size` ranks

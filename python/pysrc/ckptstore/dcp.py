@@ -42,7 +42,6 @@ there: they are hashed again, not uploaded again).
 
 import io
 import json
-import operator
 import os
 from builtins import open as builtins_open
 from dataclasses import dataclass
@@ -73,7 +72,8 @@ from torch.distributed.checkpoint.planner import (
 )
 from torch.futures import Future
 
-from . import DTYPE_NAMES, Remote, Store, Tensor, open as _open_store
+from . import DTYPE_NAMES, Remote, Store, Tensor, step_number
+from . import open as _open_store
 
 __all__ = ["StorageWriter", "StorageReader", "METADATA", "consolidate"]
 
@@ -90,18 +90,6 @@ Target = Union[str, "os.PathLike[str]", Store]
 
 def _is_url(target: Any) -> bool:
     return isinstance(target, str) and target.split("://", 1)[0] in ("s3", "file")
-
-
-def _check_step(step: Any) -> int:
-    if isinstance(step, bool):
-        raise TypeError(f"a step is an int, not a bool ({step!r})")
-    try:
-        n = operator.index(step)
-    except TypeError:
-        raise TypeError(f"a step is an int, not {type(step).__name__} ({step!r})") from None
-    if not 0 <= n < 1 << 64:
-        raise ValueError(f"step {n}: steps are 0 to 2**64 - 1")
-    return n
 
 
 def _world() -> Tuple[int, int]:
@@ -149,7 +137,7 @@ class StorageWriter(_storage.StorageWriter):
     def __init__(self, target: Target, step: int) -> None:
         super().__init__()
         self._target = target
-        self._step = _check_step(step)
+        self._step = step_number(step)
         self._rank, self._world = 0, 1
         self._coordinator = True
         self._kept: Dict[str, Any] = {}
@@ -168,14 +156,14 @@ class StorageWriter(_storage.StorageWriter):
 
     def reset(self, checkpoint_id: Any = None) -> None:
         if checkpoint_id is not None:
-            self._step = _check_step(checkpoint_id)
+            self._step = step_number(checkpoint_id)
         self._kept = {}
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
         """A checkpoint id is a step number."""
         try:
-            _check_step(checkpoint_id)
+            step_number(checkpoint_id)
             return True
         except (TypeError, ValueError):
             return False
@@ -239,12 +227,8 @@ class StorageWriter(_storage.StorageWriter):
         return _storage.WriteResult(index=item.index, size_in_bytes=size, storage_data=_Where(self._rank, name))
 
     def _upload(self, values: Dict[str, Any], chunks_only: bool = False) -> str:
-        from . import _split
-
-        tensors, blobs = _split(values)
-        raw = Remote(str(self._target))._raw
-        upload = raw.upload_shard_data if chunks_only else raw.upload_shard
-        info = upload((self._step, self._rank, self._world), tensors, blobs, {})
+        remote = Remote(str(self._target))
+        info = remote.upload_shard(self._step, self._rank, self._world, values, data_only=chunks_only)
         return info.shard
 
     def finish(self, metadata: Metadata, results: List[List[_storage.WriteResult]]) -> None:
@@ -269,7 +253,7 @@ class StorageWriter(_storage.StorageWriter):
         missing = [r for r, s in enumerate(shards) if not s]
         if missing:
             raise ValueError(f"step {self._step}: no shard reported by ranks {missing}")
-        Remote(str(self._target))._raw.commit_global(self._step, shards)
+        Remote(str(self._target)).commit_global(self._step, shards)
 
 
 class _local:
@@ -298,7 +282,7 @@ class StorageReader(_storage.StorageReader):
     def __init__(self, target: Target, step: Optional[int] = None) -> None:
         super().__init__()
         self._target = target
-        self._step = None if step is None else _check_step(step)
+        self._step = None if step is None else step_number(step)
         self._resolved: Optional[int] = None
         self._global: Any = None
         self._local: Dict[str, np.ndarray] = {}
@@ -316,7 +300,7 @@ class StorageReader(_storage.StorageReader):
 
     def reset(self, checkpoint_id: Any = None) -> None:
         if checkpoint_id is not None:
-            self._step = _check_step(checkpoint_id)
+            self._step = step_number(checkpoint_id)
         self._resolved = None
 
     @classmethod
@@ -358,8 +342,8 @@ class StorageReader(_storage.StorageReader):
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         step = self._resolve_step()
         if _is_url(self._target):
-            raw = Remote(str(self._target))._raw
-            self._global = raw.open_global(step)
+            remote = Remote(str(self._target))
+            self._global = remote.open_global(step)
             if self._global is None:
                 raise FileNotFoundError(f"{self._describe()} has no complete step {step}")
             for rank in range(self._global.world_size):
@@ -369,8 +353,8 @@ class StorageReader(_storage.StorageReader):
             if not owner:
                 raise ValueError(f"step {step} of {self._describe()} was not saved by ckptstore.dcp")
             size = self._entries[(owner[0], METADATA)][2]
-            (buf,) = raw.read_pieces(self._global, [(owner[0], METADATA, 0, size)])
-            text = np.asarray(buf).tobytes()
+            (buf,) = remote.read_pieces(self._global, [(owner[0], METADATA, 0, size)])
+            text = buf.tobytes()
         else:
             with _local(self._target, read_only=True) as store:
                 ck = store.load(step)
@@ -455,8 +439,7 @@ class StorageReader(_storage.StorageReader):
 
     def _fetch(self, pieces: Sequence[Tuple[int, str, int, int]]) -> List[np.ndarray]:
         if self._global is not None:
-            raw = Remote(str(self._target))._raw
-            return [np.asarray(b) for b in raw.read_pieces(self._global, list(pieces))]
+            return Remote(str(self._target)).read_pieces(self._global, list(pieces))
         out = []
         for _, entry, start, n in pieces:
             whole = self._local[entry]
@@ -592,7 +575,7 @@ def consolidate(
     reader = StorageReader(target, step)
     resolved = reader._resolve_step()
     if _is_url(target):
-        return Remote(str(target))._raw.consolidate(resolved, str(path), prefix)
+        return Remote(str(target)).consolidate(resolved, path, prefix)
     md = reader.read_metadata()
     header: Dict[str, Any] = {"__metadata__": {"ckptstore.step": str(resolved)}}
     blobs = []
