@@ -44,7 +44,6 @@ import io
 import json
 import os
 from builtins import open as builtins_open
-from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -52,12 +51,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint import storage as _storage
 from torch.distributed.checkpoint.metadata import (
-    BytesStorageMetadata,
-    ChunkStorageMetadata,
     Metadata,
     MetadataIndex,
     StorageMeta,
-    TensorProperties,
     TensorStorageMetadata,
 )
 from torch.distributed.checkpoint.planner import (
@@ -72,7 +68,8 @@ from torch.distributed.checkpoint.planner import (
 )
 from torch.futures import Future
 
-from . import DTYPE_NAMES, Remote, Store, Tensor, step_number
+from . import DTYPE_NAMES, Remote, Store, Tensor, _dcp_json, step_number
+from ._dcp_json import Where
 from . import open as _open_store
 
 __all__ = ["StorageWriter", "StorageReader", "METADATA", "consolidate"]
@@ -80,10 +77,8 @@ __all__ = ["StorageWriter", "StorageReader", "METADATA", "consolidate"]
 METADATA = ".dcp/metadata.json"
 """The entry of the coordinator's shard that holds DCP's metadata."""
 
-_FORMAT = 1
 # Bytes of stored boxes read at once by a load.
 _BATCH_BYTES = 64 << 20
-_FROM_STORE = {v: k for k, v in DTYPE_NAMES.items()}
 
 Target = Union[str, "os.PathLike[str]", Store]
 
@@ -97,16 +92,6 @@ def _world() -> Tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
-
-
-@dataclass(frozen=True)
-class _Where:
-    """Where a write item's bytes are: rank `rank`'s entry `entry`, in the
-    shard named `shard` (bucket targets)."""
-
-    rank: int
-    entry: str
-    shard: str = ""
 
 
 def _entry_name(index: MetadataIndex) -> str:
@@ -204,9 +189,9 @@ class StorageWriter(_storage.StorageWriter):
             shard = self._upload(values)
         # Every rank reports its shard, also a rank with no items.
         marker = MetadataIndex(fqn=f"\0ckptstore.rank.{self._rank}")
-        results.append(_storage.WriteResult(marker, 0, _Where(self._rank, "", shard)))
+        results.append(_storage.WriteResult(marker, 0, Where(self._rank, "", shard)))
         results = [
-            _storage.WriteResult(r.index, r.size_in_bytes, _Where(self._rank, r.storage_data.entry, shard))
+            _storage.WriteResult(r.index, r.size_in_bytes, Where(self._rank, r.storage_data.entry, shard))
             for r in results
         ]
         fut: Future = Future()
@@ -224,7 +209,7 @@ class StorageWriter(_storage.StorageWriter):
             dtype, shape, array = _host_bytes(data)
             values[name] = Tensor(dtype, shape, array)
             size = array.size
-        return _storage.WriteResult(index=item.index, size_in_bytes=size, storage_data=_Where(self._rank, name))
+        return _storage.WriteResult(index=item.index, size_in_bytes=size, storage_data=Where(self._rank, name))
 
     def _upload(self, values: Dict[str, Any], chunks_only: bool = False) -> str:
         remote = Remote(str(self._target))
@@ -233,7 +218,7 @@ class StorageWriter(_storage.StorageWriter):
 
     def finish(self, metadata: Metadata, results: List[List[_storage.WriteResult]]) -> None:
         shards: List[str] = [""] * self._world
-        storage: Dict[MetadataIndex, _Where] = {}
+        storage: Dict[MetadataIndex, Where] = {}
         for per_rank in results:
             for r in per_rank:
                 where = r.storage_data
@@ -244,7 +229,7 @@ class StorageWriter(_storage.StorageWriter):
         metadata.storage_data = storage
         values = dict(self._kept)
         self._kept = {}
-        values[METADATA] = _metadata_to_json(metadata).encode()
+        values[METADATA] = _dcp_json.to_json(metadata).encode()
         if not _is_url(self._target):
             with _local(self._target) as store:
                 store.save(self._step, values)
@@ -286,7 +271,7 @@ class StorageReader(_storage.StorageReader):
         self._resolved: Optional[int] = None
         self._global: Any = None
         self._local: Dict[str, np.ndarray] = {}
-        self._where: Dict[MetadataIndex, _Where] = {}
+        self._where: Dict[MetadataIndex, Where] = {}
         self._entries: Dict[Tuple[int, str], Tuple[Optional[str], Optional[List[int]], int]] = {}
         self._metadata: Any = None
 
@@ -364,7 +349,7 @@ class StorageReader(_storage.StorageReader):
             if METADATA not in self._local:
                 raise ValueError(f"step {step} of {self._describe()} was not saved by ckptstore.dcp")
             text = self._local[METADATA].tobytes()
-        metadata = _metadata_from_json(text)
+        metadata = _dcp_json.from_json(text)
         self._where = metadata.storage_data
         self._metadata = metadata
         return metadata
@@ -412,12 +397,12 @@ class StorageReader(_storage.StorageReader):
             target.copy_(source)
             planner.commit_tensor(item, target)
 
-    def _length(self, where: _Where) -> int:
+    def _length(self, where: Where) -> int:
         if self._global is not None:
             return self._entries[(where.rank, where.entry)][2]
         return int(self._local[where.entry].nbytes)
 
-    def _piece(self, item: ReadItem, where: _Where) -> Tuple[Tuple[int, str, int, int], Any]:
+    def _piece(self, item: ReadItem, where: Where) -> Tuple[Tuple[int, str, int, int], Any]:
         if item.type == LoadItemType.BYTE_IO:
             return (where.rank, where.entry, 0, self._length(where)), None
         # The stored chunk's dtype and sizes, from DCP's metadata.
@@ -456,13 +441,6 @@ def _row_major(shape: Sequence[int]) -> List[int]:
     return list(reversed(strides))
 
 
-def _torch_dtype(store_name: Optional[str], entry: str) -> torch.dtype:
-    name = _FROM_STORE.get(store_name or "")
-    if name is None:
-        raise ValueError(f"{entry!r}: dtype {store_name} is not a torch dtype")
-    return getattr(torch, name)
-
-
 def _view(data: np.ndarray, dtype: torch.dtype, lengths: List[int], strides: List[int]) -> torch.Tensor:
     """The box `lengths` of a row-major tensor with `strides` (elements),
     from `data`, the bytes from its first element to its last."""
@@ -470,92 +448,6 @@ def _view(data: np.ndarray, dtype: torch.dtype, lengths: List[int], strides: Lis
         return torch.empty(lengths, dtype=dtype)
     flat = torch.frombuffer(data, dtype=dtype)
     return flat.as_strided(lengths, strides)
-
-
-def _metadata_to_json(md: Metadata) -> str:
-    tensors: Dict[str, Any] = {}
-    for fqn, m in md.state_dict_metadata.items():
-        if isinstance(m, TensorStorageMetadata):
-            tensors[fqn] = {
-                "dtype": DTYPE_NAMES[str(m.properties.dtype).removeprefix("torch.")],
-                "size": list(m.size),
-                "requires_grad": bool(m.properties.requires_grad),
-                "chunks": [{"offsets": list(c.offsets), "sizes": list(c.sizes)} for c in m.chunks],
-            }
-        elif isinstance(m, BytesStorageMetadata):
-            tensors[fqn] = {"bytes": True}
-        else:
-            raise TypeError(f"{fqn}: DCP metadata of type {type(m).__name__} is not supported")
-    where = [
-        {
-            "fqn": i.fqn,
-            "offset": None if i.offset is None else list(i.offset),
-            "index": i.index,
-            "rank": w.rank,
-            "entry": w.entry,
-        }
-        for i, w in md.storage_data.items()
-    ]
-    return json.dumps(
-        {
-            "format": _FORMAT,
-            "version": md.version,
-            "state_dict": tensors,
-            "planner_data": _planner_data_to_json(md.planner_data),
-            "storage": where,
-        },
-        separators=(",", ":"),
-    )
-
-
-def _planner_data_to_json(data: Any) -> Any:
-    """The default planners' data: fqn -> the path of keys (str or int) in
-    the nested state dict."""
-    if data is None:
-        return None
-    if isinstance(data, dict) and all(
-        isinstance(k, str) and isinstance(v, tuple) and all(isinstance(p, (str, int)) for p in v)
-        for k, v in data.items()
-    ):
-        return [[k, list(v)] for k, v in data.items()]
-    raise TypeError(
-        f"planner data of type {type(data).__name__} cannot be stored as JSON: "
-        "ckptstore.dcp supports DCP's default planners"
-    )
-
-
-def _metadata_from_json(text: bytes) -> Metadata:
-    try:
-        js = json.loads(text)
-        if js.get("format") != _FORMAT:
-            raise ValueError(f"unknown ckptstore.dcp metadata format {js.get('format')}")
-        state: Dict[str, Any] = {}
-        for fqn, m in js["state_dict"].items():
-            if m.get("bytes"):
-                state[fqn] = BytesStorageMetadata()
-                continue
-            props = TensorProperties(dtype=_torch_dtype(m["dtype"], fqn), requires_grad=bool(m["requires_grad"]))
-            chunks = [ChunkStorageMetadata(torch.Size(c["offsets"]), torch.Size(c["sizes"])) for c in m["chunks"]]
-            state[fqn] = TensorStorageMetadata(props, torch.Size(m["size"]), chunks)
-        storage = {
-            MetadataIndex(
-                fqn=w["fqn"],
-                offset=None if w["offset"] is None else torch.Size(w["offset"]),
-                index=w["index"],
-            ): _Where(int(w["rank"]), str(w["entry"]))
-            for w in js["storage"]
-        }
-        planner = js.get("planner_data")
-        planner_data = None if planner is None else {k: tuple(v) for k, v in planner}
-    except (KeyError, TypeError, AttributeError) as e:
-        raise ValueError(f"damaged ckptstore.dcp metadata: {e!r}") from None
-    return Metadata(
-        state_dict_metadata=state,
-        planner_data=planner_data,
-        storage_data=storage,
-        storage_meta=StorageMeta(),
-        version=js.get("version"),
-    )
 
 
 def consolidate(
