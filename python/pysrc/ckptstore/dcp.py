@@ -114,7 +114,26 @@ def _host_bytes(t: torch.Tensor) -> Tuple[str, List[int], np.ndarray]:
     return name, list(t.shape), flat.numpy()
 
 
-class StorageWriter(_storage.StorageWriter):
+class _SentAsUrl:
+    """Pickles as its target URL and step (DCP's process mode sends the
+    writer to another process); a local store stays in its process."""
+
+    _target: Any
+    _step: Any
+
+    def __getstate__(self) -> Dict[str, Any]:
+        if not _is_url(self._target):
+            raise TypeError(
+                f"a {type(self).__name__} over a local store cannot be sent to another process "
+                "(dcp.async_save in process mode): use a bucket URL, or thread mode"
+            )
+        return {"target": self._target, "step": self._step}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__init__(state["target"], state["step"])  # type: ignore[misc]
+
+
+class StorageWriter(_SentAsUrl, _storage.StorageWriter):
     """Write a DCP checkpoint as step `step` of `target`: a bucket URL (any
     number of ranks) or a local store (a path or an open Store; one
     process)."""
@@ -126,18 +145,6 @@ class StorageWriter(_storage.StorageWriter):
         self._rank, self._world = 0, 1
         self._coordinator = True
         self._kept: Dict[str, Any] = {}
-
-    # DCP's process mode pickles the writer into another process.
-    def __getstate__(self) -> Dict[str, Any]:
-        if not _is_url(self._target):
-            raise TypeError(
-                "a StorageWriter over a local store cannot be sent to another process "
-                "(dcp.async_save in process mode): use a bucket URL, or thread mode"
-            )
-        return {"target": self._target, "step": self._step}
-
-    def __setstate__(self, state: Dict[str, Any]) -> None:
-        self.__init__(state["target"], state["step"])  # type: ignore[misc]
 
     def reset(self, checkpoint_id: Any = None) -> None:
         if checkpoint_id is not None:
@@ -175,9 +182,7 @@ class StorageWriter(_storage.StorageWriter):
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> "Future[List[_storage.WriteResult]]":
         values: Dict[str, Any] = {}
-        results = []
-        for item in plan.items:
-            results.append(self._resolve(item, planner, values))
+        written = [self._resolve(item, planner, values) for item in plan.items]
         shard = ""
         if self._coordinator:
             # Its shard is uploaded with the metadata by finish; its data
@@ -188,28 +193,28 @@ class StorageWriter(_storage.StorageWriter):
         elif _is_url(self._target):
             shard = self._upload(values)
         # Every rank reports its shard, also a rank with no items.
-        marker = MetadataIndex(fqn=f"\0ckptstore.rank.{self._rank}")
-        results.append(_storage.WriteResult(marker, 0, Where(self._rank, "", shard)))
+        written.append((MetadataIndex(fqn=f"\0ckptstore.rank.{self._rank}"), 0, ""))
         results = [
-            _storage.WriteResult(r.index, r.size_in_bytes, Where(self._rank, r.storage_data.entry, shard))
-            for r in results
+            _storage.WriteResult(index, size, Where(self._rank, name, shard))
+            for index, size, name in written
         ]
         fut: Future = Future()
         fut.set_result(results)
         return fut
 
-    def _resolve(self, item: WriteItem, planner: SavePlanner, values: Dict[str, Any]) -> _storage.WriteResult:
+    def _resolve(
+        self, item: WriteItem, planner: SavePlanner, values: Dict[str, Any]
+    ) -> Tuple[MetadataIndex, int, str]:
+        """Put `item`'s data in `values`: (its index, its size, its entry)."""
         data = planner.resolve_data(item)
         name = _entry_name(item.index)
         if item.type == WriteItemType.BYTE_IO:
             raw = data.getvalue() if isinstance(data, io.BytesIO) else bytes(data)
             values[name] = raw
-            size = len(raw)
-        else:
-            dtype, shape, array = _host_bytes(data)
-            values[name] = Tensor(dtype, shape, array)
-            size = array.size
-        return _storage.WriteResult(index=item.index, size_in_bytes=size, storage_data=Where(self._rank, name))
+            return item.index, len(raw), name
+        dtype, shape, array = _host_bytes(data)
+        values[name] = Tensor(dtype, shape, array)
+        return item.index, int(array.size), name
 
     def _upload(self, values: Dict[str, Any], chunks_only: bool = False) -> str:
         remote = Remote(str(self._target))
@@ -260,7 +265,7 @@ class _local:
             self._opened.close()
 
 
-class StorageReader(_storage.StorageReader):
+class StorageReader(_SentAsUrl, _storage.StorageReader):
     """Read a DCP checkpoint from step `step` of `target` (the latest
     complete step if None, resolved once, by the first rank, for all)."""
 
@@ -274,14 +279,6 @@ class StorageReader(_storage.StorageReader):
         self._where: Dict[MetadataIndex, Where] = {}
         self._entries: Dict[Tuple[int, str], Tuple[Optional[str], Optional[List[int]], int]] = {}
         self._metadata: Any = None
-
-    def __getstate__(self) -> Dict[str, Any]:
-        if not _is_url(self._target):
-            raise TypeError("a StorageReader over a local store cannot be sent to another process")
-        return {"target": self._target, "step": self._step}
-
-    def __setstate__(self, state: Dict[str, Any]) -> None:
-        self.__init__(state["target"], state["step"])  # type: ignore[misc]
 
     def reset(self, checkpoint_id: Any = None) -> None:
         if checkpoint_id is not None:
