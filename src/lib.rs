@@ -101,4 +101,4 @@ pub use report::ReplicationStatus;
 pub use report::{CommitInfo, StepInfo, StoreStats, TensorInfo, VerifyReport};
 pub use retention::{Goal, Retention, StepSummary};
 pub use store::{CheckpointStore, CommitHandle, StoreOptions};
-pub use tensor::{Dtype, Tensor, TensorRef};
+pub use tensor::{Dtype, Tensor, TensorMut, TensorRef};

@@ -29,6 +29,11 @@ pub(crate) struct Settings {
     pub(crate) check_integrity: bool,
     pub(crate) async_queue_depth: usize,
     pub(crate) quick_repair: bool,
+    /// Threads a foreground commit, read or verification hashes and
+    /// copies chunks on.
+    pub(crate) threads: usize,
+    /// Threads a background commit uses.
+    pub(crate) background_threads: usize,
 }
 
 /// Default page cache: a commit then needs at most the checkpoint plus
@@ -38,6 +43,14 @@ const DEFAULT_CACHE_SIZE: usize = 56 << 20;
 
 /// Smallest page cache accepted.
 pub(crate) const MIN_CACHE_SIZE: usize = 1 << 20;
+
+/// Most threads one operation may use.
+pub(crate) const MAX_THREADS: usize = 256;
+
+/// Threads for foreground work by default: the machine's cores.
+fn default_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
 
 /// Most background commits that may wait in the queue.
 pub(crate) const MAX_ASYNC_QUEUE_DEPTH: usize = 1024;
@@ -52,6 +65,8 @@ impl Default for Settings {
             check_integrity: false,
             async_queue_depth: 2,
             quick_repair: true,
+            threads: default_threads(),
+            background_threads: 1,
         }
     }
 }
@@ -66,6 +81,16 @@ impl Settings {
             )));
         }
         self.retention.check_keeps_something()?;
+        for (name, n) in [
+            ("threads", self.threads),
+            ("background_threads", self.background_threads),
+        ] {
+            if !(1..=MAX_THREADS).contains(&n) {
+                return Err(Error::InvalidOptions(format!(
+                    "{name} is {n}; it must be from 1 to {MAX_THREADS}"
+                )));
+            }
+        }
         if self.cache_size < MIN_CACHE_SIZE {
             return Err(Error::InvalidOptions(format!(
                 "cache_size is {} bytes; it must be at least {MIN_CACHE_SIZE} (1 MiB)",

@@ -293,6 +293,72 @@ impl<'a> TensorRef<'a> {
     }
 }
 
+/// A caller's buffer for one tensor of a step, by name, dtype and shape:
+/// [`CheckpointStore::get_into`](crate::CheckpointStore::get_into) reads
+/// the stored tensor straight into it (no allocation, no second copy) when
+/// the stored tensor has this dtype and shape.
+///
+/// ```
+/// # use ckptstore::{Dtype, TensorMut};
+/// let mut weights = vec![0u8; 24];
+/// let t = TensorMut::new("w", Dtype::F32, vec![2, 3], &mut weights)?;
+/// assert_eq!((t.name(), t.filled()), ("w", false));
+/// assert!(TensorMut::new("w", Dtype::F32, vec![2, 3], &mut [0u8; 23]).is_err());
+/// # Ok::<(), ckptstore::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct TensorMut<'a> {
+    pub(crate) name: String,
+    dtype: Dtype,
+    shape: Vec<u64>,
+    pub(crate) data: &'a mut [u8],
+    pub(crate) filled: bool,
+}
+
+impl<'a> TensorMut<'a> {
+    /// A buffer for tensor `name`, if `data` holds exactly the elements
+    /// `shape` says.
+    ///
+    /// # Errors
+    /// [`Error::InvalidTensor`] naming the tensor and the numbers when it
+    /// does not.
+    pub fn new(
+        name: impl Into<String>,
+        dtype: Dtype,
+        shape: Vec<u64>,
+        data: &'a mut [u8],
+    ) -> Result<Self> {
+        let name = name.into();
+        Tensor::check_len(dtype, &shape, data.len()).map_err(|reason| Error::InvalidTensor {
+            name: Some(name.clone()),
+            reason,
+        })?;
+        Ok(TensorMut {
+            name,
+            dtype,
+            shape,
+            data,
+            filled: false,
+        })
+    }
+
+    /// The tensor's name in the step.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Whether a stored tensor of `dtype` and `shape` fits the buffer.
+    pub(crate) fn fits(&self, dtype: Dtype, shape: &[u64]) -> bool {
+        self.dtype == dtype && self.shape == shape
+    }
+
+    /// Whether the last read filled the buffer with the stored tensor
+    /// (every chunk hash-checked before it was copied in).
+    pub fn filled(&self) -> bool {
+        self.filled
+    }
+}
+
 fn element_count(shape: &[u64]) -> Option<u64> {
     shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d))
 }

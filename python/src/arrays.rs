@@ -12,6 +12,66 @@ use pyo3::types::{PyDict, PyTuple};
 /// `array` guarantees that) nor written to by another thread while the
 /// store reads it (the Python layer documents that; `save_async` copies).
 pub(crate) fn borrow_bytes<'a>(array: &'a Bound<'_, PyAny>) -> PyResult<&'a [u8]> {
+    let (address, len, _read_only) = contiguous_memory(array)?;
+    if len == 0 {
+        return Ok(&[]);
+    }
+    // SAFETY: numpy's array interface says `len` bytes lie at `address`
+    // (contiguous: no strides); `array` keeps them alive for 'a, and the
+    // returned slice's lifetime is tied to that borrow of `array`.
+    #[allow(unsafe_code)]
+    let bytes = unsafe { std::slice::from_raw_parts(address as *const u8, len) };
+    Ok(bytes)
+}
+
+/// Writable views of `arrays` (each writable and C-contiguous), to be
+/// filled in place; refused if any two overlap, so no two slices alias.
+///
+/// The memory is numpy's, not the `Bound`'s: a shared borrow of the array
+/// object yields a mutable view of its elements, as numpy itself does.
+/// Another thread writing the same arrays meanwhile is a data race; the
+/// Python API documents that the arrays must be left alone during a load.
+#[allow(clippy::mut_from_ref)]
+pub(crate) fn borrow_disjoint_mut<'a>(
+    arrays: &[&'a Bound<'_, PyAny>],
+) -> PyResult<Vec<&'a mut [u8]>> {
+    let mut spans = Vec::with_capacity(arrays.len());
+    for array in arrays {
+        let (address, len, read_only) = contiguous_memory(array)?;
+        if read_only {
+            return Err(PyValueError::new_err("an array to load into is read-only"));
+        }
+        spans.push((address, len));
+    }
+    let mut sorted: Vec<(usize, usize)> = spans.iter().copied().filter(|s| s.1 > 0).collect();
+    sorted.sort_unstable();
+    if sorted.windows(2).any(|w| w[1].0 < w[0].0 + w[0].1) {
+        return Err(PyValueError::new_err(
+            "two of the arrays to load into share memory",
+        ));
+    }
+    let views = spans
+        .into_iter()
+        .map(|(address, len)| -> &'a mut [u8] {
+            if len == 0 {
+                return &mut [];
+            }
+            // SAFETY: numpy's array interface says `len` writable bytes lie
+            // at `address` (contiguous, not read-only); the arrays, borrowed
+            // for 'a, keep them alive; no two spans overlap (checked above),
+            // so the slices do not alias one another.
+            #[allow(unsafe_code)]
+            unsafe {
+                std::slice::from_raw_parts_mut(address as *mut u8, len)
+            }
+        })
+        .collect();
+    Ok(views)
+}
+
+/// (address, length in bytes, read-only) of a C-contiguous array, from its
+/// `__array_interface__`.
+fn contiguous_memory(array: &Bound<'_, PyAny>) -> PyResult<(usize, usize, bool)> {
     let iface = array
         .getattr("__array_interface__")
         .map_err(|_| PyTypeError::new_err("expected an array with __array_interface__"))?;
@@ -38,19 +98,14 @@ pub(crate) fn borrow_bytes<'a>(array: &'a Bound<'_, PyAny>) -> PyResult<&'a [u8]
         .try_fold(itemsize, |n, &d| n.checked_mul(d))
         .ok_or_else(|| PyValueError::new_err("the array is too large"))?;
     let data = item("data")?;
-    let (address, _read_only): (usize, bool) = data.extract()?;
-    if len == 0 {
-        return Ok(&[]);
-    }
-    if address == 0 {
+    let (address, read_only): (usize, bool) = data.extract()?;
+    if len > 0 && address == 0 {
         return Err(PyValueError::new_err("the array has no data pointer"));
     }
-    // SAFETY: numpy's array interface says `len` bytes lie at `address`
-    // (contiguous: no strides); `array` keeps them alive for 'a, and the
-    // returned slice's lifetime is tied to that borrow of `array`.
-    #[allow(unsafe_code)]
-    let bytes = unsafe { std::slice::from_raw_parts(address as *const u8, len) };
-    Ok(bytes)
+    if address.checked_add(len).is_none() {
+        return Err(PyValueError::new_err("the array's memory wraps around"));
+    }
+    Ok((address, len, read_only))
 }
 
 /// Bytes the store read, owned here and viewed by numpy arrays (whose

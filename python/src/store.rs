@@ -4,13 +4,13 @@ use std::collections::BTreeMap;
 
 use ckptstore::{
     CheckpointStore, ComputationGraphStore, Dtype, GradientCheckpoint, Remote, Retention,
-    StoreOptions, Tensor, TensorRef,
+    StoreOptions, Tensor, TensorMut, TensorRef,
 };
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::arrays::{borrow_bytes, Buffer};
+use crate::arrays::{borrow_bytes, borrow_disjoint_mut, Buffer};
 use crate::handle::Handle;
 use crate::results;
 use crate::{py_err, CkptError};
@@ -150,17 +150,25 @@ impl RawStore {
 #[pymethods]
 impl RawStore {
     #[new]
-    #[pyo3(signature = (path, read_only=false, cache_size=None, replicate_to=None))]
+    #[pyo3(signature = (path, read_only=false, cache_size=None, replicate_to=None, threads=None, background_threads=None))]
     fn new(
         py: Python<'_>,
         path: std::path::PathBuf,
         read_only: bool,
         cache_size: Option<usize>,
         replicate_to: Option<String>,
+        threads: Option<usize>,
+        background_threads: Option<usize>,
     ) -> PyResult<Self> {
         let mut options = StoreOptions::new();
         if let Some(bytes) = cache_size {
             options = options.cache_size(bytes);
+        }
+        if let Some(n) = threads {
+            options = options.threads(n);
+        }
+        if let Some(n) = background_threads {
+            options = options.background_threads(n);
         }
         if let Some(url) = replicate_to {
             options = options.replicate_to(Remote::open(&url).map_err(py_err)?);
@@ -231,6 +239,35 @@ impl RawStore {
             })
             .map_err(py_err)?;
         ckpt.map(|c| ckpt_dict(py, c)).transpose()
+    }
+
+    /// Like `load`, with each of `targets` whose dtype and shape are the
+    /// stored tensor's read straight into its array: (the dict without
+    /// those, the names filled), or None.
+    fn load_into<'py>(
+        &self,
+        py: Python<'py>,
+        step: Option<u64>,
+        targets: Vec<PyTensor<'py>>,
+    ) -> PyResult<Option<(Bound<'py, PyDict>, Vec<String>)>> {
+        let arrays: Vec<&Bound<'py, PyAny>> = targets.iter().map(|t| &t.3).collect();
+        let buffers = borrow_disjoint_mut(&arrays)?;
+        let mut into = Vec::with_capacity(targets.len());
+        for ((name, dt, shape, _), data) in targets.iter().zip(buffers) {
+            let t = TensorMut::new(name.clone(), dtype(name, dt)?, shape.clone(), data)
+                .map_err(|e| PyValueError::new_err(e.to_string()))?;
+            into.push(t);
+        }
+        let store = self.get()?;
+        let ckpt = py
+            .detach(|| store.get_into(step, &mut into))
+            .map_err(py_err)?;
+        let filled = into
+            .iter()
+            .filter(|t| t.filled())
+            .map(|t| t.name().to_owned())
+            .collect();
+        ckpt.map(|c| Ok((ckpt_dict(py, c)?, filled))).transpose()
     }
 
     /// The store's UUID: it names the store's run in a bucket.

@@ -136,7 +136,10 @@ impl Db {
                 }
             }
             .context(what)?;
-            f(&View { txn })
+            f(&View {
+                txn,
+                threads: self.settings().threads,
+            })
         })
     }
 

@@ -1,73 +1,172 @@
-//! BLAKE3 hashing of a commit's chunks, overlapped with its writes.
+//! Work on a step's chunks spread over threads: BLAKE3 hashes streamed in
+//! order ahead of a commit's writes, and chunk-by-chunk reads into place.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver};
 use std::thread;
 
 use crate::format::manifest::Hash;
+use crate::Result;
 
-/// Below this many bytes, hashing on one thread beats starting others.
+/// Below this many bytes, one thread beats starting others.
 const PARALLEL_MIN_BYTES: usize = 4 << 20;
 
-/// Hashes a second thread may run ahead of the writer.
+/// Hashes the hashing threads may run ahead of the writer, in all.
 const PIPELINE_DEPTH: usize = 256;
 
-/// How a commit hashes its chunks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Hashing {
-    /// On a second thread, ahead of the writes, for large inputs: the
-    /// fastest commit.
-    Pipelined,
-    /// Each chunk just before it is written, on the committing thread: a
-    /// background commit then uses one core, leaving the other to training.
-    Inline,
-}
-
-/// Run `f` with an iterator over the hashes of `pieces`, in order. With
-/// [`Hashing::Pipelined`] and a large input, a second thread hashes ahead
-/// while `f` consumes, so hashing overlaps the caller's writes; it stops
-/// when `f` returns.
+/// Run `f` with an iterator over the hashes of `pieces`, in order.
+///
+/// With `threads` above 1 and a large input, `threads - 1` other threads
+/// hash ahead (piece `i` on thread `i % (threads - 1)`) while `f`
+/// consumes on this one, so hashing overlaps the caller's writes and runs
+/// on every core it is given; they stop when `f` returns.
 pub(crate) fn with_hashes<T>(
     pieces: &[&[u8]],
-    hashing: Hashing,
+    threads: usize,
     f: impl FnOnce(&mut dyn Iterator<Item = Hash>) -> T,
 ) -> T {
-    if hashing == Hashing::Inline {
-        return f(&mut pieces.iter().map(|p| *blake3::hash(p).as_bytes()));
-    }
     let total: usize = pieces.iter().map(|p| p.len()).sum();
-    if total < PARALLEL_MIN_BYTES || pieces.len() < 2 {
+    let hashers = threads.saturating_sub(1).min(pieces.len());
+    if hashers == 0 || total < PARALLEL_MIN_BYTES || pieces.len() < 2 {
         return f(&mut pieces.iter().map(|p| *blake3::hash(p).as_bytes()));
     }
     thread::scope(|s| {
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Hash>(PIPELINE_DEPTH);
-        s.spawn(move || {
-            for piece in pieces {
-                if tx.send(*blake3::hash(piece).as_bytes()).is_err() {
-                    break; // the consumer stopped early
-                }
-            }
-        });
-        f(&mut rx.into_iter())
+        let depth = (PIPELINE_DEPTH / hashers).max(2);
+        let receivers: Vec<Receiver<Hash>> = (0..hashers)
+            .map(|w| {
+                let (tx, rx) = sync_channel::<Hash>(depth);
+                s.spawn(move || {
+                    for piece in pieces.iter().skip(w).step_by(hashers) {
+                        if tx.send(*blake3::hash(piece).as_bytes()).is_err() {
+                            break; // the consumer stopped early
+                        }
+                    }
+                });
+                rx
+            })
+            .collect();
+        // Piece i's hash is the next on channel i % hashers; dropping the
+        // receivers when `f` returns ends the hashers.
+        let mut ordered = (0..pieces.len()).map_while(|i| receivers[i % hashers].recv().ok());
+        f(&mut ordered)
     })
+}
+
+/// Run `each(i, piece)` for every `(i, piece)` of `pieces` (a partition of
+/// one destination buffer), on up to `threads` threads (piece `i` on
+/// thread `i % threads`, this one among them). Stops at the first error,
+/// and returns the error of the lowest-numbered piece that failed, so
+/// that the outcome does not depend on timing.
+pub(crate) fn fill_parallel(
+    pieces: Vec<&mut [u8]>,
+    threads: usize,
+    each: &(dyn Fn(usize, &mut [u8]) -> Result<()> + Sync),
+) -> Result<()> {
+    let total: usize = pieces.iter().map(|p| p.len()).sum();
+    let threads = threads.clamp(1, pieces.len().max(1));
+    if threads == 1 || total < PARALLEL_MIN_BYTES {
+        return pieces
+            .into_iter()
+            .enumerate()
+            .try_for_each(|(i, p)| each(i, p));
+    }
+    let mut lanes: Vec<Vec<(usize, &mut [u8])>> = (0..threads).map(|_| Vec::new()).collect();
+    for (i, piece) in pieces.into_iter().enumerate() {
+        lanes[i % threads].push((i, piece));
+    }
+    // The lowest piece that failed so far: lanes skip the pieces above
+    // it, but every piece below it still runs, so the lowest failure is
+    // always found.
+    let first_failed = AtomicUsize::new(usize::MAX);
+    let run = |lane: Vec<(usize, &mut [u8])>| -> Option<(usize, crate::Error)> {
+        for (i, piece) in lane {
+            if i > first_failed.load(Ordering::Relaxed) {
+                return None;
+            }
+            if let Err(e) = each(i, piece) {
+                first_failed.fetch_min(i, Ordering::Relaxed);
+                return Some((i, e));
+            }
+        }
+        None
+    };
+    let mut lanes = lanes.into_iter();
+    let mine = lanes.next().unwrap_or_default();
+    let mut errors: Vec<(usize, crate::Error)> = thread::scope(|s| {
+        let others: Vec<_> = lanes.map(|lane| s.spawn(|| run(lane))).collect();
+        let mut errors: Vec<_> = run(mine).into_iter().collect();
+        for handle in others {
+            // A panic in `each` is re-raised here, where the caller's
+            // panic boundary turns it into an error.
+            match handle.join() {
+                Ok(e) => errors.extend(e),
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        }
+        errors
+    });
+    errors.sort_by_key(|(i, _)| *i);
+    match errors.into_iter().next() {
+        Some((_, e)) => Err(e),
+        None => Ok(()),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::format::layout::split;
+    use crate::Error;
+
+    fn data(len: usize) -> Vec<u8> {
+        (0..len)
+            .map(|i| {
+                u32::try_from(i)
+                    .unwrap_or(0)
+                    .wrapping_mul(2_654_435_761)
+                    .to_le_bytes()[3]
+            })
+            .collect()
+    }
 
     #[test]
-    fn pipelined_hashes_equal_direct_hashes() {
-        let data: Vec<u8> = (0..(9 << 20))
-            .map(|i: u32| i.wrapping_mul(2_654_435_761).to_le_bytes()[3])
-            .collect();
+    fn streamed_hashes_equal_direct_hashes_on_any_thread_count() {
+        let data = data(9 << 20);
         let pieces: Vec<&[u8]> = split(&data).collect();
         let direct: Vec<Hash> = pieces.iter().map(|p| *blake3::hash(p).as_bytes()).collect();
-        for hashing in [Hashing::Pipelined, Hashing::Inline] {
-            let streamed = with_hashes(&pieces, hashing, |ids| ids.collect::<Vec<_>>());
-            assert_eq!(direct, streamed, "{hashing:?}");
+        for threads in [1, 2, 3, 8, 64] {
+            let streamed = with_hashes(&pieces, threads, |ids| ids.collect::<Vec<_>>());
+            assert_eq!(direct, streamed, "{threads} threads");
+            // A consumer that stops early does not hang the hashers.
+            let first = with_hashes(&pieces, threads, |ids| ids.next());
+            assert_eq!(first, direct.first().copied());
         }
-        // A consumer that stops early does not hang the hasher.
-        let first = with_hashes(&pieces, Hashing::Pipelined, |ids| ids.next());
-        assert_eq!(first, direct.first().copied());
+    }
+
+    #[test]
+    fn fill_parallel_fills_every_piece_and_reports_the_first_failure() {
+        let source = data(9 << 20);
+        for threads in [1, 2, 3, 16] {
+            let mut out = vec![0u8; source.len()];
+            let pieces: Vec<&mut [u8]> = out.chunks_mut(1 << 20).collect();
+            let copy = |i: usize, piece: &mut [u8]| {
+                let from = &source[i << 20..];
+                piece.copy_from_slice(&from[..piece.len()]);
+                Ok(())
+            };
+            fill_parallel(pieces, threads, &copy).expect("fill");
+            assert!(out == source, "{threads} threads");
+
+            let pieces: Vec<&mut [u8]> = out.chunks_mut(1 << 20).collect();
+            let fail = |i: usize, _: &mut [u8]| {
+                if i == 3 || i == 7 {
+                    Err(Error::corrupt(Some(1), format!("piece {i}")))
+                } else {
+                    Ok(())
+                }
+            };
+            let err = fill_parallel(pieces, threads, &fail).expect_err("fails");
+            assert!(err.to_string().contains("piece 3"), "{threads}: {err}");
+        }
     }
 }

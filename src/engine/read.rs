@@ -10,6 +10,7 @@ use redb::{
     Value,
 };
 
+use super::hashing::fill_parallel;
 use crate::error::StorageContext;
 use crate::format::layout::{chunk_lengths, packed_slice};
 use crate::format::manifest::{
@@ -19,17 +20,13 @@ use crate::format::tables::{
     meta_u64, CHUNK_DATA, LEGACY_CHUNKS, META, META_STORED_BYTES, META_STORED_CHUNKS,
     META_STORE_ID, PACKED, PINS, STEPS, SUMMARIES,
 };
-use crate::{Error, GradientCheckpoint, Result, StepSummary, Tensor};
-
-/// Blobs at least this large are read and hashed in a pipeline.
-const PIPELINE_MIN_BYTES: usize = 4 << 20;
-
-/// Chunks a reader may run ahead of the hashing thread.
-const PIPELINE_DEPTH: usize = 16;
+use crate::{Error, GradientCheckpoint, Result, StepSummary, Tensor, TensorMut};
 
 /// A read transaction's view of the store.
 pub(crate) struct View {
     pub(crate) txn: ReadTransaction,
+    /// Threads a read may copy and hash chunks on.
+    pub(crate) threads: usize,
 }
 
 impl View {
@@ -126,10 +123,39 @@ impl View {
 
     /// Read a manifest's blobs into a checkpoint, checking every hash.
     pub(crate) fn assemble(&self, manifest: Manifest) -> Result<GradientCheckpoint> {
+        self.assemble_into(manifest, &mut [])
+    }
+
+    /// Read a manifest's blobs, checking every hash: each tensor that one
+    /// of `targets` fits is read straight into it (and marked filled), the
+    /// rest into the checkpoint returned.
+    pub(crate) fn assemble_into(
+        &self,
+        manifest: Manifest,
+        targets: &mut [TensorMut<'_>],
+    ) -> Result<GradientCheckpoint> {
         let (step, packed) = (manifest.step, manifest.packed.clone());
         let (mut ckpt, blobs, mut typed) = manifest.into_parts();
         let data = self.step_data(step, packed, blobs)?;
+        for target in targets.iter_mut() {
+            target.filled = false;
+            let fits = typed
+                .get(target.name())
+                .is_some_and(|(dtype, shape)| target.fits(*dtype, shape));
+            if fits && data.read_into(&target.name, target.data)? {
+                typed.remove(target.name());
+                target.filled = true;
+            }
+        }
+        let filled: BTreeSet<&str> = targets
+            .iter()
+            .filter(|t| t.filled)
+            .map(TensorMut::name)
+            .collect();
         for name in data.names() {
+            if filled.contains(name.as_str()) {
+                continue;
+            }
             let bytes = data.read(&name)?.unwrap_or_default();
             match typed.remove(&name) {
                 // Lengths were checked against dtype and shape when the
@@ -222,9 +248,41 @@ impl StepData<'_> {
         let Some(blob) = self.blobs.get(name) else {
             return Ok(None);
         };
+        let mut out = vec![0u8; self.blob_len(name, blob)?];
+        self.fill(name, blob, &mut out)?;
+        Ok(Some(out))
+    }
+
+    /// Read blob `name` into `out`, which must have its length; `false`
+    /// (and `out` untouched) if the step has no such blob.
+    pub(crate) fn read_into(&self, name: &str, out: &mut [u8]) -> Result<bool> {
+        let Some(blob) = self.blobs.get(name) else {
+            return Ok(false);
+        };
+        if self.blob_len(name, blob)? != out.len() {
+            return Err(Error::corrupt(
+                Some(self.step),
+                format!("blob {name:?} does not have the length its tensor needs"),
+            ));
+        }
+        self.fill(name, blob, out)?;
+        Ok(true)
+    }
+
+    fn blob_len(&self, name: &str, blob: &BlobRef) -> Result<usize> {
+        usize::try_from(blob.len).map_err(|_| {
+            Error::corrupt(
+                Some(self.step),
+                format!("blob {name:?} is too long to load"),
+            )
+        })
+    }
+
+    /// Fill `out` (of the blob's length) with blob `blob`'s checked bytes.
+    fn fill(&self, name: &str, blob: &BlobRef, out: &mut [u8]) -> Result<()> {
         let step = self.step;
         let Placement::Packed { offset } = &blob.at else {
-            return read_blob(&self.chunks, step, name, blob).map(Some);
+            return fill_blob(&self.chunks, step, name, blob, self.view.threads, out);
         };
         let packed = if let Some(p) = self.packed.get() {
             p
@@ -242,7 +300,8 @@ impl StepData<'_> {
                 format!("blob {name:?} is outside the packed bytes"),
             )
         })?;
-        Ok(Some(bytes.to_vec()))
+        out.copy_from_slice(bytes);
+        Ok(())
     }
 }
 
@@ -355,10 +414,19 @@ impl ChunkSource {
     }
 }
 
-/// Read one chunked blob, checking each chunk's length and hash. Chunk
-/// boundaries are a function of the blob's length; for large blobs a second
-/// thread hashes each chunk while the next is read.
-fn read_blob(chunks: &ChunkSource, step: u64, name: &str, blob: &BlobRef) -> Result<Vec<u8>> {
+/// Fill `data` (the blob's length, checked by the caller) with one chunked
+/// blob: each chunk is hash-checked where redb holds it and only then
+/// copied into its place (wrong bytes never reach `data`), chunks spread
+/// over up to `threads` threads. Chunk boundaries are a function of the
+/// blob's length.
+fn fill_blob(
+    chunks: &ChunkSource,
+    step: u64,
+    name: &str,
+    blob: &BlobRef,
+    threads: usize,
+    data: &mut [u8],
+) -> Result<()> {
     let corrupt = |detail: String| Error::corrupt(Some(step), detail);
     let refs: Vec<(Hash, ChunkAt)> = match &blob.at {
         Placement::Chunks(c) => c.iter().map(|c| (c.hash, ChunkAt::Id(c.id))).collect(),
@@ -367,8 +435,7 @@ fn read_blob(chunks: &ChunkSource, step: u64, name: &str, blob: &BlobRef) -> Res
     };
     // The manifest's hash was checked and its length bounded by its chunk
     // count when it was decoded.
-    let len = usize::try_from(blob.len)
-        .map_err(|_| corrupt(format!("blob {name:?} is too long to load")))?;
+    let len = data.len();
     let lengths: Vec<usize> = chunk_lengths(len).collect();
     if lengths.len() != refs.len() {
         return Err(corrupt(format!(
@@ -377,87 +444,32 @@ fn read_blob(chunks: &ChunkSource, step: u64, name: &str, blob: &BlobRef) -> Res
             lengths.len()
         )));
     }
-    let mut data = vec![0u8; len];
-    let reader = BlobReader {
-        chunks,
-        step,
-        name,
-        refs: &refs,
-        lengths: &lengths,
-    };
-    let hashes_ok = if len < PIPELINE_MIN_BYTES {
-        let mut ok = true;
-        reader.fill(&mut data, &mut |piece, hash| {
-            ok = blake3::hash(piece).as_bytes() == hash;
-            ok
-        })?;
-        ok
-    } else {
-        std::thread::scope(|s| -> Result<bool> {
-            let (tx, rx) = std::sync::mpsc::sync_channel::<(&[u8], Hash)>(PIPELINE_DEPTH);
-            let hasher = s.spawn(move || {
-                rx.into_iter()
-                    .all(|(piece, hash)| blake3::hash(piece).as_bytes() == &hash)
-            });
-            // Each piece of `data` is written here, then only read there.
-            let filled = reader.fill(&mut data, &mut |piece, hash| {
-                tx.send((piece, *hash)).is_ok()
-            });
-            drop(tx);
-            let ok = hasher.join().unwrap_or(false);
-            filled.map(|()| ok)
-        })?
-    };
-    if !hashes_ok {
-        return Err(corrupt(format!("blob {name:?} fails its hash check")));
+    let mut pieces = Vec::with_capacity(lengths.len());
+    let mut rest = data;
+    for &n in &lengths {
+        let (piece, tail) = std::mem::take(&mut rest).split_at_mut(n);
+        pieces.push(piece);
+        rest = tail;
     }
-    Ok(data)
-}
-
-/// What reading one blob needs.
-struct BlobReader<'a> {
-    chunks: &'a ChunkSource,
-    step: u64,
-    name: &'a str,
-    refs: &'a [(Hash, ChunkAt)],
-    lengths: &'a [usize],
-}
-
-impl BlobReader<'_> {
-    /// Copy each chunk into its piece of `data`, checking its length, and
-    /// hand the piece with its hash to `sink`; stop early if `sink` says so.
-    fn fill<'d>(
-        &self,
-        data: &'d mut [u8],
-        sink: &mut dyn FnMut(&'d [u8], &Hash) -> bool,
-    ) -> Result<()> {
-        let (step, name) = (self.step, self.name);
-        let mut rest = data;
-        for ((hash, at), &n) in self.refs.iter().zip(self.lengths) {
-            let chunk = self.chunks.get(step, hash, *at)?.ok_or_else(|| {
-                Error::corrupt(
-                    Some(step),
-                    format!("chunk {} of blob {name:?} is missing", hex(hash)),
-                )
-            })?;
-            let bytes = chunk.value();
-            if bytes.len() != n {
-                return Err(Error::corrupt(
-                    Some(step),
-                    format!(
-                        "chunk {} of blob {name:?} has {} bytes, expected {n}",
-                        hex(hash),
-                        bytes.len()
-                    ),
-                ));
-            }
-            let (piece, tail) = std::mem::take(&mut rest).split_at_mut(n);
-            piece.copy_from_slice(bytes);
-            rest = tail;
-            if !sink(piece, hash) {
-                break; // a hash already failed
-            }
+    fill_parallel(pieces, threads, &|i, piece| {
+        let (hash, at) = &refs[i];
+        let chunk_error =
+            |what: String| corrupt(format!("chunk {} of blob {name:?} {what}", hex(hash)));
+        let chunk = chunks
+            .get(step, hash, *at)?
+            .ok_or_else(|| chunk_error("is missing".to_owned()))?;
+        let bytes = chunk.value();
+        if bytes.len() != piece.len() {
+            return Err(chunk_error(format!(
+                "has {} bytes, expected {}",
+                bytes.len(),
+                piece.len()
+            )));
         }
+        if blake3::hash(bytes).as_bytes() != hash {
+            return Err(chunk_error("fails its hash check".to_owned()));
+        }
+        piece.copy_from_slice(bytes);
         Ok(())
-    }
+    })
 }

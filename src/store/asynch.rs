@@ -4,10 +4,9 @@ use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
-use super::commit::put;
+use super::commit::{put, Caller};
 use super::CheckpointStore;
 use crate::db::Db;
-use crate::engine::hashing::Hashing;
 use crate::engine::plan::Borrowed;
 use crate::{CommitInfo, Error, GradientCheckpoint, Result};
 
@@ -147,7 +146,7 @@ fn commit_job(
         job: job.id,
         step,
     };
-    let outcome = put(db, &job.ckpt, &Borrowed::new(), false, Hashing::Inline);
+    let outcome = put(db, &job.ckpt, &Borrowed::new(), false, Caller::Background);
     if job.recycle {
         // One spare at most: a burst of copies does not leave a pile of
         // idle buffers behind.

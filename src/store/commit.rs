@@ -7,7 +7,7 @@ use std::time::Instant;
 use super::CheckpointStore;
 use crate::checkpoint::Incoming;
 use crate::db::{Db, TxnKind};
-use crate::engine::hashing::{with_hashes, Hashing};
+use crate::engine::hashing::with_hashes;
 use crate::engine::plan::{Borrowed, Plan, Streamed};
 use crate::format::layout::{split, PACK_BELOW};
 use crate::format::manifest::Hash;
@@ -38,7 +38,7 @@ impl CheckpointStore {
     /// the step may or may not have been committed (the error can strike
     /// after the commit point); it is never partial: `get` tells.
     pub fn commit(&self, ckpt: &GradientCheckpoint) -> Result<CommitInfo> {
-        put(&self.db, ckpt, &Borrowed::new(), false, Hashing::Pipelined)
+        put(&self.db, ckpt, &Borrowed::new(), false, Caller::Foreground)
     }
 
     /// Store `ckpt`, replacing the step of the same number if it is stored,
@@ -57,7 +57,7 @@ impl CheckpointStore {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn replace(&self, ckpt: &GradientCheckpoint) -> Result<CommitInfo> {
-        put(&self.db, ckpt, &Borrowed::new(), true, Hashing::Pipelined)
+        put(&self.db, ckpt, &Borrowed::new(), true, Caller::Foreground)
     }
 
     /// [`commit`](Self::commit) `ckpt` with the tensors `tensors` added,
@@ -98,25 +98,38 @@ impl CheckpointStore {
                 reason: format!("{name:?} is both a borrowed tensor and in the checkpoint"),
             });
         }
-        put(&self.db, ckpt, tensors, false, Hashing::Pipelined)
+        put(&self.db, ckpt, tensors, false, Caller::Foreground)
     }
 }
 
+/// Who waits for a commit, which decides the threads it may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Caller {
+    /// The caller of `commit`: the store's `threads`.
+    Foreground,
+    /// The background committer: the store's `background_threads`.
+    Background,
+}
+
 /// Store `ckpt` and the tensors `borrowed` (whose names are none of
-/// `ckpt`'s): plan it, hash its chunks (as `hashing` says) while the
-/// transactions write, stage its chunks first if there are many.
+/// `ckpt`'s): plan it, hash its chunks (on the threads `caller` may use)
+/// while the transactions write, stage its chunks first if there are many.
 pub(crate) fn put(
     db: &Db,
     ckpt: &GradientCheckpoint,
     borrowed: &Borrowed<'_>,
     replace: bool,
-    hashing: Hashing,
+    caller: Caller,
 ) -> Result<CommitInfo> {
     let start = Instant::now();
     ckpt.validate()?;
     let plan = Plan::with_borrowed(ckpt, borrowed);
     let stage_above = db.settings().cache_size / STAGE_ABOVE_CACHE_FRACTION;
-    let mut info = with_hashes(&plan.pieces, hashing, |hashes| {
+    let threads = match caller {
+        Caller::Foreground => db.settings().threads,
+        Caller::Background => db.settings().background_threads,
+    };
+    let mut info = with_hashes(&plan.pieces, threads, |hashes| {
         if plan.chunk_bytes() > stage_above {
             commit_staged(db, &plan, replace, hashes, stage_above)
         } else {

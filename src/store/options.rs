@@ -106,6 +106,24 @@ impl StoreOptions {
         self
     }
 
+    /// Threads a commit, a read or a verification may use to hash and copy
+    /// chunks (default: the machine's cores, as
+    /// [`std::thread::available_parallelism`] counts them). 1 does all the
+    /// work on the calling thread. From 1 to 256; anything else is refused
+    /// when the store opens ([`Error::InvalidOptions`]).
+    pub fn threads(mut self, threads: usize) -> Self {
+        self.settings.threads = threads;
+        self
+    }
+
+    /// Threads a background commit ([`CheckpointStore::commit_async`] and
+    /// its kin) may use (default 1: training keeps the other cores). From 1
+    /// to 256.
+    pub fn background_threads(mut self, threads: usize) -> Self {
+        self.settings.background_threads = threads;
+        self
+    }
+
     /// A retention policy applied in the transaction of every commit: the
     /// steps it does not keep are deleted with the commit, atomically
     /// (default: keep everything). See also

@@ -9,6 +9,7 @@ use crate::engine::{StepData, View};
 use crate::Error;
 use crate::{
     Goal, GradientCheckpoint, Result, Retention, StepInfo, StepSummary, StoreStats, Tensor,
+    TensorMut,
 };
 
 impl CheckpointStore {
@@ -20,6 +21,57 @@ impl CheckpointStore {
         let what = || format!("reading step {step}");
         self.db.read(&what, |view| {
             view.manifest(step)?.map(|m| view.assemble(m)).transpose()
+        })
+    }
+
+    /// Step `step` (the latest if `None`) with its tensors read straight
+    /// into the caller's buffers: each of `targets` whose dtype and shape
+    /// are the stored tensor's is filled in place (no allocation, no second
+    /// copy; see [`TensorMut::filled`]) and left out of the checkpoint
+    /// returned, which holds everything else. `None` (nothing filled) if the
+    /// step is not stored.
+    ///
+    /// Every chunk is hash-checked before it is copied into a buffer. On an
+    /// error a buffer may hold some of the step's bytes and some of its
+    /// own, never bytes that failed a check.
+    ///
+    /// ```
+    /// # use ckptstore::{CheckpointStore, ComputationGraphStore, Dtype, GradientCheckpoint, Tensor, TensorMut};
+    /// # let dir = tempfile::tempdir()?;
+    /// # let store = CheckpointStore::open(dir.path().join("run.ckpt"))?;
+    /// let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), 7);
+    /// c.set_tensor("w", Tensor::new(Dtype::F32, vec![2], vec![1; 8])?);
+    /// c.set_tensor("b", Tensor::new(Dtype::F32, vec![1], vec![2; 4])?);
+    /// store.commit(&c)?;
+    /// let (mut w, mut b) = ([0u8; 8], [0u8; 8]);
+    /// let mut targets = [
+    ///     TensorMut::new("w", Dtype::F32, vec![2], &mut w)?,
+    ///     TensorMut::new("b", Dtype::F32, vec![2], &mut b)?, // not the stored shape
+    /// ];
+    /// let rest = store.get_into(Some(7), &mut targets)?.expect("stored");
+    /// assert!(targets[0].filled() && !targets[1].filled());
+    /// assert_eq!(rest.tensors.keys().collect::<Vec<_>>(), ["b"]);
+    /// assert_eq!(w, [1; 8]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn get_into(
+        &self,
+        step: Option<u64>,
+        targets: &mut [TensorMut<'_>],
+    ) -> Result<Option<GradientCheckpoint>> {
+        for t in targets.iter_mut() {
+            t.filled = false;
+        }
+        let what = || match step {
+            Some(step) => format!("reading step {step}"),
+            None => "reading the latest step".to_owned(),
+        };
+        self.db.read(&what, |view| {
+            let manifest = match step {
+                Some(step) => view.manifest(step)?,
+                None => view.latest_manifest()?,
+            };
+            manifest.map(|m| view.assemble_into(m, targets)).transpose()
         })
     }
 

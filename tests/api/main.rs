@@ -21,3 +21,4 @@ mod save_is_durable_and_clean;
 mod space_stays_bounded;
 mod store_options;
 mod tensors;
+mod threads;

@@ -5,6 +5,7 @@ is refused; against a directory bucket and the Garage server."""
 
 import os
 import pathlib
+import signal
 import socket
 import subprocess
 import sys
@@ -50,8 +51,19 @@ def run(mode, target, step, world, salt=0, env=None, expect_ok=True, script=WORK
         out.append((p.returncode, text))
     if expect_ok:
         for rank, (code, text) in enumerate(out):
-            assert code == 0, f"rank {rank} of {world} failed:\n{text[-3000:]}"
+            assert _finished(code, text), f"rank {rank} of {world} failed:\n{text[-3000:]}"
     return out
+
+
+def _finished(code, text):
+    """A rank that did its work: exit 0, or torch 2.15's abort at process
+    exit once the work is done and reported (SIGABRT, "terminate called
+    without an active exception"; seen with DCP's own FileSystemReader too,
+    python/README.md)."""
+    if code == 0:
+        return True
+    done = any(line == "saved" or line.startswith(("ok ", "losses")) for line in text.splitlines())
+    return code == -signal.SIGABRT and done and "terminate called without an active exception" in text
 
 
 @pytest.fixture(params=["dir", "garage"])

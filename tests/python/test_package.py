@@ -207,3 +207,28 @@ def test_a_handled_background_failure_does_not_fail_the_with_block(tmp_path):
     # Leaving the block closed the store without raising it again.
     with ckptstore.open(tmp_path / "run.ckpt") as store:
         np.testing.assert_array_equal(store.load(1).tensors["w"], np.zeros(3))
+
+
+def test_load_into_fills_matching_arrays_in_place(tmp_path):
+    w = np.arange(3 << 18, dtype=np.float32).reshape(3, 1 << 18)  # 3 MiB: chunks
+    with ckptstore.open(tmp_path / "run.ckpt", threads=3) as store:
+        store.save(1, {"w": w, "b": np.ones(4, np.int64), "s": np.zeros(2, np.float16), "blob": b"xyz"})
+        into_w = np.zeros_like(w)
+        other_shape = np.zeros(5, np.int64)
+        read_only = np.zeros(2, np.float16)
+        read_only.flags.writeable = False
+        ck = store.load(1, into={"w": into_w, "b": other_shape, "s": read_only, "absent": np.zeros(1)})
+        assert ck.tensors["w"] is into_w and np.array_equal(into_w, w)
+        # Not filled (another shape, read-only): loaded as usual, untouched.
+        assert ck.tensors["b"] is not other_shape and ck.tensors["b"].tolist() == [1] * 4
+        assert not other_shape.any() and ck.tensors["s"] is not read_only
+        assert bytes(ck.tensors["blob"]) == b"xyz" and "absent" not in ck.tensors
+        # A Tensor over a uint8 array, for dtypes numpy lacks.
+        raw = np.zeros(32, np.uint8)
+        ck = store.load(into={"b": ckptstore.Tensor("I64", [4], raw)})
+        assert ck.tensors["b"] is raw and raw.view(np.int64).tolist() == [1] * 4
+        # Two arrays over the same memory are refused.
+        both = np.zeros(8, np.int64)
+        with pytest.raises(ValueError, match="share memory"):
+            store.load(1, into={"b": both[:4], "w2": both[2:6]})
+        assert store.load(9, into={"w": into_w}) is None

@@ -244,3 +244,60 @@ def test_quantized_and_sparse_tensors_are_refused_by_name(tmp_path):
         with pytest.raises(TypeError):
             ct.save(store, 1.5, extra={"x": torch.zeros(1)})
         assert store.steps() == []
+
+
+def test_load_reads_into_the_models_own_tensors(tmp_path):
+    model, opt = make(0)
+    for step in range(3):
+        train_step(model, opt, step)
+    path = tmp_path / "run.ckpt"
+    with ckptstore.open(path) as store:
+        ct.save(store, 2, model=model, optimizer=opt)
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    want_opt = {(i, k): v.clone() for i, s in opt.state_dict()["state"].items() for k, v in s.items()}
+
+    # A resumed run with optimizer state (so both have tensors to fill).
+    resumed, resumed_opt = make(7)
+    train_step(resumed, resumed_opt, 0)
+    before = {k: v.data_ptr() for k, v in resumed.state_dict().items()}
+    moments = {id(v): v.data_ptr() for s in resumed_opt.state.values() for v in s.values()}
+    with ckptstore.open(path, read_only=True, threads=2) as store:
+        assert ct.load(store, model=resumed, optimizer=resumed_opt) == 2
+    # The same memory, now holding the step.
+    assert {k: v.data_ptr() for k, v in resumed.state_dict().items()} == before
+    assert sorted(v.data_ptr() for s in resumed_opt.state.values() for v in s.values()) == sorted(
+        moments.values())
+    for k, v in resumed.state_dict().items():
+        assert torch.equal(v, want[k]), k
+    for (i, k), v in want_opt.items():
+        assert torch.equal(resumed_opt.state_dict()["state"][i][k], v), (i, k)
+    # A model of another dtype is loaded by conversion, as before.
+    half, _ = make(7)
+    half = half.to(torch.float64)
+    with ckptstore.open(path, read_only=True) as store:
+        ct.load(store, model=half)
+    for k, v in half.state_dict().items():
+        assert torch.equal(v, want[k].to(torch.float64)), k
+
+
+def test_a_damaged_chunk_never_reaches_the_model(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(1024, 2048)  # an 8 MiB weight: several chunks
+    path = tmp_path / "run.ckpt"
+    with ckptstore.open(path) as store:
+        ct.save(store, 1, model=model)
+    weight = model.weight.detach().clone()
+    data = bytearray(path.read_bytes())
+    needle = raw(weight)[5 << 20:(5 << 20) + 64]
+    at = data.find(needle)
+    assert at > 0
+    data[at + 32] ^= 0x40
+    path.write_bytes(bytes(data))
+
+    target = torch.nn.Linear(1024, 2048)
+    torch.nn.init.zeros_(target.weight)
+    with ckptstore.open(path, read_only=True) as store:
+        with pytest.raises(ckptstore.CorruptError, match="fails its hash check"):
+            ct.load(store, model=target)
+    flat = raw(target.weight)
+    assert flat[(5 << 20) + 32] == 0, "a damaged byte reached the model"

@@ -147,6 +147,33 @@ def _split(state: Mapping[str, Value]) -> Tuple[List[_RawTensor], List[Tuple[str
     return tensors, blobs
 
 
+def _targets(into: Mapping[str, "np.ndarray | Tensor"]) -> Tuple[List[_RawTensor], Dict[str, np.ndarray]]:
+    """The arrays of `load(into=...)` that can be filled in place (writable,
+    C-contiguous, little-endian, a known dtype), and name -> the array that
+    a filled tensor is in the result."""
+    targets: List[_RawTensor] = []
+    given: Dict[str, np.ndarray] = {}
+    for name, value in into.items():
+        if isinstance(value, Tensor):
+            dtype, shape, array = value.dtype, list(value.shape), value.data
+        elif isinstance(value, np.ndarray):
+            dtype = DTYPE_NAMES.get(value.dtype.name)  # type: ignore[assignment]
+            shape, array = list(value.shape), value
+        else:
+            raise TypeError(f"{name!r}: expected a numpy array or a Tensor, not {type(value).__name__}")
+        fits = (
+            dtype is not None
+            and isinstance(array, np.ndarray)
+            and array.flags["C_CONTIGUOUS"]
+            and array.flags["WRITEABLE"]
+            and array.dtype.byteorder != ">"
+        )
+        if fits:
+            targets.append((name, dtype, shape, array))
+            given[name] = array
+    return targets, given
+
+
 def _contiguous_le(array: np.ndarray) -> np.ndarray:
     """`array` itself when C-contiguous and little-endian, else such a copy
     (ascontiguousarray would also turn a 0-d array into a 1-d one)."""
@@ -247,9 +274,11 @@ class Store:
         read_only: bool = False,
         cache_size: Optional[int] = None,
         replicate_to: "Remote | str | None" = None,
+        threads: Optional[int] = None,
+        background_threads: Optional[int] = None,
     ) -> None:
         url = replicate_to.url if isinstance(replicate_to, Remote) else replicate_to
-        self._raw = RawStore(str(path), read_only, cache_size, url)
+        self._raw = RawStore(str(path), read_only, cache_size, url, threads, background_threads)
 
     def save(
         self, step: int, state: Mapping[str, Value], metrics: Optional[Mapping[str, float]] = None
@@ -268,9 +297,31 @@ class Store:
     def flush(self) -> None:
         self._raw.flush()
 
-    def load(self, step: Optional[int] = None) -> Optional[Checkpoint]:
-        """The step `step` (the latest if None), or None if it is not stored."""
-        return _checkpoint(self._raw.load(_optional_step(step)))
+    def load(
+        self, step: Optional[int] = None, into: Optional[Mapping[str, "np.ndarray | Tensor"]] = None
+    ) -> Optional[Checkpoint]:
+        """The step `step` (the latest if None), or None if it is not stored.
+
+        `into` maps tensor names to arrays (or `Tensor`s over uint8 arrays)
+        to read into in place: each whose dtype and shape are the stored
+        tensor's, and which is writable and C-contiguous, is filled (every
+        chunk hash-checked first; no new memory, no second copy) and is
+        the very object found in the result's `tensors` (a `Tensor`'s
+        `data`); the others are loaded as usual. Do not use the arrays from
+        another thread meanwhile. On an error an array may hold part of the
+        step, never bytes that failed a check."""
+        if not into:
+            return _checkpoint(self._raw.load(_optional_step(step)))
+        targets, given = _targets(into)
+        got = self._raw.load_into(_optional_step(step), targets)
+        if got is None:
+            return None
+        d, filled = got
+        ck = _checkpoint(d)
+        assert ck is not None
+        for name in filled:
+            ck.tensors[name] = given[name]
+        return ck
 
     def steps(self) -> List[int]:
         """The stored steps, ascending."""
@@ -349,12 +400,17 @@ def open(  # noqa: A001
     read_only: bool = False,
     cache_size: Optional[int] = None,
     replicate_to: "Remote | str | None" = None,
+    threads: Optional[int] = None,
+    background_threads: Optional[int] = None,
 ) -> Store:
     """Open (or create, unless read_only) the store at `path`; `cache_size`
     (bytes) sets the page cache (StoreOptions::cache_size in Rust);
     `replicate_to` (a URL or a Remote) uploads every commit to a bucket in
-    the background, retried until it lands; `flush()` waits for it."""
-    return Store(path, read_only, cache_size, replicate_to)
+    the background, retried until it lands; `flush()` waits for it.
+    `threads` (default: the machine's cores) caps the threads a save, load
+    or verify hashes and copies on; `background_threads` (default 1) those
+    of a `save_async`, so that training keeps its cores."""
+    return Store(path, read_only, cache_size, replicate_to, threads, background_threads)
 
 
 class Remote:

@@ -1,16 +1,23 @@
 """Benchmark: `python -m ckptstore.bench` (needs torch and safetensors).
 
-For the state of a model built here (f32 weights + AdamW moments, ~1 GiB;
-then the same in bf16), in one run, medians of --reps rounds (each round runs every contender once):
-- save: ckptstore.torch.save against torch.save + fsync and against
-  safetensors.torch.save_file + fsync (each into a new file or store);
-- load into the model and optimizer: ckptstore.torch.load against
-  torch.load and safetensors.torch.load_file, each followed by
-  load_state_dict (or a copy into the optimizer state, for safetensors'
-  flat dict), so that every byte is read (files just written: page cache
-  warm for all);
+For the state of a model built here (a stack of 2048x2048 linear layers
+with AdamW moments, ~--mib MiB of --dtype), in one run, each contender
+once per round in an order that rotates every round, --reps rounds,
+medians with their spread (min-max):
+
+- save: `ckptstore.torch.save` against torch.save, safetensors'
+  save_file and DCP's FileSystemWriter (no_dist), each followed by fsync,
+  and a raw write+fsync of the same bytes; each into a new file, store or
+  directory, each from a synced disk (`os.sync()` first);
+- load into the model and optimizer (every byte read and placed):
+  `ckptstore.torch.load` against torch.load + load_state_dict,
+  safetensors' load_file + copies into place, DCP's FileSystemReader
+  (in place) and a raw read straight into the tensors' memory; with the
+  page cache warm (files just read) and dropped (`echo 3 >
+  /proc/sys/vm/drop_caches`, when run as root; said when skipped);
 - the next save with 90% of the tensors unchanged: bytes written.
-Ratios above 1.0 mean ckptstore is faster.
+
+Ratio = contender's time / ckptstore's (above 1: ckptstore is faster).
 """
 
 import argparse
@@ -19,6 +26,7 @@ import shutil
 import statistics
 import tempfile
 import time
+import warnings
 
 import torch
 
@@ -30,7 +38,7 @@ def build(total_mib, dtype):
     """A stack of square linear layers with AdamW moments: ~total_mib MiB."""
     width = 2048
     layer_bytes = (width * width + width) * torch.empty((), dtype=dtype).element_size() * 3
-    layers = max(10, round(total_mib * (1 << 20) / layer_bytes))
+    layers = max(2, round(total_mib * (1 << 20) / layer_bytes))
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)]).to(dtype)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -60,77 +68,168 @@ def restore_flat(model, opt, tensors):
                 opt.state[params[int(pid)]][key].copy_(v)
 
 
-def fsync_file(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    dfd = os.open(os.path.dirname(path), os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+def fsync_path(path):
+    """fsync a file, or every file of a directory, then its directory."""
+    files = [os.path.join(path, f) for f in os.listdir(path)] if os.path.isdir(path) else [path]
+    for f in files + [os.path.dirname(path)]:
+        fd = os.open(f, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
-def timed(fn):
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+def can_drop_caches():
+    return os.geteuid() == 0 and os.access("/proc/sys/vm/drop_caches", os.W_OK)
 
 
-def medians(reps, fns):
-    """The median time of each of `fns`, run in turn, `reps` rounds: the
-    machine's noise falls on all of them alike."""
+def drop_caches():
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def rounds(reps, fns, before=None):
+    """Each of `fns` once per round, the order rotating each round;
+    `before()` runs (untimed) before each call. name -> list of seconds."""
     times = {name: [] for name in fns}
-    for _ in range(reps):
-        for name, fn in fns.items():
-            times[name].append(timed(fn))
-    return {name: statistics.median(t) for name, t in times.items()}
+    names = list(fns)
+    for r in range(reps):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            if before is not None:
+                before()
+            start = time.perf_counter()
+            fns[name]()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+class Contenders:
+    """The files each contender writes in `workdir`, and how each saves and loads."""
+
+    def __init__(self, model, opt, workdir, dtype):
+        self.model, self.opt, self.dir, self.dtype = model, opt, workdir, dtype
+        self.state = flat(model, opt)
+        self.store = None
+        self.n = 0
+
+    def _fresh(self, name):
+        self.n += 1
+        return os.path.join(self.dir, f"{name}-{self.n}")
+
+    def tidy(self):
+        """Untimed, before each save: close the store saved into, keep only
+        the newest file of each contender, sync the disk."""
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+        for prefix in ("pt-", "st-", "dcp-", "raw-", "ckpt-"):
+            self.newest(prefix)
+        os.sync()
+
+    def newest(self, prefix):
+        """The newest file of a contender, the others removed."""
+        old = sorted((p for p in os.listdir(self.dir) if p.startswith(prefix)), key=lambda p: int(p.split("-")[-1]))
+        for p in old[:-1]:
+            full = os.path.join(self.dir, p)
+            shutil.rmtree(full) if os.path.isdir(full) else os.remove(full)
+        return os.path.join(self.dir, old[-1]) if old else None
+
+    def saves(self):
+        import torch.distributed.checkpoint as dcp
+        from safetensors.torch import save_file
+
+        def torch_save():
+            path = self._fresh("pt")
+            torch.save({"model": self.model.state_dict(), "optimizer": self.opt.state_dict()}, path)
+            fsync_path(path)
+
+        def st_save():
+            path = self._fresh("st")
+            save_file(self.state, path)
+            fsync_path(path)
+
+        def dcp_save():
+            path = self._fresh("dcp")
+            dcp.save({"model": self.model.state_dict(), "optim": self.opt.state_dict()},
+                     storage_writer=dcp.FileSystemWriter(path), no_dist=True)
+            fsync_path(path)
+
+        def raw_save():
+            path = self._fresh("raw")
+            with open(path, "wb") as f:
+                for t in self.state.values():
+                    f.write(t.reshape(-1).view(torch.uint8).numpy().data)
+                f.flush()
+                os.fsync(f.fileno())
+            fsync_path(path)
+
+        def ct_save():
+            self.store = ckptstore.open(self._fresh("ckpt"))
+            ct.save(self.store, 1, model=self.model, optimizer=self.opt)
+
+        return {"ckptstore": ct_save, "torch.save": torch_save, "safetensors": st_save,
+                "DCP FileSystem": dcp_save, "raw write+fsync": raw_save}
+
+    def loads(self):
+        import torch.distributed.checkpoint as dcp
+        from safetensors.torch import load_file
+
+        self.tidy()
+        paths = {k: self.newest(k + "-") for k in ("pt", "st", "dcp", "raw", "ckpt")}
+        store = ckptstore.open(paths["ckpt"], read_only=True)
+        model, opt = self.model, self.opt
+
+        def torch_load():
+            sd = torch.load(paths["pt"], weights_only=True)
+            model.load_state_dict(sd["model"])
+            opt.load_state_dict(sd["optimizer"])
+
+        def st_load():
+            restore_flat(model, opt, load_file(paths["st"]))
+
+        def dcp_load():
+            state = {"model": model.state_dict(), "optim": opt.state_dict()}
+            dcp.load(state, storage_reader=dcp.FileSystemReader(paths["dcp"]), no_dist=True)
+
+        def raw_load():
+            with open(paths["raw"], "rb", buffering=0) as f:
+                for t in self.state.values():
+                    f.readinto(t.reshape(-1).view(torch.uint8).numpy().data)
+
+        def ct_load():
+            ct.load(store, model=model, optimizer=opt)
+
+        fns = {"ckptstore": ct_load, "torch.load": torch_load, "safetensors": st_load,
+               "DCP FileSystem": dcp_load, "raw read": raw_load}
+        return fns, store
+
+
+def row(kind, name, secs, ours, mib):
+    med = statistics.median(secs)
+    ratio = "" if name == "ckptstore" else f"{med / statistics.median(ours):.2f}x"
+    return f"| {kind}: {name} | {med:.3f} ({min(secs):.3f}-{max(secs):.3f}) | {mib / med:.0f} | {ratio} |"
 
 
 def run(dtype, total_mib, reps, workdir):
-    from safetensors.torch import load_file, save_file
-
     model, opt = build(total_mib, dtype)
-    state = flat(model, opt)
-    nbytes = sum(t.numel() * t.element_size() for t in state.values())
-    torch_path = os.path.join(workdir, "state.pt")
-    st_path = os.path.join(workdir, "state.safetensors")
-    stores = []
-
-    def torch_save():
-        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, torch_path)
-        fsync_file(torch_path)
-
-    def st_save():
-        save_file(state, st_path)
-        fsync_file(st_path)
-
-    def ct_save():
-        path = os.path.join(workdir, f"{dtype}-{len(stores)}.ckpt")
-        store = ckptstore.open(path)
-        stores.append((store, path))
-        ct.save(store, 1, model=model, optimizer=opt)
-
-    save = medians(reps, {"torch.save": torch_save, "safetensors": st_save, "ckptstore": ct_save})
-    for store, path in stores[:-1]:
-        store.close()
-        os.remove(path)
-    store = stores[-1][0]
-
-    def torch_load():
-        sd = torch.load(torch_path, weights_only=True)
-        model.load_state_dict(sd["model"])
-        opt.load_state_dict(sd["optimizer"])
-
-    def st_load():
-        restore_flat(model, opt, load_file(st_path))
-
-    def ct_load():
-        ct.load(store, model=model, optimizer=opt)
-
-    load = medians(reps, {"torch.load": torch_load, "safetensors": st_load, "ckptstore": ct_load})
+    c = Contenders(model, opt, workdir, dtype)
+    nbytes = sum(t.numel() * t.element_size() for t in c.state.values())
+    mib = nbytes / (1 << 20)
+    out = [f"### {dtype}: {mib:.0f} MiB of state, {reps} rounds", "",
+           "| operation | seconds: median (min-max) | MiB/s | ratio: theirs / ckptstore |", "|---|---|---|---|"]
+    results = [("save", rounds(reps, c.saves(), before=c.tidy))]
+    fns, store = c.loads()
+    for f in fns.values():
+        f()  # warm the page cache with every file
+    results.append(("load, warm", rounds(reps, fns)))
+    if can_drop_caches():
+        results.append(("load, cold", rounds(reps, fns, before=drop_caches)))
+    for kind, times in results:
+        out += [row(kind, name, secs, times["ckptstore"], mib) for name, secs in times.items()]
+    if not can_drop_caches():
+        out += ["", "Cold-cache loads skipped: dropping the page cache needs root."]
+    store.close()
 
     # 90% unchanged: change the weights and moments of a tenth of the layers.
     layers = [m for m in model if isinstance(m, torch.nn.Linear)]
@@ -141,39 +240,27 @@ def run(dtype, total_mib, reps, workdir):
                 for v in opt.state[p].values():
                     if v.dim() > 0:
                         v.add_(1)
+    store = ckptstore.open(c.newest("ckpt-"))
     info = ct.save(store, 2, model=model, optimizer=opt)
     store.close()
-    return nbytes, save, load, info
-
-
-def table(dtype, nbytes, save, load, info):
-    mib = nbytes / (1 << 20)
-    rows = [f"### {dtype}: {mib:.0f} MiB of state", "",
-            "| operation | seconds (median) | MiB/s | ckptstore speed-up |", "|---|---|---|---|"]
-    for kind, results in (("save", save), ("load", load)):
-        ours = results["ckptstore"]
-        for name, secs in results.items():
-            ratio = "" if name == "ckptstore" else f"{secs / ours:.2f}x"
-            rows.append(f"| {kind}: {name} | {secs:.3f} | {mib / secs:.0f} | {ratio} |")
     written = info.bytes_written / info.logical_bytes
-    rows.append("")
-    rows.append(f"Save with 90% of the tensors unchanged: {info.bytes_written / (1 << 20):.1f} MiB "
-                f"written of {info.logical_bytes / (1 << 20):.0f} MiB ({100 * written:.1f}%), "
-                f"{info.seconds:.3f} s.")
-    return "\n".join(rows)
+    out += ["", f"Save with 90% of the tensors unchanged: {info.bytes_written / (1 << 20):.1f} MiB "
+            f"written of {info.logical_bytes / (1 << 20):.0f} MiB ({100 * written:.1f}%), {info.seconds:.3f} s."]
+    return "\n".join(out)
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mib", type=int, default=1024, help="state size of the f32 model (MiB)")
-    p.add_argument("--reps", type=int, default=5, help="runs per measurement (median)")
+    p.add_argument("--mib", type=int, default=1024, help="state size (MiB)")
+    p.add_argument("--reps", type=int, default=5, help="rounds (medians)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     p.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
     args = p.parse_args()
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled")
     workdir = tempfile.mkdtemp(prefix="ckptstore-bench-", dir=args.dir)
     try:
-        for dtype, mib in ((torch.float32, args.mib), (torch.bfloat16, args.mib // 2)):
-            print(table(dtype, *run(dtype, mib, args.reps, workdir)), flush=True)
-            print()
+        print(f"{os.cpu_count()} cores; writing in {workdir}", flush=True)
+        print(run(getattr(torch, args.dtype), args.mib, args.reps, workdir), flush=True)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

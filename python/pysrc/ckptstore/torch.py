@@ -22,12 +22,14 @@ once across steps.
 Copies: a blocking save writes CPU tensors from their own memory; CUDA
 tensors are first copied to the host. `blocking=False` copies every tensor
 before it returns, so in-place updates afterwards never reach the
-checkpoint. `load` builds tensors over the bytes the store read and
-`load_state_dict` copies them into the model; optimizer state keeps them.
+checkpoint. `load` from a `Store` reads each tensor straight into the model's
+and the optimizer's own tensor when it has the stored dtype and shape (a
+plain, contiguous CPU tensor): one copy, no new memory. Other tensors are
+built over the bytes the store read and `load_state_dict` copies them in.
 """
 
 import json
-from typing import Any, Dict, Literal, Mapping, Optional, Tuple, Union, overload
+from typing import Any, Dict, List, Literal, Mapping, Optional, Tuple, Union, overload
 
 import numpy as np
 import torch
@@ -211,11 +213,14 @@ def save(
 
 
 class _Rebuilder:
-    def __init__(self, tensors):
+    def __init__(self, tensors, own=None):
         self.tensors = tensors  # name -> uint8 numpy array viewing the loaded bytes
+        self.own = own or {}  # name -> the caller's tensor, read into in place
 
     def tensor(self, ref):
         name = ref["__tensor__"]
+        if name in self.own:
+            return self.own[name]
         if name not in self.tensors:
             raise KeyError(f"the step has no tensor {name!r}")
         dtype = getattr(torch, ref["dtype"])
@@ -249,10 +254,11 @@ def load(
     None) and return the step; None (and nothing restored) when the store is
     empty; KeyError when `step` is not stored. `load_extra` gives `extra`.
     """
-    step, structure, tensors = _load(store, step)
+    own = _in_place(model, optimizer) if isinstance(store, Store) else {}
+    step, structure, tensors, filled = _load(store, step, own)
     if step is None:
         return None
-    rebuild = _Rebuilder(tensors)
+    rebuild = _Rebuilder(tensors, {name: own[name][0] for name in filled})
     if model is not None:
         if "model" not in structure:
             raise KeyError(f"step {step} has no model state")
@@ -267,19 +273,61 @@ def load(
 
 def load_extra(store: Union[Store, Shard], step: Optional[int] = None) -> Any:
     """The `extra` saved with `step` (the latest if None), or None."""
-    step, structure, tensors = _load(store, step)
+    step, structure, tensors, _ = _load(store, step, {})
     if step is None or "extra" not in structure:
         return None
     return _Rebuilder(tensors).walk(structure["extra"])
 
 
-def _load(store: Union[Store, Shard], step: Optional[int]) -> Tuple[Any, Any, Any]:
-    """(step, structure, name -> uint8 array over the loaded bytes)."""
-    ck = store.load(step)
+def _in_place(model: _Model, optimizer: _Optimizer) -> Dict[str, Tuple[torch.Tensor, Tensor]]:
+    """name -> (tensor, ckptstore.Tensor over its memory) for each tensor of
+    the model's and the optimizer's current state that a load can fill in
+    place: plain CPU tensors, contiguous, of a dtype the store knows."""
+    out: Dict[str, Tuple[torch.Tensor, Tensor]] = {}
+
+    def add(name, t):
+        dtype = DTYPE_NAMES.get(_dtype_name(t.dtype))
+        plain = t.device.type == "cpu" and t.layout == torch.strided and _sharded_kind(t) is None
+        if dtype is None or not plain or t.is_quantized or not t.is_contiguous() or name in out:
+            return
+        t = t.detach()
+        out[name] = (t, Tensor(dtype, list(t.shape), t.reshape(-1).view(torch.uint8).numpy()))
+
+    def walk(obj, name):
+        if isinstance(obj, torch.Tensor):
+            add(name, obj)
+        elif isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(v, f"{name}/{k}")
+        elif isinstance(obj, (list, tuple)):
+            for i, v in enumerate(obj):
+                walk(v, f"{name}/{i}")
+
+    if model is not None:
+        for k, v in model.state_dict().items():
+            walk(v, f"model/{k}")
+    if optimizer is not None:
+        walk(optimizer.state_dict(), "optimizer")
+    return out
+
+
+def _load(
+    store: Union[Store, Shard], step: Optional[int], own: Dict[str, Tuple[torch.Tensor, Tensor]]
+) -> Tuple[Any, Any, Any, List[str]]:
+    """(step, structure, name -> uint8 array over the loaded bytes, names of
+    `own` read into in place)."""
+    if own:
+        assert isinstance(store, Store)
+        ck = store.load(step, into={name: t for name, (_, t) in own.items()})
+    else:
+        ck = store.load(step)
     if ck is None:
         if step is not None:
             raise KeyError(step)
-        return None, None, None
+        return None, None, None, []
+    filled = [name for name, (_, t) in own.items() if ck.tensors.get(name) is t.data]
+    for name in filled:
+        del ck.tensors[name]
     blob = ck.tensors.pop(_STRUCTURE, None)
     if blob is None:
         raise ValueError(f"step {ck.step} was not saved by ckptstore.torch")
@@ -288,4 +336,4 @@ def _load(store: Union[Store, Shard], step: Optional[int]) -> Tuple[Any, Any, An
         raise ValueError(f"step {ck.step}: unknown ckptstore.torch format {structure.get('format')}")
     # Each array views the bytes the store read: as uint8, no copy.
     tensors = {name: a.reshape(-1).view(np.uint8) for name, a in ck.tensors.items()}
-    return ck.step, structure, tensors
+    return ck.step, structure, tensors, filled
