@@ -36,6 +36,10 @@ pub(crate) enum TxnKind {
     /// One part of a larger change whose last transaction makes it
     /// durable; need not be durable itself on an exclusive store.
     Part,
+    /// What the store remembers of a bucket, written by a push: durable,
+    /// but not a change replication reacts to (no after-write hook).
+    #[cfg(feature = "remote")]
+    Memo,
 }
 
 /// The open database, or why there is none.
@@ -173,7 +177,11 @@ impl Db {
             };
             let value = in_engine().map_err(|e| e.within(what))?;
             txn.commit().context(what)?;
-            if let Some(hook) = self.after_write.get() {
+            #[cfg(feature = "remote")]
+            let quiet = kind == TxnKind::Memo;
+            #[cfg(not(feature = "remote"))]
+            let quiet = false;
+            if let Some(hook) = self.after_write.get().filter(|_| !quiet) {
                 hook();
             }
             Ok(value)

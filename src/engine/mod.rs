@@ -9,6 +9,7 @@ mod chunks;
 pub(crate) mod hashing;
 pub(crate) mod plan;
 mod read;
+mod replica;
 mod verify;
 
 use std::collections::BTreeSet;
@@ -33,10 +34,15 @@ use plan::Plan;
 #[cfg(feature = "remote")]
 pub(crate) use read::ChunkPlace;
 pub(crate) use read::{StepData, View};
+#[cfg(feature = "remote")]
+pub(crate) use replica::{Pushed, Remembered};
 pub(crate) use verify::Checked;
 
 /// The tables of one write transaction, and the operations on them.
 pub(crate) struct Engine<'txn> {
+    txn: &'txn WriteTransaction,
+    /// Whether the store has the `replica_*` tables, once looked up.
+    replica_tables: Option<bool>,
     meta: Table<'txn, &'static str, &'static [u8]>,
     steps: Table<'txn, u64, &'static [u8]>,
     summaries: Table<'txn, u64, &'static [u8]>,
@@ -56,6 +62,8 @@ impl<'txn> Engine<'txn> {
         let meta = txn.open_table(META).context(ctx)?;
         let first_id = meta_u64(&meta, META_NEXT_CHUNK)?;
         Ok(Engine {
+            txn,
+            replica_tables: None,
             meta,
             steps: txn.open_table(STEPS).context(ctx)?,
             summaries: txn.open_table(SUMMARIES).context(ctx)?,
@@ -198,6 +206,7 @@ impl<'txn> Engine<'txn> {
     /// entry: its chunk uses and packed bytes. A manifest that no longer
     /// decodes cannot tell which chunks it held; they stay referenced.
     fn forget(&mut self, step: u64, old_manifest: &[u8]) -> Result<Freed> {
+        self.forget_replicated(step)?;
         let mut freed = match decode_manifest(step, old_manifest) {
             Ok(m) => self.chunks.release(m.chunk_uses())?,
             Err(_) => Freed::default(),

@@ -9,13 +9,18 @@ use crate::error::StorageContext;
 use crate::{Error, Result};
 
 /// The newest store and manifest format this build reads.
-pub(crate) const FORMAT_VERSION: u32 = 3;
+pub(crate) const FORMAT_VERSION: u32 = 4;
 /// The format of a store's tables (chunks by id): what a new store is and
 /// what a format 1 store is upgraded to when opened for writing.
 pub(crate) const TABLES_FORMAT: u32 = 2;
 /// The format a store is marked with by its first step with tensors
 /// (format 3 manifests, which older builds refuse).
 pub(crate) const TENSOR_FORMAT: u32 = 3;
+/// The format a store is marked with once it remembers what it replicated
+/// (the `replica_*` tables): older builds would replace or remove a step
+/// without forgetting that its old content was replicated.
+#[cfg_attr(not(feature = "remote"), allow(dead_code))]
+pub(crate) const REPLICA_FORMAT: u32 = 4;
 
 /// Store-wide facts and counters, under the `META_*` keys below.
 pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
@@ -36,6 +41,22 @@ pub(crate) const SUMMARIES: TableDefinition<u64, &[u8]> = TableDefinition::new("
 pub(crate) const PACKED: TableDefinition<(u64, u32), &[u8]> = TableDefinition::new("packed");
 /// Pinned steps: never deleted by retention, remove or rollback.
 pub(crate) const PINS: TableDefinition<u64, ()> = TableDefinition::new("pins");
+
+/// Bucket URL -> the bucket's collection mark when the store last listed
+/// it: what the store remembers of that bucket (the two tables below)
+/// holds while the bucket's mark is the same.
+pub(crate) const REPLICA_MARKS: TableDefinition<&str, &[u8]> =
+    TableDefinition::new("replica_marks");
+/// `(bucket URL, step)` -> the bucket's newest commit of the step
+/// (generation u64 little endian, manifest hash) and whether it holds this
+/// store's version of the step whole (1) or not (0). Forgotten when the
+/// store removes or replaces the step.
+pub(crate) const REPLICA_STEPS: TableDefinition<(&str, u64), &[u8]> =
+    TableDefinition::new("replica_steps");
+/// `(bucket URL, chunk hash)`: chunks the store knows the bucket holds.
+#[cfg_attr(not(feature = "remote"), allow(dead_code))]
+pub(crate) const REPLICA_CHUNKS: TableDefinition<(&str, &[u8; 32]), ()> =
+    TableDefinition::new("replica_chunks");
 
 /// Format 1: chunk hash -> chunk bytes. Read, and emptied as steps go, in
 /// stores written by 0.1; never written to since.

@@ -11,6 +11,9 @@
 //! deleted/<step:020>-<blake3 hex>          that step was deleted by retention: push skips it
 //! locks/<push|gc>-<uuid>                   a push or a garbage collection in progress
 //! owner/<store uuid>                       the store whose run this prefix holds
+//! collections/latest                       a random id, rewritten by each garbage collection
+//!                                          before it deletes anything (what stores remember
+//!                                          of the bucket holds while it is unchanged)
 //! ```
 //!
 //! A step committed again with other content (a rollback and redo) gets a
@@ -53,6 +56,8 @@ pub(crate) const DELETED: &str = "deleted";
 pub(crate) const LOCKS: &str = "locks";
 /// The folder that names the prefix's owner.
 pub(crate) const OWNER: &str = "owner";
+/// The folder of the collection mark.
+pub(crate) const COLLECTIONS: &str = "collections";
 /// The version of the manifest JSON written here.
 pub(crate) const MANIFEST_FORMAT: u32 = 1;
 
@@ -152,6 +157,11 @@ impl Layout {
 
     pub(crate) fn lock(&self, name: &str) -> Path {
         self.key(LOCKS, name)
+    }
+
+    /// The collection mark: rewritten by every garbage collection.
+    pub(crate) fn collection_mark(&self) -> Path {
+        self.key(COLLECTIONS, "latest")
     }
 }
 

@@ -9,6 +9,7 @@ mod locks;
 mod owner;
 mod pieces;
 mod push;
+mod push_known;
 mod read;
 mod replicate;
 mod restore;

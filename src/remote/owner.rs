@@ -103,6 +103,8 @@ impl Remote {
                 self.delete(&self.layout.owner(&name))?;
             }
         }
-        Ok(())
+        // Another store's pushes follow: what any store remembered of the
+        // bucket no longer holds.
+        self.new_collection_mark().map(drop)
     }
 }

@@ -23,7 +23,7 @@ use object_store::{ObjectStoreExt, PutPayload};
 use super::layout::{encode, RemoteManifest};
 use super::locks::Lock;
 use super::{remote_error, Commit, Remote};
-use crate::engine::{ChunkPlace, StepData};
+use crate::engine::{ChunkPlace, Pushed, StepData};
 use crate::format::manifest::Hash;
 use crate::{CheckpointStore, Error, GradientCheckpoint, Result, StepInfo};
 
@@ -93,7 +93,15 @@ impl Remote {
         store: &CheckpointStore,
         progress: &mut dyn FnMut(u64, u64) -> bool,
     ) -> Result<PushReport> {
-        self.with_push_lock(|lock| self.push_locked(store, lock, progress))
+        self.with_push_lock(|lock| self.push_locked(store, lock, progress, false))
+    }
+
+    /// [`push`](Self::push) that lists the bucket rather than trust what the
+    /// store remembers of it, so that it also repairs steps whose chunks or
+    /// manifests were deleted by hand (a plain push notices only what a
+    /// garbage collection deleted). Costs one listing of the bucket.
+    pub fn repair(&self, store: &CheckpointStore) -> Result<PushReport> {
+        self.with_push_lock(|lock| self.push_locked(store, lock, &mut |_, _| true, true))
     }
 
     fn push_locked(
@@ -101,8 +109,35 @@ impl Remote {
         store: &CheckpointStore,
         lock: &mut Lock,
         progress: &mut dyn FnMut(u64, u64) -> bool,
+        list: bool,
     ) -> Result<PushReport> {
         self.claim(&store.store_id()?)?;
+        // Read once the lock is held: a collection that starts later (only
+        // if the lock lapses) changes it, and the next push lists.
+        let mark = self.collection_mark()?;
+        let report = match store.remembered(&self.url)? {
+            Some(known) if known.mark == mark && !list => {
+                self.push_known(store, &known, lock, progress)?
+            }
+            _ => self.push_listed(store, &mark, lock, progress)?,
+        };
+        if store.is_read_only() && !report.steps_pushed.is_empty() {
+            // Commits the writer's memory of the bucket does not know of.
+            self.new_collection_mark()?;
+        }
+        Ok(report)
+    }
+
+    /// Push after listing the bucket's commits, deletion markers, manifests
+    /// and chunks; then the store remembers what the bucket holds as of
+    /// `mark`.
+    fn push_listed(
+        &self,
+        store: &CheckpointStore,
+        mark: &[u8],
+        lock: &mut Lock,
+        progress: &mut dyn FnMut(u64, u64) -> bool,
+    ) -> Result<PushReport> {
         let mut report = PushReport::default();
         let commits = self.commits()?;
         // Ascending: the last commit of a step is its newest.
@@ -110,6 +145,18 @@ impl Remote {
         let deleted: HashSet<(u64, Hash)> = self.deleted()?.into_iter().collect();
         let manifests = self.manifest_names()?;
         let mut present: HashSet<Hash> = self.chunk_hashes()?;
+        let mut memo: BTreeMap<u64, Pushed> = newest
+            .values()
+            .map(|c| {
+                let p = Pushed {
+                    generation: c.generation,
+                    hash: c.hash,
+                    whole: false,
+                };
+                (c.step, p)
+            })
+            .collect();
+        let mut memo_chunks: Vec<Hash> = Vec::new();
         for step in store.steps()? {
             self.refresh(lock)?;
             let outcome = store.with_step(step, |ckpt, info, data| {
@@ -121,10 +168,17 @@ impl Remote {
                         reason: format!("the bucket's readers would refuse it: {reason}"),
                     })?;
                 let (bytes, hash) = encode(step, &manifest)?;
+                let generation_there = newest.get(&step).map_or(0, |c| c.generation);
                 if deleted.contains(&(step, hash)) {
-                    return Ok(Outcome::Present);
+                    let p = Pushed {
+                        generation: generation_there,
+                        hash,
+                        whole: true,
+                    };
+                    return Ok((Outcome::Present, p, Vec::new()));
                 }
                 let chunks = step_chunks(data)?;
+                let hashes: Vec<Hash> = chunks.iter().map(|c| c.hash).collect();
                 // The same content as the newest commit, whole: done. The
                 // same content with its manifest or chunks missing (chunks
                 // collected after a lock lapsed): repaired under the same
@@ -132,48 +186,100 @@ impl Remote {
                 let same = newest.get(&step).filter(|c| c.hash == hash);
                 let whole = manifests.contains(&(step, hash))
                     && chunks.iter().all(|c| present.contains(&c.hash));
-                if same.is_some() && whole {
-                    return Ok(Outcome::Present);
+                if let (Some(c), true) = (same, whole) {
+                    let p = Pushed {
+                        generation: c.generation,
+                        hash,
+                        whole: true,
+                    };
+                    return Ok((Outcome::Present, p, hashes));
                 }
                 let generation =
                     same.map_or_else(|| Remote::next_generation(&commits, step), |c| c.generation);
                 let before = report.bytes_uploaded;
                 let missing = count_missing(&chunks, &mut present, &mut report);
                 self.upload(step, data, &missing, lock, before, progress)?;
-                while self.reassert(lock)? {
-                    let there = self.present(chunks.iter().map(|c| c.hash))?;
-                    let gone: Vec<&StepChunk> =
-                        chunks.iter().filter(|c| !there.contains(&c.hash)).collect();
-                    if gone.is_empty() {
-                        break;
-                    }
-                    self.upload(step, data, &gone, lock, before, progress)?;
-                }
+                self.recheck_and_upload(step, data, &chunks, lock, before, progress)?;
                 let commit = Commit {
                     step,
                     generation,
                     hash,
                 };
                 self.put_step(&commit, bytes)?;
-                Ok(Outcome::Pushed)
+                let p = Pushed {
+                    generation,
+                    hash,
+                    whole: true,
+                };
+                Ok((Outcome::Pushed, p, hashes))
             })?;
-            match outcome {
-                Some(Outcome::Pushed) => report.steps_pushed.push(step),
-                Some(Outcome::Present) => report.steps_present += 1,
-                None => {} // removed since it was listed
+            // None: removed since it was listed.
+            if let Some((outcome, pushed, chunks)) = outcome {
+                memo.insert(step, pushed);
+                memo_chunks.extend(chunks);
+                match outcome {
+                    Outcome::Pushed => report.steps_pushed.push(step),
+                    Outcome::Present => report.steps_present += 1,
+                }
             }
             if !progress(step, report.bytes_uploaded) {
                 break;
             }
         }
+        let memo: Vec<(u64, Pushed)> = memo.into_iter().collect();
+        store.remember(&self.url, mark, true, &memo, &memo_chunks)?;
         Ok(report)
+    }
+
+    /// Before a step's commit: if the push lock lapsed (a collection may
+    /// have run), wait out collections, check (HEAD) every chunk the step
+    /// names and upload what is gone, until a check finds everything.
+    pub(super) fn recheck_and_upload(
+        &self,
+        step: u64,
+        data: &StepData<'_>,
+        chunks: &[StepChunk],
+        lock: &mut Lock,
+        before: u64,
+        progress: &mut dyn FnMut(u64, u64) -> bool,
+    ) -> Result<()> {
+        while self.reassert(lock)? {
+            let there = self.present(chunks.iter().map(|c| c.hash))?;
+            let gone: Vec<&StepChunk> =
+                chunks.iter().filter(|c| !there.contains(&c.hash)).collect();
+            if gone.is_empty() {
+                break;
+            }
+            self.upload(step, data, &gone, lock, before, progress)?;
+        }
+        Ok(())
+    }
+
+    /// The bucket's collection mark, written first if there is none: it
+    /// also tells this bucket from another one later found at the same URL
+    /// (a prefix emptied or a bucket made again), whose mark differs.
+    pub(crate) fn collection_mark(&self) -> Result<Vec<u8>> {
+        let key = self.layout.collection_mark();
+        if let Some(mark) = self.get_bytes(&key, 1024)? {
+            return Ok(mark.to_vec());
+        }
+        self.new_collection_mark()
+    }
+
+    /// Write a new collection mark: what any store remembers of the bucket
+    /// no longer holds (a collection is about to delete, another store
+    /// takes the prefix over, or a store pushed what it cannot remember).
+    pub(crate) fn new_collection_mark(&self) -> Result<Vec<u8>> {
+        let mark = uuid::Uuid::new_v4().simple().to_string().into_bytes();
+        self.put(&self.layout.collection_mark(), mark.clone())?;
+        Ok(mark)
     }
 }
 
 /// One chunk of a step: of a blob, or the step's packed blobs.
-struct StepChunk {
-    hash: Hash,
-    len: usize,
+pub(super) struct StepChunk {
+    pub(super) hash: Hash,
+    pub(super) len: usize,
     what: Missing,
 }
 
@@ -184,7 +290,7 @@ enum Missing {
 }
 
 /// The chunks of the step, each once.
-fn step_chunks(data: &StepData<'_>) -> Result<Vec<StepChunk>> {
+pub(super) fn step_chunks(data: &StepData<'_>) -> Result<Vec<StepChunk>> {
     let mut seen = HashSet::new();
     let mut chunks = Vec::new();
     if let Some(p) = data.packed_ref() {
@@ -230,7 +336,7 @@ fn count_missing<'c>(
 }
 
 /// The bucket's manifest of a stored step, from the store's manifest.
-fn remote_manifest(
+pub(super) fn remote_manifest(
     ckpt: &GradientCheckpoint,
     info: &StepInfo,
     data: &StepData<'_>,
@@ -243,7 +349,7 @@ impl Remote {
     /// Upload `missing` chunks of a step: each read from the store when an
     /// upload slot frees up, several in flight, keeping `lock` fresh;
     /// `landed` counts the bytes uploaded by the push, for `progress`.
-    fn upload(
+    pub(super) fn upload(
         &self,
         step: u64,
         data: &StepData<'_>,

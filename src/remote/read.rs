@@ -15,22 +15,30 @@ use crate::{
 };
 
 impl Remote {
-    /// The complete steps in the bucket, ascending.
+    /// The committed steps in the bucket, ascending: from the listing of
+    /// commit objects alone (a request per 1,000 commits), whatever the
+    /// bucket's size. A commit is written last, once everything its step
+    /// needs is there; a step whose objects were damaged or deleted since
+    /// stays listed until [`verify`](Self::verify) reports it and reading
+    /// it fails ([`skipped_steps`](Self::skipped_steps) lists those).
     pub fn steps(&self) -> Result<Vec<u64>> {
-        Ok(self.complete()?.iter().map(|(c, _)| c.step).collect())
+        let mut steps: Vec<u64> = self.commits()?.iter().map(|c| c.step).collect();
+        steps.dedup();
+        Ok(steps)
     }
 
-    /// The newest complete step, skipping any whose objects are missing or
-    /// damaged.
+    /// The newest step with a commit whose manifest is there and checks
+    /// out: the commit listing, then the newest manifests, one GET each,
+    /// until one checks out (a damaged newest step never hides an older
+    /// one). Chunks are not looked for: reading the step checks each.
     pub fn latest_step(&self) -> Result<Option<u64>> {
         let commits = self.commits()?;
-        if commits.is_empty() {
-            return Ok(None);
+        for c in commits.iter().rev() {
+            if self.checked_manifest(*c, None)?.is_ok() {
+                return Ok(Some(c.step));
+            }
         }
-        let chunks = self.chunk_hashes()?;
-        Ok(self
-            .newest_complete(&commits, &chunks)?
-            .map(|(c, _)| c.step))
+        Ok(None)
     }
 
     /// Step `step`, restored from the bucket with every chunk hash-checked,

@@ -120,6 +120,9 @@ impl Remote {
     }
 
     fn collect_locked(&self) -> Result<GcReport> {
+        // Before anything is deleted: what stores remember of the bucket
+        // no longer holds.
+        self.new_collection_mark()?;
         let mut report = GcReport::default();
         let commits = self.current_commits(&mut report)?;
         let named: HashSet<(u64, Hash)> = commits.iter().map(|c| (c.step, c.hash)).collect();

@@ -9,6 +9,8 @@ mod open;
 mod options;
 mod read;
 #[cfg(feature = "remote")]
+mod remembered;
+#[cfg(feature = "remote")]
 mod replica;
 mod verify;
 

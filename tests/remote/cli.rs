@@ -24,6 +24,14 @@ fn push_ls_show_verify_gc_and_pull_from_the_shell() -> Result {
         out.contains("pushed 0 steps") && out.contains("(4 were there)"),
         "{out}"
     );
+    // Chunks deleted by hand: `--repair` lists the bucket and uploads them.
+    let chunks = dir.path().join("bucket/chunks");
+    for entry in std::fs::read_dir(&chunks)? {
+        std::fs::remove_file(entry?.path())?;
+    }
+    let (code, out, err) = ckpt(&["push", "--repair", p, &url])?;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("pushed 4 steps"), "{out}");
 
     let (code, out, err) = ckpt(&["ls", &url, "--json"])?;
     assert_eq!(code, 0, "{err}");

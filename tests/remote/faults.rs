@@ -24,6 +24,8 @@ pub struct Failing {
     pub panics: AtomicBool,
     /// The keys of every GET, in order.
     pub gets: std::sync::Mutex<Vec<String>>,
+    /// Objects returned by listings (S3 returns 1,000 per request).
+    pub listed: Arc<AtomicUsize>,
 }
 
 impl Failing {
@@ -35,7 +37,20 @@ impl Failing {
             down: AtomicBool::new(false),
             panics: AtomicBool::new(false),
             gets: std::sync::Mutex::new(Vec::new()),
+            listed: Arc::new(AtomicUsize::new(0)),
         }
+    }
+
+    /// The requests made so far as S3 would count them: each call, and a
+    /// listing's further pages of 1,000 objects.
+    pub fn requests(&self) -> usize {
+        self.calls.load(Ordering::SeqCst) + self.listed.load(Ordering::SeqCst) / 1000
+    }
+
+    /// Start counting again.
+    pub fn reset(&self) {
+        self.calls.store(0, Ordering::SeqCst);
+        self.listed.store(0, Ordering::SeqCst);
     }
 
     fn check(&self, op: &str) -> Result<()> {
@@ -103,7 +118,13 @@ impl ObjectStore for Failing {
         if let Err(e) = self.check("list") {
             return stream::once(async move { Err(e) }).boxed();
         }
-        self.inner.list(prefix)
+        let listed = self.listed.clone();
+        self.inner
+            .list(prefix)
+            .inspect(move |_| {
+                listed.fetch_add(1, Ordering::SeqCst);
+            })
+            .boxed()
     }
 
     async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {

@@ -12,6 +12,7 @@ mod coordinated;
 mod faults;
 mod garage;
 mod promise;
+mod remembered;
 mod replicate;
 mod retention;
 mod shards;

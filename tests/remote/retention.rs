@@ -178,9 +178,14 @@ fn verify_names_each_damaged_step_and_readers_skip_them() -> Result {
         "{}",
         report.damaged[1].1
     );
-    // Listing checks manifests, not chunk bytes: step 2 is listed, and
-    // restoring it fails its hash check instead of returning bad data.
-    assert_eq!(remote.steps()?, vec![0, 2]);
+    // Listing is the commit listing: both stay listed until collected;
+    // `skipped_steps` names the one without a manifest, the newest step
+    // whose manifest checks out is 2, and restoring it fails its hash check
+    // instead of returning bad data.
+    assert_eq!(remote.steps()?, vec![0, 1, 2]);
+    let skipped: Vec<u64> = remote.skipped_steps()?.iter().map(|(s, _)| *s).collect();
+    assert_eq!(skipped, vec![1]);
+    assert_eq!(remote.latest_step()?, Some(2));
     assert!(remote.get(2).is_err());
     assert_eq!(remote.get(1)?, None);
     Ok(())

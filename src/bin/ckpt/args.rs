@@ -146,6 +146,10 @@ pub(crate) enum Command {
         /// restored from a backup, or a run continued by a new store).
         #[arg(long)]
         adopt: bool,
+        /// List the bucket rather than trust what the store remembers of
+        /// it: also repairs steps whose objects were deleted by hand.
+        #[arg(long)]
+        repair: bool,
     },
     /// Copy a step from a bucket into a store (created if missing).
     Pull {

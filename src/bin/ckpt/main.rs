@@ -126,7 +126,12 @@ fn run(command: Command) -> Result<ExitCode> {
                 gc(Path::new(&store), &policy, dry_run)
             }
         }
-        Command::Push { store, url, adopt } => remote::push(&store, &url, adopt),
+        Command::Push {
+            store,
+            url,
+            adopt,
+            repair,
+        } => remote::push(&store, &url, adopt, repair),
         Command::Pull { url, store, step } => remote::pull(&url, &store, &step),
         Command::Compact { store, wait } => compact(&store, Duration::from_secs(wait)),
         Command::Stats { store, json } => stats(&store, json),

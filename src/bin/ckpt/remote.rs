@@ -16,7 +16,7 @@ pub(crate) fn is_url(arg: &str) -> bool {
     })
 }
 
-pub(crate) fn push(store: &Path, url: &str, adopt: bool) -> Result<ExitCode> {
+pub(crate) fn push(store: &Path, url: &str, adopt: bool, repair: bool) -> Result<ExitCode> {
     let s = super::open_read(store)?;
     let remote = Remote::open(url)?;
     if adopt {
@@ -24,11 +24,15 @@ pub(crate) fn push(store: &Path, url: &str, adopt: bool) -> Result<ExitCode> {
     }
     let total: u64 = s.summaries(..)?.iter().map(|s| s.bytes_written).sum();
     let bar = bytes_bar(total, "pushing (at most)");
-    let report = remote.push_with(&s, &mut |step, uploaded| {
-        bar.set_message(format!("pushing step {step}"));
-        bar.set_position(uploaded);
-        true
-    })?;
+    let report = if repair {
+        remote.repair(&s)?
+    } else {
+        remote.push_with(&s, &mut |step, uploaded| {
+            bar.set_message(format!("pushing step {step}"));
+            bar.set_position(uploaded);
+            true
+        })?
+    };
     bar.finish_and_clear();
     println!(
         "pushed {} steps to {url} ({} were there): {} uploaded in {} chunks, {} already there",

@@ -1,0 +1,148 @@
+//! A push that costs what changed: while the bucket's collection mark is
+//! the one the store remembers (no garbage collection deleted anything
+//! since the store last listed the bucket), the push trusts what the store
+//! remembers and lists nothing.
+//!
+//! Per store step: a step the store knows the bucket holds whole is
+//! skipped unread; any other is read, and of its chunks only those the
+//! store does not know to be there are asked about (HEAD) and uploaded if
+//! missing; then its manifest and commit, and the store remembers the step
+//! and its chunks (one small transaction). A step whose newest commit in
+//! the bucket names the same content is checked (its chunks and manifest)
+//! and repaired rather than pushed again.
+
+use object_store::ObjectStoreExt;
+
+use super::layout::encode;
+use super::locks::Lock;
+use super::push::{remote_manifest, step_chunks, PushReport, StepChunk};
+use super::{Commit, Remote};
+use crate::engine::{Pushed, Remembered};
+use crate::format::manifest::Hash;
+use crate::{CheckpointStore, Error, Result};
+
+/// What a push did with one step, and what the store is to remember.
+pub(super) struct Done {
+    pub(super) pushed: bool,
+    pub(super) remember: Pushed,
+    pub(super) chunks: Vec<Hash>,
+}
+
+impl Remote {
+    /// Push with what the store remembers of the bucket as of `mark`.
+    pub(super) fn push_known(
+        &self,
+        store: &CheckpointStore,
+        known: &Remembered,
+        lock: &mut Lock,
+        progress: &mut dyn FnMut(u64, u64) -> bool,
+    ) -> Result<PushReport> {
+        let mut report = PushReport::default();
+        for step in store.steps()? {
+            let remembered = known.steps.get(&step).copied();
+            if remembered.is_some_and(|p| p.whole) {
+                report.steps_present += 1;
+                continue;
+            }
+            self.refresh(lock)?;
+            let done = store.with_step(step, |ckpt, info, data| {
+                let manifest = remote_manifest(&ckpt, &info, data)?;
+                manifest
+                    .check(step)
+                    .map_err(|reason| Error::InvalidCheckpoint {
+                        step,
+                        reason: format!("the bucket's readers would refuse it: {reason}"),
+                    })?;
+                let (bytes, hash) = encode(step, &manifest)?;
+                let chunks = step_chunks(data)?;
+                let hashes: Vec<Hash> = chunks.iter().map(|c| c.hash).collect();
+                let mut there = data.known_chunks(&self.url, &hashes)?;
+                let unknown: Vec<Hash> = hashes
+                    .iter()
+                    .filter(|h| !there.contains(*h))
+                    .copied()
+                    .collect();
+                there.extend(self.present(unknown.into_iter())?);
+                let missing: Vec<&StepChunk> =
+                    chunks.iter().filter(|c| !there.contains(&c.hash)).collect();
+                let same = remembered.filter(|p| p.hash == hash);
+                if same.is_some() && missing.is_empty() && self.has_manifest(step, &hash)? {
+                    let remember = Pushed {
+                        generation: same.map_or(0, |p| p.generation),
+                        hash,
+                        whole: true,
+                    };
+                    return Ok(Done {
+                        pushed: false,
+                        remember,
+                        chunks: hashes,
+                    });
+                }
+                let generation = match (same, remembered) {
+                    (Some(p), _) => p.generation,
+                    (None, Some(p)) => p.generation + 1,
+                    (None, None) => 1,
+                };
+                let before = report.bytes_uploaded;
+                for c in &chunks {
+                    if missing.iter().any(|m| m.hash == c.hash) {
+                        report.bytes_uploaded += c.len as u64;
+                        report.chunks_uploaded += 1;
+                    } else {
+                        report.bytes_skipped += c.len as u64;
+                    }
+                }
+                self.upload(step, data, &missing, lock, before, progress)?;
+                self.recheck_and_upload(step, data, &chunks, lock, before, progress)?;
+                let commit = Commit {
+                    step,
+                    generation,
+                    hash,
+                };
+                self.put_step(&commit, bytes)?;
+                let remember = Pushed {
+                    generation,
+                    hash,
+                    whole: true,
+                };
+                Ok(Done {
+                    pushed: true,
+                    remember,
+                    chunks: hashes,
+                })
+            })?;
+            let Some(done) = done else { continue }; // removed since listed
+            store.remember(
+                &self.url,
+                &known.mark,
+                false,
+                &[(step, done.remember)],
+                &done.chunks,
+            )?;
+            if done.pushed {
+                report.steps_pushed.push(step);
+            } else {
+                report.steps_present += 1;
+            }
+            if !progress(step, report.bytes_uploaded) {
+                break;
+            }
+        }
+        Ok(report)
+    }
+
+    /// Whether step `step`'s manifest of hash `hash` is in the bucket.
+    fn has_manifest(&self, step: u64, hash: &Hash) -> Result<bool> {
+        let key = self.layout.manifest(step, hash);
+        let found = self.run(self.store.head(&key))?;
+        match found {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(super::remote_error(
+                &self.url,
+                "looking for manifests in",
+                e,
+            )),
+        }
+    }
+}
