@@ -8,6 +8,7 @@
 mod common;
 
 mod cli;
+mod cluster;
 mod coordinated;
 mod faults;
 mod garage;
