@@ -197,6 +197,27 @@ impl RawRemote {
         Ok(got.into_iter().map(Buffer::new).collect())
     }
 
+    /// Like `read_pieces`, into `arrays` (writable, C-contiguous, one per
+    /// piece and of its length; none sharing memory), each chunk's bytes
+    /// copied straight into place once checked.
+    fn read_pieces_into<'py>(
+        &self,
+        py: Python<'py>,
+        opened: PyRef<'py, RawGlobalStep>,
+        pieces: Vec<(u32, String, u64, u64)>,
+        arrays: Vec<Bound<'py, PyAny>>,
+    ) -> PyResult<()> {
+        let refs: Vec<ckptstore::Piece<'_>> = pieces
+            .iter()
+            .map(|(rank, name, offset, len)| (*rank, name.as_str(), *offset, *len))
+            .collect();
+        let arrays: Vec<&Bound<'py, PyAny>> = arrays.iter().collect();
+        let mut outs = crate::arrays::borrow_disjoint_mut(&arrays)?;
+        let inner = &opened.inner;
+        py.detach(|| self.remote.read_pieces_into(inner, &refs, &mut outs))
+            .map_err(py_err)
+    }
+
     /// Write DCP step `step` as one safetensors file of whole tensors (with
     /// `prefix`, only those under it, stripped); the names written.
     #[pyo3(signature = (step, path, prefix=None))]

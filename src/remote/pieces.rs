@@ -124,7 +124,46 @@ impl Remote {
     /// [`Error::Corrupt`] naming the step and chunk when a chunk is missing
     /// or damaged; [`Error::Remote`] when the bucket fails.
     pub fn read_pieces(&self, global: &GlobalStep, pieces: &[Piece<'_>]) -> Result<Vec<Vec<u8>>> {
+        let mut outs: Vec<Vec<u8>> = Vec::with_capacity(pieces.len());
+        for piece in pieces {
+            let len = usize::try_from(piece.3).map_err(|_| Error::InvalidCheckpoint {
+                step: global.step,
+                reason: format!("a piece of {} bytes of {:?}", piece.3, piece.1),
+            })?;
+            global.blob(piece)?;
+            outs.push(vec![0u8; len]);
+        }
+        let mut views: Vec<&mut [u8]> = outs.iter_mut().map(Vec::as_mut_slice).collect();
+        self.read_pieces_into(global, pieces, &mut views)?;
+        Ok(outs)
+    }
+
+    /// [`read_pieces`](Self::read_pieces) into the caller's buffers, one
+    /// per piece and of its length (a tensor's memory): each chunk's bytes
+    /// are copied straight into place, once checked. On an error a buffer
+    /// may hold some of its piece, never bytes that failed a check.
+    ///
+    /// # Errors
+    /// As [`read_pieces`](Self::read_pieces); [`Error::InvalidCheckpoint`]
+    /// when a buffer's length is not its piece's.
+    pub fn read_pieces_into(
+        &self,
+        global: &GlobalStep,
+        pieces: &[Piece<'_>],
+        outs: &mut [&mut [u8]],
+    ) -> Result<()> {
         let step = global.step;
+        if outs.len() != pieces.len()
+            || pieces
+                .iter()
+                .zip(outs.iter())
+                .any(|(p, o)| o.len() as u64 != p.3)
+        {
+            return Err(Error::InvalidCheckpoint {
+                step,
+                reason: "the buffers do not match the pieces in number or length".into(),
+            });
+        }
         // Which chunks each piece needs: (index in `wanted`, its start in
         // the entry, its length).
         let mut wanted: Vec<(&str, Hash, usize)> = Vec::new();
@@ -160,40 +199,46 @@ impl Remote {
             plans.push(need);
         }
         let fetched = self.fetch(step, &wanted, &mut |_| {})?;
-        pieces
-            .iter()
-            .zip(plans)
-            .map(|(piece, need)| assemble(global, piece, &need, &fetched))
-            .collect()
+        for ((piece, need), out) in pieces.iter().zip(plans).zip(outs.iter_mut()) {
+            assemble(global, piece, &need, &fetched, out)?;
+        }
+        Ok(())
     }
 }
 
-/// The bytes of `piece` from the fetched chunks it `need`s.
+/// Fill `out` (of the piece's length) with the bytes of `piece` from the
+/// fetched (checked) chunks it `need`s.
 fn assemble(
     global: &GlobalStep,
     piece: &Piece<'_>,
     need: &[(usize, u64)],
     fetched: &[bytes::Bytes],
-) -> Result<Vec<u8>> {
+    out: &mut [u8],
+) -> Result<()> {
     let (_, name, offset, len) = *piece;
     let blob = global.blob(piece)?;
     let corrupt = |why: &str| Error::corrupt(Some(global.step), format!("{name:?}: {why}"));
-    let want = usize::try_from(len).map_err(|_| corrupt("too long"))?;
     if let Some(at) = blob.offset {
         let packed = need.first().map_or(&[][..], |(i, _)| &fetched[*i][..]);
-        return packed_slice(packed, at + offset, len)
-            .map(<[u8]>::to_vec)
-            .ok_or_else(|| corrupt("outside the packed bytes"));
+        let bytes = packed_slice(packed, at + offset, len)
+            .ok_or_else(|| corrupt("outside the packed bytes"))?;
+        out.copy_from_slice(bytes);
+        return Ok(());
     }
-    let mut out = Vec::with_capacity(want);
+    let mut filled = 0;
     for &(i, start) in need {
         let chunk = &fetched[i];
         let from = usize::try_from(offset.saturating_sub(start)).unwrap_or(usize::MAX);
         let to = usize::try_from((offset + len).saturating_sub(start)).unwrap_or(usize::MAX);
-        out.extend_from_slice(chunk.get(from..to.min(chunk.len())).unwrap_or(&[]));
+        let part = chunk.get(from..to.min(chunk.len())).unwrap_or(&[]);
+        let dest = out
+            .get_mut(filled..filled + part.len())
+            .ok_or_else(|| corrupt("its chunks overrun it"))?;
+        dest.copy_from_slice(part);
+        filled += part.len();
     }
-    if out.len() != want {
+    if filled != out.len() {
         return Err(corrupt("its chunks do not cover it"));
     }
-    Ok(out)
+    Ok(())
 }

@@ -62,7 +62,7 @@ def _finished(code, text):
     python/README.md)."""
     if code == 0:
         return True
-    done = any(line == "saved" or line.startswith(("ok ", "losses")) for line in text.splitlines())
+    done = any(line in ("saved", "done") or line.startswith("ok ") for line in text.splitlines())
     return code == -signal.SIGABRT and done and "terminate called without an active exception" in text
 
 

@@ -150,6 +150,20 @@ fn a_piece_fetches_only_the_chunks_it_overlaps() -> Result {
         .read_pieces(&global, &[(1, "big", 3 * MIB as u64 - 1, 2)])
         .expect_err("outside");
     assert!(matches!(e, Error::InvalidCheckpoint { .. }), "{e}");
+    // Into the caller's buffers: the same bytes; a buffer of another
+    // length is refused.
+    let (mut a, mut b) = (vec![0u8; 10], vec![0u8; 4]);
+    let pieces = [(1, "big", boundary as u64 - 5, 10), (0, "small", 3, 4)];
+    remote.read_pieces_into(&global, &pieces, &mut [&mut a, &mut b])?;
+    assert_eq!(
+        (&a[..], &b[..]),
+        (&whole[boundary - 5..boundary + 5], &small[3..7])
+    );
+    let mut short = vec![0u8; 9];
+    let e = remote
+        .read_pieces_into(&global, &pieces[..1], &mut [&mut short])
+        .expect_err("short buffer");
+    assert!(matches!(e, Error::InvalidCheckpoint { .. }), "{e}");
     Ok(())
 }
 
@@ -179,6 +193,13 @@ fn a_damaged_chunk_fails_a_piece_naming_the_step() -> Result {
     assert!(matches!(e, Error::Corrupt { step: Some(7), .. }), "{e}");
     assert!(e.to_string().contains("fails its hash check"), "{e}");
     assert_ne!(data[..100], [0u8; 100]);
+    // Into a buffer: the same error, and none of the garbage lands.
+    let mut out = vec![7u8; 100];
+    let e = remote
+        .read_pieces_into(&global, &[(0, "big", 0, 100)], &mut [&mut out])
+        .expect_err("damaged");
+    assert!(e.to_string().contains("fails its hash check"), "{e}");
+    assert_eq!(out, vec![7u8; 100]);
     Ok(())
 }
 

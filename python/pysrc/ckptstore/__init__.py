@@ -498,6 +498,15 @@ class Remote:
         hash-checked."""
         return [np.asarray(b) for b in self._raw.read_pieces(opened, pieces)]
 
+    def read_pieces_into(
+        self, opened: RawGlobalStep, pieces: List[Tuple[int, str, int, int]], arrays: List[np.ndarray]
+    ) -> None:
+        """Like `read_pieces`, into `arrays` (writable, C-contiguous, one per
+        piece and of its length in bytes, none sharing memory): each chunk's
+        bytes are copied straight into place once checked. On an error an
+        array may hold part of its piece, never bytes that failed a check."""
+        self._raw.read_pieces_into(opened, list(pieces), list(arrays))
+
     def consolidate(self, step: int, path: "os.PathLike[str] | str", prefix: Optional[str] = None) -> List[str]:
         """Write DCP step `step` as one safetensors file of whole tensors
         (see `ckptstore.dcp.consolidate`); the names written."""

@@ -381,13 +381,32 @@ class StorageReader(_SentAsUrl, _storage.StorageReader):
     def _load_batch(self, batch: List[Tuple[ReadItem, Tuple[int, str, int, int], Any]], planner: LoadPlanner) -> None:
         if not batch:
             return
-        datas = self._fetch([piece for _, piece, _ in batch])
-        for (item, _, box), data in zip(batch, datas):
-            if item.type == LoadItemType.BYTE_IO:
+        # From a bucket, a box stored contiguously whose target tensor is a
+        # plain contiguous CPU tensor of its dtype is read straight into the
+        # target's memory; the rest through a buffer and `copy_`.
+        direct: List[Tuple[ReadItem, Tuple[int, str, int, int], torch.Tensor, np.ndarray]] = []
+        rest: List[Tuple[ReadItem, Tuple[int, str, int, int], Any, Optional[torch.Tensor]]] = []
+        for item, piece, box in batch:
+            target = None
+            if item.type != LoadItemType.BYTE_IO:
+                target = planner.resolve_tensor(item).detach()
+                dest = _memory_of(target, piece, box) if self._global is not None else None
+                if dest is not None:
+                    direct.append((item, piece, target, dest))
+                    continue
+            rest.append((item, piece, box, target))
+        if direct:
+            Remote(str(self._target)).read_pieces_into(
+                self._global, [piece for _, piece, _, _ in direct], [dest for _, _, _, dest in direct]
+            )
+            for item, _, target, _ in direct:
+                planner.commit_tensor(item, target)
+        datas = self._fetch([piece for _, piece, _, _ in rest]) if rest else []
+        for (item, _, box, target), data in zip(rest, datas):
+            if target is None:
                 planner.load_bytes(item, io.BytesIO(data.tobytes()))
                 continue
             dtype, lengths, strides = box
-            target = planner.resolve_tensor(item).detach()
             source = _view(data, dtype, lengths, strides)
             if target.size() != source.size():
                 raise ValueError(f"{item.storage_index.fqn}: sizes {target.size()} and {source.size()} differ")
@@ -428,6 +447,28 @@ class StorageReader(_SentAsUrl, _storage.StorageReader):
             flat = whole.reshape(-1).view(np.uint8)
             out.append(flat[start : start + n])
         return out
+
+
+def _memory_of(target: torch.Tensor, piece: Tuple[int, str, int, int], box: Any) -> Optional[np.ndarray]:
+    """The bytes of `target` as a writable uint8 array, when the stored box
+    `piece` covers is contiguous and `target` holds it in the same layout
+    (a plain contiguous CPU tensor of its dtype and size); else None."""
+    dtype, lengths, _ = box
+    n = 1
+    for d in lengths:
+        n *= d
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    plain = (
+        target.device.type == "cpu"
+        and target.layout == torch.strided
+        and not target.is_quantized
+        and type(target) is torch.Tensor
+    )
+    if not plain or n == 0 or target.dtype != dtype or target.numel() != n or not target.is_contiguous():
+        return None
+    if piece[3] != n * itemsize or list(target.shape) != list(lengths):
+        return None
+    return target.reshape(-1).view(torch.uint8).numpy()
 
 
 def _row_major(shape: Sequence[int]) -> List[int]:

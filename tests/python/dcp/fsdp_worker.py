@@ -70,6 +70,7 @@ def main():
     if rank == 0:
         print("losses " + " ".join(f"{v:.9g}" for v in losses), flush=True)
     dist.destroy_process_group()
+    print("done", flush=True)
 
 
 if __name__ == "__main__":
