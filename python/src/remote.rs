@@ -186,10 +186,7 @@ impl RawRemote {
         opened: PyRef<'_, RawGlobalStep>,
         pieces: Vec<(u32, String, u64, u64)>,
     ) -> PyResult<Vec<Buffer>> {
-        let refs: Vec<ckptstore::Piece<'_>> = pieces
-            .iter()
-            .map(|(rank, name, offset, len)| (*rank, name.as_str(), *offset, *len))
-            .collect();
+        let refs = piece_refs(&pieces);
         let inner = &opened.inner;
         let got = py
             .detach(|| self.remote.read_pieces(inner, &refs))
@@ -207,10 +204,7 @@ impl RawRemote {
         pieces: Vec<(u32, String, u64, u64)>,
         arrays: Vec<Bound<'py, PyAny>>,
     ) -> PyResult<()> {
-        let refs: Vec<ckptstore::Piece<'_>> = pieces
-            .iter()
-            .map(|(rank, name, offset, len)| (*rank, name.as_str(), *offset, *len))
-            .collect();
+        let refs = piece_refs(&pieces);
         let arrays: Vec<&Bound<'py, PyAny>> = arrays.iter().collect();
         let mut outs = crate::arrays::borrow_disjoint_mut(&arrays)?;
         let inner = &opened.inner;
@@ -274,4 +268,12 @@ impl RawRemote {
         py.detach(|| self.remote.apply_retention(&policy))
             .map_err(py_err)
     }
+}
+
+/// Pieces as Python passes them, as the library takes them.
+fn piece_refs(pieces: &[(u32, String, u64, u64)]) -> Vec<ckptstore::Piece<'_>> {
+    pieces
+        .iter()
+        .map(|(rank, name, offset, len)| (*rank, name.as_str(), *offset, *len))
+        .collect()
 }

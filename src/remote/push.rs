@@ -46,10 +46,45 @@ pub struct PushReport {
     pub chunks_uploaded: u64,
 }
 
-/// What became of one step.
-enum Outcome {
-    Pushed,
-    Present,
+/// What a push did with one step, and what the store is to remember of
+/// it.
+pub(super) struct Done {
+    pub(super) pushed: bool,
+    pub(super) remember: Pushed,
+    pub(super) chunks: Vec<Hash>,
+}
+
+impl Done {
+    /// Uploaded now: the bucket holds it whole.
+    pub(super) fn pushed(generation: u64, hash: Hash, chunks: Vec<Hash>) -> Done {
+        let remember = Pushed {
+            generation,
+            hash,
+            whole: true,
+        };
+        Done {
+            pushed: true,
+            remember,
+            chunks,
+        }
+    }
+
+    /// Already there (or deleted by retention, with no `chunks`).
+    pub(super) fn present(generation: u64, hash: Hash, chunks: Vec<Hash>) -> Done {
+        Done {
+            pushed: false,
+            ..Done::pushed(generation, hash, chunks)
+        }
+    }
+}
+
+/// What makes a step visible once its manifest is encoded: its chunks
+/// (those `missing` uploaded), then its manifest `bytes` and `commit`.
+pub(super) struct Landing<'a> {
+    pub(super) commit: Commit,
+    pub(super) bytes: Vec<u8>,
+    pub(super) chunks: &'a [StepChunk],
+    pub(super) missing: &'a [&'a StepChunk],
 }
 
 impl Remote {
@@ -159,23 +194,11 @@ impl Remote {
         let mut memo_chunks: Vec<Hash> = Vec::new();
         for step in store.steps()? {
             self.refresh(lock)?;
-            let outcome = store.with_step(step, |ckpt, info, data| {
-                let manifest = remote_manifest(&ckpt, &info, data)?;
-                manifest
-                    .check(step)
-                    .map_err(|reason| Error::InvalidCheckpoint {
-                        step,
-                        reason: format!("the bucket's readers would refuse it: {reason}"),
-                    })?;
-                let (bytes, hash) = encode(step, &manifest)?;
+            let done = store.with_step(step, |ckpt, info, data| {
+                let (bytes, hash) = encoded(step, &ckpt, &info, data)?;
                 let generation_there = newest.get(&step).map_or(0, |c| c.generation);
                 if deleted.contains(&(step, hash)) {
-                    let p = Pushed {
-                        generation: generation_there,
-                        hash,
-                        whole: true,
-                    };
-                    return Ok((Outcome::Present, p, Vec::new()));
+                    return Ok(Done::present(generation_there, hash, Vec::new()));
                 }
                 let chunks = step_chunks(data)?;
                 let hashes: Vec<Hash> = chunks.iter().map(|c| c.hash).collect();
@@ -187,39 +210,34 @@ impl Remote {
                 let whole = manifests.contains(&(step, hash))
                     && chunks.iter().all(|c| present.contains(&c.hash));
                 if let (Some(c), true) = (same, whole) {
-                    let p = Pushed {
-                        generation: c.generation,
-                        hash,
-                        whole: true,
-                    };
-                    return Ok((Outcome::Present, p, hashes));
+                    return Ok(Done::present(c.generation, hash, hashes));
                 }
                 let generation =
                     same.map_or_else(|| Remote::next_generation(&commits, step), |c| c.generation);
                 let before = report.bytes_uploaded;
                 let missing = count_missing(&chunks, &mut present, &mut report);
-                self.upload(step, data, &missing, lock, before, progress)?;
-                self.recheck_and_upload(step, data, &chunks, lock, before, progress)?;
                 let commit = Commit {
                     step,
                     generation,
                     hash,
                 };
-                self.put_step(&commit, bytes)?;
-                let p = Pushed {
-                    generation,
-                    hash,
-                    whole: true,
+                let landing = Landing {
+                    commit,
+                    bytes,
+                    chunks: &chunks,
+                    missing: &missing,
                 };
-                Ok((Outcome::Pushed, p, hashes))
+                self.land(data, landing, lock, before, progress)?;
+                Ok(Done::pushed(generation, hash, hashes))
             })?;
             // None: removed since it was listed.
-            if let Some((outcome, pushed, chunks)) = outcome {
-                memo.insert(step, pushed);
-                memo_chunks.extend(chunks);
-                match outcome {
-                    Outcome::Pushed => report.steps_pushed.push(step),
-                    Outcome::Present => report.steps_present += 1,
+            if let Some(done) = done {
+                memo.insert(step, done.remember);
+                memo_chunks.extend(done.chunks);
+                if done.pushed {
+                    report.steps_pushed.push(step);
+                } else {
+                    report.steps_present += 1;
                 }
             }
             if !progress(step, report.bytes_uploaded) {
@@ -231,18 +249,26 @@ impl Remote {
         Ok(report)
     }
 
-    /// Before a step's commit: if the push lock lapsed (a collection may
-    /// have run), wait out collections, check (HEAD) every chunk the step
-    /// names and upload what is gone, until a check finds everything.
-    pub(super) fn recheck_and_upload(
+    /// Make a step visible: upload its missing chunks; if the push lock
+    /// lapsed meanwhile (a collection may have run), wait out collections,
+    /// check (HEAD) every chunk the step names and upload what is gone,
+    /// until a check finds everything; then its manifest and commit.
+    pub(super) fn land(
         &self,
-        step: u64,
         data: &StepData<'_>,
-        chunks: &[StepChunk],
+        landing: Landing<'_>,
         lock: &mut Lock,
         before: u64,
         progress: &mut dyn FnMut(u64, u64) -> bool,
     ) -> Result<()> {
+        let Landing {
+            commit,
+            bytes,
+            chunks,
+            missing,
+        } = landing;
+        let step = commit.step;
+        self.upload(step, data, missing, lock, before, progress)?;
         while self.reassert(lock)? {
             let there = self.present(chunks.iter().map(|c| c.hash))?;
             let gone: Vec<&StepChunk> =
@@ -252,7 +278,7 @@ impl Remote {
             }
             self.upload(step, data, &gone, lock, before, progress)?;
         }
-        Ok(())
+        self.put_step(&commit, bytes)
     }
 
     /// The bucket's collection mark, written first if there is none: it
@@ -335,8 +361,26 @@ fn count_missing<'c>(
     missing
 }
 
+/// The bucket's manifest of stored step `step`, checked as readers will
+/// check it, and encoded: its bytes and hash.
+pub(super) fn encoded(
+    step: u64,
+    ckpt: &GradientCheckpoint,
+    info: &StepInfo,
+    data: &StepData<'_>,
+) -> Result<(Vec<u8>, Hash)> {
+    let manifest = remote_manifest(ckpt, info, data)?;
+    manifest
+        .check(step)
+        .map_err(|reason| Error::InvalidCheckpoint {
+            step,
+            reason: format!("the bucket's readers would refuse it: {reason}"),
+        })?;
+    encode(step, &manifest)
+}
+
 /// The bucket's manifest of a stored step, from the store's manifest.
-pub(super) fn remote_manifest(
+fn remote_manifest(
     ckpt: &GradientCheckpoint,
     info: &StepInfo,
     data: &StepData<'_>,
@@ -349,7 +393,7 @@ impl Remote {
     /// Upload `missing` chunks of a step: each read from the store when an
     /// upload slot frees up, several in flight, keeping `lock` fresh;
     /// `landed` counts the bytes uploaded by the push, for `progress`.
-    pub(super) fn upload(
+    fn upload(
         &self,
         step: u64,
         data: &StepData<'_>,

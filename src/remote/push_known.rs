@@ -13,20 +13,12 @@
 
 use object_store::ObjectStoreExt;
 
-use super::layout::encode;
 use super::locks::Lock;
-use super::push::{remote_manifest, step_chunks, PushReport, StepChunk};
+use super::push::{encoded, step_chunks, Done, Landing, PushReport, StepChunk};
 use super::{Commit, Remote};
-use crate::engine::{Pushed, Remembered};
+use crate::engine::Remembered;
 use crate::format::manifest::Hash;
-use crate::{CheckpointStore, Error, Result};
-
-/// What a push did with one step, and what the store is to remember.
-pub(super) struct Done {
-    pub(super) pushed: bool,
-    pub(super) remember: Pushed,
-    pub(super) chunks: Vec<Hash>,
-}
+use crate::{CheckpointStore, Result};
 
 impl Remote {
     /// Push with what the store remembers of the bucket as of `mark`.
@@ -46,14 +38,7 @@ impl Remote {
             }
             self.refresh(lock)?;
             let done = store.with_step(step, |ckpt, info, data| {
-                let manifest = remote_manifest(&ckpt, &info, data)?;
-                manifest
-                    .check(step)
-                    .map_err(|reason| Error::InvalidCheckpoint {
-                        step,
-                        reason: format!("the bucket's readers would refuse it: {reason}"),
-                    })?;
-                let (bytes, hash) = encode(step, &manifest)?;
+                let (bytes, hash) = encoded(step, &ckpt, &info, data)?;
                 let chunks = step_chunks(data)?;
                 let hashes: Vec<Hash> = chunks.iter().map(|c| c.hash).collect();
                 let mut there = data.known_chunks(&self.url, &hashes)?;
@@ -66,17 +51,10 @@ impl Remote {
                 let missing: Vec<&StepChunk> =
                     chunks.iter().filter(|c| !there.contains(&c.hash)).collect();
                 let same = remembered.filter(|p| p.hash == hash);
-                if same.is_some() && missing.is_empty() && self.has_manifest(step, &hash)? {
-                    let remember = Pushed {
-                        generation: same.map_or(0, |p| p.generation),
-                        hash,
-                        whole: true,
-                    };
-                    return Ok(Done {
-                        pushed: false,
-                        remember,
-                        chunks: hashes,
-                    });
+                if let Some(p) = same.filter(|_| missing.is_empty()) {
+                    if self.has_manifest(step, &hash)? {
+                        return Ok(Done::present(p.generation, hash, hashes));
+                    }
                 }
                 let generation = match (same, remembered) {
                     (Some(p), _) => p.generation,
@@ -92,24 +70,19 @@ impl Remote {
                         report.bytes_skipped += c.len as u64;
                     }
                 }
-                self.upload(step, data, &missing, lock, before, progress)?;
-                self.recheck_and_upload(step, data, &chunks, lock, before, progress)?;
                 let commit = Commit {
                     step,
                     generation,
                     hash,
                 };
-                self.put_step(&commit, bytes)?;
-                let remember = Pushed {
-                    generation,
-                    hash,
-                    whole: true,
+                let landing = Landing {
+                    commit,
+                    bytes,
+                    chunks: &chunks,
+                    missing: &missing,
                 };
-                Ok(Done {
-                    pushed: true,
-                    remember,
-                    chunks: hashes,
-                })
+                self.land(data, landing, lock, before, progress)?;
+                Ok(Done::pushed(generation, hash, hashes))
             })?;
             let Some(done) = done else { continue }; // removed since listed
             store.remember(
