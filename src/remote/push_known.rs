@@ -63,11 +63,11 @@ impl Remote {
                 };
                 let before = report.bytes_uploaded;
                 for c in &chunks {
-                    if missing.iter().any(|m| m.hash == c.hash) {
+                    if there.contains(&c.hash) {
+                        report.bytes_skipped += c.len as u64;
+                    } else {
                         report.bytes_uploaded += c.len as u64;
                         report.chunks_uploaded += 1;
-                    } else {
-                        report.bytes_skipped += c.len as u64;
                     }
                 }
                 let commit = Commit {
