@@ -191,7 +191,8 @@ impl Remote {
                 (c.step, p)
             })
             .collect();
-        let mut memo_chunks: Vec<Hash> = Vec::new();
+        // Each chunk once, though many steps share it.
+        let mut memo_chunks: HashSet<Hash> = HashSet::new();
         for step in store.steps()? {
             self.refresh(lock)?;
             let done = store.with_step(step, |ckpt, info, data| {
@@ -245,6 +246,7 @@ impl Remote {
             }
         }
         let memo: Vec<(u64, Pushed)> = memo.into_iter().collect();
+        let memo_chunks: Vec<Hash> = memo_chunks.into_iter().collect();
         store.remember(&self.url, mark, true, &memo, &memo_chunks)?;
         Ok(report)
     }
