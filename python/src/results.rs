@@ -2,6 +2,8 @@
 //! `ckptstore` package under the same names). Each also reads by key,
 //! `report["steps_pushed"]`, as the dicts of 0.3 did.
 
+use std::collections::BTreeMap;
+
 use pyo3::exceptions::PyKeyError;
 use pyo3::prelude::*;
 use pyo3::IntoPyObjectExt;
@@ -110,6 +112,34 @@ impl From<&ckptstore::StoreStats> for StoreStats {
 }
 
 result_class! {
+    /// A stored step's metadata, read without its data: its metrics, each
+    /// untyped blob's length and each tensor's (dtype, shape).
+    StepInfo {
+        step: u64,
+        timestamp: u64,
+        metrics: BTreeMap<String, f64>,
+        blobs: BTreeMap<String, u64>,
+        tensors: BTreeMap<String, (String, Vec<u64>)>,
+    }
+}
+
+impl From<ckptstore::StepInfo> for StepInfo {
+    fn from(i: ckptstore::StepInfo) -> Self {
+        StepInfo {
+            step: i.step,
+            timestamp: i.timestamp,
+            metrics: i.metrics,
+            blobs: i.blobs,
+            tensors: i
+                .tensors
+                .into_iter()
+                .map(|(name, t)| (name, (t.dtype.to_string(), t.shape)))
+                .collect(),
+        }
+    }
+}
+
+result_class! {
     /// What a push did.
     PushReport {
         steps_pushed: Vec<u64>,
@@ -213,6 +243,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<CommitInfo>()?;
     m.add_class::<VerifyReport>()?;
     m.add_class::<StoreStats>()?;
+    m.add_class::<StepInfo>()?;
     m.add_class::<PushReport>()?;
     m.add_class::<ReplicationStatus>()?;
     m.add_class::<ShardInfo>()?;

@@ -186,6 +186,9 @@ impl RawStore {
     }
 
     /// Commit a step from the arrays' own memory; durable when it returns.
+    /// With `replace`, a stored step of that number is replaced in the
+    /// same transaction.
+    #[pyo3(signature = (step, tensors, blobs, metrics, replace = false))]
     fn save<'py>(
         &self,
         py: Python<'py>,
@@ -193,12 +196,19 @@ impl RawStore {
         tensors: Vec<PyTensor<'py>>,
         blobs: Vec<(String, Vec<u8>)>,
         metrics: BTreeMap<String, f64>,
+        replace: bool,
     ) -> PyResult<results::CommitInfo> {
         let ckpt = checkpoint(step, blobs, metrics);
         let borrowed = borrowed(&tensors)?;
         let store = self.get()?;
         let info = py
-            .detach(|| store.commit_borrowed(&ckpt, &borrowed))
+            .detach(|| {
+                if replace {
+                    store.replace_borrowed(&ckpt, &borrowed)
+                } else {
+                    store.commit_borrowed(&ckpt, &borrowed)
+                }
+            })
             .map_err(py_err)?;
         Ok((&info).into())
     }
@@ -290,6 +300,12 @@ impl RawStore {
         let store = self.get()?;
         py.detach(|| store.info(step).map(|i| i.is_some()))
             .map_err(py_err)
+    }
+
+    fn info(&self, py: Python<'_>, step: u64) -> PyResult<Option<results::StepInfo>> {
+        let store = self.get()?;
+        let info = py.detach(|| store.info(step)).map_err(py_err)?;
+        Ok(info.map(Into::into))
     }
 
     fn remove(&self, py: Python<'_>, step: u64) -> PyResult<bool> {

@@ -89,6 +89,31 @@ impl CheckpointStore {
         ckpt: &GradientCheckpoint,
         tensors: &BTreeMap<String, TensorRef<'_>>,
     ) -> Result<CommitInfo> {
+        self.put_borrowed(ckpt, tensors, false)
+    }
+
+    /// [`replace`](Self::replace) with borrowed tensors, as
+    /// [`commit_borrowed`](Self::commit_borrowed): the step of the same
+    /// number, if stored, is replaced in the same write transaction, so a
+    /// crash leaves either the old step or the new one.
+    ///
+    /// # Errors
+    /// As [`commit_borrowed`](Self::commit_borrowed), without
+    /// [`Error::StepExists`](crate::Error::StepExists).
+    pub fn replace_borrowed(
+        &self,
+        ckpt: &GradientCheckpoint,
+        tensors: &BTreeMap<String, TensorRef<'_>>,
+    ) -> Result<CommitInfo> {
+        self.put_borrowed(ckpt, tensors, true)
+    }
+
+    fn put_borrowed(
+        &self,
+        ckpt: &GradientCheckpoint,
+        tensors: &BTreeMap<String, TensorRef<'_>>,
+        replace: bool,
+    ) -> Result<CommitInfo> {
         let clash = tensors
             .keys()
             .find(|n| ckpt.tensors.contains_key(*n) || ckpt.optimizer_state.contains_key(*n));
@@ -98,7 +123,7 @@ impl CheckpointStore {
                 reason: format!("{name:?} is both a borrowed tensor and in the checkpoint"),
             });
         }
-        put(&self.db, ckpt, tensors, false, Caller::Foreground)
+        put(&self.db, ckpt, tensors, replace, Caller::Foreground)
     }
 }
 

@@ -217,6 +217,29 @@ fn borrowed_tensors_commit_like_owned_ones() -> Result {
         .expect_err("exists");
     assert!(matches!(e, Error::StepExists { step: 1 }), "{e}");
     assert_eq!(store.steps()?, vec![0, 1]);
+
+    // replace_borrowed swaps the step whole, in one transaction; the
+    // chunks only the old version held are freed.
+    let mut borrowed = BTreeMap::new();
+    borrowed.insert(
+        "only".to_owned(),
+        TensorRef::new(Dtype::I16, vec![4, 5], &small)?,
+    );
+    let ckpt = common::checkpoint(1, &[7])?;
+    store.replace_borrowed(&ckpt, &borrowed)?;
+    let back = store.get(1)?.ok_or("stored")?;
+    assert_eq!(back.tensors.keys().collect::<Vec<_>>(), vec!["only"]);
+    assert_eq!(back.tensors["only"].data, small);
+    assert_eq!(back.optimizer_state, ckpt.optimizer_state);
+    store.replace_borrowed(&common::checkpoint(9, &[])?, &borrowed)?; // a new step too
+    assert_eq!(store.steps()?, vec![0, 1, 9]);
+    store.remove(0)?;
+    assert!(store.get_tensor(1, "big")?.is_none());
+    assert!(
+        store.stats()?.stored_bytes < 1 << 20,
+        "the 8 MiB tensor was freed"
+    );
+    assert!(store.verify()?.is_ok());
     Ok(())
 }
 

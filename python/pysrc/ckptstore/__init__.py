@@ -48,6 +48,7 @@ from ._ckptstore import (  # noqa: F401  (re-exported)
     ShardInfo,
     ShardStatus,
     StepExistsError,
+    StepInfo,
     StoreStats,
     Tensor,
     VerifyReport,
@@ -76,6 +77,7 @@ __all__ = [
     "step_number",
     "PushReport",
     "ReplicationStatus",
+    "StepInfo",
     "StoreStats",
     "Tensor",
     "Value",
@@ -281,11 +283,17 @@ class Store:
         self._raw = RawStore(str(path), read_only, cache_size, url, threads, background_threads)
 
     def save(
-        self, step: int, state: Mapping[str, Value], metrics: Optional[Mapping[str, float]] = None
+        self,
+        step: int,
+        state: Mapping[str, Value],
+        metrics: Optional[Mapping[str, float]] = None,
+        replace: bool = False,
     ) -> CommitInfo:
-        """Commit `state` as `step`; durable when it returns."""
+        """Commit `state` as `step`; durable when it returns. A stored step
+        of that number raises StepExistsError, or with `replace=True` is
+        replaced in the same transaction (a crash leaves one or the other)."""
         tensors, blobs = _split(state)
-        return self._raw.save(_step(step), tensors, blobs, _metrics(metrics))
+        return self._raw.save(_step(step), tensors, blobs, _metrics(metrics), replace)
 
     def save_async(
         self, step: int, state: Mapping[str, Value], metrics: Optional[Mapping[str, float]] = None
@@ -329,6 +337,11 @@ class Store:
 
     def latest_step(self) -> Optional[int]:
         return self._raw.latest_step()
+
+    def info(self, step: int) -> Optional[StepInfo]:
+        """`step`'s metadata (metrics, blob lengths, tensor dtypes and
+        shapes) without reading its data; None when it is not stored."""
+        return self._raw.info(_step(step))
 
     def remove(self, step: int) -> bool:
         return self._raw.remove(_step(step))

@@ -19,6 +19,7 @@ __all__ = [
     "ShardInfo",
     "ShardStatus",
     "StepExistsError",
+    "StepInfo",
     "StoreStats",
     "Tensor",
     "VerifyReport",
@@ -86,6 +87,23 @@ class StoreStats:
     def allocated_bytes(self) -> int: ...
     @property
     def dedup_ratio(self) -> float: ...
+    def __getitem__(self, key: str) -> Any: ...
+
+@final
+class StepInfo:
+    """A stored step's metadata, read without its data: its metrics, each
+    untyped blob's length and each tensor's (dtype, shape)."""
+
+    @property
+    def step(self) -> int: ...
+    @property
+    def timestamp(self) -> int: ...
+    @property
+    def metrics(self) -> Dict[str, float]: ...
+    @property
+    def blobs(self) -> Dict[str, int]: ...
+    @property
+    def tensors(self) -> Dict[str, Tuple[str, List[int]]]: ...
     def __getitem__(self, key: str) -> Any: ...
 
 @final
@@ -195,7 +213,12 @@ class RawStore:
         background_threads: Optional[int] = None,
     ) -> "RawStore": ...
     def save(
-        self, step: int, tensors: List[_Tensor], blobs: List[_Blob], metrics: Dict[str, float]
+        self,
+        step: int,
+        tensors: List[_Tensor],
+        blobs: List[_Blob],
+        metrics: Dict[str, float],
+        replace: bool = False,
     ) -> CommitInfo: ...
     def save_async(
         self, step: int, tensors: List[_Tensor], blobs: List[_Blob], metrics: Dict[str, float]
@@ -209,6 +232,7 @@ class RawStore:
     def steps(self) -> List[int]: ...
     def latest_step(self) -> Optional[int]: ...
     def contains(self, step: int) -> bool: ...
+    def info(self, step: int) -> Optional[StepInfo]: ...
     def remove(self, step: int) -> bool: ...
     def gc(
         self,

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from . import DTYPE_NAMES, CommitInfo, Handle, Shard, ShardInfo, Store, Tensor
+from ._structure import Flattener, Rebuilder, arrays, dtype_name, sharded_kind
 
 _Model = Optional[torch.nn.Module]
 _Optimizer = Optional[torch.optim.Optimizer]
@@ -46,87 +47,11 @@ _STRUCTURE = "torch/structure"
 _FORMAT = 1
 
 
-def _sharded_kind(t: Any) -> Optional[str]:
-    """'DTensor' or 'ShardedTensor' for the distributed tensor types."""
-    for module, name in (
-        ("torch.distributed.tensor", "DTensor"),
-        ("torch.distributed._shard.sharded_tensor", "ShardedTensor"),
-    ):
-        try:
-            cls = getattr(__import__(module, fromlist=[name]), name)
-        except (ImportError, AttributeError):
-            continue
-        if isinstance(t, cls):
-            return name
-    return None
-
-
-def _dtype_name(dtype):
-    return str(dtype).removeprefix("torch.")
-
-
-def _check_layout(t, name):
-    """Refuse, naming the key, a tensor whose bytes are not plain elements."""
-    kind = _sharded_kind(t)
-    if kind is not None:
-        raise TypeError(
-            f"{name}: a {kind} is one shard of a distributed tensor; save sharded "
-            "state with torch.distributed.checkpoint and ckptstore.dcp.StorageWriter"
-        )
-    if t.is_quantized:
-        raise TypeError(f"{name}: quantized tensors ({t.dtype}, {t.qscheme()}) are not "
-                        "supported; store t.dequantize() or t.int_repr() with its scales")
-    if t.is_sparse or t.layout != torch.strided:
-        raise TypeError(f"{name}: {t.layout} tensors are not supported; convert to dense "
-                        "(t.to_dense()) first")
-
-
-def _host_bytes(t):
-    """A uint8 numpy array over `t`'s elements: its own memory when `t` is a
-    contiguous CPU tensor, else a host copy."""
-    t = t.detach()
-    if t.device.type != "cpu":
-        t = t.to("cpu")
-    t = t.resolve_conj().resolve_neg().contiguous()
-    return t.reshape(-1).view(torch.uint8).numpy()
-
-
-class _Flattener:
-    """Turns a nested structure into JSON with the tensors taken out."""
-
-    def __init__(self):
-        self.tensors = {}  # name -> torch.Tensor
-
-    def tensor(self, t, name):
-        if name in self.tensors:
-            raise ValueError(f"two tensors would be stored as {name!r}")
-        _check_layout(t, name)
-        self.tensors[name] = t
-        return {"__tensor__": name, "dtype": _dtype_name(t.dtype), "shape": list(t.shape)}
-
-    def walk(self, obj, name):
-        if isinstance(obj, torch.Tensor):
-            return self.tensor(obj, name)
-        if obj is None or isinstance(obj, (bool, int, float, str)):
-            return obj
-        if isinstance(obj, dict):
-            items = [[self.walk(k, "?key"), self.walk(v, f"{name}/{k}")] for k, v in obj.items()]
-            return {"__dict__": items}
-        if isinstance(obj, tuple):
-            return {"__tuple__": [self.walk(v, f"{name}/{i}") for i, v in enumerate(obj)]}
-        if isinstance(obj, list):
-            return [self.walk(v, f"{name}/{i}") for i, v in enumerate(obj)]
-        if isinstance(obj, torch.dtype):
-            return {"__dtype__": _dtype_name(obj)}
-        raise TypeError(f"{name}: cannot store a {type(obj).__name__} (tensors, numbers, str, "
-                        "None, and lists, tuples and dicts of them are supported)")
-
-
 def state(
     model: _Model = None, optimizer: _Optimizer = None, extra: Any = None
 ) -> Tuple[Dict[str, torch.Tensor], bytes]:
     """The tensors (name -> torch.Tensor) and structure blob of a save."""
-    f = _Flattener()
+    f = Flattener()
     structure = {"format": _FORMAT}
     if model is not None:
         sd = model.state_dict()
@@ -139,20 +64,6 @@ def state(
         structure["extra"] = f.walk(extra, "extra")
     blob = json.dumps(structure, separators=(",", ":")).encode()
     return f.tensors, blob
-
-
-def _arrays(tensors):
-    """name -> ckptstore.Tensor over each tensor's bytes (a dtype the store
-    does not know is stored as its raw bytes, U8)."""
-    out = {}
-    for name, t in tensors.items():
-        data = _host_bytes(t)
-        dtype = DTYPE_NAMES.get(_dtype_name(t.dtype))
-        if dtype is None:
-            out[name] = Tensor("U8", [data.size], data)
-        else:
-            out[name] = Tensor(dtype, list(t.shape), data)
-    return out
 
 
 @overload
@@ -203,44 +114,13 @@ def save(
     a handle whose `result()` waits for the commit.
     """
     tensors, blob = state(model, optimizer, extra)
-    values = _arrays(tensors)
+    values = arrays(tensors)
     if _STRUCTURE in values:
         raise ValueError(f"{_STRUCTURE!r} is the name of the structure blob")
     values[_STRUCTURE] = blob
     if blocking:
         return store.save(step, values, metrics)
     return store.save_async(step, values, metrics)
-
-
-class _Rebuilder:
-    def __init__(self, tensors, own=None):
-        self.tensors = tensors  # name -> uint8 numpy array viewing the loaded bytes
-        self.own = own or {}  # name -> the caller's tensor, read into in place
-
-    def tensor(self, ref):
-        name = ref["__tensor__"]
-        if name in self.own:
-            return self.own[name]
-        if name not in self.tensors:
-            raise KeyError(f"the step has no tensor {name!r}")
-        dtype = getattr(torch, ref["dtype"])
-        raw = torch.from_numpy(self.tensors[name])
-        return raw.view(dtype).reshape(ref["shape"])
-
-    def walk(self, obj):
-        if isinstance(obj, list):
-            return [self.walk(v) for v in obj]
-        if not isinstance(obj, dict):
-            return obj
-        if "__tensor__" in obj:
-            return self.tensor(obj)
-        if "__dict__" in obj:
-            return {self.walk(k): self.walk(v) for k, v in obj["__dict__"]}
-        if "__tuple__" in obj:
-            return tuple(self.walk(v) for v in obj["__tuple__"])
-        if "__dtype__" in obj:
-            return getattr(torch, obj["__dtype__"])
-        raise ValueError(f"unknown structure entry {sorted(obj)}")
 
 
 def load(
@@ -258,7 +138,7 @@ def load(
     step, structure, tensors, filled = _load(store, step, own)
     if step is None:
         return None
-    rebuild = _Rebuilder(tensors, {name: own[name][0] for name in filled})
+    rebuild = Rebuilder(tensors, {name: own[name][0] for name in filled})
     if model is not None:
         if "model" not in structure:
             raise KeyError(f"step {step} has no model state")
@@ -276,7 +156,7 @@ def load_extra(store: Union[Store, Shard], step: Optional[int] = None) -> Any:
     step, structure, tensors, _ = _load(store, step, {})
     if step is None or "extra" not in structure:
         return None
-    return _Rebuilder(tensors).walk(structure["extra"])
+    return Rebuilder(tensors).walk(structure["extra"])
 
 
 def _in_place(model: _Model, optimizer: _Optimizer) -> Dict[str, Tuple[torch.Tensor, Tensor]]:
@@ -286,8 +166,8 @@ def _in_place(model: _Model, optimizer: _Optimizer) -> Dict[str, Tuple[torch.Ten
     out: Dict[str, Tuple[torch.Tensor, Tensor]] = {}
 
     def add(name, t):
-        dtype = DTYPE_NAMES.get(_dtype_name(t.dtype))
-        plain = t.device.type == "cpu" and t.layout == torch.strided and _sharded_kind(t) is None
+        dtype = DTYPE_NAMES.get(dtype_name(t.dtype))
+        plain = t.device.type == "cpu" and t.layout == torch.strided and sharded_kind(t) is None
         if dtype is None or not plain or t.is_quantized or not t.is_contiguous() or name in out:
             return
         t = t.detach()

@@ -1,0 +1,364 @@
+"""Lightning checkpoints in a ckptstore: one line to switch.
+
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    import ckptstore.lightning
+
+    trainer = pl.Trainer(
+        plugins=[ckptstore.lightning.CheckpointIO("run.ckpt")],
+        callbacks=[ModelCheckpoint(dirpath="checkpoints", save_top_k=2,
+                                   monitor="val_loss", save_last=True)],
+    )
+    trainer.fit(model, ckpt_path="last")   # resumes when there is a last
+
+Each checkpoint Lightning saves becomes one step of the store, numbered
+by its `global_step`. Two paths saved at one global step (`last.ckpt` and
+a top-k file) are one step holding both: each path's structure (loops,
+callback state, hyper-parameters) is kept apart, the tensors are stored
+per path and deduplicated, so the second copy costs no space. A path
+names one step at a time: saving `last.ckpt` again moves the name to the
+new step. `remove_checkpoint` (top-k rotation) drops the path's name and
+removes the step, in one transaction, once no name refers to it.
+
+Lightning finds checkpoints by listing the callback's `dirpath` (for
+`ckpt_path="last"`: the newest `last*.ckpt` by modification time), so
+each path also gets a *marker file*: a few hundred bytes of JSON naming
+the store, the path and its step, written (atomically, fsynced) after
+the step commits and removed before the name is dropped. `cat
+checkpoints/last.ckpt` shows where the state is; a marker copied away
+alone is not a checkpoint. The store is the truth: a load looks the path
+up in the store (the marker's step is a hint for humans), so a save
+killed between its commit and its marker loads the newer state. Names
+whose marker is gone (a save killed before writing it) are dropped the
+first time this process saves into their directory.
+
+Safety: tensors (model, optimizer moments, tensor-valued callback state)
+are typed tensors; the rest of the checkpoint is JSON (numbers, strings,
+None, lists, tuples, dicts with keys of those types, torch dtypes), so
+loading never runs code, as `torch.load(weights_only=True)` promises.
+Anything else (an object in `hyper_parameters`, say) is refused with a
+TypeError naming its key: convert it to plain data, or save the module's
+`hparams` that way. Loading a path that holds a regular `torch.save`
+checkpoint (one written before switching) hands it to Lightning's own
+`TorchCheckpointIO`.
+
+What it cannot do: Lightning strategies that save sharded state
+(FSDP with `state_dict_type="sharded"`, DeepSpeed, ModelParallelStrategy)
+bypass `CheckpointIO` or hand it per-rank shards; use
+`torch.distributed.checkpoint` with `ckptstore.dcp` there. Tensors are
+loaded on the CPU (`map_location` may name a device).
+"""
+
+import json
+import os
+from typing import Any, Dict, List, Optional, Set, Union
+
+import numpy as np
+import torch
+
+from . import Store, Tensor
+from . import open as open_store
+from ._structure import Flattener, Rebuilder, arrays
+
+try:
+    from lightning.pytorch.plugins.io import CheckpointIO as _CheckpointIO
+    from lightning.pytorch.plugins.io import TorchCheckpointIO as _TorchCheckpointIO
+except ImportError:  # the standalone package
+    from pytorch_lightning.plugins.io import CheckpointIO as _CheckpointIO  # type: ignore[no-redef]
+    from pytorch_lightning.plugins.io import TorchCheckpointIO as _TorchCheckpointIO  # type: ignore[no-redef]
+
+__all__ = ["CheckpointIO"]
+
+# A path's structure is the blob "lightning:<path>"; its tensors are named
+# "lightning:<path>/<key>/<key>...". Each name is also a metric of its
+# step ("lightning:<path>" = 1.0), which `ckpt ls` shows.
+_PREFIX = "lightning:"
+_FORMAT = 1
+_MARKER = "ckptstore.lightning"
+_MARKER_MAX = 1 << 16
+
+
+class CheckpointIO(_CheckpointIO):
+    """A Lightning `CheckpointIO` over a ckptstore (see the module's text).
+
+    `target` is a store path (opened on first use, in each process that
+    uses it, closed by `teardown`) or an open `ckptstore.Store` (used as
+    it is, never closed here). `replicate_to` and `threads` are passed to
+    `ckptstore.open`.
+    """
+
+    def __init__(
+        self,
+        target: Union[Store, "os.PathLike[str]", str],
+        *,
+        replicate_to: Optional[str] = None,
+        threads: Optional[int] = None,
+    ) -> None:
+        super().__init__()
+        self._given: Optional[Store] = target if isinstance(target, Store) else None
+        self._path: Optional[str] = None if self._given else os.path.abspath(os.fspath(target))
+        if self._given is not None and (replicate_to is not None or threads is not None):
+            raise ValueError("replicate_to and threads are options of a store path, not of an open Store")
+        self._replicate_to = replicate_to
+        self._threads = threads
+        self._store: Optional[Store] = None
+        self._read_only = False
+        self._swept: Set[str] = set()
+
+    def __getstate__(self) -> Dict[str, Any]:
+        if self._given is not None:
+            raise TypeError("a CheckpointIO over an open Store cannot be sent to another process; "
+                            "give it the store's path")
+        state = dict(self.__dict__)
+        state["_store"] = None
+        return state
+
+    # --- Lightning's interface -------------------------------------------
+
+    def save_checkpoint(
+        self, checkpoint: Dict[str, Any], path: Any, storage_options: Optional[Any] = None
+    ) -> None:
+        """Store `checkpoint` as step `checkpoint["global_step"]` under the
+        name `path`, then write `path`'s marker file."""
+        if storage_options is not None:
+            raise TypeError(f"ckptstore.lightning.CheckpointIO takes no storage_options, got {storage_options!r}")
+        name = _name(path)
+        step = _global_step(checkpoint, name)
+        flat = Flattener()
+        structure = flat.walk(checkpoint, _PREFIX + name)
+        blob = json.dumps({"format": _FORMAT, "checkpoint": structure}, separators=(",", ":")).encode()
+        store = self._open(write=True)
+        self._sweep(store, os.path.dirname(name))
+        values: Dict[str, Any] = self._others_at(store, step, name)
+        values.update(arrays(flat.tensors))
+        values[_PREFIX + name] = blob
+        store.save(step, values, _metrics(values), replace=True)
+        self._drop(store, name, keep=step)
+        _write_marker(name, {"format": _FORMAT, _MARKER: self._where(), "name": name, "step": step})
+
+    def load_checkpoint(
+        self, path: Any, map_location: Optional[Any] = None, weights_only: Optional[bool] = None
+    ) -> Dict[str, Any]:
+        """The checkpoint saved under `path` (a marker file or the name a
+        checkpoint was saved under). Nothing loaded runs code, whatever
+        `weights_only` says."""
+        name = _name(path)
+        marker = _read_marker(name)
+        if marker is None and os.path.isfile(name):
+            # A regular Lightning checkpoint, e.g. from before the switch.
+            return _TorchCheckpointIO().load_checkpoint(path, weights_only=weights_only)
+        if marker is None:
+            return _load(self._open(write=False), name, map_location)
+        name = str(marker["name"])
+        elsewhere = marker.get(_MARKER)
+        if not isinstance(elsewhere, str) or elsewhere == self._path or self._given is not None:
+            return _load(self._open(write=False), name, map_location)
+        # A marker of another store (another run's checkpoint): read it there.
+        with open_store(elsewhere, read_only=True, threads=self._threads) as other:
+            return _load(other, name, map_location)
+
+    def remove_checkpoint(self, path: Any) -> None:
+        """Remove `path`'s marker, then its name from the store: its step
+        goes (one transaction) once no name refers to it."""
+        name = _name(path)
+        marker = _read_marker(name)
+        if marker is not None:
+            name = str(marker["name"])
+            os.unlink(_name(path))
+            _fsync_dir(os.path.dirname(_name(path)))
+        elif os.path.isfile(name):
+            os.unlink(name)  # a regular checkpoint file
+            return
+        self._drop(self._open(write=True), name, keep=None)
+
+    def teardown(self) -> None:
+        """Close the store this plugin opened (waiting for replication)."""
+        store, self._store = self._store, None
+        if store is not None and self._given is None:
+            store.close()
+
+    # --- queries ---------------------------------------------------------
+
+    def names(self) -> Dict[str, int]:
+        """Each checkpoint name in the store and its step."""
+        store = self._open(write=False)
+        out: Dict[str, int] = {}
+        for step in store.steps():
+            for name in _names_at(store, step):
+                out[name] = max(step, out.get(name, step))
+        return out
+
+    # --- helpers ---------------------------------------------------------
+
+    def _open(self, write: bool) -> Store:
+        if self._given is not None:
+            return self._given
+        assert self._path is not None
+        if self._store is not None and self._read_only and write:
+            self._store.close()
+            self._store = None
+        if self._store is None:
+            if write:
+                self._store = open_store(self._path, replicate_to=self._replicate_to, threads=self._threads)
+            elif os.path.exists(self._path):
+                # Lightning saves on global rank 0 only: other ranks read
+                # beside it.
+                self._store = open_store(self._path, read_only=True, threads=self._threads)
+            else:
+                raise FileNotFoundError(f"no store at {self._path}")
+            self._read_only = not write
+        return self._store
+
+    def _where(self) -> Optional[str]:
+        return self._path
+
+    def _others_at(self, store: Store, step: int, name: str) -> Dict[str, Any]:
+        """The entries of the other names stored at `step`, to be saved
+        again with `name`'s (their bytes are in the store: only hashed)."""
+        info = store.info(step)
+        if info is None:
+            return {}
+        foreign = [n for n in list(info.blobs) + list(info.tensors) if not n.startswith(_PREFIX)]
+        if foreign:
+            raise ValueError(f"step {step} of the store holds state not saved by ckptstore.lightning "
+                             f"({foreign[0]!r}...): give Lightning a store of its own")
+        names = [n for n in _names_at(store, step) if n != name]
+        if not names:
+            return {}
+        loaded = store.load(step)
+        assert loaded is not None
+        out: Dict[str, Any] = {}
+        for entry, array in loaded.tensors.items():
+            if not any(_owns(n, entry) for n in names):
+                continue
+            if entry in info.tensors:
+                dtype, shape = info.tensors[entry]
+                out[entry] = Tensor(dtype, shape, array.reshape(-1).view(np.uint8))
+            else:
+                out[entry] = array.tobytes()
+        return out
+
+    def _drop(self, store: Store, name: str, keep: Optional[int]) -> None:
+        """Take `name` off every step but `keep`: a step left with no name
+        is removed, one with other names saved again without it."""
+        for step in store.steps():
+            if step == keep or name not in _names_at(store, step):
+                continue
+            rest = self._others_at(store, step, name)
+            if rest:
+                store.save(step, rest, _metrics(rest), replace=True)
+            else:
+                store.remove(step)
+
+    def _sweep(self, store: Store, directory: str) -> None:
+        """Once per process and directory: drop the names in `directory`
+        whose marker is missing (a save killed before writing it)."""
+        if directory in self._swept:
+            return
+        self._swept.add(directory)
+        for step in store.steps():
+            for name in _names_at(store, step):
+                if os.path.dirname(name) == directory and not os.path.exists(name):
+                    self._drop(store, name, keep=None)
+
+
+def _name(path: Any) -> str:
+    return os.path.abspath(os.fspath(path))
+
+
+def _global_step(checkpoint: Dict[str, Any], name: str) -> int:
+    step = checkpoint.get("global_step") if isinstance(checkpoint, dict) else None
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise ValueError(f"{name}: a Lightning checkpoint has an int global_step, got {step!r}")
+    return step
+
+
+def _metrics(values: Dict[str, Any]) -> Dict[str, float]:
+    return {n: 1.0 for n in values if n.startswith(_PREFIX) and isinstance(values[n], bytes)}
+
+
+def _owns(name: str, entry: str) -> bool:
+    head = _PREFIX + name
+    return entry == head or entry.startswith(head + "/")
+
+
+def _names_at(store: Store, step: int) -> List[str]:
+    info = store.info(step)
+    if info is None:
+        return []
+    return [b[len(_PREFIX):] for b in info.blobs if b.startswith(_PREFIX)]
+
+
+def _step_of(store: Store, name: str) -> Optional[int]:
+    """The newest step holding `name` (two hold it only after a crash in
+    the middle of moving it)."""
+    found = [step for step in store.steps() if name in _names_at(store, step)]
+    return max(found) if found else None
+
+
+def _load(store: Store, name: str, map_location: Optional[Any]) -> Dict[str, Any]:
+    """The checkpoint stored under `name`, rebuilt without running code."""
+    step = _step_of(store, name)
+    if step is None:
+        raise FileNotFoundError(f"{name}: no checkpoint of that name in the store")
+    loaded = store.load(step)
+    if loaded is None:
+        raise FileNotFoundError(f"{name}: step {step} was removed while loading")
+    document = json.loads(loaded.tensors.pop(_PREFIX + name).tobytes())
+    if document.get("format") != _FORMAT:
+        raise ValueError(f"{name}: step {step} has an unknown ckptstore.lightning format "
+                         f"{document.get('format')!r}")
+    tensors = {n: a.reshape(-1).view(np.uint8) for n, a in loaded.tensors.items() if _owns(name, n)}
+    checkpoint = Rebuilder(tensors).walk(document["checkpoint"])
+    if isinstance(map_location, (str, torch.device)):
+        checkpoint = _to(checkpoint, torch.device(map_location))
+    return checkpoint
+
+
+def _to(obj: Any, device: torch.device) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return type(obj)((k, _to(v, device)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to(v, device) for v in obj)
+    return obj
+
+
+def _read_marker(path: str) -> Optional[Dict[str, Any]]:
+    """The marker at `path`; None if there is no file or it is not one."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_MARKER_MAX + 1)
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
+    if len(head) > _MARKER_MAX or not head.startswith(b"{"):
+        return None
+    try:
+        marker = json.loads(head)
+    except ValueError:
+        return None
+    if not isinstance(marker, dict) or _MARKER not in marker or "name" not in marker:
+        return None
+    return marker
+
+
+def _write_marker(path: str, marker: Dict[str, Any]) -> None:
+    """Write `marker` at `path` whole or not at all, durably."""
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(json.dumps(marker, indent=1).encode() + b"\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(directory)
+
+
+def _fsync_dir(directory: str) -> None:
+    fd = os.open(directory or ".", os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

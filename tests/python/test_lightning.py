@@ -1,0 +1,139 @@
+"""ckptstore.lightning.CheckpointIO under a real Lightning Trainer: a run
+SIGKILLed at a random step resumes from "last" bit-identical to an
+uninterrupted run; two paths at one global step are one step; top-k
+rotation removes steps; nothing unsafe is stored or loaded."""
+
+import json
+import pathlib
+
+import pytest
+import torch
+
+import ckptstore
+import ckptstore.lightning as cl
+from integrations import common
+
+RUN = pathlib.Path(__file__).parent / "integrations" / "lightning_run.py"
+MARKER_MAX = 1024  # a marker is a few hundred bytes
+
+
+def run(*args, expect_kill=False):
+    return common.run(RUN, *args, done="done 60", expect_kill=expect_kill)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    d = tmp_path_factory.mktemp("whole")
+    run(d / "run.ckpt", d / "checkpoints", d / "params.pt")
+    return d
+
+
+def test_killed_run_resumes_from_last_bit_identical(tmp_path, uninterrupted):
+    kill_at, seed = common.kill_point(11, 59)  # after the first checkpoint (step 10)
+    store, dirpath = tmp_path / "run.ckpt", tmp_path / "checkpoints"
+    run(store, dirpath, tmp_path / "params.pt", "--kill-at", kill_at, expect_kill=True)
+    run(store, dirpath, tmp_path / "params.pt", "--resume")
+
+    common.assert_same_params(uninterrupted / "params.pt", tmp_path / "params.pt",
+                              f"kill at step {kill_at}, seed {seed}")
+
+    with ckptstore.open(store, read_only=True) as s:
+        steps = s.steps()
+        names = {n for step in steps for n in s.info(step).metrics}
+    assert 1 <= len(steps) <= 3, steps
+    # Every file left in the directory is a marker, and the markers are
+    # exactly the names the store holds.
+    files = sorted(dirpath.iterdir())
+    assert files and all(f.stat().st_size <= MARKER_MAX for f in files), files
+    assert {"lightning:" + str(f) for f in files} == names
+    assert any(f.name == "last.ckpt" for f in files)
+    last = json.loads((dirpath / "last.ckpt").read_text())
+    assert last["step"] == 60 and last["name"] == str(dirpath / "last.ckpt")
+
+
+def _checkpoint(step, tag, w):
+    return {
+        "global_step": step,
+        "epoch": 0,
+        "state_dict": {"w": w, "b": torch.zeros(3, dtype=torch.bfloat16)},
+        "callbacks": {"ModelCheckpoint{'monitor': 'val'}": {"tag": tag, "score": torch.tensor(0.5)}},
+        "optimizer_states": [{"state": {0: {"step": torch.tensor(3.0)}}, "param_groups": [{"betas": (0.9, 0.99)}]}],
+        "hyper_parameters": {"lr": 0.1, "dtype": torch.float32},
+    }
+
+
+def test_two_paths_at_one_step_are_one_step_and_rotate(tmp_path):
+    io = cl.CheckpointIO(tmp_path / "run.ckpt")
+    w = torch.randn(512, 1024)
+    io.save_checkpoint(_checkpoint(7, "topk", w), tmp_path / "epoch=0-step=7.ckpt")
+    io.save_checkpoint(_checkpoint(7, "last", w), tmp_path / "last.ckpt")
+    store = ckptstore.open(tmp_path / "run.ckpt", read_only=True)
+    assert store.steps() == [7]
+    stats = store.stats()
+    assert stats.logical_bytes > 2 * w.nbytes and stats.stored_bytes < 1.1 * w.nbytes, stats  # shared
+    store.close()
+
+    a = io.load_checkpoint(tmp_path / "epoch=0-step=7.ckpt")
+    b = io.load_checkpoint(tmp_path / "last.ckpt")
+    assert a["callbacks"]["ModelCheckpoint{'monitor': 'val'}"]["tag"] == "topk"
+    assert b["callbacks"]["ModelCheckpoint{'monitor': 'val'}"]["tag"] == "last"
+    assert torch.equal(a["state_dict"]["w"], w) and a["state_dict"]["b"].dtype == torch.bfloat16
+    assert b["optimizer_states"][0]["param_groups"][0]["betas"] == (0.9, 0.99)
+    assert b["hyper_parameters"]["dtype"] is torch.float32
+
+    # last.ckpt moves to the next step; the top-k name keeps step 7.
+    io.save_checkpoint(_checkpoint(9, "last", w * 2), tmp_path / "last.ckpt")
+    assert io.names() == {str(tmp_path / "epoch=0-step=7.ckpt"): 7, str(tmp_path / "last.ckpt"): 9}
+    # Top-k rotation: the marker and the step go.
+    io.remove_checkpoint(tmp_path / "epoch=0-step=7.ckpt")
+    assert not (tmp_path / "epoch=0-step=7.ckpt").exists()
+    assert io.names() == {str(tmp_path / "last.ckpt"): 9}
+    io.teardown()
+    with ckptstore.open(tmp_path / "run.ckpt", read_only=True) as s:
+        assert s.steps() == [9]
+
+
+def test_refuses_an_object_naming_its_key(tmp_path):
+    io = cl.CheckpointIO(tmp_path / "run.ckpt")
+    ck = _checkpoint(1, "x", torch.ones(2))
+    ck["hyper_parameters"]["optimizer_cls"] = torch.optim.AdamW
+    with pytest.raises(TypeError, match="hyper_parameters/optimizer_cls"):
+        io.save_checkpoint(ck, tmp_path / "a.ckpt")
+    assert not (tmp_path / "a.ckpt").exists() and not (tmp_path / "run.ckpt").exists()
+
+
+def test_the_store_is_the_truth_when_a_save_dies_before_its_marker(tmp_path, monkeypatch):
+    io = cl.CheckpointIO(tmp_path / "run.ckpt")
+    io.save_checkpoint(_checkpoint(5, "old", torch.ones(4)), tmp_path / "last.ckpt")
+
+    def die(*_):
+        raise KeyboardInterrupt("killed before the marker")
+
+    with monkeypatch.context() as m:
+        m.setattr(cl, "_write_marker", die)
+        with pytest.raises(KeyboardInterrupt):
+            io.save_checkpoint(_checkpoint(8, "new", torch.ones(4) * 2), tmp_path / "last.ckpt")
+        with pytest.raises(KeyboardInterrupt):
+            io.save_checkpoint(_checkpoint(8, "topk", torch.ones(4) * 2), tmp_path / "epoch=1.ckpt")
+    io.teardown()
+    # The old marker loads the newer state the store committed.
+    again = cl.CheckpointIO(tmp_path / "run.ckpt")
+    ck = again.load_checkpoint(tmp_path / "last.ckpt")
+    assert ck["global_step"] == 8 and ck["callbacks"]["ModelCheckpoint{'monitor': 'val'}"]["tag"] == "new"
+    # The top-k name without a marker is swept by the next save there.
+    assert str(tmp_path / "epoch=1.ckpt") in again.names()
+    again.save_checkpoint(_checkpoint(12, "next", torch.ones(4) * 3), tmp_path / "last.ckpt")
+    assert again.names() == {str(tmp_path / "last.ckpt"): 12}
+    again.teardown()
+    with ckptstore.open(tmp_path / "run.ckpt", read_only=True) as s:
+        assert s.steps() == [12]
+
+
+def test_loads_a_regular_checkpoint_file_and_reports_missing_names(tmp_path):
+    torch.save({"global_step": 3, "state_dict": {"w": torch.ones(2)}}, tmp_path / "old.ckpt")
+    io = cl.CheckpointIO(tmp_path / "run.ckpt")
+    assert io.load_checkpoint(tmp_path / "old.ckpt")["global_step"] == 3
+    io.save_checkpoint(_checkpoint(1, "x", torch.ones(2)), tmp_path / "a.ckpt")
+    with pytest.raises(FileNotFoundError, match="b.ckpt"):
+        io.load_checkpoint(tmp_path / "b.ckpt")
+    io.teardown()
