@@ -91,16 +91,31 @@ pub(crate) fn write(
     metadata.insert(KEY_BLOBS, serde_json::to_string(&blobs).map_err(json_err)?);
     let header = header(&metadata, &entries).map_err(json_err)?;
 
+    // One buffer of the largest tensor's length, reused: its pages are
+    // faulted in once, not once per tensor.
+    let largest = entries.iter().map(|e| e.len).max().unwrap_or(0);
+    let mut buffer = vec![
+        0u8;
+        usize::try_from(largest).map_err(|_| Error::InvalidCheckpoint {
+            step,
+            reason: format!("a tensor of {largest} bytes does not fit in memory"),
+        })?
+    ];
     crate::file::write_durably_with(path, |file| {
         let mut out = BufWriter::new(file);
         out.write_all(&(header.len() as u64).to_le_bytes())?;
         out.write_all(&header)?;
         for e in &entries {
-            let bytes = data
-                .read(&e.name)
+            // `len` fits: it is at most `largest`.
+            let bytes = &mut buffer[..usize::try_from(e.len).unwrap_or(usize::MAX)];
+            if !data
+                .read_into(&e.name, bytes)
                 .map_err(std::io::Error::other)?
-                .ok_or_else(|| std::io::Error::other(format!("step {step} has no {:?}", e.name)))?;
-            out.write_all(&bytes)?;
+            {
+                let missing = format!("step {step} has no {:?}", e.name);
+                return Err(std::io::Error::other(missing));
+            }
+            out.write_all(bytes)?;
         }
         out.flush()
     })
