@@ -15,11 +15,15 @@ use crate::format::manifest::Hash;
 use crate::Error;
 use crate::{CommitInfo, GradientCheckpoint, Result, Tensor, TensorRef};
 
-/// A commit stages its chunks when they exceed this fraction of the page
-/// cache: redb keeps a transaction's new pages in a write buffer of half
+/// The most new chunk bytes one transaction writes: 3/8 of the page
+/// cache. redb keeps a transaction's new pages in a write buffer of half
 /// its cache, and pages it must evict before the commit it reads back and
-/// writes again at the commit (to fill in their checksums).
-const STAGE_ABOVE_CACHE_FRACTION: usize = 4;
+/// writes again at the commit (to fill in their checksums); the other
+/// eighth is room for the b-tree pages. A commit with more stages its
+/// chunks in transactions of this size first.
+fn part_bytes(settings: &crate::options::Settings) -> usize {
+    settings.cache_size / 8 * 3
+}
 
 impl CheckpointStore {
     /// Store `ckpt` under `ckpt.step` in one write transaction.
@@ -149,7 +153,7 @@ pub(crate) fn put(
     let start = Instant::now();
     ckpt.validate()?;
     let plan = Plan::with_borrowed(ckpt, borrowed);
-    let stage_above = db.settings().cache_size / STAGE_ABOVE_CACHE_FRACTION;
+    let stage_above = part_bytes(db.settings());
     let threads = match caller {
         Caller::Foreground => db.settings().threads,
         Caller::Background => db.settings().background_threads,
@@ -280,7 +284,7 @@ pub(crate) fn put_streamed(
 ) -> Result<CommitInfo> {
     let start = Instant::now();
     let step = ckpt.step;
-    let part_bytes = db.settings().cache_size / STAGE_ABOVE_CACHE_FRACTION;
+    let part_bytes = part_bytes(db.settings());
     let _one_staging_at_a_time = db.staging()?;
     let mut staged = Vec::new();
     let mut streamed = Vec::new();

@@ -41,9 +41,9 @@ impl StoreOptions {
     /// Bytes of memory redb may use to cache pages (default 56 MiB, so that
     /// a commit needs at most the checkpoint plus 64 MiB of memory; redb's
     /// own default of 1 GiB shows up as resident memory). A commit with
-    /// more than a quarter of this in new chunks writes them in
-    /// transactions of a quarter each before the one that makes the step:
-    /// redb would otherwise evict, read back and rewrite its pages.
+    /// more than 3/8 of this in new chunks writes them in transactions of
+    /// 3/8 each before the one that makes the step: redb would otherwise
+    /// evict, read back and rewrite its pages.
     pub fn cache_size(mut self, bytes: usize) -> Self {
         self.settings.cache_size = bytes;
         self

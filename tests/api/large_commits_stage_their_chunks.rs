@@ -1,4 +1,4 @@
-//! A commit with more chunk bytes than a quarter of the cache writes its
+//! A commit with more chunk bytes than 3/8 of the cache writes its
 //! chunks in transactions of its own first ("staging") and is still one
 //! step, whole or absent: round trips, deduplication and its accounting,
 //! replace, and a refused duplicate that leaves nothing staged behind.
@@ -13,7 +13,7 @@ type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
 fn staged_commits_behave_like_any_commit() -> Result {
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("run.ckpt");
-    // A 1 MiB cache: anything over 256 KiB of chunks is staged.
+    // A 1 MiB cache: anything over 384 KiB of chunks is staged.
     let store = StoreOptions::new().cache_size(1 << 20).open(&path)?;
 
     // 4 MiB of new chunks, plus a blob that repeats one of them.
