@@ -17,6 +17,7 @@ use super::layout::{
 use super::locks::Lock;
 use super::step::StepManifest;
 use super::{Commit, Remote};
+use crate::engine::hashing::with_hashes;
 use crate::engine::plan::Plan;
 use crate::format::manifest::{hex, ChunkRef, Hash};
 use crate::{CheckpointStore, Error, GradientCheckpoint, Result};
@@ -455,10 +456,12 @@ type ShardData<'a> = (
 fn shard_manifest(ckpt: &GradientCheckpoint) -> Result<ShardData<'_>> {
     // Cut as a local commit cuts it: the same plan, in the bucket's codec.
     let plan = Plan::new(ckpt);
-    let pieces: Vec<(Hash, &[u8])> = plan
-        .pieces
-        .iter()
-        .map(|p| (*blake3::hash(p).as_bytes(), *p))
+    // Hashed on every core (the caller waits; the hashers do it all).
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let hashes: Vec<Hash> = with_hashes(&plan.pieces, cores + 1, |h| h.collect());
+    let pieces: Vec<(Hash, &[u8])> = hashes
+        .into_iter()
+        .zip(plan.pieces.iter().copied())
         .collect();
     // A bucket names chunks by hash; the ids are the store's.
     let refs: Vec<ChunkRef> = pieces
