@@ -93,8 +93,8 @@ pub use options::Durability;
 #[cfg(feature = "remote")]
 pub use remote::{
     DcpIndex, DcpTensor, EntryInfo, GcReport, GlobalStep, Piece, PushReport, Remote, ShardInfo,
-    ShardStatus, DCP_METADATA, DEFAULT_GRACE_PERIOD, DEFAULT_RETRY_WINDOW, MAX_MANIFEST_BYTES,
-    MAX_WORLD_SIZE,
+    ShardStatus, ShardUpload, DCP_METADATA, DEFAULT_GRACE_PERIOD, DEFAULT_RETRY_WINDOW,
+    MAX_MANIFEST_BYTES, MAX_WORLD_SIZE,
 };
 #[cfg(feature = "remote")]
 pub use report::ReplicationStatus;

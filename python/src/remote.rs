@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use ckptstore::{GradientCheckpoint, Remote};
+use ckptstore::{Remote, ShardUpload};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -12,7 +12,7 @@ use crate::arrays::Buffer;
 use crate::global_step::RawGlobalStep;
 use crate::py_err;
 use crate::results;
-use crate::store::{ckpt_dict, owned, policy, PyTensor, RawStore};
+use crate::store::{borrowed, checkpoint, ckpt_dict, policy, PyTensor, RawStore};
 
 /// A bucket (`s3://BUCKET/PREFIX` or `file:///DIR`).
 #[pyclass(module = "ckptstore._ckptstore", name = "RawRemote")]
@@ -20,25 +20,25 @@ pub(crate) struct RawRemote {
     pub(crate) remote: Remote,
 }
 
-/// One of the calls that upload a shard ([`Remote::commit_shard`] and the
-/// coordinated ones).
-type ShardOp =
-    fn(&Remote, u64, u32, u32, &GradientCheckpoint) -> ckptstore::Result<ckptstore::ShardInfo>;
-
 impl RawRemote {
-    /// Build rank `rank`'s shard from Python's arrays (copied) and run `op`.
+    /// Upload rank `rank`'s shard from Python's arrays, hashed and
+    /// uploaded from their own memory, as far as `how` says.
     fn shard_call(
         &self,
         py: Python<'_>,
-        (step, rank, world_size): (u64, u32, u32),
+        shard: (u64, u32, u32),
         tensors: &[PyTensor<'_>],
         blobs: Vec<(String, Vec<u8>)>,
         metrics: BTreeMap<String, f64>,
-        op: ShardOp,
+        how: ShardUpload,
     ) -> PyResult<results::ShardInfo> {
-        let ckpt = owned(step, tensors, blobs, metrics)?;
+        let ckpt = checkpoint(shard.0, blobs, metrics);
+        let borrowed = borrowed(tensors)?;
         let info = py
-            .detach(|| op(&self.remote, step, rank, world_size, &ckpt))
+            .detach(|| {
+                self.remote
+                    .upload_shard_borrowed(shard, &ckpt, &borrowed, how)
+            })
             .map_err(py_err)?;
         Ok((&info).into())
     }
@@ -129,7 +129,7 @@ impl RawRemote {
         blobs: Vec<(String, Vec<u8>)>,
         metrics: BTreeMap<String, f64>,
     ) -> PyResult<results::ShardInfo> {
-        self.shard_call(py, shard, &tensors, blobs, metrics, Remote::commit_shard)
+        self.shard_call(py, shard, &tensors, blobs, metrics, ShardUpload::Complete)
     }
 
     /// Upload rank `rank`'s shard of global step `step` without completing
@@ -142,7 +142,7 @@ impl RawRemote {
         blobs: Vec<(String, Vec<u8>)>,
         metrics: BTreeMap<String, f64>,
     ) -> PyResult<results::ShardInfo> {
-        self.shard_call(py, shard, &tensors, blobs, metrics, Remote::upload_shard)
+        self.shard_call(py, shard, &tensors, blobs, metrics, ShardUpload::Manifest)
     }
 
     /// Upload only the chunks of rank `rank`'s shard of `step`.
@@ -154,14 +154,7 @@ impl RawRemote {
         blobs: Vec<(String, Vec<u8>)>,
         metrics: BTreeMap<String, f64>,
     ) -> PyResult<results::ShardInfo> {
-        self.shard_call(
-            py,
-            shard,
-            &tensors,
-            blobs,
-            metrics,
-            Remote::upload_shard_data,
-        )
+        self.shard_call(py, shard, &tensors, blobs, metrics, ShardUpload::ChunksOnly)
     }
 
     /// Complete global step `step` with exactly these shards, by rank.

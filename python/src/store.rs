@@ -25,7 +25,9 @@ fn dtype(name: &str, dtype: &str) -> PyResult<Dtype> {
 }
 
 /// The tensors of a save, borrowing the arrays' memory.
-fn borrowed<'a>(tensors: &'a [PyTensor<'_>]) -> PyResult<BTreeMap<String, TensorRef<'a>>> {
+pub(crate) fn borrowed<'a>(
+    tensors: &'a [PyTensor<'_>],
+) -> PyResult<BTreeMap<String, TensorRef<'a>>> {
     let mut out = BTreeMap::new();
     for (name, dt, shape, array) in tensors {
         let data = borrow_bytes(array)?;
@@ -39,7 +41,7 @@ fn borrowed<'a>(tensors: &'a [PyTensor<'_>]) -> PyResult<BTreeMap<String, Tensor
 }
 
 /// A checkpoint of `step` with `blobs` and `metrics`, no tensors.
-fn checkpoint(
+pub(crate) fn checkpoint(
     step: u64,
     blobs: Vec<(String, Vec<u8>)>,
     metrics: BTreeMap<String, f64>,
@@ -53,7 +55,7 @@ fn checkpoint(
 }
 
 /// A checkpoint of `step` holding copies of the arrays.
-pub(crate) fn owned(
+fn owned(
     step: u64,
     tensors: &[PyTensor<'_>],
     blobs: Vec<(String, Vec<u8>)>,

@@ -11,6 +11,24 @@ use crate::{GradientCheckpoint, StepSummary, TensorRef};
 /// Tensors of a commit that borrow their bytes, by name.
 pub(crate) type Borrowed<'a> = BTreeMap<String, TensorRef<'a>>;
 
+/// Refuse borrowed tensors one of whose names is also a blob or tensor of
+/// `ckpt`.
+pub(crate) fn check_borrowed(
+    ckpt: &GradientCheckpoint,
+    borrowed: &Borrowed<'_>,
+) -> crate::Result<()> {
+    let clash = borrowed
+        .keys()
+        .find(|n| ckpt.tensors.contains_key(*n) || ckpt.optimizer_state.contains_key(*n));
+    match clash {
+        Some(name) => Err(crate::Error::InvalidCheckpoint {
+            step: ckpt.step,
+            reason: format!("{name:?} is both a borrowed tensor and in the checkpoint"),
+        }),
+        None => Ok(()),
+    }
+}
+
 /// A blob or tensor whose chunks an earlier transaction staged and whose
 /// bytes are no longer in memory (an import that streams a large file).
 pub(crate) struct Streamed {

@@ -6,11 +6,14 @@
 //! commit are named by no commit: they never mix into a step and never
 //! block one (gc removes them).
 
+use std::collections::BTreeMap;
+
 use super::layout::{encode, GlobalManifest, ShardId, MANIFEST_FORMAT, MAX_WORLD_SIZE};
-use super::shards::Then;
+use super::shards::ShardUpload;
 use super::{Commit, Remote, ShardInfo};
+use crate::engine::plan::{check_borrowed, Plan};
 use crate::format::manifest::{hex, Hash};
-use crate::{Error, GradientCheckpoint, Result};
+use crate::{Error, GradientCheckpoint, Result, TensorRef};
 
 impl Remote {
     /// Upload rank `rank`'s shard of global step `step` of `world_size`
@@ -28,10 +31,8 @@ impl Remote {
         world_size: u32,
         ckpt: &GradientCheckpoint,
     ) -> Result<ShardInfo> {
-        Self::check_shard_args(step, rank, world_size, ckpt)?;
-        self.with_push_lock(|lock| {
-            self.put_shard(step, rank, world_size, ckpt, lock, Then::Manifest)
-        })
+        let plan = Plan::new(ckpt);
+        self.upload_planned((step, rank, world_size), &plan, ShardUpload::Manifest)
     }
 
     /// Upload the chunks of rank `rank`'s shard of `step` and nothing else:
@@ -50,10 +51,44 @@ impl Remote {
         world_size: u32,
         ckpt: &GradientCheckpoint,
     ) -> Result<ShardInfo> {
-        Self::check_shard_args(step, rank, world_size, ckpt)?;
-        self.with_push_lock(|lock| {
-            self.put_shard(step, rank, world_size, ckpt, lock, Then::ChunksOnly)
-        })
+        let plan = Plan::new(ckpt);
+        self.upload_planned((step, rank, world_size), &plan, ShardUpload::ChunksOnly)
+    }
+
+    /// [`upload_shard`](Self::upload_shard), [`upload_shard_data`](Self::upload_shard_data)
+    /// or [`commit_shard`](Self::commit_shard), as `how` says, of rank
+    /// `rank`'s shard `ckpt` with the tensors `tensors` added, whose bytes
+    /// are hashed and uploaded from where they lie: no copy of them is
+    /// made (the Python package uploads numpy arrays and torch tensors
+    /// this way).
+    ///
+    /// # Errors
+    /// As the operation `how` names; [`Error::InvalidCheckpoint`] if a name
+    /// of `tensors` is also a blob or tensor of `ckpt`.
+    pub fn upload_shard_borrowed(
+        &self,
+        (step, rank, world_size): (u64, u32, u32),
+        ckpt: &GradientCheckpoint,
+        tensors: &BTreeMap<String, TensorRef<'_>>,
+        how: ShardUpload,
+    ) -> Result<ShardInfo> {
+        check_borrowed(ckpt, tensors)?;
+        let plan = Plan::with_borrowed(ckpt, tensors);
+        self.upload_planned((step, rank, world_size), &plan, how)
+    }
+
+    /// Check the arguments, then upload `plan` as `how` says.
+    pub(super) fn upload_planned(
+        &self,
+        (step, rank, world_size): (u64, u32, u32),
+        plan: &Plan<'_>,
+        how: ShardUpload,
+    ) -> Result<ShardInfo> {
+        Self::check_shard_args(step, rank, world_size, plan.ckpt)?;
+        if how == ShardUpload::Complete {
+            self.check_world_size(step, world_size)?;
+        }
+        self.with_push_lock(|lock| self.put_shard(step, rank, world_size, plan, lock, how))
     }
 
     /// Complete global step `step` with `shards` (each rank's, by rank, as

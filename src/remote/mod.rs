@@ -37,7 +37,7 @@ pub use dcp::{DcpIndex, DcpTensor, DCP_METADATA};
 pub use pieces::{EntryInfo, GlobalStep, Piece};
 pub use push::PushReport;
 pub use retention::GcReport;
-pub use shards::{ShardInfo, ShardStatus};
+pub use shards::{ShardInfo, ShardStatus, ShardUpload};
 
 /// How long requests to a server that does not answer (refused
 /// connections, 5xx answers, a restart) are retried before an operation

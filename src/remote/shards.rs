@@ -107,11 +107,8 @@ impl Remote {
         world_size: u32,
         ckpt: &GradientCheckpoint,
     ) -> Result<ShardInfo> {
-        Self::check_shard_args(step, rank, world_size, ckpt)?;
-        self.check_world_size(step, world_size)?;
-        self.with_push_lock(|lock| {
-            self.put_shard(step, rank, world_size, ckpt, lock, Then::Complete)
-        })
+        let plan = Plan::new(ckpt);
+        self.upload_planned((step, rank, world_size), &plan, ShardUpload::Complete)
     }
 
     /// Check a shard's arguments as [`commit_shard`](Self::commit_shard)
@@ -146,11 +143,11 @@ impl Remote {
         step: u64,
         rank: u32,
         world_size: u32,
-        ckpt: &GradientCheckpoint,
+        plan: &Plan<'_>,
         lock: &mut Lock,
-        then: Then,
+        then: ShardUpload,
     ) -> Result<ShardInfo> {
-        let (manifest, mut pieces, packed) = shard_manifest(ckpt)?;
+        let (manifest, mut pieces, packed) = shard_manifest(plan)?;
         if let Some((hash, bytes)) = &packed {
             pieces.push((*hash, bytes));
         }
@@ -198,11 +195,11 @@ impl Remote {
             hash,
         };
         info.shard = hex(&hash);
-        if then == Then::ChunksOnly {
+        if then == ShardUpload::ChunksOnly {
             return Ok(info);
         }
         self.put(&self.layout.shard(step, &id), bytes)?;
-        if then == Then::Manifest {
+        if then == ShardUpload::Manifest {
             return Ok(info);
         }
         let landed = Instant::now();
@@ -223,7 +220,7 @@ impl Remote {
     }
 
     /// Refuse a world size other shards of `step` contradict.
-    fn check_world_size(&self, step: u64, world_size: u32) -> Result<()> {
+    pub(super) fn check_world_size(&self, step: u64, world_size: u32) -> Result<()> {
         match self
             .shard_ids(step)?
             .iter()
@@ -434,14 +431,18 @@ impl Remote {
     }
 }
 
-/// How far [`Remote::put_shard`] goes after the chunks.
+/// How far a shard upload goes after its chunks
+/// ([`Remote::upload_shard_borrowed`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Then {
-    /// Nothing more: the chunks are in the bucket, named by no shard.
+#[non_exhaustive]
+pub enum ShardUpload {
+    /// Nothing more: the chunks are in the bucket, named by no shard
+    /// (as [`Remote::upload_shard_data`]).
     ChunksOnly,
-    /// The shard's manifest.
+    /// The shard's manifest (as [`Remote::upload_shard`]).
     Manifest,
-    /// The manifest, and the step's commit when every rank is there.
+    /// The manifest, and the step's commit when every rank is there (as
+    /// [`Remote::commit_shard`]).
     Complete,
 }
 
@@ -453,9 +454,9 @@ type ShardData<'a> = (
     Option<(Hash, Vec<u8>)>,
 );
 
-fn shard_manifest(ckpt: &GradientCheckpoint) -> Result<ShardData<'_>> {
+fn shard_manifest<'a>(plan: &Plan<'a>) -> Result<ShardData<'a>> {
     // Cut as a local commit cuts it: the same plan, in the bucket's codec.
-    let plan = Plan::new(ckpt);
+    let ckpt = plan.ckpt;
     // Hashed on every core (the caller waits; the hashers do it all).
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let hashes: Vec<Hash> = with_hashes(&plan.pieces, cores + 1, |h| h.collect());
@@ -483,6 +484,6 @@ fn shard_manifest(ckpt: &GradientCheckpoint) -> Result<ShardData<'_>> {
             step: ckpt.step,
             reason: format!("the bucket's readers would refuse it: {reason}"),
         })?;
-    let packed = packed_ref.map(|p| (p.hash, plan.packed));
+    let packed = packed_ref.map(|p| (p.hash, plan.packed.clone()));
     Ok((manifest, pieces, packed))
 }

@@ -118,15 +118,7 @@ impl CheckpointStore {
         tensors: &BTreeMap<String, TensorRef<'_>>,
         replace: bool,
     ) -> Result<CommitInfo> {
-        let clash = tensors
-            .keys()
-            .find(|n| ckpt.tensors.contains_key(*n) || ckpt.optimizer_state.contains_key(*n));
-        if let Some(name) = clash {
-            return Err(crate::Error::InvalidCheckpoint {
-                step: ckpt.step,
-                reason: format!("{name:?} is both a borrowed tensor and in the checkpoint"),
-            });
-        }
+        crate::engine::plan::check_borrowed(ckpt, tensors)?;
         put(&self.db, ckpt, tensors, replace, Caller::Foreground)
     }
 }

@@ -265,3 +265,61 @@ fn data_uploaded_early_is_not_uploaded_again() -> Result {
     assert!(remote.get_shard(3, 0)? == Some(more));
     Ok(())
 }
+
+/// A shard whose tensors are borrowed is the same shard, byte for byte, as
+/// one holding copies: same manifest name, same bytes read back; each of
+/// the three ways (`ShardUpload`) goes as far as its owned twin; a name
+/// both borrowed and in the checkpoint is refused before any upload.
+#[test]
+fn borrowed_tensors_upload_the_same_shard() -> Result {
+    use ckptstore::{ShardUpload, TensorRef};
+    use std::collections::BTreeMap;
+    let dir = tempfile::tempdir()?;
+    let remote = Remote::open(&format!("file://{}/b", dir.path().display()))?;
+    let whole = every_kind(5)?;
+    let mut skeleton = whole.clone();
+    let tensors = std::mem::take(&mut skeleton.tensors);
+    let borrowed: BTreeMap<String, TensorRef<'_>> = tensors
+        .iter()
+        .map(|(n, t)| {
+            Ok((
+                n.clone(),
+                TensorRef::new(t.dtype, t.shape.clone(), &t.data)?,
+            ))
+        })
+        .collect::<ckptstore::Result<_>>()?;
+    let info =
+        remote.upload_shard_borrowed((5, 0, 1), &skeleton, &borrowed, ShardUpload::Manifest)?;
+    // The name manifests_keep_their_bytes pins for the owned shard.
+    assert_eq!(
+        info.shard,
+        "06463cb4cfcef4667e6a16f913aee9a8bd3ce54bc0d959fa674d0a6b7a51d73e"
+    );
+    assert!(
+        remote.steps()?.is_empty(),
+        "Manifest does not complete the step"
+    );
+    remote.commit_global(5, &[info.shard])?;
+    assert!(remote.get_shard(5, 0)? == Some(whole.clone()));
+
+    // ChunksOnly uploads data and no manifest; Complete commits the step.
+    let mut seven = skeleton.clone();
+    seven.step = 7;
+    let early =
+        remote.upload_shard_borrowed((7, 0, 1), &seven, &borrowed, ShardUpload::ChunksOnly)?;
+    assert!(!early.complete && early.bytes_uploaded == 0, "{early:?}"); // the chunks of step 5
+    assert!(remote.shards(7)?.landed.is_empty(), "no shard manifest yet");
+    let done = remote.upload_shard_borrowed((7, 0, 1), &seven, &borrowed, ShardUpload::Complete)?;
+    assert!(done.complete && done.bytes_uploaded < 64 << 10, "{done:?}");
+    assert_eq!(remote.steps()?, vec![5, 7]);
+
+    let mut clash = skeleton.clone();
+    clash.step = 8;
+    clash.set_optimizer_state("w", vec![1]);
+    let e = remote
+        .upload_shard_borrowed((8, 0, 1), &clash, &borrowed, ShardUpload::Complete)
+        .expect_err("a name both borrowed and in the checkpoint");
+    assert!(matches!(e, Error::InvalidCheckpoint { step: 8, .. }), "{e}");
+    assert_eq!(remote.shards(8)?.landed, Vec::<u32>::new());
+    Ok(())
+}
