@@ -89,7 +89,7 @@ mod tensor;
 pub use checkpoint::{GradientCheckpoint, MAX_TEXT_BYTES};
 pub use error::{Cause, Error, Result};
 pub use graph::{ComputationGraphStore, ComputationNode};
-pub use options::Durability;
+pub use options::{Durability, DEFAULT_PACK_THRESHOLD};
 #[cfg(feature = "remote")]
 pub use remote::{
     DcpIndex, DcpTensor, EntryInfo, GcReport, GlobalStep, Piece, PushReport, Remote, ShardInfo,

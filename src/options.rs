@@ -21,6 +21,7 @@ pub enum Durability {
 /// (everything [`StoreOptions`](crate::StoreOptions) holds but its
 /// replication target).
 #[derive(Clone, Debug)]
+#[allow(clippy::struct_excessive_bools)] // independent switches, one option each
 pub(crate) struct Settings {
     pub(crate) cache_size: usize,
     pub(crate) durability: Durability,
@@ -34,6 +35,22 @@ pub(crate) struct Settings {
     pub(crate) threads: usize,
     /// Threads a background commit uses.
     pub(crate) background_threads: usize,
+    /// Whether large commits put their chunks in pack files.
+    pub(crate) pack_files: bool,
+    /// Bytes of chunks from which a transaction packs them.
+    pub(crate) pack_threshold: usize,
+}
+
+/// The default of [`StoreOptions::pack_threshold`](crate::StoreOptions::pack_threshold):
+/// below it a pack file's own fsync costs more than the copy it saves.
+pub const DEFAULT_PACK_THRESHOLD: usize = 4 << 20;
+
+impl Settings {
+    /// Whether a transaction writing `chunk_bytes` of chunks puts its new
+    /// ones in a pack file.
+    pub(crate) fn packs(&self, chunk_bytes: usize) -> bool {
+        self.pack_files && chunk_bytes >= self.pack_threshold
+    }
 }
 
 /// Default page cache: a commit then needs at most the checkpoint plus
@@ -67,6 +84,8 @@ impl Default for Settings {
             quick_repair: true,
             threads: default_threads(),
             background_threads: 1,
+            pack_files: false,
+            pack_threshold: DEFAULT_PACK_THRESHOLD,
         }
     }
 }

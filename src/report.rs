@@ -131,6 +131,12 @@ pub struct StoreStats {
     /// freed by recent commits that are not reusable yet); 0 for a
     /// read-only store.
     pub allocated_bytes: u64,
+    /// Pack files the store records
+    /// ([`StoreOptions::pack_files`](crate::StoreOptions::pack_files)).
+    pub pack_files: u64,
+    /// Bytes of those pack files, dead chunks included (on disk beside
+    /// `file_bytes`).
+    pub pack_bytes: u64,
 }
 
 impl StoreStats {
@@ -162,6 +168,20 @@ pub struct VerifyReport {
     /// yet (checked with the accounting). A commit that crashes leaves its
     /// staged chunks behind; the next writable open deletes them.
     pub staged_chunks: u64,
+    /// Pack files the store records (see
+    /// [`StoreOptions::pack_files`](crate::StoreOptions::pack_files)); each
+    /// chunk in them was hashed with its steps, and each file's length and
+    /// live bytes checked with the accounting.
+    pub pack_files: u64,
+    /// Bytes of the recorded pack files.
+    pub pack_bytes: u64,
+    /// Bytes of the recorded pack files that live chunks use (the rest
+    /// [`CheckpointStore::compact`](crate::CheckpointStore::compact)
+    /// reclaims once a file is half dead).
+    pub pack_live_bytes: u64,
+    /// Files in the pack directory that no record names: left by a commit
+    /// that failed or was killed; the next writable open deletes them.
+    pub stray_pack_files: u64,
 }
 
 impl VerifyReport {

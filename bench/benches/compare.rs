@@ -261,47 +261,58 @@ fn run_workload(w: &Workload, iters: usize) -> Result {
     Ok(())
 }
 
-/// ckptstore and raw write+fsync alternating commit by commit, so drift in
-/// the shared disk's speed hits both alike: medians and the median of the
-/// per-pair ratios.
+/// ckptstore (chunks in redb, and with pack files) and raw write+fsync,
+/// commit by commit in rotating order, so drift in the shared disk's
+/// speed hits all alike: medians and the median of the per-round ratios.
 fn run_paired() -> Result {
-    println!("## paired: ckptstore and raw write+fsync alternating, commit by commit\n");
-    println!("| workload | pairs | ckptstore median | raw median | median of per-pair ratios (raw time / ckptstore time) |");
-    println!("|---|---:|---:|---:|---:|");
-    for (w, pairs) in [(SMALL, 41), (MEDIUM, 21), (LARGE, 11)] {
+    use ckptstore::StoreOptions;
+    println!("## paired: ckptstore, ckptstore with pack files and raw write+fsync, commit by commit in rotating order\n");
+    println!("| workload | rounds | ckptstore median | with pack files | raw median | ratio raw/ckptstore | ratio raw/pack files |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for (w, rounds) in [(SMALL, 41), (MEDIUM, 21), (LARGE, 11)] {
         let dir = tempfile::tempdir_in(bench_dir())?;
         let mut store = Store::new(dir.path().join("paired.ckpt"))?;
+        let options = StoreOptions::new().pack_files(true);
+        let mut packed = Store::with_options(dir.path().join("packed.ckpt"), options)?;
         let raw_dir = dir.path().join("raw");
         std::fs::create_dir(&raw_dir)?;
         let mut raw = RawFsync::new(raw_dir);
         let mut ckpt = checkpoint(&w);
-        let (mut st, mut rt, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
-        for i in 0..pairs {
+        let mut times: [Vec<Duration>; 3] = Default::default();
+        let mut ratios: [Vec<f64>; 2] = Default::default();
+        for i in 0..rounds {
             touch(&mut ckpt, i as u64);
-            // Alternate which goes first.
-            let (a, b): (&mut dyn Contender, &mut dyn Contender) = if i % 2 == 0 {
-                (&mut store, &mut raw)
-            } else {
-                (&mut raw, &mut store)
-            };
-            let t = Instant::now();
-            a.commit(&ckpt)?;
-            let ta = t.elapsed();
-            let t = Instant::now();
-            b.commit(&ckpt)?;
-            let tb = t.elapsed();
-            let (s, r) = if i % 2 == 0 { (ta, tb) } else { (tb, ta) };
-            st.push(s);
-            rt.push(r);
-            ratios.push(r.as_secs_f64() / s.as_secs_f64());
+            let mut round = [Duration::ZERO; 3];
+            for k in 0..3 {
+                let which = (i + k) % 3;
+                let c: &mut dyn Contender = match which {
+                    0 => &mut store,
+                    1 => &mut packed,
+                    _ => &mut raw,
+                };
+                let t = Instant::now();
+                c.commit(&ckpt)?;
+                round[which] = t.elapsed();
+            }
+            for (k, d) in round.iter().enumerate() {
+                times[k].push(*d);
+            }
+            for k in 0..2 {
+                ratios[k].push(round[2].as_secs_f64() / round[k].as_secs_f64());
+            }
         }
-        ratios.sort_by(f64::total_cmp);
+        for r in &mut ratios {
+            r.sort_by(f64::total_cmp);
+        }
+        let [st, pt, rt] = &mut times;
         println!(
-            "| {} | {pairs} | {} | {} | **{:.2}x** |",
+            "| {} | {rounds} | {} | {} | {} | **{:.2}x** | **{:.2}x** |",
             w.name,
-            fmt_dur(median(&mut st)),
-            fmt_dur(median(&mut rt)),
-            ratios[ratios.len() / 2]
+            fmt_dur(median(st)),
+            fmt_dur(median(pt)),
+            fmt_dur(median(rt)),
+            ratios[0][ratios[0].len() / 2],
+            ratios[1][ratios[1].len() / 2]
         );
     }
     println!();

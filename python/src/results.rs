@@ -93,6 +93,8 @@ result_class! {
         chunks: u64,
         file_bytes: u64,
         allocated_bytes: u64,
+        pack_files: u64,
+        pack_bytes: u64,
         dedup_ratio: f64,
     }
 }
@@ -106,6 +108,8 @@ impl From<&ckptstore::StoreStats> for StoreStats {
             chunks: s.chunks,
             file_bytes: s.file_bytes,
             allocated_bytes: s.allocated_bytes,
+            pack_files: s.pack_files,
+            pack_bytes: s.pack_bytes,
             dedup_ratio: s.dedup_ratio(),
         }
     }

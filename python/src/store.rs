@@ -152,7 +152,8 @@ impl RawStore {
 #[pymethods]
 impl RawStore {
     #[new]
-    #[pyo3(signature = (path, read_only=false, cache_size=None, replicate_to=None, threads=None, background_threads=None))]
+    #[pyo3(signature = (path, read_only=false, cache_size=None, replicate_to=None, threads=None, background_threads=None, pack_files=false))]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn new(
         py: Python<'_>,
         path: std::path::PathBuf,
@@ -161,8 +162,9 @@ impl RawStore {
         replicate_to: Option<String>,
         threads: Option<usize>,
         background_threads: Option<usize>,
+        pack_files: bool,
     ) -> PyResult<Self> {
-        let mut options = StoreOptions::new();
+        let mut options = StoreOptions::new().pack_files(pack_files);
         if let Some(bytes) = cache_size {
             options = options.cache_size(bytes);
         }

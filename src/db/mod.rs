@@ -16,12 +16,15 @@ mod overlay;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use redb::{Database, ReadOnlyDatabase, ReadableDatabase};
 
+use crate::engine::packs::{is_missing_pack, missing_pack};
 use crate::engine::{Engine, View};
 use crate::error::StorageContext;
+use crate::format::packs::pack_dir;
 use crate::options::Settings;
 use crate::process::Owner;
 use crate::{Durability, Error, Result};
@@ -132,19 +135,44 @@ impl Db {
         f: impl FnOnce(&View) -> Result<T>,
     ) -> Result<T> {
         self.guarded(what, |state| {
-            let txn = match state {
-                State::Writable(db) | State::Recovered(db) => db.begin_read(),
-                State::ReadOnly(db) => db.begin_read(),
-                State::Closed | State::Poisoned(_) => {
-                    return Err(self.poisoned("the handle is closed"))
+            let begin = || -> Result<redb::ReadTransaction> {
+                match state {
+                    State::Writable(db) | State::Recovered(db) => db.begin_read(),
+                    State::ReadOnly(db) => db.begin_read(),
+                    State::Closed | State::Poisoned(_) => {
+                        return Err(self.poisoned("the handle is closed"))
+                    }
                 }
-            }
-            .context(what)?;
-            f(&View {
-                txn,
+                .context(what)
+            };
+            let packs = self.pack_dir();
+            let pack_fault = Arc::new(AtomicBool::new(false));
+            let result = f(&View {
+                txn: begin()?,
                 threads: self.settings().threads,
-            })
-        })
+                packs: packs.clone(),
+                pack_fault: pack_fault.clone(),
+            });
+            match (result, packs) {
+                (Err(e), Some(dir)) if is_missing_pack(&e, &dir) => {
+                    // Deleted by a writer after this read began, or lost.
+                    Ok(Err(missing_pack(e, &begin()?)?))
+                }
+                // Damage in a pack file, not in the redb file: the handle
+                // stays usable.
+                (result, _) if pack_fault.load(Ordering::Relaxed) => Ok(result),
+                (result, _) => result.map(Ok),
+            }
+        })?
+    }
+
+    /// The directory of the store's pack files; `None` for a store with
+    /// no path (a caller's backend), which keeps every chunk in redb.
+    pub(crate) fn pack_dir(&self) -> Option<PathBuf> {
+        match &self.source {
+            Source::Path(p) => Some(pack_dir(p)),
+            Source::Backend(..) => None,
+        }
     }
 
     /// Run `f` in one write transaction and commit it; abort if `f` fails.
@@ -169,14 +197,19 @@ impl Db {
             {
                 txn.set_durability(redb::Durability::None).context(what)?;
             }
-            let in_engine = || -> Result<T> {
-                let mut engine = Engine::open(&txn)?;
+            let in_engine = || -> Result<(T, Vec<PathBuf>)> {
+                let mut engine = Engine::open(&txn, self.pack_dir())?;
                 let value = f(&mut engine)?;
-                engine.finish()?;
-                Ok(value)
+                let dead = engine.finish()?;
+                Ok((value, dead))
             };
-            let value = in_engine().map_err(|e| e.within(what))?;
+            let (value, dead) = in_engine().map_err(|e| e.within(what))?;
             txn.commit().context(what)?;
+            // Best effort: a file left here is deleted at the next
+            // writable open.
+            for path in dead {
+                let _ = std::fs::remove_file(path);
+            }
             #[cfg(feature = "remote")]
             let quiet = kind == TxnKind::Memo;
             #[cfg(not(feature = "remote"))]
@@ -452,7 +485,7 @@ fn open_writable(source: &Source, options: &Settings) -> Result<State> {
                 let db = open::builder(options)
                     .create(p)
                     .map_err(|e| open::open_error(path, e))?;
-                open::prepare_writable(path, &db, options)?;
+                open::prepare_writable(path, Some(&pack_dir(p)), &db, options)?;
                 Ok(State::Writable(db))
             })
         }
@@ -465,7 +498,7 @@ fn open_writable(source: &Source, options: &Settings) -> Result<State> {
                 let db = open::builder(options)
                     .create_with_backend(backend)
                     .map_err(|e| open::open_error(path, e))?;
-                open::prepare_writable(path, &db, options)?;
+                open::prepare_writable(path, None, &db, options)?;
                 Ok(State::Writable(db))
             })
         }

@@ -1,10 +1,12 @@
 //! Opening a store's database: atomic creation, format checks, upgrade
-//! from format 1, and the clean-up of an interrupted staging.
+//! from format 1, and the clean-up of an interrupted staging and of pack
+//! files no record names.
 
 use std::path::Path;
 
 use redb::{Database, ReadOnlyDatabase, ReadableDatabase};
 
+use crate::engine::packs::{recorded_packs, sweep_unrecorded};
 use crate::engine::Engine;
 use crate::error::StorageContext;
 use crate::format::tables::{Found, META, META_STAGING, TABLES_FORMAT};
@@ -41,7 +43,30 @@ pub(crate) fn open_error(path: &Path, e: redb::DatabaseError) -> Error {
 /// Check a writable database's format and bring it to the current one:
 /// initialise an empty database, upgrade a format 1 store, delete the
 /// chunks of a staging a crash interrupted.
-pub(crate) fn prepare_writable(path: &Path, db: &Database, options: &Settings) -> Result<()> {
+pub(crate) fn prepare_writable(
+    path: &Path,
+    packs: Option<&Path>,
+    db: &Database,
+    options: &Settings,
+) -> Result<()> {
+    let what = || format!("opening {}", path.display());
+    prepare_tables(path, packs, db, options)?;
+    if let Some(dir) = packs {
+        // No other writer can be under way: what no record names was
+        // left by a transaction that did not commit, or made dead by one
+        // whose process died before deleting it.
+        let recorded = recorded_packs(&db.begin_read().context(what)?)?;
+        sweep_unrecorded(dir, &recorded)?;
+    }
+    Ok(())
+}
+
+fn prepare_tables(
+    path: &Path,
+    packs: Option<&Path>,
+    db: &Database,
+    options: &Settings,
+) -> Result<()> {
     let what = || format!("opening {}", path.display());
     let (found, staging) = {
         let txn = db.begin_read().context(what)?;
@@ -60,8 +85,9 @@ pub(crate) fn prepare_writable(path: &Path, db: &Database, options: &Settings) -
         })?,
         Found::Store(_) => {}
     }
-    let mut engine = Engine::open(&txn)?;
+    let mut engine = Engine::open(&txn, packs.map(Path::to_owned))?;
     engine.sweep_staged()?;
+    // Pack files this made dead are swept next, as unrecorded.
     engine.finish()?;
     txn.commit().context(what)
 }
@@ -108,7 +134,7 @@ pub(crate) fn create_atomically(path: &Path, options: &Settings) -> Result<()> {
         let db = builder(options)
             .create(&tmp)
             .map_err(|e| open_error(path, e))?;
-        prepare_writable(path, &db, options)?;
+        prepare_writable(path, None, &db, options)?;
         drop(db);
         std::fs::File::open(&tmp)
             .and_then(|f| f.sync_all())

@@ -6,8 +6,14 @@
 //! transaction that drops its last use. A chunk with no use is *staged*: a
 //! large commit writes its new chunks in transactions of their own first
 //! (see `store/commit.rs`), and deletes them if it does not finish.
+//! A transaction may put its new chunks' bytes in a pack file instead of
+//! `chunk_data` ([`PackTables`]); the index is the same for both.
+
+use std::path::PathBuf;
 
 use redb::{ReadableTable, Table, WriteTransaction};
+
+use super::packs::PackTables;
 
 use crate::error::StorageContext;
 use crate::format::layout::chunk_lengths;
@@ -55,6 +61,8 @@ pub(crate) struct ChunkTables<'txn> {
     legacy: Option<LegacyTables<'txn>>,
     /// The next chunk id to give out.
     pub(crate) next_id: u64,
+    /// Chunks in pack files, and the pack file this transaction writes.
+    pub(crate) packs: PackTables<'txn>,
 }
 
 struct LegacyTables<'txn> {
@@ -63,7 +71,11 @@ struct LegacyTables<'txn> {
 }
 
 impl<'txn> ChunkTables<'txn> {
-    pub(crate) fn open(txn: &'txn WriteTransaction, next_id: u64) -> Result<Self> {
+    pub(crate) fn open(
+        txn: &'txn WriteTransaction,
+        next_id: u64,
+        pack_dir: Option<PathBuf>,
+    ) -> Result<Self> {
         let ctx = || "opening the chunk tables".to_owned();
         Ok(ChunkTables {
             data: txn.open_table(CHUNK_DATA).context(ctx)?,
@@ -71,6 +83,7 @@ impl<'txn> ChunkTables<'txn> {
             txn,
             legacy: None,
             next_id,
+            packs: PackTables::new(txn, pack_dir),
         })
     }
 
@@ -208,9 +221,11 @@ impl<'txn> ChunkTables<'txn> {
     fn insert_new(&mut self, hash: &Hash, piece: &[u8], uses: u64) -> Result<u64> {
         let id = self.next_id;
         self.next_id += 1;
-        self.data
-            .insert(id, piece)
-            .context(|| format!("writing table chunk_data for chunk {}", hex(hash)))?;
+        if !self.packs.insert(id, hash, piece)? {
+            self.data
+                .insert(id, piece)
+                .context(|| format!("writing table chunk_data for chunk {}", hex(hash)))?;
+        }
         self.set_index(hash, id, uses)?;
         Ok(id)
     }
@@ -239,7 +254,10 @@ impl<'txn> ChunkTables<'txn> {
         let ctx = |table: &str| format!("writing table {table} for chunk {}", hex(hash));
         self.index.remove(hash).context(|| ctx("chunk_index"))?;
         let old = self.data.remove(id).context(|| ctx("chunk_data"))?;
-        Ok(old.map(|v| v.value().len() as u64))
+        match old {
+            Some(v) => Ok(Some(v.value().len() as u64)),
+            None => self.packs.remove(id),
+        }
     }
 
     /// Drop one use of format 1 chunk `hash`.

@@ -7,6 +7,7 @@
 
 mod chunks;
 pub(crate) mod hashing;
+pub(crate) mod packs;
 pub(crate) mod plan;
 mod read;
 mod replica;
@@ -14,6 +15,7 @@ mod verify;
 
 use std::collections::BTreeSet;
 use std::ops::RangeBounds;
+use std::path::PathBuf;
 
 use redb::{ReadableTable, Table, WriteTransaction};
 
@@ -24,11 +26,13 @@ use crate::format::summary;
 #[cfg(feature = "remote")]
 use crate::format::tables::META_STORE_ID;
 use crate::format::tables::{
-    meta_format, meta_u64, META, META_FORMAT, META_NEXT_CHUNK, META_STAGING, META_STORED_BYTES,
-    META_STORED_CHUNKS, PACKED, PINS, STEPS, SUMMARIES, TENSOR_FORMAT,
+    meta_format, meta_u64, META, META_FORMAT, META_NEXT_CHUNK, META_NEXT_PACK, META_STAGING,
+    META_STORED_BYTES, META_STORED_CHUNKS, PACKED, PACK_FORMAT, PINS, STEPS, SUMMARIES,
+    TENSOR_FORMAT,
 };
 use crate::{CommitInfo, Error, Result, Retention, StepSummary};
 use chunks::{ChunkTables, Freed};
+use packs::PackWriter;
 use plan::Plan;
 
 #[cfg(feature = "remote")]
@@ -56,8 +60,9 @@ pub(crate) struct Engine<'txn> {
 }
 
 impl<'txn> Engine<'txn> {
-    /// Open the tables of `txn`.
-    pub(crate) fn open(txn: &'txn WriteTransaction) -> Result<Self> {
+    /// Open the tables of `txn`, of a store whose pack files are in
+    /// `pack_dir` (`None` for a store with no path).
+    pub(crate) fn open(txn: &'txn WriteTransaction, pack_dir: Option<PathBuf>) -> Result<Self> {
         let ctx = || "opening the store's tables".to_owned();
         let meta = txn.open_table(META).context(ctx)?;
         let first_id = meta_u64(&meta, META_NEXT_CHUNK)?;
@@ -69,17 +74,47 @@ impl<'txn> Engine<'txn> {
             summaries: txn.open_table(SUMMARIES).context(ctx)?,
             pins: txn.open_table(PINS).context(ctx)?,
             packed: txn.open_table(PACKED).context(ctx)?,
-            chunks: ChunkTables::open(txn, first_id)?,
+            chunks: ChunkTables::open(txn, first_id, pack_dir)?,
             bytes_delta: 0,
             chunks_delta: 0,
             first_id,
         })
     }
 
-    /// Write the counters this transaction changed; the last call before
-    /// the transaction commits.
-    pub(crate) fn finish(mut self) -> Result<()> {
+    /// Put the new chunks of this transaction in a pack file of their own
+    /// rather than in `chunk_data` (a store with no path keeps them in
+    /// `chunk_data`).
+    pub(crate) fn pack_new_chunks(&mut self) -> Result<()> {
+        let Some(dir) = self.chunks.packs.dir.clone() else {
+            return Ok(());
+        };
+        let next = meta_u64(&self.meta, META_NEXT_PACK)?;
+        let id = u32::try_from(next)
+            .map_err(|_| Error::corrupt(None, format!("pack file id {next} is out of range")))?;
+        self.chunks.packs.writer = Some(PackWriter::new(&dir, id));
+        Ok(())
+    }
+
+    /// Rewrite the pack files at least half dead: their live chunks move to
+    /// this transaction's pack file; returns the files and bytes freed
+    /// (their files are deleted once the transaction commits).
+    pub(crate) fn compact_packs(&mut self) -> Result<(u64, u64)> {
+        self.pack_new_chunks()?;
+        self.chunks.packs.compact()
+    }
+
+    /// Write the counters this transaction changed and make its pack file
+    /// durable; the last call before the transaction commits. Returns the
+    /// pack files to delete once it has committed.
+    pub(crate) fn finish(mut self) -> Result<Vec<PathBuf>> {
         let ctx = || "writing table meta".to_owned();
+        if let Some(id) = self.chunks.packs.finish()? {
+            self.require_format(PACK_FORMAT)?;
+            let next = (u64::from(id) + 1).to_le_bytes();
+            self.meta
+                .insert(META_NEXT_PACK, next.as_slice())
+                .context(ctx)?;
+        }
         for (key, delta) in [
             (META_STORED_BYTES, self.bytes_delta),
             (META_STORED_CHUNKS, self.chunks_delta),
@@ -98,7 +133,7 @@ impl<'txn> Engine<'txn> {
                 .insert(META_NEXT_CHUNK, next.as_slice())
                 .context(ctx)?;
         }
-        Ok(())
+        Ok(std::mem::take(&mut self.chunks.packs.dead))
     }
 
     /// Give the store the UUID `id` (a store joining a run in a bucket).

@@ -4,6 +4,8 @@
 use std::cell::OnceCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::RangeBounds;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 use redb::{
     AccessGuard, Key, ReadOnlyTable, ReadTransaction, ReadableTable, TableDefinition, TableHandle,
@@ -11,6 +13,7 @@ use redb::{
 };
 
 use super::hashing::fill_parallel;
+use super::packs::PackReader;
 use crate::error::StorageContext;
 use crate::format::layout::{chunk_lengths, packed_slice};
 use crate::format::manifest::{
@@ -18,7 +21,7 @@ use crate::format::manifest::{
 };
 use crate::format::tables::{
     meta_u64, CHUNK_DATA, LEGACY_CHUNKS, META, META_STORED_BYTES, META_STORED_CHUNKS,
-    META_STORE_ID, PACKED, PINS, STEPS, SUMMARIES,
+    META_STORE_ID, PACKED, PACK_CHUNKS, PACK_FILES, PINS, STEPS, SUMMARIES,
 };
 use crate::{Error, GradientCheckpoint, Result, StepSummary, Tensor, TensorMut};
 
@@ -27,6 +30,11 @@ pub(crate) struct View {
     pub(crate) txn: ReadTransaction,
     /// Threads a read may copy and hash chunks on.
     pub(crate) threads: usize,
+    /// The store's pack directory; `None` for a store with no path.
+    pub(crate) packs: Option<std::path::PathBuf>,
+    /// Set when a pack file fails a check: the damage is in that file,
+    /// not in the redb file.
+    pub(crate) pack_fault: Arc<AtomicBool>,
 }
 
 impl View {
@@ -93,6 +101,21 @@ impl View {
             meta_u64(&meta, META_STORED_BYTES)?,
             meta_u64(&meta, META_STORED_CHUNKS)?,
         ))
+    }
+
+    /// The number of pack files the store records, and their bytes.
+    pub(crate) fn pack_totals(&self) -> Result<(u64, u64)> {
+        let Some(files) = self.optional(PACK_FILES)? else {
+            return Ok((0, 0));
+        };
+        let ctx = || "reading table pack_files".to_owned();
+        let (mut count, mut bytes) = (0, 0);
+        for entry in files.range::<u32>(..).context(ctx)? {
+            let (_, value) = entry.context(ctx)?;
+            count += 1;
+            bytes += value.value().0;
+        }
+        Ok((count, bytes))
     }
 
     /// The store's UUID, which names its run in a bucket.
@@ -191,6 +214,12 @@ impl View {
             chunks: ChunkSource {
                 data: self.optional(CHUNK_DATA)?,
                 legacy: self.optional(LEGACY_CHUNKS)?,
+                packs: match (&self.packs, self.optional(PACK_CHUNKS)?) {
+                    (Some(dir), Some(table)) => {
+                        Some(PackReader::new(dir.clone(), table, self.pack_fault.clone()))
+                    }
+                    _ => None,
+                },
             },
             packed_ref: packed,
             packed: OnceCell::new(),
@@ -378,27 +407,20 @@ impl StepData<'_> {
     /// The bytes of one chunk, length- and hash-checked.
     pub(crate) fn read_chunk(&self, place: &ChunkPlace) -> Result<Vec<u8>> {
         let step = self.step;
-        let corrupt =
-            |what: &str| Error::corrupt(Some(step), format!("chunk {} {what}", hex(&place.hash)));
-        let chunk = self
-            .chunks
-            .get(step, &place.hash, place.at)?
-            .ok_or_else(|| corrupt("is missing"))?;
-        let bytes = chunk.value();
-        if bytes.len() != place.len {
-            return Err(corrupt("has the wrong length"));
-        }
-        if blake3::hash(bytes).as_bytes() != &place.hash {
-            return Err(corrupt("fails its hash check"));
-        }
-        Ok(bytes.to_vec())
+        let fault =
+            |what: String| Error::corrupt(Some(step), format!("chunk {} {what}", hex(&place.hash)));
+        let mut out = vec![0u8; place.len];
+        self.chunks.fill(&place.hash, place.at, &mut out, &fault)?;
+        Ok(out)
     }
 }
 
-/// Where chunks are read from: by id, or (format 1) by hash.
+/// Where chunks are read from: by id (from `chunk_data` or a pack file),
+/// or (format 1) by hash.
 struct ChunkSource {
     data: Option<ReadOnlyTable<u64, &'static [u8]>>,
     legacy: Option<ReadOnlyTable<&'static [u8; 32], &'static [u8]>>,
+    packs: Option<PackReader>,
 }
 
 /// Where one chunk of a blob is.
@@ -409,18 +431,58 @@ enum ChunkAt {
 }
 
 impl ChunkSource {
-    fn get(
-        &self,
-        step: u64,
-        hash: &Hash,
-        at: ChunkAt,
-    ) -> Result<Option<AccessGuard<'_, &'static [u8]>>> {
-        let ctx = || format!("reading chunk {} of step {step}", hex(hash));
+    fn get(&self, hash: &Hash, at: ChunkAt) -> Result<Option<AccessGuard<'_, &'static [u8]>>> {
+        let ctx = || format!("reading chunk {}", hex(hash));
         match (at, &self.data, &self.legacy) {
             (ChunkAt::Id(id), Some(data), _) => data.get(id).context(ctx),
             (ChunkAt::Hash, _, Some(legacy)) => legacy.get(hash).context(ctx),
             _ => Ok(None),
         }
+    }
+
+    /// Fill `out` with chunk `hash`, stored at `at`, checked against its
+    /// length and hash before (redb) or as (pack file) it lands: wrong
+    /// bytes never stay in `out`. `fault` words an integrity failure.
+    fn fill(
+        &self,
+        hash: &Hash,
+        at: ChunkAt,
+        out: &mut [u8],
+        fault: &dyn Fn(String) -> Error,
+    ) -> Result<()> {
+        if let Some(chunk) = self.get(hash, at)? {
+            let bytes = chunk.value();
+            if bytes.len() != out.len() {
+                return Err(fault(format!(
+                    "has {} bytes, expected {}",
+                    bytes.len(),
+                    out.len()
+                )));
+            }
+            if blake3::hash(bytes).as_bytes() != hash {
+                return Err(fault("fails its hash check".to_owned()));
+            }
+            out.copy_from_slice(bytes);
+            return Ok(());
+        }
+        let loc = match (at, &self.packs) {
+            (ChunkAt::Id(id), Some(packs)) => packs.loc(id)?,
+            _ => None,
+        };
+        let Some(loc) = loc else {
+            return Err(fault("is missing".to_owned()));
+        };
+        if loc.hash != *hash || loc.len as usize != out.len() {
+            return Err(fault(format!(
+                "is recorded in pack file {} as {} bytes with hash {}",
+                loc.pack,
+                loc.len,
+                hex(&loc.hash)
+            )));
+        }
+        self.packs
+            .as_ref()
+            .map_or(Ok(()), |p| p.read_into(&loc, out, fault))
     }
 }
 
@@ -463,23 +525,7 @@ fn fill_blob(
     }
     fill_parallel(pieces, threads, &|i, piece| {
         let (hash, at) = &refs[i];
-        let chunk_error =
-            |what: String| corrupt(format!("chunk {} of blob {name:?} {what}", hex(hash)));
-        let chunk = chunks
-            .get(step, hash, *at)?
-            .ok_or_else(|| chunk_error("is missing".to_owned()))?;
-        let bytes = chunk.value();
-        if bytes.len() != piece.len() {
-            return Err(chunk_error(format!(
-                "has {} bytes, expected {}",
-                bytes.len(),
-                piece.len()
-            )));
-        }
-        if blake3::hash(bytes).as_bytes() != hash {
-            return Err(chunk_error("fails its hash check".to_owned()));
-        }
-        piece.copy_from_slice(bytes);
-        Ok(())
+        let fault = |what: String| corrupt(format!("chunk {} of blob {name:?} {what}", hex(hash)));
+        chunks.fill(hash, *at, piece, &fault)
     })
 }

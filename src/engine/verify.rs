@@ -5,9 +5,10 @@ use std::collections::HashMap;
 
 use crate::error::StorageContext;
 use crate::format::manifest::{decode_manifest, hex, ChunkUse, Hash};
+use crate::format::packs::{pack_name, PackLoc};
 use crate::format::tables::{
     meta_u64, CHUNK_DATA, CHUNK_INDEX, LEGACY_CHUNKS, LEGACY_REFS, META, META_STORED_BYTES,
-    META_STORED_CHUNKS, PACKED,
+    META_STORED_CHUNKS, PACKED, PACK_CHUNKS, PACK_FILES,
 };
 use crate::{Result, VerifyReport};
 
@@ -69,7 +70,7 @@ impl View {
         if report.damaged.is_empty() {
             (report.accounting, report.staged_chunks) = self.check_accounting(expected)?;
         }
-        Ok(())
+        self.pack_structure(report)
     }
 
     /// Compare the chunk index, the chunks and the counters with what the
@@ -155,8 +156,8 @@ impl View {
         Ok((indexed, staged_chunks))
     }
 
-    /// Check `chunk_data` against the index; returns the bytes and chunks
-    /// held by chunks in use.
+    /// Check `chunk_data` and the pack files against the index; returns
+    /// the bytes and chunks held by chunks in use.
     fn check_chunk_data(
         &self,
         mut indexed: HashMap<u64, (Hash, bool)>,
@@ -179,13 +180,122 @@ impl View {
                 }
             }
         }
+        let (pack_bytes, pack_count) = self.check_packs(&mut indexed, problems)?;
         for (id, (hash, _)) in indexed {
             problems.push(format!(
                 "chunk {} (id {id}) is indexed but not stored",
                 hex(&hash)
             ));
         }
+        Ok((bytes + pack_bytes, count + pack_count))
+    }
+
+    /// Check `pack_chunks` against the index (taking the chunks it holds
+    /// out of `indexed`) and `pack_files` against both and the files on
+    /// disk; returns the bytes and chunks held by pack chunks in use.
+    fn check_packs(
+        &self,
+        indexed: &mut HashMap<u64, (Hash, bool)>,
+        problems: &mut Vec<String>,
+    ) -> Result<(u64, u64)> {
+        let (mut bytes, mut count) = (0, 0);
+        let Some(chunks) = self.optional(PACK_CHUNKS)? else {
+            return Ok((0, 0));
+        };
+        // Pack file -> (bytes of live chunks, end of the last chunk).
+        let mut packs: HashMap<u32, (u64, u64)> = HashMap::new();
+        let ctx = || "reading table pack_chunks".to_owned();
+        for entry in chunks.range::<u64>(..).context(ctx)? {
+            let (id, value) = entry.context(ctx)?;
+            let id = id.value();
+            let loc = PackLoc::decode(id, value.value())?;
+            let pack = packs.entry(loc.pack).or_default();
+            pack.0 += u64::from(loc.len);
+            pack.1 = pack.1.max(loc.end());
+            match indexed.remove(&id) {
+                Some((hash, staged)) => {
+                    if hash != loc.hash {
+                        problems.push(format!(
+                            "chunk id {id} is indexed as {} and packed as {}",
+                            hex(&hash),
+                            hex(&loc.hash)
+                        ));
+                    }
+                    if !staged {
+                        bytes += u64::from(loc.len);
+                        count += 1;
+                    }
+                }
+                None => problems.push(format!("chunk id {id} is packed but not indexed")),
+            }
+        }
+        let ctx = || "reading table pack_files".to_owned();
+        let mut recorded = HashMap::new();
+        if let Some(files) = self.optional(PACK_FILES)? {
+            for entry in files.range::<u32>(..).context(ctx)? {
+                let (pack, value) = entry.context(ctx)?;
+                recorded.insert(pack.value(), value.value());
+            }
+        }
+        for (pack, (live, end)) in &packs {
+            let name = pack_name(*pack);
+            match recorded.remove(pack) {
+                None => problems.push(format!("pack file {name} holds chunks but is not recorded")),
+                Some((len, recorded_live)) => {
+                    if recorded_live != *live || *end > len {
+                        problems.push(format!(
+                            "pack file {name} is recorded with {recorded_live} live bytes of \
+                             {len}; its chunks hold {live} and end at {end}"
+                        ));
+                    }
+                    self.check_pack_file(*pack, len, problems);
+                }
+            }
+        }
+        for pack in recorded.keys() {
+            problems.push(format!(
+                "pack file {} is recorded but holds no chunk",
+                pack_name(*pack)
+            ));
+        }
         Ok((bytes, count))
+    }
+
+    /// The recorded pack files, their bytes, and the files no record names.
+    fn pack_structure(&self, report: &mut VerifyReport) -> Result<()> {
+        let mut recorded = Vec::new();
+        if let Some(files) = self.optional(PACK_FILES)? {
+            let ctx = || "reading table pack_files".to_owned();
+            for entry in files.range::<u32>(..).context(ctx)? {
+                let (id, value) = entry.context(ctx)?;
+                let (len, live) = value.value();
+                recorded.push(id.value());
+                report.pack_bytes += len;
+                report.pack_live_bytes += live;
+            }
+        }
+        report.pack_files = recorded.len() as u64;
+        if let Some(dir) = &self.packs {
+            report.stray_pack_files = super::packs::unrecorded(dir, &recorded)?.len() as u64;
+        }
+        Ok(())
+    }
+
+    /// Check that pack file `pack` is at least `len` bytes long.
+    fn check_pack_file(&self, pack: u32, len: u64, problems: &mut Vec<String>) {
+        let Some(dir) = &self.packs else {
+            return;
+        };
+        let path = dir.join(pack_name(pack));
+        match std::fs::metadata(&path) {
+            Ok(m) if m.len() >= len => {}
+            Ok(m) => problems.push(format!(
+                "pack file {} is {} bytes, its record says {len}",
+                path.display(),
+                m.len()
+            )),
+            Err(e) => problems.push(format!("pack file {}: {e}", path.display())),
+        }
     }
 
     /// Check format 1's chunks and counts; returns the bytes and chunks

@@ -6,6 +6,8 @@
 //! | `meta`        | `&str -> &[u8]`             | format version, store id, counters           |
 //! | `steps`       | `u64 -> &[u8]`              | a step's manifest ([`manifest`])             |
 //! | `chunk_data`  | `u64 -> &[u8]`              | chunk bytes by chunk id (ascending)          |
+//! | `pack_chunks` | `u64 -> &[u8]`              | chunk id -> place in a pack file ([`packs`])  |
+//! | `pack_files`  | `u32 -> (u64, u64)`         | pack file id -> (length, live bytes)         |
 //! | `chunk_index` | `[u8; 32] -> (u64, u64)`    | BLAKE3 hash -> (chunk id, uses)              |
 //! | `summaries`   | `u64 -> &[u8]`              | per step: time, metrics, sizes ([`summary`]) |
 //! | `pins`        | `u64 -> ()`                 | steps retention and removal must not delete  |
@@ -24,6 +26,7 @@ mod codec;
 pub(crate) mod layout;
 pub(crate) mod manifest;
 mod manifest_v1;
+pub(crate) mod packs;
 mod step;
 pub(crate) mod summary;
 pub(crate) mod tables;

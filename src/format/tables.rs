@@ -9,7 +9,7 @@ use crate::error::StorageContext;
 use crate::{Error, Result};
 
 /// The newest store and manifest format this build reads.
-pub(crate) const FORMAT_VERSION: u32 = 4;
+pub(crate) const FORMAT_VERSION: u32 = 5;
 /// The format of a store's tables (chunks by id): what a new store is and
 /// what a format 1 store is upgraded to when opened for writing.
 pub(crate) const TABLES_FORMAT: u32 = 2;
@@ -21,6 +21,9 @@ pub(crate) const TENSOR_FORMAT: u32 = 3;
 /// without forgetting that its old content was replicated.
 #[cfg_attr(not(feature = "remote"), allow(dead_code))]
 pub(crate) const REPLICA_FORMAT: u32 = 4;
+/// The format a store is marked with by its first pack file
+/// ([`super::packs`]): older builds would find the chunks in it missing.
+pub(crate) const PACK_FORMAT: u32 = 5;
 
 /// Store-wide facts and counters, under the `META_*` keys below.
 pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
@@ -34,6 +37,11 @@ pub(crate) const CHUNK_DATA: TableDefinition<u64, &[u8]> = TableDefinition::new(
 /// index, with small entries only. A chunk with 0 uses is staged.
 pub(crate) const CHUNK_INDEX: TableDefinition<&[u8; 32], (u64, u64)> =
     TableDefinition::new("chunk_index");
+/// Chunk id -> where the chunk's bytes are in a pack file (an encoded
+/// [`PackLoc`](super::packs::PackLoc)), for chunks not in `chunk_data`.
+pub(crate) const PACK_CHUNKS: TableDefinition<u64, &[u8]> = TableDefinition::new("pack_chunks");
+/// Pack file id -> (its length, the bytes of it live chunks use).
+pub(crate) const PACK_FILES: TableDefinition<u32, (u64, u64)> = TableDefinition::new("pack_files");
 /// Step number -> summary record ([`super::summary`]): what listings,
 /// retention and metric queries read instead of whole manifests.
 pub(crate) const SUMMARIES: TableDefinition<u64, &[u8]> = TableDefinition::new("summaries");
@@ -83,6 +91,8 @@ pub(crate) const META_STORED_BYTES: &str = "stored_bytes";
 pub(crate) const META_STORED_CHUNKS: &str = "stored_chunks";
 /// `meta`: the next chunk id to give out (u64, little endian).
 pub(crate) const META_NEXT_CHUNK: &str = "next_chunk_id";
+/// `meta`: the next pack file id to give out (u64, little endian).
+pub(crate) const META_NEXT_PACK: &str = "next_pack_id";
 /// `meta`: present while a commit stages chunks; a writable open that finds
 /// it deletes the staged chunks (an interrupted commit's).
 pub(crate) const META_STAGING: &str = "staging";

@@ -150,8 +150,11 @@ pub(crate) fn put(
         Caller::Foreground => db.settings().threads,
         Caller::Background => db.settings().background_threads,
     };
+    // With pack files, a large commit's chunks never enter redb's pages:
+    // no staging is needed.
+    let packs = db.settings().packs(plan.chunk_bytes());
     let mut info = with_hashes(&plan.pieces, threads, |hashes| {
-        if plan.chunk_bytes() > stage_above {
+        if plan.chunk_bytes() > stage_above && !packs {
             commit_staged(db, &plan, replace, hashes, stage_above)
         } else {
             commit_once(db, &plan, replace, hashes, false)
@@ -173,7 +176,11 @@ fn commit_once(
     let step = plan.step();
     let what = || format!("committing step {step}");
     let policy = &db.settings().retention;
+    let packs = db.settings().packs(plan.chunk_bytes());
     db.write("commit", &what, TxnKind::Whole, |engine| {
+        if packs {
+            engine.pack_new_chunks()?;
+        }
         let info = engine.put(plan, hashes, replace, policy)?;
         if staged {
             engine.end_staging()?;
@@ -238,9 +245,13 @@ fn stage(
             n += 1;
         }
         let (part, tail) = rest.split_at(n);
+        let packs = db.settings().packs(bytes);
         db.write("commit", &what, TxnKind::Part, |engine| {
             if first && engine.has_step(step)? {
                 return Err(crate::Error::StepExists { step });
+            }
+            if packs {
+                engine.pack_new_chunks()?;
             }
             engine.stage(part, hashes, staged)
         })?;

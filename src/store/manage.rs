@@ -180,15 +180,26 @@ impl CheckpointStore {
         })
     }
 
-    /// Hand the file's free space back to the filesystem (redb compaction).
-    /// Returns whether anything was compacted.
+    /// Hand the file's free space back to the filesystem (redb compaction),
+    /// after rewriting the pack files that are at least half dead (their
+    /// live chunks move to a new pack file, each hash-checked, in one
+    /// transaction; the old files are deleted after it commits). Returns
+    /// whether anything was compacted.
     ///
     /// # Errors
+    /// [`Error::Corrupt`] if a chunk to move fails its hash check (nothing
+    /// is moved);
     /// [`Error::Busy`] while a read is in progress, in this process or in
     /// another one that has the store open read-only (a `ckpt` command, an
     /// evaluation job): redb can only move pages that no reader can see.
     /// Try again when the readers are done (`ckpt compact --wait SECS` does).
     pub fn compact(&self) -> Result<bool> {
-        self.db.compact()
+        let what = || format!("compacting the pack files of {}", self.path().display());
+        // The method path is not general over the transaction's lifetime.
+        #[allow(clippy::redundant_closure_for_method_calls)]
+        let (packs, _) = self
+            .db
+            .write("compact", &what, TxnKind::Whole, |e| e.compact_packs())?;
+        Ok(self.db.compact()? || packs > 0)
     }
 }

@@ -207,6 +207,9 @@ impl std::fmt::Debug for CheckpointStore {
 }
 
 #[cfg(test)]
+mod pack_faults;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -124,6 +124,33 @@ impl StoreOptions {
         self
     }
 
+    /// Keep the chunks of large commits in pack files beside the store
+    /// rather than in its redb file (default `false`, while pack files are
+    /// new). A commit (or a staged part of one) with at least
+    /// [`pack_threshold`](Self::pack_threshold) bytes of chunks writes
+    /// its new chunks into a pack file of its own, from the caller's
+    /// memory, fsyncs it, and then records where each chunk is in the one
+    /// transaction that commits the step; reads copy each chunk from the
+    /// pack file straight into its place. The store at `run.ckpt` keeps its
+    /// pack files in `run.ckpt.packs/`: copy, move or remove the two
+    /// together. A pack file is deleted when the last step using its
+    /// chunks goes; [`CheckpointStore::compact`] rewrites pack files that
+    /// are mostly dead. A store that has pack files is read by this option
+    /// or without it (and not by ckptstore 0.3). docs/design.md has the
+    /// layout and the measurements behind it.
+    pub fn pack_files(mut self, enabled: bool) -> Self {
+        self.settings.pack_files = enabled;
+        self
+    }
+
+    /// Bytes of chunks from which a commit uses a pack file when
+    /// [`pack_files`](Self::pack_files) is set (default
+    /// [`DEFAULT_PACK_THRESHOLD`](crate::DEFAULT_PACK_THRESHOLD), 4 MiB).
+    pub fn pack_threshold(mut self, bytes: usize) -> Self {
+        self.settings.pack_threshold = bytes;
+        self
+    }
+
     /// A retention policy applied in the transaction of every commit: the
     /// steps it does not keep are deleted with the commit, atomically
     /// (default: keep everything). See also

@@ -321,9 +321,10 @@ impl CheckpointStore {
     /// ```
     pub fn stats(&self) -> Result<StoreStats> {
         let what = || "reading store statistics".to_owned();
-        let (summaries, (stored_bytes, chunks)) = self
-            .db
-            .read(&what, |view| Ok((view.summaries(..)?, view.counters()?)))?;
+        let (summaries, (stored_bytes, chunks), (pack_files, pack_bytes)) =
+            self.db.read(&what, |view| {
+                Ok((view.summaries(..)?, view.counters()?, view.pack_totals()?))
+            })?;
         Ok(StoreStats {
             allocated_bytes: self.db.allocated_bytes()?,
             steps: summaries.len() as u64,
@@ -331,6 +332,8 @@ impl CheckpointStore {
             stored_bytes,
             chunks,
             file_bytes: std::fs::metadata(self.path()).map_or(0, |m| m.len()),
+            pack_files,
+            pack_bytes,
         })
     }
 

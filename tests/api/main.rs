@@ -14,6 +14,7 @@ mod duplicate_step_is_refused;
 mod graph_model;
 mod large_commits_stage_their_chunks;
 mod latest_and_listing;
+mod pack_files;
 mod read_only_open;
 mod remove_and_rollback;
 mod retention_policies;

@@ -119,3 +119,20 @@ pub fn dir_names(dir: &std::path::Path) -> std::io::Result<Vec<String>> {
     names.sort();
     Ok(names)
 }
+
+/// The pack directory of the store at `store` (`run.ckpt.packs`).
+pub fn pack_dir(store: &std::path::Path) -> std::path::PathBuf {
+    let mut dir = store.as_os_str().to_owned();
+    dir.push(".packs");
+    dir.into()
+}
+
+/// The pack files of the store at `store`, by name.
+pub fn pack_files(store: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files: Vec<std::path::PathBuf> = std::fs::read_dir(pack_dir(store))
+        .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
+        .unwrap_or_default();
+    files.retain(|p| p.extension().is_some_and(|e| e == "pack"));
+    files.sort();
+    files
+}

@@ -124,3 +124,53 @@ fn another_process_reads_while_this_one_commits() -> Result {
     }
     Ok(())
 }
+
+/// With pack files and a retention that keeps one step, every commit
+/// deletes the previous step's pack file, often while a reader is reading
+/// that step: each read returns the whole step, or none, or
+/// `Error::ReadInterrupted` (read again) — never damaged data or a
+/// corrupt-data error.
+#[test]
+fn reads_racing_with_pack_file_deletion_are_whole_or_told_to_retry() -> Result {
+    use ckptstore::{ComputationGraphStore, Error, GradientCheckpoint, Retention, StoreOptions};
+    let big = |step: u64| {
+        let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), step);
+        c.timestamp = 1_750_000_000 + step;
+        c.set_optimizer_state("w", common::bytes(step, 6 << 20));
+        c
+    };
+    let dir = tempfile::tempdir()?;
+    let store = Arc::new(
+        StoreOptions::new()
+            .pack_files(true)
+            .pack_threshold(1 << 20)
+            .retention(Retention::new().keep_last(1))
+            .open(dir.path().join("run.ckpt"))?,
+    );
+    let done = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let (store, done) = (store.clone(), done.clone());
+        std::thread::spawn(move || -> std::result::Result<(u64, u64), String> {
+            let (mut whole, mut interrupted) = (0, 0);
+            while !done.load(Ordering::SeqCst) {
+                match store.latest() {
+                    Ok(Some(c)) if c == big(c.step) => whole += 1,
+                    Ok(Some(c)) => return Err(format!("step {} read back wrong", c.step)),
+                    Ok(None) => {}
+                    Err(Error::ReadInterrupted { .. }) => interrupted += 1,
+                    Err(e) => return Err(e.to_string()),
+                }
+            }
+            Ok((whole, interrupted))
+        })
+    };
+    for step in 0..60 {
+        store.commit(&big(step))?;
+    }
+    done.store(true, Ordering::SeqCst);
+    let (whole, interrupted) = reader.join().map_err(|_| "reader panicked")??;
+    println!("{whole} whole reads, {interrupted} told to read again");
+    assert!(whole > 0, "the reader never read a step");
+    assert_eq!(common::pack_files(&dir.path().join("run.ckpt")).len(), 1);
+    Ok(())
+}

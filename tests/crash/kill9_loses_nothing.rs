@@ -12,7 +12,9 @@
 //! with a 1 MiB cache, so that nearly every commit stages its chunks in
 //! transactions of their own before the one that makes the step (a kill
 //! between them must leave no step and, after the next writable open, no
-//! staged chunk).
+//! staged chunk). And with pack files: a kill between a pack file's write
+//! and the commit that records it must leave no step, and the next
+//! writable open deletes the file.
 
 use crate::common;
 
@@ -29,6 +31,7 @@ type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
 const STORE_VAR: &str = "CKPT_KILL_STORE";
 const ASYNC_VAR: &str = "CKPT_KILL_ASYNC";
 const CACHE_VAR: &str = "CKPT_KILL_CACHE";
+const PACK_VAR: &str = "CKPT_KILL_PACKS";
 
 /// The writer: runs only as a child of the test below.
 #[test]
@@ -38,6 +41,9 @@ fn writer_child() -> Result {
     let mut options = StoreOptions::new();
     if let Some(cache) = std::env::var(CACHE_VAR).ok().and_then(|c| c.parse().ok()) {
         options = options.cache_size(cache);
+    }
+    if std::env::var_os(PACK_VAR).is_some() {
+        options = options.pack_files(true).pack_threshold(256 << 10);
     }
     let store = options.open(Path::new(&path))?;
     let mut step = store.latest_step()?.map_or(0, |s| s + 1);
@@ -79,12 +85,19 @@ fn kill9_during_staged_commits_loses_no_acknowledged_step() -> Result {
     kill_loop(Mode::Staged, common::trials(30, 1_000), 0x0057_A6ED)
 }
 
+#[test]
+fn kill9_during_commits_to_pack_files_loses_no_acknowledged_step() -> Result {
+    kill_loop(Mode::Packed, common::trials(30, 1_000), 0x0BAC_CEDF)
+}
+
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Mode {
     Commit,
     Async,
     /// `commit` with a 1 MiB cache: commits over 256 KiB stage their chunks.
     Staged,
+    /// `commit` with pack files for commits over 256 KiB.
+    Packed,
 }
 
 /// Kill the writer `kills` times, on a fresh store every 50 kills (a crash
@@ -101,6 +114,7 @@ fn kill_loop(mode: Mode, kills: usize, seed: u64) -> Result {
         let path = dir.path().join(format!("crash{epoch}.ckpt"));
         let (s, f, g) = kill_epoch(mode, n, &mut rng, &path)?;
         std::fs::remove_file(&path)?;
+        let _ = std::fs::remove_dir_all(common::pack_dir(&path));
         steps += s;
         in_flight += f;
         staged += g;
@@ -110,11 +124,11 @@ fn kill_loop(mode: Mode, kills: usize, seed: u64) -> Result {
     println!(
         "{mode:?}: {kills} kills, {steps} steps acknowledged and intact, \
          {in_flight} kills left in-flight steps committed, {staged} kills struck \
-         a commit staging chunks (deleted by the next writable open)"
+         a commit staging chunks or writing a pack file (deleted by the next writable open)"
     );
     assert!(
-        mode != Mode::Staged || staged > 0,
-        "no kill landed in a staged commit: the test tests nothing"
+        !matches!(mode, Mode::Staged | Mode::Packed) || staged > 0,
+        "no kill landed in a staged commit or a pack file's write: the test tests nothing"
     );
     Ok(())
 }
@@ -142,7 +156,9 @@ fn kill_epoch(
         .env(STORE_VAR, path)
         .stdout(Stdio::piped())
         .stderr(Stdio::null());
-        cmd.env_remove(ASYNC_VAR).env_remove(CACHE_VAR);
+        cmd.env_remove(ASYNC_VAR)
+            .env_remove(CACHE_VAR)
+            .env_remove(PACK_VAR);
         match mode {
             Mode::Commit => {}
             Mode::Async => {
@@ -150,6 +166,9 @@ fn kill_epoch(
             }
             Mode::Staged => {
                 cmd.env(CACHE_VAR, (1u32 << 20).to_string());
+            }
+            Mode::Packed => {
+                cmd.env(PACK_VAR, "1");
             }
         }
         let mut child = cmd.spawn()?;
@@ -185,7 +204,13 @@ fn kill_epoch(
             // open below must delete them (checked by verify at the end).
             staged_found += 1;
         }
+        let packs_before = common::pack_files(path).len();
         let store = CheckpointStore::open(path)?;
+        if common::pack_files(path).len() < packs_before {
+            // The kill struck between a pack file's write and its commit:
+            // the writable open deleted the file no record names.
+            staged_found += 1;
+        }
         let steps = store.steps()?;
         let expected_next = acknowledged.last().map_or(0, |s| s + 1);
         let in_flight_max = if mode == Mode::Async { 3 } else { 1 };
@@ -237,10 +262,20 @@ fn kill_epoch(
         report.damaged
     );
     assert_eq!(report.steps_ok as usize, acknowledged.len());
-    // The writable open above deleted whatever a killed commit had staged.
+    // The writable open above deleted whatever a killed commit had staged
+    // or left in a pack file no record names.
     assert_eq!(
         report.staged_chunks, 0,
         "staged chunks survived a writable open"
+    );
+    assert_eq!(
+        common::pack_files(path).len() as u64,
+        report.pack_files,
+        "pack files no record names survived a writable open"
+    );
+    assert!(
+        mode != Mode::Packed || report.pack_files > 0,
+        "nothing was packed"
     );
     assert!(
         acknowledged.len() >= kills / 5,

@@ -7,6 +7,7 @@ mod common;
 
 mod concurrent_readers;
 mod damaged_files_never_lie;
+mod damaged_pack_files;
 mod io_errors_are_recovered;
 mod kill9_loses_nothing;
 mod power_cut_loses_nothing;

@@ -232,3 +232,31 @@ def test_load_into_fills_matching_arrays_in_place(tmp_path):
         with pytest.raises(ValueError, match="share memory"):
             store.load(1, into={"b": both[:4], "w2": both[2:6]})
         assert store.load(9, into={"w": into_w}) is None
+
+
+def test_pack_files_hold_large_saves_and_damage_is_caught(tmp_path):
+    path = tmp_path / "run.ckpt"
+    big = np.arange(2 << 20, dtype=np.float32)  # 8 MiB: above the 4 MiB threshold
+    with ckptstore.open(path, pack_files=True) as store:
+        store.save(1, {"w": big, "small": np.zeros(3)})
+        store.save(2, {"w": big + 1})
+        stats = store.stats()
+        assert stats["pack_files"] == 2 and stats["pack_bytes"] == 2 * big.nbytes
+        assert os.path.getsize(path) < big.nbytes  # the chunks are not in the redb file
+        out = np.empty_like(big)
+        store.load(2, into={"w": out})
+        assert np.array_equal(out, big + 1)
+    packs = sorted(os.listdir(f"{path}.packs"))
+    assert packs == ["00000000.pack", "00000001.pack"]
+    # Read without the option; a flipped byte fails the load of its step only.
+    with open(os.path.join(f"{path}.packs", packs[1]), "r+b") as f:
+        f.seek(12345)
+        b = f.read(1)
+        f.seek(12345)
+        f.write(bytes([b[0] ^ 1]))
+    with ckptstore.open(path, read_only=True) as store:
+        assert np.array_equal(store.load(1).tensors["w"], big)
+        with pytest.raises(ckptstore.CorruptError, match="00000001.pack"):
+            store.load(2)
+        report = store.verify()
+        assert not report.ok and report.damaged == [2]

@@ -5,7 +5,8 @@ with AdamW moments, ~--mib MiB of --dtype), in one run, each contender
 once per round in an order that rotates every round, --reps rounds,
 medians with their spread (min-max):
 
-- save: `ckptstore.torch.save` against torch.save, safetensors'
+- save: `ckptstore.torch.save` (chunks in the redb file, and with
+  `pack_files=True`) against torch.save, safetensors'
   save_file and DCP's FileSystemWriter (no_dist), each followed by fsync,
   and a raw write+fsync of the same bytes; each into a new file, store or
   directory, each from a synced disk (`os.sync()` first);
@@ -110,7 +111,7 @@ class Contenders:
     def __init__(self, model, opt, workdir, dtype):
         self.model, self.opt, self.dir, self.dtype = model, opt, workdir, dtype
         self.state = flat(model, opt)
-        self.store = None
+        self.stores = []
         self.n = 0
 
     def _fresh(self, name):
@@ -120,19 +121,24 @@ class Contenders:
     def tidy(self):
         """Untimed, before each save: close the store saved into, keep only
         the newest file of each contender, sync the disk."""
-        if self.store is not None:
-            self.store.close()
-            self.store = None
-        for prefix in ("pt-", "st-", "dcp-", "raw-", "ckpt-"):
+        for store in self.stores:
+            store.close()
+        self.stores = []
+        for prefix in ("pt-", "st-", "dcp-", "raw-", "ckpt-", "ckptp-"):
             self.newest(prefix)
         os.sync()
 
     def newest(self, prefix):
-        """The newest file of a contender, the others removed."""
-        old = sorted((p for p in os.listdir(self.dir) if p.startswith(prefix)), key=lambda p: int(p.split("-")[-1]))
+        """The newest file of a contender, the others removed (a store's
+        pack directory with it)."""
+        old = sorted((p for p in os.listdir(self.dir) if p.startswith(prefix) and p[len(prefix):].isdigit()),
+                     key=lambda p: int(p[len(prefix):]))
         for p in old[:-1]:
-            full = os.path.join(self.dir, p)
-            shutil.rmtree(full) if os.path.isdir(full) else os.remove(full)
+            for full in (os.path.join(self.dir, p), os.path.join(self.dir, p + ".packs")):
+                if os.path.isdir(full):
+                    shutil.rmtree(full)
+                elif os.path.exists(full):
+                    os.remove(full)
         return os.path.join(self.dir, old[-1]) if old else None
 
     def saves(self):
@@ -164,11 +170,13 @@ class Contenders:
                 os.fsync(f.fileno())
             fsync_path(path)
 
-        def ct_save():
-            self.store = ckptstore.open(self._fresh("ckpt"))
-            ct.save(self.store, 1, model=self.model, optimizer=self.opt)
+        def ct_save(name="ckpt", pack_files=False):
+            store = ckptstore.open(self._fresh(name), pack_files=pack_files)
+            self.stores.append(store)
+            ct.save(store, 1, model=self.model, optimizer=self.opt)
 
-        return {"ckptstore": ct_save, "torch.save": torch_save, "safetensors": st_save,
+        return {"ckptstore": ct_save, "ckptstore, pack files": lambda: ct_save("ckptp", True),
+                "torch.save": torch_save, "safetensors": st_save,
                 "DCP FileSystem": dcp_save, "raw write+fsync": raw_save}
 
     def loads(self):
@@ -176,8 +184,9 @@ class Contenders:
         from safetensors.torch import load_file
 
         self.tidy()
-        paths = {k: self.newest(k + "-") for k in ("pt", "st", "dcp", "raw", "ckpt")}
+        paths = {k: self.newest(k + "-") for k in ("pt", "st", "dcp", "raw", "ckpt", "ckptp")}
         store = ckptstore.open(paths["ckpt"], read_only=True)
+        packed = ckptstore.open(paths["ckptp"], read_only=True)
         model, opt = self.model, self.opt
 
         def torch_load():
@@ -197,12 +206,13 @@ class Contenders:
                 for t in self.state.values():
                     f.readinto(t.reshape(-1).view(torch.uint8).numpy().data)
 
-        def ct_load():
+        def ct_load(store=store):
             ct.load(store, model=model, optimizer=opt)
 
-        fns = {"ckptstore": ct_load, "torch.load": torch_load, "safetensors": st_load,
+        fns = {"ckptstore": ct_load, "ckptstore, pack files": lambda: ct_load(packed),
+               "torch.load": torch_load, "safetensors": st_load,
                "DCP FileSystem": dcp_load, "raw read": raw_load}
-        return fns, store
+        return fns, [store, packed]
 
 
 def row(kind, name, secs, ours, mib):
@@ -219,7 +229,7 @@ def run(dtype, total_mib, reps, workdir):
     out = [f"### {dtype}: {mib:.0f} MiB of state, {reps} rounds", "",
            "| operation | seconds: median (min-max) | MiB/s | ratio: theirs / ckptstore |", "|---|---|---|---|"]
     results = [("save", rounds(reps, c.saves(), before=c.tidy))]
-    fns, store = c.loads()
+    fns, stores = c.loads()
     for f in fns.values():
         f()  # warm the page cache with every file
     results.append(("load, warm", rounds(reps, fns)))
@@ -229,7 +239,8 @@ def run(dtype, total_mib, reps, workdir):
         out += [row(kind, name, secs, times["ckptstore"], mib) for name, secs in times.items()]
     if not can_drop_caches():
         out += ["", "Cold-cache loads skipped: dropping the page cache needs root."]
-    store.close()
+    for store in stores:
+        store.close()
 
     # 90% unchanged: change the weights and moments of a tenth of the layers.
     layers = [m for m in model if isinstance(m, torch.nn.Linear)]

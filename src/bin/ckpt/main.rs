@@ -313,6 +313,21 @@ fn verify(store: &Path, pages: bool) -> Result<ExitCode> {
             report.staged_chunks
         );
     }
+    if report.pack_files > 0 || report.stray_pack_files > 0 {
+        println!(
+            "{} pack files, {} ({} live){}",
+            report.pack_files,
+            output::bytes(report.pack_bytes),
+            output::bytes(report.pack_live_bytes),
+            match report.stray_pack_files {
+                0 => String::new(),
+                n => format!(
+                    "; {n} files no record names (left by a failed commit; \
+                     the next writable open deletes them)"
+                ),
+            }
+        );
+    }
     if !report.is_ok() || !pages_ok {
         return Ok(ExitCode::from(EXIT_DAMAGED));
     }

@@ -210,6 +210,13 @@ pub fn stats(s: &StoreStats, json: bool) -> Result {
     );
     outln!("dedup ratio:    {:.2}x", s.dedup_ratio());
     outln!("file size:      {}", bytes(s.file_bytes));
+    if s.pack_files > 0 {
+        outln!(
+            "pack files:     {} in {} files",
+            bytes(s.pack_bytes),
+            s.pack_files
+        );
+    }
     Ok(())
 }
 

@@ -1,0 +1,540 @@
+//! Pack files in a transaction: the writer a large commit hands its new
+//! chunks to, the tables that record them, and the reader that reads a
+//! chunk straight into its place ([`crate::format::packs`] is the layout).
+
+use std::collections::HashMap;
+use std::fs::{self, File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use redb::{ReadOnlyTable, ReadTransaction, ReadableTable, Table, WriteTransaction};
+
+use crate::error::StorageContext;
+use crate::format::manifest::{hex, Hash};
+use crate::format::packs::{pack_name, parse_pack_name, PackLoc};
+use crate::format::tables::{PACK_CHUNKS, PACK_FILES};
+use crate::{Error, Result};
+
+/// The pack file a transaction appends its new chunks to: created at the
+/// first chunk, fsynced by [`sync`](Self::sync) before the transaction
+/// commits, deleted if the transaction ends without reaching that point.
+pub(crate) struct PackWriter {
+    dir: PathBuf,
+    id: u32,
+    file: Option<File>,
+    len: u64,
+    /// Bytes of this pack's chunks not deleted again in the transaction.
+    pub(crate) live: u64,
+    synced: bool,
+}
+
+impl PackWriter {
+    pub(crate) fn new(dir: &Path, id: u32) -> PackWriter {
+        PackWriter {
+            dir: dir.to_owned(),
+            id,
+            file: None,
+            len: 0,
+            live: 0,
+            synced: false,
+        }
+    }
+
+    pub(crate) fn id(&self) -> u32 {
+        self.id
+    }
+
+    pub(crate) fn path(&self) -> PathBuf {
+        self.dir.join(pack_name(self.id))
+    }
+
+    /// Bytes written so far.
+    pub(crate) fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Append `piece` (chunk `hash`); where it went.
+    pub(crate) fn append(&mut self, hash: &Hash, piece: &[u8]) -> Result<PackLoc> {
+        let path = self.path();
+        let len = u32::try_from(piece.len())
+            .map_err(|_| Error::corrupt(None, format!("chunk {} is too long", hex(hash))))?;
+        if self.file.is_none() {
+            fs::create_dir_all(&self.dir)
+                .map_err(|e| Error::io("create pack directory", &self.dir, e))?;
+            // A file of this id is what a transaction that never committed
+            // left: it is overwritten.
+            let f = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&path)
+                .map_err(|e| Error::io("create pack file", &path, e))?;
+            self.file = Some(f);
+        }
+        let Some(file) = &self.file else {
+            return Err(Error::corrupt(None, "a pack file did not open"));
+        };
+        #[cfg(test)]
+        faults::strike(faults::Fault::Write, "write pack file", &path)?;
+        file.write_all_at(piece, self.len)
+            .map_err(|e| Error::io("write pack file", &path, e))?;
+        let loc = PackLoc {
+            pack: self.id,
+            offset: self.len,
+            len,
+            hash: *hash,
+        };
+        self.len += u64::from(len);
+        self.live += u64::from(len);
+        Ok(loc)
+    }
+
+    /// Make what was written durable (file and directory entry): the last
+    /// step before the transaction that records it commits.
+    pub(crate) fn sync(&mut self) -> Result<()> {
+        if let Some(file) = &self.file {
+            #[cfg(test)]
+            faults::strike(faults::Fault::Sync, "fsync pack file", &self.path())?;
+            file.sync_data()
+                .map_err(|e| Error::io("fsync pack file", self.path(), e))?;
+            crate::file::sync_dir(&self.dir)?;
+        }
+        self.synced = true;
+        Ok(())
+    }
+}
+
+impl Drop for PackWriter {
+    fn drop(&mut self) {
+        // A transaction that failed before its commit: nothing records
+        // this file. (After `sync` the commit may have landed: a file no
+        // record names is deleted at the next writable open.)
+        if self.file.is_some() && !self.synced {
+            let _ = fs::remove_file(self.path());
+        }
+    }
+}
+
+/// The pack tables of a write transaction, opened when first needed (a
+/// store that never packed has none), and the files it made dead.
+pub(crate) struct PackTables<'txn> {
+    txn: &'txn WriteTransaction,
+    /// The store's pack directory; `None` for a store with no path.
+    pub(crate) dir: Option<PathBuf>,
+    /// Set for a transaction whose new chunks go to a pack file.
+    pub(crate) writer: Option<PackWriter>,
+    chunks: Option<Table<'txn, u64, &'static [u8]>>,
+    files: Option<Table<'txn, u32, (u64, u64)>>,
+    /// Pack files with no live chunk left, deleted after the commit.
+    pub(crate) dead: Vec<PathBuf>,
+}
+
+impl<'txn> PackTables<'txn> {
+    pub(crate) fn new(txn: &'txn WriteTransaction, dir: Option<PathBuf>) -> Self {
+        PackTables {
+            txn,
+            dir,
+            writer: None,
+            chunks: None,
+            files: None,
+            dead: Vec::new(),
+        }
+    }
+
+    fn chunks(&mut self) -> Result<&mut Table<'txn, u64, &'static [u8]>> {
+        if self.chunks.is_none() {
+            let table = self
+                .txn
+                .open_table(PACK_CHUNKS)
+                .context(|| "opening table pack_chunks".to_owned())?;
+            self.chunks = Some(table);
+        }
+        self.chunks
+            .as_mut()
+            .ok_or_else(|| Error::corrupt(None, "table pack_chunks did not open"))
+    }
+
+    fn files(&mut self) -> Result<&mut Table<'txn, u32, (u64, u64)>> {
+        if self.files.is_none() {
+            let table = self
+                .txn
+                .open_table(PACK_FILES)
+                .context(|| "opening table pack_files".to_owned())?;
+            self.files = Some(table);
+        }
+        self.files
+            .as_mut()
+            .ok_or_else(|| Error::corrupt(None, "table pack_files did not open"))
+    }
+
+    /// Whether this store has pack tables at all (without creating them).
+    fn exist(&self) -> Result<bool> {
+        if self.chunks.is_some() {
+            return Ok(true);
+        }
+        let ctx = || "listing tables".to_owned();
+        Ok(self
+            .txn
+            .list_tables()
+            .context(ctx)?
+            .any(|t| redb::TableHandle::name(&t) == "pack_chunks"))
+    }
+
+    /// Write chunk `id` (`hash`) to this transaction's pack file, if it
+    /// packs; `false` if the chunk belongs in `chunk_data`.
+    pub(crate) fn insert(&mut self, id: u64, hash: &Hash, piece: &[u8]) -> Result<bool> {
+        let Some(writer) = &mut self.writer else {
+            return Ok(false);
+        };
+        let loc = writer.append(hash, piece)?;
+        self.chunks()?
+            .insert(id, loc.encode().as_slice())
+            .context(|| format!("writing table pack_chunks for chunk {}", hex(hash)))?;
+        Ok(true)
+    }
+
+    /// Delete the record of chunk `id` if it is in a pack file; the bytes
+    /// it held. A pack file left with no live bytes is deleted after the
+    /// commit.
+    pub(crate) fn remove(&mut self, id: u64) -> Result<Option<u64>> {
+        if !self.exist()? {
+            return Ok(None);
+        }
+        let ctx = || format!("writing table pack_chunks for chunk id {id}");
+        let Some(bytes) = self.chunks()?.remove(id).context(ctx)? else {
+            return Ok(None);
+        };
+        let loc = PackLoc::decode(id, bytes.value())?;
+        drop(bytes);
+        let len = u64::from(loc.len);
+        if let Some(w) = self.writer.as_mut().filter(|w| w.id() == loc.pack) {
+            w.live = w.live.saturating_sub(len);
+            return Ok(Some(len));
+        }
+        let ctx = || format!("writing table pack_files for pack file {}", loc.pack);
+        let files = self.files()?;
+        let (file_len, live) = files
+            .get(loc.pack)
+            .context(ctx)?
+            .map_or((0, 0), |g| g.value());
+        let live = live.saturating_sub(len);
+        if live == 0 {
+            files.remove(loc.pack).context(ctx)?;
+            if let Some(dir) = &self.dir {
+                self.dead.push(dir.join(pack_name(loc.pack)));
+            }
+        } else {
+            files.insert(loc.pack, (file_len, live)).context(ctx)?;
+        }
+        Ok(Some(len))
+    }
+
+    /// Make this transaction's pack file durable and record it; the pack
+    /// ids used (so the next transaction takes a new one), if any.
+    pub(crate) fn finish(&mut self) -> Result<Option<u32>> {
+        let Some(mut writer) = self.writer.take() else {
+            return Ok(None);
+        };
+        if writer.len() == 0 {
+            return Ok(None);
+        }
+        writer.sync()?;
+        let id = writer.id();
+        if writer.live == 0 {
+            self.dead.push(writer.path());
+        } else {
+            let (len, live) = (writer.len(), writer.live);
+            self.files()?
+                .insert(id, (len, live))
+                .context(|| format!("writing table pack_files for pack file {id}"))?;
+        }
+        Ok(Some(id))
+    }
+}
+
+impl PackTables<'_> {
+    /// Move the live chunks of every pack file at least half dead into this
+    /// transaction's pack file (each chunk hash-checked on the way), and
+    /// mark the old files dead; returns the files and the bytes freed. The
+    /// caller has set a writer ([`PackTables::writer`]).
+    pub(crate) fn compact(&mut self) -> Result<(u64, u64)> {
+        let (Some(dir), true, true) = (self.dir.clone(), self.writer.is_some(), self.exist()?)
+        else {
+            return Ok((0, 0));
+        };
+        let ctx = || "reading table pack_files".to_owned();
+        let mut sparse = HashMap::new();
+        for entry in self.files()?.range::<u32>(..).context(ctx)? {
+            let (id, value) = entry.context(ctx)?;
+            let (len, live) = value.value();
+            if live.saturating_mul(2) <= len {
+                sparse.insert(id.value(), (len, live));
+            }
+        }
+        if sparse.is_empty() {
+            return Ok((0, 0));
+        }
+        let ctx = || "reading table pack_chunks".to_owned();
+        let mut moving = Vec::new();
+        for entry in self.chunks()?.range::<u64>(..).context(ctx)? {
+            let (id, value) = entry.context(ctx)?;
+            let loc = PackLoc::decode(id.value(), value.value())?;
+            if sparse.contains_key(&loc.pack) {
+                moving.push((id.value(), loc));
+            }
+        }
+        let mut open: HashMap<u32, File> = HashMap::new();
+        let mut buf = Vec::new();
+        for (id, loc) in moving {
+            let path = dir.join(pack_name(loc.pack));
+            let file = match open.entry(loc.pack) {
+                std::collections::hash_map::Entry::Occupied(f) => f.into_mut(),
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert(File::open(&path).map_err(|e| Error::io("open pack file", &path, e))?)
+                }
+            };
+            buf.resize(loc.len as usize, 0);
+            file.read_exact_at(&mut buf, loc.offset)
+                .map_err(|e| Error::io("read pack file", &path, e))?;
+            if blake3::hash(&buf).as_bytes() != &loc.hash {
+                return Err(Error::corrupt(
+                    None,
+                    format!(
+                        "chunk {} fails its hash check in pack file {} at offset {}; \
+                         compaction stopped",
+                        hex(&loc.hash),
+                        path.display(),
+                        loc.offset
+                    ),
+                ));
+            }
+            self.insert(id, &loc.hash, &buf)?;
+        }
+        let mut freed = 0;
+        for (id, (len, live)) in &sparse {
+            self.files()?
+                .remove(*id)
+                .context(|| format!("writing table pack_files for pack file {id}"))?;
+            self.dead.push(dir.join(pack_name(*id)));
+            freed += len - live;
+        }
+        Ok((sparse.len() as u64, freed))
+    }
+}
+
+/// The ids of the pack files the store records.
+pub(crate) fn recorded_packs(txn: &ReadTransaction) -> Result<Vec<u32>> {
+    let ctx = || "reading table pack_files".to_owned();
+    let files = match txn.open_table(PACK_FILES) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+        Err(e) => return Err(e).context(ctx),
+    };
+    files
+        .range::<u32>(..)
+        .context(ctx)?
+        .map(|r| r.map(|(k, _)| k.value()))
+        .collect::<Result<Vec<_>, _>>()
+        .context(ctx)
+}
+
+/// The pack files in `dir` that `recorded` does not name: left by
+/// transactions that never committed, or made dead by one whose process
+/// died before deleting them.
+pub(crate) fn unrecorded(dir: &Path, recorded: &[u32]) -> Result<Vec<PathBuf>> {
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::io("list pack directory", dir, e)),
+    };
+    let mut found = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| Error::io("list pack directory", dir, e))?;
+        let name = entry.file_name();
+        if let Some(id) = name.to_str().and_then(parse_pack_name) {
+            if !recorded.contains(&id) {
+                found.push(entry.path());
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// Delete the [`unrecorded`] pack files of `dir`; returns how many.
+pub(crate) fn sweep_unrecorded(dir: &Path, recorded: &[u32]) -> Result<usize> {
+    let found = unrecorded(dir, recorded)?;
+    for path in &found {
+        fs::remove_file(path).map_err(|e| Error::io("remove pack file", path, e))?;
+    }
+    Ok(found.len())
+}
+
+/// Bytes a chunk is read and hashed in at a time: within a core's L2
+/// cache, and a multiple of BLAKE3's 1 KiB chunks.
+const READ_SLICE: usize = 256 << 10;
+
+/// Reads chunks from a read transaction's pack files: the files opened
+/// once each, on first use.
+pub(crate) struct PackReader {
+    dir: PathBuf,
+    table: ReadOnlyTable<u64, &'static [u8]>,
+    files: Mutex<HashMap<u32, Arc<File>>>,
+    /// Set when a pack file fails a check ([`View::pack_fault`]).
+    ///
+    /// [`View::pack_fault`]: super::View
+    faulted: Arc<AtomicBool>,
+}
+
+impl PackReader {
+    pub(crate) fn new(
+        dir: PathBuf,
+        table: ReadOnlyTable<u64, &'static [u8]>,
+        faulted: Arc<AtomicBool>,
+    ) -> Self {
+        PackReader {
+            dir,
+            table,
+            files: Mutex::new(HashMap::new()),
+            faulted,
+        }
+    }
+
+    /// Where chunk `id` is, if it is in a pack file.
+    pub(crate) fn loc(&self, id: u64) -> Result<Option<PackLoc>> {
+        let found = self
+            .table
+            .get(id)
+            .context(|| format!("reading table pack_chunks for chunk id {id}"))?;
+        found.map(|g| PackLoc::decode(id, g.value())).transpose()
+    }
+
+    fn file(&self, pack: u32) -> Result<Arc<File>> {
+        let mut files = self
+            .files
+            .lock()
+            .map_err(|_| Error::corrupt(None, "a pack file reader panicked"))?;
+        if let Some(f) = files.get(&pack) {
+            return Ok(f.clone());
+        }
+        let path = self.dir.join(pack_name(pack));
+        let file = Arc::new(File::open(&path).map_err(|e| Error::io("open pack file", &path, e))?);
+        files.insert(pack, file.clone());
+        Ok(file)
+    }
+
+    /// Read the chunk at `loc` into `out` (its length) and check its hash;
+    /// on a mismatch `out` is zeroed, so wrong bytes never stay there.
+    /// `fault` words an integrity failure.
+    pub(crate) fn read_into(
+        &self,
+        loc: &PackLoc,
+        out: &mut [u8],
+        fault: &dyn Fn(String) -> Error,
+    ) -> Result<()> {
+        let file = self.file(loc.pack)?;
+        let name = pack_name(loc.pack);
+        // Read and hash a slice at a time, so that the hash reads bytes
+        // still in the CPU's cache rather than from memory again.
+        let mut hasher = blake3::Hasher::new();
+        let mut at = loc.offset;
+        for slice in out.chunks_mut(READ_SLICE) {
+            if let Err(e) = file.read_exact_at(slice, at) {
+                out.fill(0);
+                if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                    self.faulted.store(true, Ordering::Relaxed);
+                    return Err(fault(format!(
+                        "is past the end of pack file {name} (bytes {}..{})",
+                        loc.offset,
+                        loc.end()
+                    )));
+                }
+                return Err(Error::io("read pack file", self.dir.join(name), e));
+            }
+            hasher.update(slice);
+            at += slice.len() as u64;
+        }
+        if hasher.finalize().as_bytes() != &loc.hash {
+            out.fill(0);
+            self.faulted.store(true, Ordering::Relaxed);
+            return Err(fault(format!(
+                "fails its hash check in pack file {name} at offset {}",
+                loc.offset
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Whether `e` is a pack file of `dir` that was not there: deleted by a
+/// writer after this reader's transaction began (the read is retried in a
+/// new one), or lost.
+pub(crate) fn is_missing_pack(e: &Error, dir: &Path) -> bool {
+    matches!(e, Error::Io { op: "open pack file", path, source }
+        if source.kind() == std::io::ErrorKind::NotFound && path.starts_with(dir))
+}
+
+/// The error for pack file `e` ([`is_missing_pack`]) given the store as it
+/// is now (`now`): still recorded, it was lost ([`Error::Corrupt`]); no
+/// longer recorded, a writer deleted it after the read began: every step
+/// with chunks in it was removed, or compaction moved them
+/// ([`Error::ReadInterrupted`]).
+pub(crate) fn missing_pack(e: Error, now: &ReadTransaction) -> Result<Error> {
+    let Error::Io { path, .. } = &e else {
+        return Ok(e);
+    };
+    let id = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(parse_pack_name);
+    let recorded = match (id, now.open_table(PACK_FILES)) {
+        (Some(id), Ok(files)) => files
+            .get(id)
+            .context(|| "reading table pack_files".to_owned())?
+            .is_some(),
+        _ => false,
+    };
+    Ok(if recorded {
+        Error::corrupt(None, format!("pack file {} is missing", path.display()))
+    } else {
+        Error::ReadInterrupted {
+            detail: format!("pack file {} was deleted while it was read", path.display()),
+        }
+    })
+}
+
+/// Faults injected into pack file writes, for the tests of what a failed
+/// write or fsync leaves (`store::pack_faults`).
+#[cfg(test)]
+pub(crate) mod faults {
+    use std::cell::Cell;
+    use std::path::Path;
+
+    use crate::{Error, Result};
+
+    /// Which call fails.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub(crate) enum Fault {
+        Write,
+        Sync,
+    }
+
+    thread_local! {
+        static NEXT: Cell<Option<Fault>> = const { Cell::new(None) };
+    }
+
+    /// Make the next `fault` call of this thread fail.
+    pub(crate) fn arm(fault: Fault) {
+        NEXT.with(|n| n.set(Some(fault)));
+    }
+
+    /// Fail here if this is the armed call.
+    pub(crate) fn strike(fault: Fault, op: &'static str, path: &Path) -> Result<()> {
+        if NEXT.with(Cell::get) == Some(fault) {
+            NEXT.with(|n| n.set(None));
+            return Err(Error::io(op, path, std::io::Error::other("injected fault")));
+        }
+        Ok(())
+    }
+}
