@@ -166,6 +166,13 @@ impl Db {
         })?
     }
 
+    /// Whether a transaction writing `chunk_bytes` of chunks puts its new
+    /// ones in a pack file (the option is set, the size reached, and the
+    /// store has a path).
+    pub(crate) fn packs(&self, chunk_bytes: usize) -> bool {
+        self.options.packs(chunk_bytes) && self.pack_dir().is_some()
+    }
+
     /// The directory of the store's pack files; `None` for a store with
     /// no path (a caller's backend), which keeps every chunk in redb.
     pub(crate) fn pack_dir(&self) -> Option<PathBuf> {

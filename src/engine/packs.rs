@@ -375,6 +375,9 @@ pub(crate) fn sweep_unrecorded(dir: &Path, recorded: &[u32]) -> Result<usize> {
 /// cache, and a multiple of BLAKE3's 1 KiB chunks.
 const READ_SLICE: usize = 256 << 10;
 
+/// Pack files one read keeps open at most.
+const MAX_OPEN_PACKS: usize = 64;
+
 /// Reads chunks from a read transaction's pack files: the files opened
 /// once each, on first use.
 pub(crate) struct PackReader {
@@ -420,6 +423,12 @@ impl PackReader {
         }
         let path = self.dir.join(pack_name(pack));
         let file = Arc::new(File::open(&path).map_err(|e| Error::io("open pack file", &path, e))?);
+        if files.len() >= MAX_OPEN_PACKS {
+            // A step whose chunks are spread over many files (a long run
+            // that changes a little each step): stay far below the
+            // process's file limit. Files in use stay open where used.
+            files.clear();
+        }
         files.insert(pack, file.clone());
         Ok(file)
     }

@@ -152,7 +152,7 @@ pub(crate) fn put(
     };
     // With pack files, a large commit's chunks never enter redb's pages:
     // no staging is needed.
-    let packs = db.settings().packs(plan.chunk_bytes());
+    let packs = db.packs(plan.chunk_bytes());
     let mut info = with_hashes(&plan.pieces, threads, |hashes| {
         if plan.chunk_bytes() > stage_above && !packs {
             commit_staged(db, &plan, replace, hashes, stage_above)
@@ -176,7 +176,7 @@ fn commit_once(
     let step = plan.step();
     let what = || format!("committing step {step}");
     let policy = &db.settings().retention;
-    let packs = db.settings().packs(plan.chunk_bytes());
+    let packs = db.packs(plan.chunk_bytes());
     db.write("commit", &what, TxnKind::Whole, |engine| {
         if packs {
             engine.pack_new_chunks()?;
@@ -245,7 +245,7 @@ fn stage(
             n += 1;
         }
         let (part, tail) = rest.split_at(n);
-        let packs = db.settings().packs(bytes);
+        let packs = db.packs(bytes);
         db.write("commit", &what, TxnKind::Part, |engine| {
             if first && engine.has_step(step)? {
                 return Err(crate::Error::StepExists { step });

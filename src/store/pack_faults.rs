@@ -8,6 +8,7 @@ use crate::{CheckpointStore, ComputationGraphStore, GradientCheckpoint, StoreOpt
 
 fn big(step: u64) -> GradientCheckpoint {
     let mut ckpt = GradientCheckpoint::new(ComputationGraphStore::new(), step);
+    ckpt.timestamp = 1_750_000_000 + step;
     let bytes: Vec<u8> = (0..3u32 << 20)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 24).to_le_bytes()[0] ^ step.to_le_bytes()[0])
         .collect();

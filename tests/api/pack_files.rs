@@ -190,3 +190,26 @@ fn a_compaction_that_finds_a_damaged_chunk_moves_nothing() -> Result {
     assert_eq!(pack_files(&path).len(), 2, "nothing moved, nothing deleted");
     Ok(())
 }
+
+#[test]
+fn a_step_whose_chunks_span_many_pack_files_reads_whole() -> Result {
+    // Each step adds one blob and keeps the others: the last step's
+    // chunks are in 100 pack files, more than a read keeps open at once.
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("run.ckpt");
+    let store = StoreOptions::new()
+        .pack_files(true)
+        .pack_threshold(64 << 10)
+        .open(&path)?;
+    let mut ckpt = GradientCheckpoint::new(ComputationGraphStore::new(), 0);
+    for step in 0..100 {
+        ckpt.step = step;
+        ckpt.set_optimizer_state(format!("b{step:04}"), common::bytes(step, 70 << 10));
+        let info = store.commit(&ckpt)?;
+        assert_eq!(info.bytes_written, 70 << 10, "step {step}");
+    }
+    assert_eq!(pack_files(&path).len(), 100);
+    assert_eq!(store.get(99)?, Some(ckpt));
+    assert!(store.verify()?.is_ok());
+    Ok(())
+}

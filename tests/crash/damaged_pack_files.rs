@@ -30,6 +30,7 @@ fn store_with_packs(dir: &Path) -> Result<(PathBuf, PathBuf)> {
 
 fn big(step: u64) -> GradientCheckpoint {
     let mut ckpt = GradientCheckpoint::new(ComputationGraphStore::new(), step);
+    ckpt.timestamp = 1_750_000_000 + step;
     ckpt.set_optimizer_state("w", common::bytes(step, 3 << 20));
     ckpt
 }
