@@ -198,47 +198,64 @@ impl Remote {
             }
             plans.push(need);
         }
-        let fetched = self.fetch(step, &wanted, &mut |_| {})?;
-        for ((piece, need), out) in pieces.iter().zip(plans).zip(outs.iter_mut()) {
-            assemble(global, piece, &need, &fetched, out)?;
+        // Each chunk is placed in every piece that needs it as it arrives,
+        // then dropped.
+        let mut uses: Vec<Vec<(usize, u64)>> = vec![Vec::new(); wanted.len()];
+        for (p, need) in plans.iter().enumerate() {
+            for &(i, start) in need {
+                uses[i].push((p, start));
+            }
+        }
+        let mut filled = vec![0u64; pieces.len()];
+        self.fetch_each(step, &wanted, &mut |i, chunk| {
+            for &(p, start) in &uses[i] {
+                filled[p] += place(global, &pieces[p], start, &chunk, outs[p])?;
+            }
+            Ok(())
+        })?;
+        for (piece, filled) in pieces.iter().zip(filled) {
+            if filled != piece.3 {
+                let name = piece.1;
+                return Err(Error::corrupt(
+                    Some(step),
+                    format!("{name:?}: its chunks do not cover it"),
+                ));
+            }
         }
         Ok(())
     }
 }
 
-/// Fill `out` (of the piece's length) with the bytes of `piece` from the
-/// fetched (checked) chunks it `need`s.
-fn assemble(
+/// Copy into `out` (the buffer of `piece`) the part of `chunk` (checked;
+/// at `start` in the piece's entry, or the step's packed blobs) that the
+/// piece covers; returns the bytes copied.
+fn place(
     global: &GlobalStep,
     piece: &Piece<'_>,
-    need: &[(usize, u64)],
-    fetched: &[bytes::Bytes],
+    start: u64,
+    chunk: &[u8],
     out: &mut [u8],
-) -> Result<()> {
+) -> Result<u64> {
     let (_, name, offset, len) = *piece;
     let blob = global.blob(piece)?;
     let corrupt = |why: &str| Error::corrupt(Some(global.step), format!("{name:?}: {why}"));
     if let Some(at) = blob.offset {
-        let packed = need.first().map_or(&[][..], |(i, _)| &fetched[*i][..]);
-        let bytes = packed_slice(packed, at + offset, len)
+        let bytes = packed_slice(chunk, at + offset, len)
             .ok_or_else(|| corrupt("outside the packed bytes"))?;
         out.copy_from_slice(bytes);
-        return Ok(());
+        return Ok(len);
     }
-    let mut filled = 0;
-    for &(i, start) in need {
-        let chunk = &fetched[i];
-        let from = usize::try_from(offset.saturating_sub(start)).unwrap_or(usize::MAX);
-        let to = usize::try_from((offset + len).saturating_sub(start)).unwrap_or(usize::MAX);
-        let part = chunk.get(from..to.min(chunk.len())).unwrap_or(&[]);
-        let dest = out
-            .get_mut(filled..filled + part.len())
-            .ok_or_else(|| corrupt("its chunks overrun it"))?;
-        dest.copy_from_slice(part);
-        filled += part.len();
+    let from = offset.max(start);
+    let to = (offset + len).min(start + chunk.len() as u64);
+    if to <= from {
+        return Ok(0);
     }
-    if filled != out.len() {
-        return Err(corrupt("its chunks do not cover it"));
-    }
-    Ok(())
+    let index = |x: u64| usize::try_from(x).map_err(|_| corrupt("too long to load"));
+    let part = chunk
+        .get(index(from - start)?..index(to - start)?)
+        .ok_or_else(|| corrupt("its chunks overrun it"))?;
+    out.get_mut(index(from - offset)?..index(to - offset)?)
+        .ok_or_else(|| corrupt("its chunks overrun it"))?
+        .copy_from_slice(part);
+    Ok(to - from)
 }

@@ -131,6 +131,25 @@ impl Remote {
         wanted: &[(&str, Hash, usize)],
         progress: &mut dyn FnMut(u64),
     ) -> Result<Vec<bytes::Bytes>> {
+        let mut pieces = Vec::with_capacity(wanted.len());
+        self.fetch_each(step, wanted, &mut |_, piece| {
+            progress(piece.len() as u64);
+            pieces.push(piece);
+            Ok(())
+        })?;
+        Ok(pieces)
+    }
+
+    /// [`fetch`](Self::fetch), handing each checked chunk to `each` (with
+    /// its index in `wanted`) as it arrives, in order, so that the caller
+    /// can place it and let it go: at most the downloads in flight are in
+    /// memory.
+    pub(super) fn fetch_each(
+        &self,
+        step: u64,
+        wanted: &[(&str, Hash, usize)],
+        each: &mut dyn FnMut(usize, bytes::Bytes) -> Result<()>,
+    ) -> Result<()> {
         let (store, layout, url) = (&self.store, &self.layout, &self.url);
         let corrupt = |detail: String| Error::corrupt(Some(step), detail);
         let mut fetches = futures::stream::iter(wanted)
@@ -170,13 +189,13 @@ impl Remote {
                 checked.ok_or_else(damaged)
             })
             .buffered(DOWNLOADS_IN_FLIGHT);
-        let mut pieces = Vec::with_capacity(wanted.len());
-        // `progress` runs outside the runtime, free to block.
+        // `each` runs outside the runtime, free to block.
+        let mut i = 0;
         while let Some(piece) = self.run(fetches.try_next())?? {
-            progress(piece.len() as u64);
-            pieces.push(piece);
+            each(i, piece)?;
+            i += 1;
         }
-        Ok(pieces)
+        Ok(())
     }
 
     /// Fetch every chunk `m` names and build the step in memory.

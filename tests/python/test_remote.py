@@ -157,3 +157,38 @@ def test_absurd_world_sizes_are_refused():
         with pytest.raises(ValueError, match="world size"):
             remote.shard(rank, world)
     assert remote.shard(1, ckptstore.MAX_WORLD_SIZE).world_size == ckptstore.MAX_WORLD_SIZE
+
+
+# Peak memory of reading 256 MiB of a global step into arrays allocated
+# before: each chunk is placed as it arrives and let go, so the peak grows
+# by the downloads in flight, not by the step (it grew by all of it when
+# every chunk was held until the end).
+PIECES_MEMORY_SCRIPT = """
+import os, resource, sys, numpy as np, ckptstore
+url = sys.argv[1]
+remote = ckptstore.Remote(url)
+a = np.frombuffer(os.urandom(256 << 20), dtype=np.uint8)
+info = remote.upload_shard(1, 0, 1, {"a": a})
+remote.commit_global(1, [info.shard])
+del a, info
+opened = remote.open_global(1)
+halves = [np.empty(128 << 20, dtype=np.uint8) for _ in range(2)]
+for h in halves:
+    h.fill(1)
+peak = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10
+before = peak()
+remote.read_pieces_into(opened, [(0, "a", 0, 128 << 20), (0, "a", 128 << 20, 128 << 20)], halves)
+print(peak() - before)
+"""
+
+
+def test_reading_pieces_into_arrays_holds_only_the_chunks_in_flight(tmp_path):
+    import subprocess
+    import sys
+
+    url = f"file://{tmp_path / 'bucket'}"
+    os.makedirs(tmp_path / "bucket")
+    out = subprocess.run([sys.executable, "-c", PIECES_MEMORY_SCRIPT, url],
+                         check=True, capture_output=True, text=True).stdout
+    grew = int(out.split()[-1])
+    assert grew < 96, f"reading 256 MiB into arrays grew the peak by {grew} MiB"

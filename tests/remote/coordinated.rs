@@ -159,6 +159,22 @@ fn a_piece_fetches_only_the_chunks_it_overlaps() -> Result {
         (&a[..], &b[..]),
         (&whole[boundary - 5..boundary + 5], &small[3..7])
     );
+    // The whole entry, and two pieces of one chunk: every chunk placed in
+    // each piece that needs it, each fetched once.
+    let before = chunk_gets();
+    let (mut all, mut first, mut second) = (vec![0u8; 3 * MIB], vec![0u8; 100], vec![0u8; 50]);
+    let pieces3 = [
+        (1, "big", 0, 3 * MIB as u64),
+        (1, "big", 7, 100),
+        (1, "big", 200, 50),
+    ];
+    remote.read_pieces_into(&global, &pieces3, &mut [&mut all, &mut first, &mut second])?;
+    assert!(all == whole, "the whole entry differs");
+    assert_eq!(
+        (&first[..], &second[..]),
+        (&whole[7..107], &whole[200..250])
+    );
+    assert_eq!(chunk_gets() - before, 4, "3 MiB is four chunks");
     let mut short = vec![0u8; 9];
     let e = remote
         .read_pieces_into(&global, &pieces[..1], &mut [&mut short])
