@@ -63,27 +63,43 @@ pub(crate) fn fill_parallel(
     each: &(dyn Fn(usize, &mut [u8]) -> Result<()> + Sync),
 ) -> Result<()> {
     let total: usize = pieces.iter().map(|p| p.len()).sum();
-    let threads = threads.clamp(1, pieces.len().max(1));
-    if threads == 1 || total < PARALLEL_MIN_BYTES {
-        return pieces
+    let threads = if total < PARALLEL_MIN_BYTES {
+        1
+    } else {
+        threads
+    };
+    run_parallel(pieces, threads, each)
+}
+
+/// Run `each(i, job)` for every job of `jobs` on up to `threads` threads
+/// (job `i` on thread `i % threads`, this one among them), as
+/// [`fill_parallel`] does for the pieces of one buffer: the error of the
+/// lowest-numbered job that failed, whatever the timing.
+pub(crate) fn run_parallel<T: Send>(
+    jobs: Vec<T>,
+    threads: usize,
+    each: &(dyn Fn(usize, T) -> Result<()> + Sync),
+) -> Result<()> {
+    let threads = threads.clamp(1, jobs.len().max(1));
+    if threads == 1 {
+        return jobs
             .into_iter()
             .enumerate()
             .try_for_each(|(i, p)| each(i, p));
     }
-    let mut lanes: Vec<Vec<(usize, &mut [u8])>> = (0..threads).map(|_| Vec::new()).collect();
-    for (i, piece) in pieces.into_iter().enumerate() {
-        lanes[i % threads].push((i, piece));
+    let mut lanes: Vec<Vec<(usize, T)>> = (0..threads).map(|_| Vec::new()).collect();
+    for (i, job) in jobs.into_iter().enumerate() {
+        lanes[i % threads].push((i, job));
     }
-    // The lowest piece that failed so far: lanes skip the pieces above
-    // it, but every piece below it still runs, so the lowest failure is
-    // always found.
+    // The lowest job that failed so far: lanes skip the jobs above it, but
+    // every job below it still runs, so the lowest failure is always found.
     let first_failed = AtomicUsize::new(usize::MAX);
-    let run = |lane: Vec<(usize, &mut [u8])>| -> Option<(usize, crate::Error)> {
-        for (i, piece) in lane {
+    let run = |lane: Vec<(usize, T)>| -> Option<(usize, crate::Error)> {
+        for (i, job) in lane {
             if i > first_failed.load(Ordering::Relaxed) {
                 return None;
             }
-            if let Err(e) = each(i, piece) {
+            if let Err(e) = each(i, job) {
                 first_failed.fetch_min(i, Ordering::Relaxed);
                 return Some((i, e));
             }

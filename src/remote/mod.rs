@@ -5,6 +5,7 @@
 mod coordinated;
 mod dcp;
 mod layout;
+mod local;
 mod locks;
 mod owner;
 mod pieces;

@@ -9,7 +9,6 @@ use super::layout::{RemoteBlob, RemoteManifest};
 use super::restore::blob_chunks;
 use super::step::StepManifest;
 use super::Remote;
-use crate::format::layout::packed_slice;
 use crate::format::manifest::Hash;
 use crate::{Error, Result};
 
@@ -168,7 +167,7 @@ impl Remote {
         // the entry, its length).
         let mut wanted: Vec<(&str, Hash, usize)> = Vec::new();
         let mut index: HashMap<Hash, usize> = HashMap::new();
-        let mut plans: Vec<Vec<(usize, u64)>> = Vec::new();
+        let mut plans: Vec<Vec<(usize, u64, u64)>> = Vec::new();
         for piece in pieces {
             let (rank, name, offset, len) = *piece;
             let blob = global.blob(piece)?;
@@ -185,77 +184,94 @@ impl Remote {
                     let hash = super::layout::parse_hex(&p.hash)
                         .ok_or_else(|| Error::corrupt(Some(step), "a bad packed chunk name"))?;
                     let n = usize::try_from(p.len).unwrap_or(usize::MAX);
-                    need.push((add("packed blobs", hash, n), 0));
+                    need.push((add("packed blobs", hash, n), 0, p.len));
                 }
             }
             let mut start = 0u64;
             for (_, hash, n) in blob_chunks(step, name, blob)? {
                 let end = start + n as u64;
                 if end > offset && start < offset + len {
-                    need.push((add("a tensor", hash, n), start));
+                    need.push((add("a tensor", hash, n), start, n as u64));
                 }
                 start = end;
             }
             plans.push(need);
         }
-        // Each chunk is placed in every piece that needs it as it arrives,
-        // then dropped.
-        let mut uses: Vec<Vec<(usize, u64)>> = vec![Vec::new(); wanted.len()];
-        for (p, need) in plans.iter().enumerate() {
-            for &(i, start) in need {
-                uses[i].push((p, start));
-            }
+        let jobs = regions(global, pieces, &plans, wanted.len(), outs)?;
+        // A `file://` bucket's chunks are read straight into place, on
+        // every core; any other bucket's are placed as they arrive and let
+        // go. (A chunk the direct read does not find goes the second way.)
+        let rest = if self.dir.is_some() {
+            super::local::read_into(self, step, &wanted, jobs)?
+        } else {
+            jobs
+        };
+        if rest.is_empty() {
+            return Ok(());
         }
-        let mut filled = vec![0u64; pieces.len()];
-        self.fetch_each(step, &wanted, &mut |i, chunk| {
-            for &(p, start) in &uses[i] {
-                filled[p] += place(global, &pieces[p], start, &chunk, outs[p])?;
-            }
-            Ok(())
-        })?;
-        for (piece, filled) in pieces.iter().zip(filled) {
-            if filled != piece.3 {
-                let name = piece.1;
-                return Err(Error::corrupt(
-                    Some(step),
-                    format!("{name:?}: its chunks do not cover it"),
-                ));
-            }
-        }
-        Ok(())
+        let some: Vec<(&str, Hash, usize)> = rest.iter().map(|(i, _)| wanted[*i]).collect();
+        let mut rest = rest;
+        self.fetch_each(step, &some, &mut |k, chunk| {
+            place(step, &chunk, &mut rest[k].1)
+        })
     }
 }
 
-/// Copy into `out` (the buffer of `piece`) the part of `chunk` (checked;
-/// at `start` in the piece's entry, or the step's packed blobs) that the
-/// piece covers; returns the bytes copied.
-fn place(
+/// Where one fetched chunk's bytes go: (range in the chunk, the part of a
+/// piece's buffer it fills). Ranges are checked against the chunk's
+/// length when it is placed.
+pub(super) type Regions<'o> = Vec<(std::ops::Range<usize>, &'o mut [u8])>;
+
+/// Split the pieces' buffers `outs` into the disjoint regions each wanted
+/// chunk fills (`plans[p]`: the chunks piece `p` needs, each with its start
+/// in the entry and its length); checks that every piece is covered
+/// exactly.
+fn regions<'o>(
     global: &GlobalStep,
-    piece: &Piece<'_>,
-    start: u64,
-    chunk: &[u8],
-    out: &mut [u8],
-) -> Result<u64> {
-    let (_, name, offset, len) = *piece;
-    let blob = global.blob(piece)?;
-    let corrupt = |why: &str| Error::corrupt(Some(global.step), format!("{name:?}: {why}"));
-    if let Some(at) = blob.offset {
-        let bytes = packed_slice(chunk, at + offset, len)
-            .ok_or_else(|| corrupt("outside the packed bytes"))?;
-        out.copy_from_slice(bytes);
-        return Ok(len);
+    pieces: &[Piece<'_>],
+    plans: &[Vec<(usize, u64, u64)>],
+    wanted: usize,
+    outs: &'o mut [&mut [u8]],
+) -> Result<Vec<(usize, Regions<'o>)>> {
+    let mut by_chunk: Vec<Regions<'o>> = (0..wanted).map(|_| Vec::new()).collect();
+    for ((piece, need), out) in pieces.iter().zip(plans).zip(outs.iter_mut()) {
+        let (_, name, offset, len) = *piece;
+        let corrupt = |why: &str| Error::corrupt(Some(global.step), format!("{name:?}: {why}"));
+        let index = |x: u64| usize::try_from(x).map_err(|_| corrupt("too long to load"));
+        let blob = global.blob(piece)?;
+        let mut rest: &'o mut [u8] = out;
+        if let Some(at) = blob.offset {
+            let (i, _, _) = need.first().ok_or_else(|| corrupt("has no packed bytes"))?;
+            let from = index(at + offset)?;
+            by_chunk[*i].push((from..from + rest.len(), rest));
+            continue;
+        }
+        let mut filled = 0;
+        for &(i, start, n) in need {
+            let from = offset.max(start);
+            let to = (offset + len).min(start + n);
+            if from != offset + filled || to < from {
+                return Err(corrupt("its chunks do not cover it"));
+            }
+            let (region, tail) = std::mem::take(&mut rest).split_at_mut(index(to - from)?);
+            by_chunk[i].push((index(from - start)?..index(to - start)?, region));
+            rest = tail;
+            filled += to - from;
+        }
+        if filled != len {
+            return Err(corrupt("its chunks do not cover it"));
+        }
     }
-    let from = offset.max(start);
-    let to = (offset + len).min(start + chunk.len() as u64);
-    if to <= from {
-        return Ok(0);
+    Ok(by_chunk.into_iter().enumerate().collect())
+}
+
+/// Copy the parts of `chunk` (checked) into `regions`.
+pub(super) fn place(step: u64, chunk: &[u8], regions: &mut Regions<'_>) -> Result<()> {
+    for (range, out) in regions {
+        let part = chunk
+            .get(range.clone())
+            .ok_or_else(|| Error::corrupt(Some(step), "a chunk is shorter than its pieces need"))?;
+        out.copy_from_slice(part);
     }
-    let index = |x: u64| usize::try_from(x).map_err(|_| corrupt("too long to load"));
-    let part = chunk
-        .get(index(from - start)?..index(to - start)?)
-        .ok_or_else(|| corrupt("its chunks overrun it"))?;
-    out.get_mut(index(from - offset)?..index(to - offset)?)
-        .ok_or_else(|| corrupt("its chunks overrun it"))?
-        .copy_from_slice(part);
-    Ok(to - from)
+    Ok(())
 }

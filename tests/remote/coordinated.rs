@@ -339,3 +339,63 @@ fn borrowed_tensors_upload_the_same_shard() -> Result {
     assert_eq!(remote.shards(8)?.landed, Vec::<u32>::new());
     Ok(())
 }
+
+#[test]
+fn a_directory_bucket_reads_chunks_straight_into_place_and_checks_them() -> Result {
+    let dir = tempfile::tempdir()?;
+    let remote = Remote::open(&format!("file://{}", dir.path().display()))?;
+    let names = upload_all(&remote, 2, 2, 0)?;
+    remote.commit_global(2, &names)?;
+    let global = remote.open_global(2)?.expect("complete");
+    let whole = shard(2, 1, 3 * MIB).optimizer_state["big"].clone();
+    let small = shard(2, 0, 3 * MIB).optimizer_state["small"].clone();
+    // Whole chunks, parts of chunks, a chunk shared by two pieces, and a
+    // packed blob.
+    let boundary = MIB - 128;
+    let pieces = [
+        (1, "big", 0, 3 * MIB as u64),
+        (1, "big", boundary as u64 - 5, 10),
+        (1, "big", 3, 4),
+        (0, "small", 3, 4),
+    ];
+    let mut outs = [
+        vec![0u8; 3 * MIB],
+        vec![0u8; 10],
+        vec![0u8; 4],
+        vec![0u8; 4],
+    ];
+    let mut refs: Vec<&mut [u8]> = outs.iter_mut().map(Vec::as_mut_slice).collect();
+    remote.read_pieces_into(&global, &pieces, &mut refs)?;
+    assert!(outs[0] == whole, "the whole entry differs");
+    assert_eq!(outs[1], whole[boundary - 5..boundary + 5]);
+    assert_eq!(outs[2], whole[3..7]);
+    assert_eq!(outs[3], small[3..7]);
+
+    // A flipped byte in the second chunk: the read fails naming the step
+    // and the bucket, and none of that chunk's bytes stay in the buffer.
+    let chunk_files: Vec<std::path::PathBuf> = std::fs::read_dir(dir.path().join("chunks"))?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<std::io::Result<_>>()?;
+    let second = &whole[boundary..2 * boundary];
+    let victim = chunk_files
+        .iter()
+        .find(|p| std::fs::read(p).is_ok_and(|b| b == second))
+        .expect("the second chunk's file");
+    let mut bytes = std::fs::read(victim)?;
+    bytes[77] ^= 1;
+    std::fs::write(victim, &bytes)?;
+    let mut out = vec![9u8; 3 * MIB];
+    let e = remote
+        .read_pieces_into(&global, &[(1, "big", 0, 3 * MIB as u64)], &mut [&mut out])
+        .expect_err("damaged");
+    assert!(matches!(e, Error::Corrupt { step: Some(2), .. }), "{e}");
+    assert!(e.to_string().contains("fails its hash check"), "{e}");
+    assert!(out[boundary..2 * boundary].iter().all(|&b| b == 0));
+    // A missing chunk file: reported by the object store's read.
+    std::fs::remove_file(victim)?;
+    let e = remote
+        .read_pieces_into(&global, &[(1, "big", 0, 3 * MIB as u64)], &mut [&mut out])
+        .expect_err("missing");
+    assert!(e.to_string().contains("is missing"), "{e}");
+    Ok(())
+}

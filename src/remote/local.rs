@@ -1,0 +1,97 @@
+//! Reads of a `file://` bucket's chunks straight into place: each chunk
+//! file is read into the part of the caller's buffer it fills and hashed
+//! there, a slice at a time while the slice is in the CPU's cache, on
+//! every core. A chunk that fills several parts (two pieces share it, or
+//! a piece needs part of it) is read whole, hashed, then copied.
+
+use std::fs::File;
+use std::io::{ErrorKind, Read};
+use std::path::Path;
+use std::sync::Mutex;
+
+use super::pieces::{place, Regions};
+use super::Remote;
+use crate::engine::hashing::run_parallel;
+use crate::format::manifest::{hex, Hash};
+use crate::{Error, Result};
+
+/// Bytes read and hashed at a time.
+const SLICE: usize = 256 << 10;
+
+/// Read the chunks of `jobs` (index in `wanted`, where its bytes go) from
+/// the `file://` bucket of `remote` into place; returns the jobs whose chunk file was
+/// not where the layout puts it (the caller fetches those through the
+/// object store, which reports a missing chunk).
+pub(super) fn read_into<'o>(
+    remote: &Remote,
+    step: u64,
+    wanted: &[(&str, Hash, usize)],
+    jobs: Vec<(usize, Regions<'o>)>,
+) -> Result<Vec<(usize, Regions<'o>)>> {
+    let not_here = Mutex::new(Vec::new());
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    run_parallel(jobs, threads, &|_, (i, mut regions)| {
+        let (what, hash, n) = wanted[i];
+        // The path `LocalFileSystem` (rooted at /) gives the object.
+        let path = Path::new("/").join(remote.layout.chunk(&hash).as_ref());
+        let damaged = || {
+            Error::corrupt(
+                Some(step),
+                format!(
+                    "{what}: chunk {} in {} fails its hash check",
+                    hex(&hash),
+                    remote.url
+                ),
+            )
+        };
+        let mut file = match File::open(&path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                lock(&not_here)?.push((i, regions));
+                return Ok(());
+            }
+            Err(e) => return Err(Error::io("open chunk", &path, e)),
+        };
+        let len = file
+            .metadata()
+            .map_err(|e| Error::io("stat chunk", &path, e))?
+            .len();
+        if usize::try_from(len).ok() != Some(n) {
+            return Err(damaged());
+        }
+        let read = |e| Error::io("read chunk", &path, e);
+        if let [(range, out)] = regions.as_mut_slice() {
+            if *range == (0..n) {
+                let mut hasher = blake3::Hasher::new();
+                let whole = out.chunks_mut(SLICE).try_for_each(|slice| {
+                    file.read_exact(slice)?;
+                    hasher.update(slice);
+                    Ok(())
+                });
+                // Bytes not yet checked, or that failed, never stay.
+                let result = match whole {
+                    Err(e) => Err(read(e)),
+                    Ok(()) if hasher.finalize().as_bytes() != &hash => Err(damaged()),
+                    Ok(()) => return Ok(()),
+                };
+                out.fill(0);
+                return result;
+            }
+        }
+        let mut chunk = vec![0u8; n];
+        file.read_exact(&mut chunk).map_err(read)?;
+        if blake3::hash(&chunk).as_bytes() != &hash {
+            return Err(damaged());
+        }
+        place(step, &chunk, &mut regions)
+    })?;
+    not_here.into_inner().map_err(|_| poisoned())
+}
+
+fn lock<T>(m: &Mutex<T>) -> Result<std::sync::MutexGuard<'_, T>> {
+    m.lock().map_err(|_| poisoned())
+}
+
+fn poisoned() -> Error {
+    Error::corrupt(None, "a chunk reader panicked")
+}
