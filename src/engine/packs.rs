@@ -28,6 +28,8 @@ pub(crate) struct PackWriter {
     /// Bytes of this pack's chunks not deleted again in the transaction.
     pub(crate) live: u64,
     synced: bool,
+    /// Whether this transaction created the pack directory.
+    new_dir: bool,
 }
 
 impl PackWriter {
@@ -39,6 +41,7 @@ impl PackWriter {
             len: 0,
             live: 0,
             synced: false,
+            new_dir: false,
         }
     }
 
@@ -61,8 +64,11 @@ impl PackWriter {
         let len = u32::try_from(piece.len())
             .map_err(|_| Error::corrupt(None, format!("chunk {} is too long", hex(hash))))?;
         if self.file.is_none() {
-            fs::create_dir_all(&self.dir)
-                .map_err(|e| Error::io("create pack directory", &self.dir, e))?;
+            if !self.dir.is_dir() {
+                fs::create_dir_all(&self.dir)
+                    .map_err(|e| Error::io("create pack directory", &self.dir, e))?;
+                self.new_dir = true;
+            }
             // A file of this id is what a transaction that never committed
             // left: it is overwritten.
             let f = OpenOptions::new()
@@ -100,6 +106,14 @@ impl PackWriter {
             file.sync_data()
                 .map_err(|e| Error::io("fsync pack file", self.path(), e))?;
             crate::file::sync_dir(&self.dir)?;
+            if self.new_dir {
+                // The directory's own entry, beside the store.
+                let parent = match self.dir.parent() {
+                    Some(p) if !p.as_os_str().is_empty() => p,
+                    _ => Path::new("."),
+                };
+                crate::file::sync_dir(parent)?;
+            }
         }
         self.synced = true;
         Ok(())

@@ -47,3 +47,50 @@ fn verify_names_damaged_steps_and_exits_3() -> Result {
     assert_ne!(code, 0, "{err}");
     Ok(())
 }
+
+#[test]
+fn verify_and_stats_report_pack_files_and_their_damage() -> Result {
+    use ckptstore::{ComputationGraphStore, GradientCheckpoint, StoreOptions};
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("run.ckpt");
+    let p = path.to_str().ok_or("path")?;
+    {
+        let store = StoreOptions::new()
+            .pack_files(true)
+            .pack_threshold(1 << 20)
+            .open(&path)?;
+        for step in 0..2 {
+            let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), step);
+            c.set_optimizer_state("w", common::bytes(step, 2 << 20));
+            store.commit(&c)?;
+        }
+    }
+    let (code, out, err) = common::ckpt(&["verify", p])?;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("2 pack files, 4.0 MiB (4.0 MiB live)"),
+        "{out}"
+    );
+    let (code, out, _) = common::ckpt(&["stats", p])?;
+    assert_eq!(code, 0);
+    assert!(out.contains("pack files:     4.0 MiB in 2 files"), "{out}");
+    // A stray file is reported, not counted as damage; a flipped byte in
+    // step 1's pack file is.
+    let packs = dir.path().join("run.ckpt.packs");
+    std::fs::write(packs.join("00000007.pack"), b"stray")?;
+    let (code, out, _) = common::ckpt(&["verify", p])?;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("1 stray pack file(s)"), "{out}");
+    let victim = packs.join("00000001.pack");
+    let mut bytes = std::fs::read(&victim)?;
+    bytes[4242] ^= 1;
+    std::fs::write(&victim, bytes)?;
+    let (code, out, _) = common::ckpt(&["verify", p])?;
+    assert_eq!(code, 3, "{out}");
+    assert!(
+        out.contains("DAMAGED step 1") && out.contains("00000001.pack"),
+        "{out}"
+    );
+    assert!(!out.contains("DAMAGED step 0"), "{out}");
+    Ok(())
+}

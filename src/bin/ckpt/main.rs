@@ -322,8 +322,8 @@ fn verify(store: &Path, pages: bool) -> Result<ExitCode> {
             match report.stray_pack_files {
                 0 => String::new(),
                 n => format!(
-                    "; {n} files no record names (left by a failed commit; \
-                     the next writable open deletes them)"
+                    "; {n} stray pack file(s) no record names (left by a failed \
+                     commit; the next writable open deletes them)"
                 ),
             }
         );
