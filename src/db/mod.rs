@@ -128,7 +128,10 @@ impl Db {
             .map_err(|_| self.poisoned("a commit panicked while staging"))
     }
 
-    /// Run `f` in a read transaction.
+    /// Run `f` in a read transaction. A pack file deleted under it (its
+    /// step was removed after the read began) is reported as
+    /// [`Error::ReadInterrupted`]; damage found in a pack file leaves the
+    /// handle usable (the redb file is not damaged).
     pub(crate) fn read<T>(
         &self,
         what: &dyn Fn() -> String,
