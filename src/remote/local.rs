@@ -1,12 +1,14 @@
-//! Reads of a `file://` bucket's chunks straight into place: each chunk
-//! file is read into the part of the caller's buffer it fills and hashed
-//! there, a slice at a time while the slice is in the CPU's cache, on
-//! every core. A chunk that fills several parts (two pieces share it, or
-//! a piece needs part of it) is read whole, hashed, then copied.
+//! Reads of a `file://` bucket's chunks straight into place, with the file
+//! system directly, on every core, where the object store would copy each
+//! chunk through a buffer of its own: each chunk file is read into the
+//! part of the caller's buffer it fills and hashed there, a slice at a
+//! time while the slice is in the CPU's cache. A chunk that fills several
+//! parts (two pieces share it, or a piece needs part of it) is read whole,
+//! hashed, then copied.
 
 use std::fs::File;
 use std::io::{ErrorKind, Read};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use super::pieces::{place, Regions};
@@ -32,8 +34,7 @@ pub(super) fn read_into<'o>(
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
     run_parallel(jobs, threads, &|_, (i, mut regions)| {
         let (what, hash, n) = wanted[i];
-        // The path `LocalFileSystem` (rooted at /) gives the object.
-        let path = Path::new("/").join(remote.layout.chunk(&hash).as_ref());
+        let path = chunk_path(remote, &hash);
         let damaged = || {
             Error::corrupt(
                 Some(step),
@@ -94,4 +95,21 @@ fn lock<T>(m: &Mutex<T>) -> Result<std::sync::MutexGuard<'_, T>> {
 
 fn poisoned() -> Error {
     Error::corrupt(None, "a chunk reader panicked")
+}
+
+/// Whether `remote` is a `file://` bucket whose object paths are its file
+/// paths (no character `LocalFileSystem` would encode).
+pub(super) fn direct(remote: &Remote) -> bool {
+    remote.dir.as_ref().is_some_and(|d| {
+        d.to_str().is_some_and(|d| {
+            d.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "/-_.".contains(c))
+        })
+    })
+}
+
+/// The file of chunk `hash`: the path `LocalFileSystem` (rooted at /)
+/// gives its object.
+fn chunk_path(remote: &Remote, hash: &Hash) -> PathBuf {
+    Path::new("/").join(remote.layout.chunk(hash).as_ref())
 }

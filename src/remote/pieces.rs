@@ -201,7 +201,7 @@ impl Remote {
         // A `file://` bucket's chunks are read straight into place, on
         // every core; any other bucket's are placed as they arrive and let
         // go. (A chunk the direct read does not find goes the second way.)
-        let rest = if self.dir.is_some() {
+        let rest = if super::local::direct(self) {
             super::local::read_into(self, step, &wanted, jobs)?
         } else {
             jobs
