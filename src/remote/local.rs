@@ -4,26 +4,43 @@
 //! part of the caller's buffer it fills and hashed there, a slice at a
 //! time while the slice is in the CPU's cache. A chunk that fills several
 //! parts (two pieces share it, or a piece needs part of it) is read whole,
-//! hashed, then copied.
+//! hashed, then copied. Where a chunk's bytes go ([`Regions`]) and how a
+//! checked chunk is copied there ([`place`]) are shared with the object
+//! store's path (`pieces.rs`).
 
 use std::fs::File;
 use std::io::{ErrorKind, Read};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use super::pieces::{place, Regions};
 use super::Remote;
 use crate::engine::hashing::run_parallel;
 use crate::format::manifest::{hex, Hash};
 use crate::{Error, Result};
 
+/// Where one fetched chunk's bytes go: (range in the chunk, the part of a
+/// piece's buffer it fills). Ranges are checked against the chunk's
+/// length when it is placed.
+pub(super) type Regions<'o> = Vec<(std::ops::Range<usize>, &'o mut [u8])>;
+
+/// Copy the parts of `chunk` (checked) into `regions`.
+pub(super) fn place(step: u64, chunk: &[u8], regions: &mut Regions<'_>) -> Result<()> {
+    for (range, out) in regions {
+        let part = chunk
+            .get(range.clone())
+            .ok_or_else(|| Error::corrupt(Some(step), "a chunk is shorter than its pieces need"))?;
+        out.copy_from_slice(part);
+    }
+    Ok(())
+}
+
 /// Bytes read and hashed at a time.
 const SLICE: usize = 256 << 10;
 
 /// Read the chunks of `jobs` (index in `wanted`, where its bytes go) from
-/// the `file://` bucket of `remote` into place; returns the jobs whose chunk file was
-/// not where the layout puts it (the caller fetches those through the
-/// object store, which reports a missing chunk).
+/// the `file://` bucket of `remote` into place; returns the jobs whose
+/// chunk file was not where the layout puts it (the caller fetches those
+/// through the object store, which reports a missing chunk).
 pub(super) fn read_into<'o>(
     remote: &Remote,
     step: u64,

@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::layout::{RemoteBlob, RemoteManifest};
+use super::local::{place, Regions};
 use super::restore::blob_chunks;
 use super::step::StepManifest;
 use super::Remote;
@@ -217,11 +218,6 @@ impl Remote {
     }
 }
 
-/// Where one fetched chunk's bytes go: (range in the chunk, the part of a
-/// piece's buffer it fills). Ranges are checked against the chunk's
-/// length when it is placed.
-pub(super) type Regions<'o> = Vec<(std::ops::Range<usize>, &'o mut [u8])>;
-
 /// Split the pieces' buffers `outs` into the disjoint regions each wanted
 /// chunk fills (`plans[p]`: the chunks piece `p` needs, each with its start
 /// in the entry and its length); checks that every piece is covered
@@ -263,15 +259,4 @@ fn regions<'o>(
         }
     }
     Ok(by_chunk.into_iter().enumerate().collect())
-}
-
-/// Copy the parts of `chunk` (checked) into `regions`.
-pub(super) fn place(step: u64, chunk: &[u8], regions: &mut Regions<'_>) -> Result<()> {
-    for (range, out) in regions {
-        let part = chunk
-            .get(range.clone())
-            .ok_or_else(|| Error::corrupt(Some(step), "a chunk is shorter than its pieces need"))?;
-        out.copy_from_slice(part);
-    }
-    Ok(())
 }
