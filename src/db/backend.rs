@@ -26,6 +26,15 @@ impl Source {
             Source::Path(p) | Source::Backend(p, _) => p,
         }
     }
+
+    /// The directory of the store's pack files; `None` for a caller's
+    /// backend (no path), which keeps every chunk in redb.
+    pub(crate) fn pack_dir(&self) -> Option<PathBuf> {
+        match self {
+            Source::Path(p) => Some(crate::format::packs::pack_dir(p)),
+            Source::Backend(..) => None,
+        }
+    }
 }
 
 /// A boxed backend, forwarding every method (locks included, so shared

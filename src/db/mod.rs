@@ -24,7 +24,6 @@ use redb::{Database, ReadOnlyDatabase, ReadableDatabase};
 use crate::engine::packs::{is_missing_pack, missing_pack};
 use crate::engine::{Engine, View};
 use crate::error::StorageContext;
-use crate::format::packs::pack_dir;
 use crate::options::Settings;
 use crate::process::Owner;
 use crate::{Durability, Error, Result};
@@ -128,10 +127,9 @@ impl Db {
             .map_err(|_| self.poisoned("a commit panicked while staging"))
     }
 
-    /// Run `f` in a read transaction. A pack file deleted under it (its
-    /// step was removed after the read began) is reported as
-    /// [`Error::ReadInterrupted`]; damage found in a pack file leaves the
-    /// handle usable (the redb file is not damaged).
+    /// Run `f` in a read transaction. A pack file deleted under it is
+    /// [`Error::ReadInterrupted`]; damage in a pack file leaves the handle
+    /// usable (the redb file is not damaged).
     pub(crate) fn read<T>(
         &self,
         what: &dyn Fn() -> String,
@@ -157,8 +155,8 @@ impl Db {
                 pack_fault: pack_fault.clone(),
             });
             match (result, packs) {
+                // Deleted by a writer after this read began, or lost.
                 (Err(e), Some(dir)) if is_missing_pack(&e, &dir) => {
-                    // Deleted by a writer after this read began, or lost.
                     Ok(Err(missing_pack(e, &begin()?)?))
                 }
                 // Damage in a pack file, not in the redb file: the handle
@@ -176,13 +174,9 @@ impl Db {
         self.options.packs(chunk_bytes) && self.pack_dir().is_some()
     }
 
-    /// The directory of the store's pack files; `None` for a store with
-    /// no path (a caller's backend), which keeps every chunk in redb.
+    /// The directory of the store's pack files ([`Source::pack_dir`]).
     pub(crate) fn pack_dir(&self) -> Option<PathBuf> {
-        match &self.source {
-            Source::Path(p) => Some(pack_dir(p)),
-            Source::Backend(..) => None,
-        }
+        self.source.pack_dir()
     }
 
     /// Run `f` in one write transaction and commit it; abort if `f` fails.
@@ -495,7 +489,7 @@ fn open_writable(source: &Source, options: &Settings) -> Result<State> {
                 let db = open::builder(options)
                     .create(p)
                     .map_err(|e| open::open_error(path, e))?;
-                open::prepare_writable(path, Some(&pack_dir(p)), &db, options)?;
+                open::prepare_writable(path, source.pack_dir().as_deref(), &db, options)?;
                 Ok(State::Writable(db))
             })
         }

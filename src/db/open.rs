@@ -42,26 +42,9 @@ pub(crate) fn open_error(path: &Path, e: redb::DatabaseError) -> Error {
 
 /// Check a writable database's format and bring it to the current one:
 /// initialise an empty database, upgrade a format 1 store, delete the
-/// chunks of a staging a crash interrupted.
+/// chunks of a staging a crash interrupted and the pack files (in
+/// `packs`) no record names.
 pub(crate) fn prepare_writable(
-    path: &Path,
-    packs: Option<&Path>,
-    db: &Database,
-    options: &Settings,
-) -> Result<()> {
-    let what = || format!("opening {}", path.display());
-    prepare_tables(path, packs, db, options)?;
-    if let Some(dir) = packs {
-        // No other writer can be under way: what no record names was
-        // left by a transaction that did not commit, or made dead by one
-        // whose process died before deleting it.
-        let recorded = recorded_packs(&db.begin_read().context(what)?)?;
-        sweep_unrecorded(dir, &recorded)?;
-    }
-    Ok(())
-}
-
-fn prepare_tables(
     path: &Path,
     packs: Option<&Path>,
     db: &Database,
@@ -74,22 +57,29 @@ fn prepare_tables(
         let staging = found != Found::Empty && staging_flag(&txn)?;
         (found, staging)
     };
-    if matches!(found, Found::Store(v) if v >= TABLES_FORMAT) && !staging {
-        return Ok(());
+    if staging || !matches!(found, Found::Store(v) if v >= TABLES_FORMAT) {
+        let txn = super::begin_write(db, options, &what)?;
+        match found {
+            Found::Empty => create_tables(&txn, &|| format!("initialising {}", path.display()))?,
+            Found::Store(v) if v < TABLES_FORMAT => upgrade_to_current(&txn, &|| {
+                format!("upgrading {} to format {TABLES_FORMAT}", path.display())
+            })?,
+            Found::Store(_) => {}
+        }
+        let mut engine = Engine::open(&txn, packs.map(Path::to_owned))?;
+        engine.sweep_staged()?;
+        // Pack files this made dead are swept below, as unrecorded.
+        engine.finish()?;
+        txn.commit().context(what)?;
     }
-    let txn = super::begin_write(db, options, &what)?;
-    match found {
-        Found::Empty => create_tables(&txn, &|| format!("initialising {}", path.display()))?,
-        Found::Store(v) if v < TABLES_FORMAT => upgrade_to_current(&txn, &|| {
-            format!("upgrading {} to format {TABLES_FORMAT}", path.display())
-        })?,
-        Found::Store(_) => {}
+    if let Some(dir) = packs {
+        // No other writer can be under way: what no record names was
+        // left by a transaction that did not commit, or made dead by one
+        // whose process died before deleting it.
+        let recorded = recorded_packs(&db.begin_read().context(what)?)?;
+        sweep_unrecorded(dir, &recorded)?;
     }
-    let mut engine = Engine::open(&txn, packs.map(Path::to_owned))?;
-    engine.sweep_staged()?;
-    // Pack files this made dead are swept next, as unrecorded.
-    engine.finish()?;
-    txn.commit().context(what)
+    Ok(())
 }
 
 /// Whether a commit was staging chunks when the store was last written.

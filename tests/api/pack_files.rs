@@ -15,10 +15,12 @@ type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
 
 /// A store with pack files for commits of 1 MiB of chunks and more.
 pub fn packed(path: &Path) -> ckptstore::Result<CheckpointStore> {
-    StoreOptions::new()
-        .pack_files(true)
-        .pack_threshold(1 << 20)
-        .open(path)
+    options().open(path)
+}
+
+/// The options of [`packed`].
+fn options() -> StoreOptions {
+    StoreOptions::new().pack_files(true).pack_threshold(1 << 20)
 }
 
 /// Step `step`: 3 MiB that change with the step, 2 MiB that never do.
@@ -81,9 +83,7 @@ fn large_commits_keep_their_chunks_in_pack_files() -> Result {
 fn a_pack_file_goes_with_its_last_step() -> Result {
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("run.ckpt");
-    let store = StoreOptions::new()
-        .pack_files(true)
-        .pack_threshold(1 << 20)
+    let store = options()
         .retention(Retention::new().keep_last(2))
         .open(&path)?;
     for step in 0..6 {
@@ -132,9 +132,7 @@ fn files_no_record_names_are_swept_by_a_writable_open() -> Result {
 fn compact_rewrites_pack_files_that_are_mostly_dead() -> Result {
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("run.ckpt");
-    let store = StoreOptions::new()
-        .pack_files(true)
-        .pack_threshold(1 << 20)
+    let store = options()
         .retention(Retention::new().keep_last(1))
         .open(&path)?;
     for step in 0..3 {
@@ -172,9 +170,7 @@ fn compact_rewrites_pack_files_that_are_mostly_dead() -> Result {
 fn a_compaction_that_finds_a_damaged_chunk_moves_nothing() -> Result {
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("run.ckpt");
-    let store = StoreOptions::new()
-        .pack_files(true)
-        .pack_threshold(1 << 20)
+    let store = options()
         .retention(Retention::new().keep_last(1))
         .open(&path)?;
     store.commit(&step_of(0))?;
