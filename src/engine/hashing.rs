@@ -8,6 +8,36 @@ use std::thread;
 use crate::format::manifest::Hash;
 use crate::Result;
 
+/// Bytes read and hashed at a time by [`read_hashed`]: within a core's L2
+/// cache, and a multiple of BLAKE3's 1 KiB chunks.
+const READ_SLICE: usize = 256 << 10;
+
+/// Fill `out` by `read(slice, offset of the slice in out)`, a slice at a
+/// time, hashing each slice while it is still in the CPU's cache; returns
+/// the BLAKE3 hash of what was read. On an error `out` is zeroed: bytes
+/// that were not checked never stay.
+pub(crate) fn read_hashed(
+    out: &mut [u8],
+    read: &mut dyn FnMut(&mut [u8], u64) -> std::io::Result<()>,
+) -> std::io::Result<Hash> {
+    let mut hasher = blake3::Hasher::new();
+    let mut at = 0u64;
+    let mut whole = Ok(());
+    for slice in out.chunks_mut(READ_SLICE) {
+        whole = read(slice, at);
+        if whole.is_err() {
+            break;
+        }
+        hasher.update(slice);
+        at += slice.len() as u64;
+    }
+    if let Err(e) = whole {
+        out.fill(0);
+        return Err(e);
+    }
+    Ok(*hasher.finalize().as_bytes())
+}
+
 /// Below this many bytes, one thread beats starting others.
 const PARALLEL_MIN_BYTES: usize = 4 << 20;
 

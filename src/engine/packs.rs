@@ -9,8 +9,12 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use redb::{ReadOnlyTable, ReadTransaction, ReadableTable, Table, WriteTransaction};
+use redb::{
+    ReadOnlyTable, ReadTransaction, ReadableTable, Table, TableDefinition, TableHandle,
+    WriteTransaction,
+};
 
+use super::hashing::read_hashed;
 use crate::error::StorageContext;
 use crate::format::manifest::{hex, Hash};
 use crate::format::packs::{pack_name, parse_pack_name, PackLoc};
@@ -158,29 +162,11 @@ impl<'txn> PackTables<'txn> {
     }
 
     fn chunks(&mut self) -> Result<&mut Table<'txn, u64, &'static [u8]>> {
-        if self.chunks.is_none() {
-            let table = self
-                .txn
-                .open_table(PACK_CHUNKS)
-                .context(|| "opening table pack_chunks".to_owned())?;
-            self.chunks = Some(table);
-        }
-        self.chunks
-            .as_mut()
-            .ok_or_else(|| Error::corrupt(None, "table pack_chunks did not open"))
+        opened(self.txn, &mut self.chunks, PACK_CHUNKS)
     }
 
     fn files(&mut self) -> Result<&mut Table<'txn, u32, (u64, u64)>> {
-        if self.files.is_none() {
-            let table = self
-                .txn
-                .open_table(PACK_FILES)
-                .context(|| "opening table pack_files".to_owned())?;
-            self.files = Some(table);
-        }
-        self.files
-            .as_mut()
-            .ok_or_else(|| Error::corrupt(None, "table pack_files did not open"))
+        opened(self.txn, &mut self.files, PACK_FILES)
     }
 
     /// Whether this store has pack tables at all (without creating them).
@@ -299,29 +285,14 @@ impl PackTables<'_> {
                 moving.push((id.value(), loc));
             }
         }
-        let mut open: HashMap<u32, File> = HashMap::new();
+        let files = PackFiles::new(dir.clone());
         let mut buf = Vec::new();
         for (id, loc) in moving {
-            let path = dir.join(pack_name(loc.pack));
-            let file = match open.entry(loc.pack) {
-                std::collections::hash_map::Entry::Occupied(f) => f.into_mut(),
-                std::collections::hash_map::Entry::Vacant(v) => {
-                    v.insert(File::open(&path).map_err(|e| Error::io("open pack file", &path, e))?)
-                }
-            };
             buf.resize(loc.len as usize, 0);
-            file.read_exact_at(&mut buf, loc.offset)
-                .map_err(|e| Error::io("read pack file", &path, e))?;
-            if blake3::hash(&buf).as_bytes() != &loc.hash {
+            if let Err(what) = files.read(&loc, &mut buf)? {
                 return Err(Error::corrupt(
                     None,
-                    format!(
-                        "chunk {} fails its hash check in pack file {} at offset {}; \
-                         compaction stopped",
-                        hex(&loc.hash),
-                        path.display(),
-                        loc.offset
-                    ),
+                    format!("chunk {} {what}; compaction stopped", hex(&loc.hash)),
                 ));
             }
             self.insert(id, &loc.hash, &buf)?;
@@ -336,6 +307,23 @@ impl PackTables<'_> {
         }
         Ok((sparse.len() as u64, freed))
     }
+}
+
+/// The table `slot` holds, opened in `txn` the first time it is needed.
+fn opened<'s, 'txn, K: redb::Key + 'static, V: redb::Value + 'static>(
+    txn: &'txn WriteTransaction,
+    slot: &'s mut Option<Table<'txn, K, V>>,
+    table: TableDefinition<K, V>,
+) -> Result<&'s mut Table<'txn, K, V>> {
+    if slot.is_none() {
+        let name = table.name().to_owned();
+        *slot = Some(
+            txn.open_table(table)
+                .context(|| format!("opening table {name}"))?,
+        );
+    }
+    slot.as_mut()
+        .ok_or_else(|| Error::corrupt(None, "a pack table did not open"))
 }
 
 /// The ids of the pack files the store records.
@@ -385,19 +373,79 @@ pub(crate) fn sweep_unrecorded(dir: &Path, recorded: &[u32]) -> Result<usize> {
     Ok(found.len())
 }
 
-/// Bytes a chunk is read and hashed in at a time: within a core's L2
-/// cache, and a multiple of BLAKE3's 1 KiB chunks.
-const READ_SLICE: usize = 256 << 10;
-
-/// Pack files one read keeps open at most.
+/// Pack files one reader keeps open at most.
 const MAX_OPEN_PACKS: usize = 64;
 
-/// Reads chunks from a read transaction's pack files: the files opened
-/// once each, on first use.
-pub(crate) struct PackReader {
+/// The pack files of a store's directory, each opened on first use.
+pub(crate) struct PackFiles {
     dir: PathBuf,
+    open: Mutex<HashMap<u32, Arc<File>>>,
+}
+
+impl PackFiles {
+    pub(crate) fn new(dir: PathBuf) -> Self {
+        PackFiles {
+            dir,
+            open: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn file(&self, pack: u32) -> Result<Arc<File>> {
+        let mut open = self
+            .open
+            .lock()
+            .map_err(|_| Error::corrupt(None, "a pack file reader panicked"))?;
+        if let Some(f) = open.get(&pack) {
+            return Ok(f.clone());
+        }
+        let path = self.dir.join(pack_name(pack));
+        let file = Arc::new(File::open(&path).map_err(|e| Error::io("open pack file", &path, e))?);
+        if open.len() >= MAX_OPEN_PACKS {
+            // A step whose chunks are spread over many files (a long run
+            // that changes a little each step): stay far below the
+            // process's file limit. Files in use stay open where used.
+            open.clear();
+        }
+        open.insert(pack, file.clone());
+        Ok(file)
+    }
+
+    /// Read the chunk at `loc` into `out` (its length) and check its hash:
+    /// `Ok(Err(what))` when it fails the check or lies past the end of its
+    /// file (`out` is then zeroed: wrong bytes never stay), `Err` for an
+    /// I/O error.
+    pub(crate) fn read(
+        &self,
+        loc: &PackLoc,
+        out: &mut [u8],
+    ) -> Result<std::result::Result<(), String>> {
+        let file = self.file(loc.pack)?;
+        let name = pack_name(loc.pack);
+        match read_hashed(out, &mut |slice, at| {
+            file.read_exact_at(slice, loc.offset + at)
+        }) {
+            Ok(hash) if hash == loc.hash => Ok(Ok(())),
+            Ok(_) => {
+                out.fill(0);
+                Ok(Err(format!(
+                    "fails its hash check in pack file {name} at offset {}",
+                    loc.offset
+                )))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(Err(format!(
+                "is past the end of pack file {name} (bytes {}..{})",
+                loc.offset,
+                loc.end()
+            ))),
+            Err(e) => Err(Error::io("read pack file", self.dir.join(name), e)),
+        }
+    }
+}
+
+/// Reads chunks from a read transaction's pack files.
+pub(crate) struct PackReader {
     table: ReadOnlyTable<u64, &'static [u8]>,
-    files: Mutex<HashMap<u32, Arc<File>>>,
+    files: PackFiles,
     /// Set when a pack file fails a check ([`View::pack_fault`]).
     ///
     /// [`View::pack_fault`]: super::View
@@ -411,9 +459,8 @@ impl PackReader {
         faulted: Arc<AtomicBool>,
     ) -> Self {
         PackReader {
-            dir,
             table,
-            files: Mutex::new(HashMap::new()),
+            files: PackFiles::new(dir),
             faulted,
         }
     }
@@ -427,66 +474,18 @@ impl PackReader {
         found.map(|g| PackLoc::decode(id, g.value())).transpose()
     }
 
-    fn file(&self, pack: u32) -> Result<Arc<File>> {
-        let mut files = self
-            .files
-            .lock()
-            .map_err(|_| Error::corrupt(None, "a pack file reader panicked"))?;
-        if let Some(f) = files.get(&pack) {
-            return Ok(f.clone());
-        }
-        let path = self.dir.join(pack_name(pack));
-        let file = Arc::new(File::open(&path).map_err(|e| Error::io("open pack file", &path, e))?);
-        if files.len() >= MAX_OPEN_PACKS {
-            // A step whose chunks are spread over many files (a long run
-            // that changes a little each step): stay far below the
-            // process's file limit. Files in use stay open where used.
-            files.clear();
-        }
-        files.insert(pack, file.clone());
-        Ok(file)
-    }
-
-    /// Read the chunk at `loc` into `out` (its length) and check its hash;
-    /// on a mismatch `out` is zeroed, so wrong bytes never stay there.
-    /// `fault` words an integrity failure.
+    /// Read the chunk at `loc` into `out` (its length), checked
+    /// ([`PackFiles::read`]); `fault` words an integrity failure.
     pub(crate) fn read_into(
         &self,
         loc: &PackLoc,
         out: &mut [u8],
         fault: &dyn Fn(String) -> Error,
     ) -> Result<()> {
-        let file = self.file(loc.pack)?;
-        let name = pack_name(loc.pack);
-        // Read and hash a slice at a time, so that the hash reads bytes
-        // still in the CPU's cache rather than from memory again.
-        let mut hasher = blake3::Hasher::new();
-        let mut at = loc.offset;
-        for slice in out.chunks_mut(READ_SLICE) {
-            if let Err(e) = file.read_exact_at(slice, at) {
-                out.fill(0);
-                if e.kind() == std::io::ErrorKind::UnexpectedEof {
-                    self.faulted.store(true, Ordering::Relaxed);
-                    return Err(fault(format!(
-                        "is past the end of pack file {name} (bytes {}..{})",
-                        loc.offset,
-                        loc.end()
-                    )));
-                }
-                return Err(Error::io("read pack file", self.dir.join(name), e));
-            }
-            hasher.update(slice);
-            at += slice.len() as u64;
-        }
-        if hasher.finalize().as_bytes() != &loc.hash {
-            out.fill(0);
+        self.files.read(loc, out)?.map_err(|what| {
             self.faulted.store(true, Ordering::Relaxed);
-            return Err(fault(format!(
-                "fails its hash check in pack file {name} at offset {}",
-                loc.offset
-            )));
-        }
-        Ok(())
+            fault(what)
+        })
     }
 }
 

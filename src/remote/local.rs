@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use super::Remote;
-use crate::engine::hashing::run_parallel;
+use crate::engine::hashing::{read_hashed, run_parallel};
 use crate::format::manifest::{hex, Hash};
 use crate::{Error, Result};
 
@@ -33,9 +33,6 @@ pub(super) fn place(step: u64, chunk: &[u8], regions: &mut Regions<'_>) -> Resul
     }
     Ok(())
 }
-
-/// Bytes read and hashed at a time.
-const SLICE: usize = 256 << 10;
 
 /// Read the chunks of `jobs` (index in `wanted`, where its bytes go) from
 /// the `file://` bucket of `remote` into place; returns the jobs whose
@@ -78,27 +75,19 @@ pub(super) fn read_into<'o>(
             return Err(damaged());
         }
         let read = |e| Error::io("read chunk", &path, e);
+        let mut next_slice = |slice: &mut [u8], _| file.read_exact(slice);
         if let [(range, out)] = regions.as_mut_slice() {
             if *range == (0..n) {
-                let mut hasher = blake3::Hasher::new();
-                let whole = out.chunks_mut(SLICE).try_for_each(|slice| {
-                    file.read_exact(slice)?;
-                    hasher.update(slice);
-                    Ok(())
-                });
-                // Bytes not yet checked, or that failed, never stay.
-                let result = match whole {
-                    Err(e) => Err(read(e)),
-                    Ok(()) if hasher.finalize().as_bytes() != &hash => Err(damaged()),
-                    Ok(()) => return Ok(()),
-                };
-                out.fill(0);
-                return result;
+                // Straight into place; bytes that fail never stay.
+                if read_hashed(out, &mut next_slice).map_err(read)? != hash {
+                    out.fill(0);
+                    return Err(damaged());
+                }
+                return Ok(());
             }
         }
         let mut chunk = vec![0u8; n];
-        file.read_exact(&mut chunk).map_err(read)?;
-        if blake3::hash(&chunk).as_bytes() != &hash {
+        if read_hashed(&mut chunk, &mut next_slice).map_err(read)? != hash {
             return Err(damaged());
         }
         place(step, &chunk, &mut regions)
