@@ -38,8 +38,14 @@ fn main() -> Result {
         || std::env::temp_dir().join("ckptstore-demo.ckpt"),
         PathBuf::from,
     );
+    // A store is its file and its pack directory (`PATH.packs`).
     if path.exists() {
         std::fs::remove_file(&path)?;
+    }
+    let mut packs = path.clone().into_os_string();
+    packs.push(".packs");
+    if std::path::Path::new(&packs).exists() {
+        std::fs::remove_dir_all(&packs)?;
     }
 
     println!(
@@ -65,7 +71,13 @@ fn main() -> Result {
     );
     println!("   steps stored: {:?}", store.steps()?);
     let file = std::fs::metadata(&path)?.len();
-    println!("   file size: {:.1} MiB", file as f64 / 1_048_576.0);
+    let usage = store.stats()?;
+    println!(
+        "   on disk: {:.1} MiB in the store file, {:.1} MiB in {} pack files",
+        file as f64 / 1_048_576.0,
+        usage.pack_bytes as f64 / 1_048_576.0,
+        usage.pack_files
+    );
     if !report.is_ok() {
         return Err("store failed verification".into());
     }

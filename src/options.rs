@@ -84,7 +84,7 @@ impl Default for Settings {
             quick_repair: true,
             threads: default_threads(),
             background_threads: 1,
-            pack_files: false,
+            pack_files: true,
             pack_threshold: DEFAULT_PACK_THRESHOLD,
         }
     }

@@ -152,7 +152,7 @@ impl RawStore {
 #[pymethods]
 impl RawStore {
     #[new]
-    #[pyo3(signature = (path, read_only=false, cache_size=None, replicate_to=None, threads=None, background_threads=None, pack_files=false))]
+    #[pyo3(signature = (path, read_only=false, cache_size=None, replicate_to=None, threads=None, background_threads=None, pack_files=true))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn new(
         py: Python<'_>,

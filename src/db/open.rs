@@ -2,6 +2,7 @@
 //! from format 1, and the clean-up of an interrupted staging and of pack
 //! files no record names.
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 
 use redb::{Database, ReadOnlyDatabase, ReadableDatabase};
@@ -13,6 +14,9 @@ use crate::format::tables::{Found, META, META_STAGING, TABLES_FORMAT};
 use crate::format::{check_tables, create_tables, upgrade_to_current};
 use crate::options::Settings;
 use crate::{Error, Result};
+
+use super::backend::{DynBackend, Source};
+use super::{overlay, panic_message, State};
 
 /// redb's builder for `options`.
 pub(crate) fn builder(options: &Settings) -> redb::Builder {
@@ -140,4 +144,136 @@ pub(crate) fn create_atomically(path: &Path, options: &Settings) -> Result<()> {
     let _ = std::fs::remove_file(&tmp);
     result?;
     crate::file::sync_dir(&dir)
+}
+
+/// Run an open behind the panic boundary: a panic there means a damaged
+/// file, reported as an open error.
+fn open_guarded(path: &Path, f: impl FnOnce() -> Result<State>) -> Result<State> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|payload| {
+        Err(Error::Open {
+            path: path.to_owned(),
+            source: format!("redb panicked: {}", panic_message(&*payload)).into(),
+        })
+    })
+}
+
+pub(super) fn open_writable(source: &Source, options: &Settings) -> Result<State> {
+    let path = source.path();
+    match source {
+        Source::Path(p) => {
+            if !p.exists() {
+                create_atomically(p, options)?;
+            }
+            open_guarded(path, || {
+                let db = builder(options)
+                    .create(p)
+                    .map_err(|e| open_error(path, e))?;
+                prepare_writable(path, source.pack_dir().as_deref(), &db, options)?;
+                Ok(State::Writable(db))
+            })
+        }
+        Source::Backend(_, factory) => {
+            // The caller's factory runs outside the boundary: its panics
+            // are its own.
+            let backend: DynBackend =
+                factory().map_err(|e| Error::io("open backend of", path, e))?;
+            open_guarded(path, || {
+                let db = builder(options)
+                    .create_with_backend(backend)
+                    .map_err(|e| open_error(path, e))?;
+                prepare_writable(path, None, &db, options)?;
+                Ok(State::Writable(db))
+            })
+        }
+    }
+}
+
+pub(super) fn open_read_only(source: &Source, options: &Settings) -> Result<State> {
+    let path = source.path();
+    open_guarded(path, || {
+        let db = match builder(options).open_read_only(path) {
+            // The writer died: redb would repair the file, which a reader
+            // must not change. Repair a copy in memory instead.
+            Err(redb::DatabaseError::RepairAborted) => {
+                let db = open_overlay(path, options)?;
+                check_tables_of(path, &db)?;
+                return Ok(State::Recovered(db));
+            }
+            opened => opened.map_err(|e| open_error(path, e))?,
+        };
+        check_read_only(path, &db)?;
+        Ok(State::ReadOnly(db))
+    })
+}
+
+/// Open the file at `path` for redb through an [`overlay::Overlay`]: redb
+/// may repair it, and nothing reaches the file.
+pub(super) fn open_overlay(path: &Path, options: &Settings) -> Result<Database> {
+    let file = std::fs::File::open(path).map_err(|e| Error::io("open", path, e))?;
+    let overlay = overlay::Overlay::new(file).map_err(|e| Error::io("read", path, e))?;
+    let mut builder = builder(options);
+    // The overlay has no locks: no other handle shares it.
+    builder.set_concurrency_mode(redb::ConcurrencyMode::ExclusiveWriter);
+    builder.set_check_integrity_on_open(false);
+    builder
+        .create_with_backend(overlay)
+        .map_err(|e| open_error(path, e))
+}
+
+/// Check the checksum of every redb page of the store at `path` without
+/// changing the file. `Ok(false)`: damage was found.
+pub(crate) fn check_pages(path: &Path, options: &Settings) -> Result<bool> {
+    let before = Stamp::of(path)?;
+    let checked = catch_unwind(AssertUnwindSafe(|| {
+        let mut db = open_overlay(path, options)?;
+        check_tables_of(path, &db)?;
+        match db.check_integrity() {
+            Ok(ok) => Ok(ok),
+            Err(redb::DatabaseError::Storage(redb::StorageError::Corrupted(_))) => Ok(false),
+            Err(e) => Err(open_error(path, e)),
+        }
+    }));
+    let ok = checked.unwrap_or(Ok(false));
+    // What was read is one state of the file only if no commit landed
+    // meanwhile (each rewrites the header). Damage is reported only when
+    // the file stays still a moment longer: a commit under way when the
+    // check ended would have shown itself by then.
+    if !matches!(ok, Ok(true)) {
+        std::thread::sleep(SETTLE);
+    }
+    if Stamp::of(path)? != before {
+        return Err(Error::StoreChanged {
+            path: path.to_owned(),
+        });
+    }
+    ok
+}
+
+/// How long a damaged-looking file must stay unchanged to be reported.
+const SETTLE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// What changes when a commit lands: the length, the modification time
+/// and redb's header (the first page, with the commit slots).
+#[derive(Debug, PartialEq, Eq)]
+struct Stamp {
+    len: u64,
+    modified: Option<std::time::SystemTime>,
+    header: Vec<u8>,
+}
+
+impl Stamp {
+    fn of(path: &Path) -> Result<Stamp> {
+        use std::io::Read;
+        let file = std::fs::File::open(path).map_err(|e| Error::io("open", path, e))?;
+        let meta = file.metadata().map_err(|e| Error::io("stat", path, e))?;
+        let mut header = Vec::with_capacity(4096);
+        file.take(4096)
+            .read_to_end(&mut header)
+            .map_err(|e| Error::io("read", path, e))?;
+        Ok(Stamp {
+            len: meta.len(),
+            modified: meta.modified().ok(),
+            header,
+        })
+    }
 }

@@ -518,7 +518,19 @@ pub(crate) fn missing_pack(e: Error, now: &ReadTransaction) -> Result<Error> {
         _ => false,
     };
     Ok(if recorded {
-        Error::corrupt(None, format!("pack file {} is missing", path.display()))
+        let dir = path.parent().unwrap_or(path);
+        let detail = if dir.exists() {
+            format!("pack file {} is missing", path.display())
+        } else {
+            format!(
+                "pack file {} is missing: the store's pack directory {} is gone \
+                 (a store is its file and that directory: copy, move and remove \
+                 them together, or use `ckpt cp`)",
+                path.display(),
+                dir.display()
+            )
+        };
+        Error::corrupt(None, detail)
     } else {
         Error::ReadInterrupted {
             detail: format!("pack file {} was deleted while it was read", path.display()),

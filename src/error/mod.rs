@@ -255,10 +255,11 @@ pub enum Error {
         path: PathBuf,
     },
 
-    /// A read lost a race with a writer: a pack file it needed was deleted
-    /// after the read began, because the step was removed (by retention,
-    /// `remove` or a replace) or `compact` moved its chunks. Read again:
-    /// the store as it is now answers.
+    /// A read lost a race with a writer three times in a row: a pack file
+    /// it needed was deleted after the read began, because the step was
+    /// removed (by retention, `remove` or a replace) or `compact` moved its
+    /// chunks. (A read that loses once runs again in a new transaction.)
+    /// Read again: the store as it is now answers.
     #[error(
         "{detail}: a writer deleted it after the read began (the step was removed, or \
          compaction moved its chunks); read again"

@@ -4,6 +4,7 @@
 
 mod asynch;
 mod commit;
+mod copy;
 mod manage;
 mod open;
 mod options;

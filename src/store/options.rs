@@ -125,15 +125,16 @@ impl StoreOptions {
     }
 
     /// Keep the chunks of large commits in pack files beside the store
-    /// rather than in its redb file (default `false`, while pack files are
-    /// new). A commit (or a staged part of one) with at least
+    /// rather than in its redb file (default `true`; `false` keeps every
+    /// chunk in the redb file, as ckptstore 0.3 did). A commit (or a staged part of one) with at least
     /// [`pack_threshold`](Self::pack_threshold) bytes of chunks writes
     /// its new chunks into a pack file of its own, from the caller's
     /// memory, fsyncs it, and then records where each chunk is in the one
     /// transaction that commits the step; reads copy each chunk from the
     /// pack file straight into its place. The store at `run.ckpt` keeps its
-    /// pack files in `run.ckpt.packs/`: copy, move or remove the two
-    /// together. A pack file is deleted when the last step using its
+    /// pack files in `run.ckpt.packs/`: move or remove the two together,
+    /// and copy a store with [`CheckpointStore::copy_to`] (`ckpt cp`),
+    /// which is safe while it is written. A pack file is deleted when the last step using its
     /// chunks goes; [`CheckpointStore::compact`] rewrites pack files that
     /// are mostly dead. A store that has pack files is read by this option
     /// or without it (and not by ckptstore 0.3). docs/design.md has the

@@ -130,6 +130,7 @@ impl CheckpointStore {
     /// ```
     pub fn steps_in(&self, range: impl RangeBounds<u64>) -> Result<Vec<u64>> {
         let what = || "listing steps".to_owned();
+        let range = (range.start_bound().cloned(), range.end_bound().cloned());
         self.db.read(&what, |view| view.steps_in(range))
     }
 
@@ -154,10 +155,11 @@ impl CheckpointStore {
     /// Run `f` on step `step`: its checkpoint without blob or tensor data,
     /// its metadata, and a reader of its blobs and tensors one at a time,
     /// all from one read transaction. `None` if the step is not stored.
+    /// `f` runs again if a writer deletes a pack file under it.
     pub(crate) fn with_step<T>(
         &self,
         step: u64,
-        f: impl FnOnce(GradientCheckpoint, StepInfo, &StepData<'_>) -> Result<T>,
+        mut f: impl FnMut(GradientCheckpoint, StepInfo, &StepData<'_>) -> Result<T>,
     ) -> Result<Option<T>> {
         let what = || format!("reading step {step}");
         self.db.read(&what, |view| {
@@ -195,6 +197,7 @@ impl CheckpointStore {
     /// ```
     pub fn summaries(&self, range: impl RangeBounds<u64>) -> Result<Vec<StepSummary>> {
         let what = || "listing step summaries".to_owned();
+        let range = (range.start_bound().cloned(), range.end_bound().cloned());
         self.db.read(&what, |view| view.summaries(range))
     }
 

@@ -74,3 +74,30 @@ fn rm_gc_and_compact_change_the_store() -> Result {
     assert!(store.get(11)? == Some(common::deterministic(11)));
     Ok(())
 }
+
+#[test]
+fn cp_copies_the_store_with_its_pack_files() -> Result {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("run.ckpt");
+    let to = dir.path().join("copy.ckpt");
+    let (p, t) = (path.to_str().ok_or("path")?, to.to_str().ok_or("path")?);
+    {
+        let store = CheckpointStore::open(&path)?;
+        store.commit(&common::checkpoint(1, &[6 << 20])?)?; // packed
+        store.commit(&common::deterministic(2))?;
+    }
+    let (code, out, err) = common::ckpt(&["cp", p, t])?;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("copied 2 steps"), "{out}");
+    let (original, copy) = (
+        CheckpointStore::open_read_only(&path)?,
+        CheckpointStore::open_read_only(&to)?,
+    );
+    assert_eq!(copy.get(1)?, original.get(1)?);
+    assert_eq!(copy.get(2)?, original.get(2)?);
+    assert_eq!(common::pack_files(&to).len(), 1);
+    let (code, _, err) = common::ckpt(&["cp", p, t])?;
+    assert_eq!(code, 1);
+    assert!(err.contains("copy.ckpt"), "{err}");
+    Ok(())
+}

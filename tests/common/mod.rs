@@ -136,3 +136,25 @@ pub fn pack_files(store: &std::path::Path) -> Vec<std::path::PathBuf> {
     files.sort();
     files
 }
+
+/// Flip one bit of the byte `offset` into the first place `needle` is
+/// found among the files of the store at `store` (its redb file, then its
+/// pack files), wherever the bytes live; the file changed.
+pub fn flip_stored_byte(
+    store: &std::path::Path,
+    needle: &[u8],
+    offset: usize,
+) -> std::io::Result<std::path::PathBuf> {
+    for path in std::iter::once(store.to_owned()).chain(pack_files(store)) {
+        let mut file = std::fs::read(&path)?;
+        if let Some(pos) = file.windows(needle.len()).position(|w| w == needle) {
+            file[pos + offset] ^= 0x40;
+            std::fs::write(&path, &file)?;
+            return Ok(path);
+        }
+    }
+    Err(std::io::Error::other(format!(
+        "bytes not found in {} or its pack files",
+        store.display()
+    )))
+}

@@ -127,11 +127,12 @@ fn another_process_reads_while_this_one_commits() -> Result {
 
 /// With pack files and a retention that keeps one step, every commit
 /// deletes the previous step's pack file, often while a reader is reading
-/// that step: each read returns the whole step, or none, or
-/// `Error::ReadInterrupted` (read again) — never damaged data or a
-/// corrupt-data error.
+/// that step: each read returns the whole step (the store reads again in a
+/// new transaction when a file goes under it), never damaged data, a
+/// corrupt-data error or `Error::ReadInterrupted` (which needs three lost
+/// races in a row; without the retry, about 1 read in 80 lost one here).
 #[test]
-fn reads_racing_with_pack_file_deletion_are_whole_or_told_to_retry() -> Result {
+fn reads_racing_with_pack_file_deletion_are_whole() -> Result {
     use ckptstore::{ComputationGraphStore, Error, GradientCheckpoint, Retention, StoreOptions};
     let big = |step: u64| {
         let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), step);
@@ -171,6 +172,7 @@ fn reads_racing_with_pack_file_deletion_are_whole_or_told_to_retry() -> Result {
     let (whole, interrupted) = reader.join().map_err(|_| "reader panicked")??;
     println!("{whole} whole reads, {interrupted} told to read again");
     assert!(whole > 0, "the reader never read a step");
+    assert_eq!(interrupted, 0, "reads were not retried");
     assert_eq!(common::pack_files(&dir.path().join("run.ckpt")).len(), 1);
     Ok(())
 }

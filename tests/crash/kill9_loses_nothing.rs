@@ -42,9 +42,9 @@ fn writer_child() -> Result {
     if let Some(cache) = std::env::var(CACHE_VAR).ok().and_then(|c| c.parse().ok()) {
         options = options.cache_size(cache);
     }
-    if std::env::var_os(PACK_VAR).is_some() {
-        options = options.pack_files(true).pack_threshold(256 << 10);
-    }
+    // Chunks in the redb file, or (PACK_VAR) in pack files from 256 KiB.
+    options = options.pack_files(std::env::var_os(PACK_VAR).is_some());
+    options = options.pack_threshold(256 << 10);
     let store = options.open(Path::new(&path))?;
     let mut step = store.latest_step()?.map_or(0, |s| s + 1);
     let mut out = std::io::stdout().lock();

@@ -4,7 +4,9 @@
 //! writable open, by `open_read_only` and by `ckpt`, without a byte of the
 //! file changing.
 //!
-//! The store holds 2 GiB of distinct 64 MiB steps (`CKPT_LONG=1`: 10 GiB).
+//! The store holds 2 GiB of distinct 64 MiB steps (`CKPT_LONG=1`: 10 GiB),
+//! in its redb file (`pack_files(false)`): the hard case, since with pack
+//! files the redb file holds only where each chunk is.
 //! The writer and the reopening process are this test binary's ignored
 //! entry points, run by name; the reopening one reports the bytes it read
 //! from `/proc/self/io` (`rchar`: every byte redb asked the kernel for,
@@ -17,7 +19,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ckptstore::{CheckpointStore, ComputationGraphStore, GradientCheckpoint};
+use ckptstore::{CheckpointStore, ComputationGraphStore, GradientCheckpoint, StoreOptions};
 
 type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -43,7 +45,9 @@ fn step_state(step: u64, buf: &mut Vec<u8>) -> GradientCheckpoint {
 #[ignore = "child-process entry point, run by the test below"]
 fn recovery_writer_child() -> Result {
     let path = std::env::var_os(STORE_VAR).ok_or("run only as a child of the test below")?;
-    let store = CheckpointStore::open(Path::new(&path))?;
+    let store = StoreOptions::new()
+        .pack_files(false)
+        .open(Path::new(&path))?;
     let mut buf = Vec::new();
     let mut out = std::io::stdout().lock();
     for step in 0.. {

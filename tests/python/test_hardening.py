@@ -165,7 +165,7 @@ store = ckptstore.open(path)
 store.save(1, {"w": np.zeros(1000, np.float32)})
 limit = os.path.getsize(path) + (1 << 20)
 resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
-del_me = store.save_async(2, {"w": np.ones(16 << 20, np.float32)})  # 64 MiB
+del_me = store.save_async(2, {"w": np.arange(16 << 20, dtype=np.float32)})  # 64 MiB, distinct chunks
 del del_me
 try:
     store.flush()

@@ -278,7 +278,7 @@ class Store:
         replicate_to: "Remote | str | None" = None,
         threads: Optional[int] = None,
         background_threads: Optional[int] = None,
-        pack_files: bool = False,
+        pack_files: bool = True,
     ) -> None:
         url = replicate_to.url if isinstance(replicate_to, Remote) else replicate_to
         self._raw = RawStore(str(path), read_only, cache_size, url, threads, background_threads, pack_files)
@@ -416,7 +416,7 @@ def open(  # noqa: A001
     replicate_to: "Remote | str | None" = None,
     threads: Optional[int] = None,
     background_threads: Optional[int] = None,
-    pack_files: bool = False,
+    pack_files: bool = True,
 ) -> Store:
     """Open (or create, unless read_only) the store at `path`; `cache_size`
     (bytes) sets the page cache (StoreOptions::cache_size in Rust);
@@ -425,9 +425,11 @@ def open(  # noqa: A001
     `threads` (default: the machine's cores) caps the threads a save, load
     or verify hashes and copies on; `background_threads` (default 1) those
     of a `save_async`, so that training keeps its cores. With `pack_files`
-    a save of 4 MiB or more writes its new chunks to a pack file beside the
-    store (`PATH.packs/`) instead of the redb file: one copy fewer on save
-    and load (StoreOptions::pack_files in Rust; docs/design.md)."""
+    (the default) a save of 4 MiB or more writes its new chunks to a pack
+    file beside the store (`PATH.packs/`) instead of the redb file: one
+    copy fewer on save and load. A store is its file and that directory:
+    move or remove them together, copy with `ckpt cp STORE NEW`
+    (StoreOptions::pack_files in Rust; docs/design.md)."""
     return Store(path, read_only, cache_size, replicate_to, threads, background_threads, pack_files)
 
 

@@ -215,7 +215,7 @@ class RawStore:
         replicate_to: Optional[str] = None,
         threads: Optional[int] = None,
         background_threads: Optional[int] = None,
-        pack_files: bool = False,
+        pack_files: bool = True,
     ) -> "RawStore": ...
     def save(
         self,

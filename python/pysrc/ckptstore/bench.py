@@ -5,8 +5,8 @@ with AdamW moments, ~--mib MiB of --dtype), in one run, each contender
 once per round in an order that rotates every round, --reps rounds,
 medians with their spread (min-max):
 
-- save: `ckptstore.torch.save` (chunks in the redb file, and with
-  `pack_files=True`) against torch.save, safetensors'
+- save: `ckptstore.torch.save` (chunks in pack files, the default, and
+  with `pack_files=False`: in the redb file) against torch.save, safetensors'
   save_file and DCP's FileSystemWriter (no_dist), each followed by fsync,
   and a raw write+fsync of the same bytes; each into a new file, store or
   directory, each from a synced disk (`os.sync()` first);
@@ -124,7 +124,7 @@ class Contenders:
         for store in self.stores:
             store.close()
         self.stores = []
-        for prefix in ("pt-", "st-", "dcp-", "raw-", "ckpt-", "ckptp-"):
+        for prefix in ("pt-", "st-", "dcp-", "raw-", "ckpt-", "ckptr-"):
             self.newest(prefix)
         os.sync()
 
@@ -170,12 +170,12 @@ class Contenders:
                 os.fsync(f.fileno())
             fsync_path(path)
 
-        def ct_save(name="ckpt", pack_files=False):
+        def ct_save(name="ckpt", pack_files=True):
             store = ckptstore.open(self._fresh(name), pack_files=pack_files)
             self.stores.append(store)
             ct.save(store, 1, model=self.model, optimizer=self.opt)
 
-        return {"ckptstore": ct_save, "ckptstore, pack files": lambda: ct_save("ckptp", True),
+        return {"ckptstore": ct_save, "ckptstore, chunks in redb": lambda: ct_save("ckptr", False),
                 "torch.save": torch_save, "safetensors": st_save,
                 "DCP FileSystem": dcp_save, "raw write+fsync": raw_save}
 
@@ -184,9 +184,9 @@ class Contenders:
         from safetensors.torch import load_file
 
         self.tidy()
-        paths = {k: self.newest(k + "-") for k in ("pt", "st", "dcp", "raw", "ckpt", "ckptp")}
+        paths = {k: self.newest(k + "-") for k in ("pt", "st", "dcp", "raw", "ckpt", "ckptr")}
         store = ckptstore.open(paths["ckpt"], read_only=True)
-        packed = ckptstore.open(paths["ckptp"], read_only=True)
+        in_redb = ckptstore.open(paths["ckptr"], read_only=True)
         model, opt = self.model, self.opt
 
         def torch_load():
@@ -209,10 +209,10 @@ class Contenders:
         def ct_load(store=store):
             ct.load(store, model=model, optimizer=opt)
 
-        fns = {"ckptstore": ct_load, "ckptstore, pack files": lambda: ct_load(packed),
+        fns = {"ckptstore": ct_load, "ckptstore, chunks in redb": lambda: ct_load(in_redb),
                "torch.load": torch_load, "safetensors": st_load,
                "DCP FileSystem": dcp_load, "raw read": raw_load}
-        return fns, [store, packed]
+        return fns, [store, in_redb]
 
 
 def row(kind, name, secs, ours, mib):

@@ -126,6 +126,14 @@ pub(crate) enum Command {
         #[arg(long, value_name = "SECS")]
         grace_period: Option<u64>,
     },
+    /// Copy a store (its file and its pack files) to a new store: every
+    /// step, hash-checked. Safe while the store is being written. Reads.
+    Cp {
+        /// The store file.
+        store: PathBuf,
+        /// The new store (must not exist).
+        to: PathBuf,
+    },
     /// Hand free space in the file back to the filesystem. Writes.
     Compact {
         /// The store file.

@@ -133,6 +133,7 @@ fn run(command: Command) -> Result<ExitCode> {
             repair,
         } => remote::push(&store, &url, adopt, repair),
         Command::Pull { url, store, step } => remote::pull(&url, &store, &step),
+        Command::Cp { store, to } => cp(&store, &to),
         Command::Compact { store, wait } => compact(&store, Duration::from_secs(wait)),
         Command::Stats { store, json } => stats(&store, json),
         Command::Bench { sizes, dir } => {
@@ -380,6 +381,17 @@ fn gc(store: &Path, policy: &Retention, dry_run: bool) -> Result<ExitCode> {
         )
     };
     println!("{verb} {} steps: {removed:?}", removed.len());
+    Ok(ExitCode::SUCCESS)
+}
+
+fn cp(store: &Path, to: &Path) -> Result<ExitCode> {
+    let s = open_read(store)?;
+    let bar = spinner(format!("copying to {}", to.display()));
+    let copied = s
+        .copy_to(to, ckptstore::StoreOptions::new())
+        .map_err(|e| explain(store, e))?;
+    bar.finish_and_clear();
+    println!("copied {} steps to {}", copied.len(), to.display());
     Ok(ExitCode::SUCCESS)
 }
 
