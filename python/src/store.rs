@@ -331,6 +331,14 @@ impl RawStore {
         py.detach(|| store.apply_retention(&policy)).map_err(py_err)
     }
 
+    /// Copy every step and pin into a new store at `path` (its pack files
+    /// with it); the steps copied.
+    fn copy_to(&self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<Vec<u64>> {
+        let store = self.get()?;
+        py.detach(|| store.copy_to(&path, StoreOptions::new()))
+            .map_err(py_err)
+    }
+
     /// (ok, steps_ok, bytes_checked, damaged steps)
     fn verify(&self, py: Python<'_>) -> PyResult<results::VerifyReport> {
         let store = self.get()?;

@@ -1,6 +1,7 @@
 """The Python package: `import ckptstore` (built by `pip install ./python`)."""
 
 import os
+import shutil
 import threading
 import time
 
@@ -265,3 +266,25 @@ def test_pack_files_hold_large_saves_and_damage_is_caught(tmp_path):
             store.load(2)
         report = store.verify()
         assert not report.ok and report.damaged == [2]
+
+
+def test_copy_to_takes_the_pack_files_with_the_store(tmp_path):
+    path, copy = tmp_path / "run.ckpt", tmp_path / "copy.ckpt"
+    big = np.arange(2 << 20, dtype=np.float32)  # 8 MiB: in a pack file
+    with ckptstore.open(path) as store:
+        store.save(1, {"w": big}, metrics={"loss": 0.5})
+        store.save(2, {"w": big + 1, "small": np.zeros(3)})
+        assert store.copy_to(copy) == [1, 2]
+        with pytest.raises(OSError, match="copy.ckpt"):
+            store.copy_to(copy)  # never over an existing store
+    with ckptstore.open(copy, read_only=True) as backup:
+        assert backup.stats()["pack_files"] >= 2
+        ck = backup.load(1)
+        assert np.array_equal(ck.tensors["w"], big) and ck.metrics == {"loss": 0.5}
+        assert np.array_equal(backup.load(2).tensors["w"], big + 1)
+        assert backup.verify().ok
+    # The store file copied alone names the directory it lacks.
+    shutil.copy(path, tmp_path / "alone.ckpt")
+    with ckptstore.open(tmp_path / "alone.ckpt", read_only=True) as alone:
+        with pytest.raises(ckptstore.CorruptError, match=r"alone\.ckpt\.packs.*ckpt cp"):
+            alone.load(1)

@@ -357,6 +357,14 @@ class Store:
         nothing (`keep_last=0`) needs `allow_deleting_all=True`."""
         return self._raw.gc(keep_last, keep_every, allow_deleting_all)
 
+    def copy_to(self, path: "os.PathLike[str] | str") -> List[int]:
+        """Copy every step and pin into a new store at `path`, its pack files
+        with it (each step hash-checked; safe while another process writes
+        this store; `path` is named only when the copy is complete). Returns
+        the steps copied. Copying the store file alone would leave its pack
+        files behind."""
+        return self._raw.copy_to(path)
+
     def verify(self) -> VerifyReport:
         """Hash-check every step."""
         return self._raw.verify()
