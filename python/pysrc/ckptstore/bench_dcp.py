@@ -4,7 +4,8 @@
 DTensors, Shard(0), evenly divisible) through ckptstore.dcp into a
 directory bucket, against DCP's own FileSystemWriter/FileSystemReader, on
 the same disk, at 1 and 4 ranks, in one run; medians of --reps rounds,
-each round running every contender once. Each time is the slowest rank's,
+each round running every contender once, in an order that rotates, each
+save and load from a synced disk (`os.sync()` first). Each time is the slowest rank's,
 between barriers. Then a load at half the world size of a step saved at 4
 ranks: bytes each rank read (`rchar` of /proc/self/io), against its share
 of the state. Ratio = FileSystem's time / ckptstore's (above 1: ckptstore
@@ -109,10 +110,13 @@ def main():
         for world in (1, 4):
             times = {("save", "ckptstore"): [], ("save", "fs"): [], ("load", "ckptstore"): [], ("load", "fs"): []}
             for rep in range(args.reps):
-                for kind in ("ckptstore", "fs"):
+                # The order rotates every round; each save starts from a
+                # synced disk (nothing of the last round left to write back).
+                for kind in ("ckptstore", "fs") if rep % 2 == 0 else ("fs", "ckptstore"):
                     where = os.path.join(base, f"{kind}-{world}-{rep}")
                     target = f"file://{where}" if kind == "ckptstore" else where
                     for mode in ("save", "load"):
+                        os.sync()
                         took, _ = run(mode, kind, target, world, args.mib, 1)
                         times[(mode, kind)].append(took)
                     shutil.rmtree(where, ignore_errors=True)
