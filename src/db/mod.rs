@@ -133,31 +133,33 @@ impl Db {
             .map_err(|_| self.poisoned("a commit panicked while staging"))
     }
 
-    /// Run `f` in a read transaction. A pack file deleted under it (a
-    /// writer removed the step or moved its chunks after the read began)
-    /// runs `f` again in a new transaction, which sees the store as it is
-    /// now; [`Error::ReadInterrupted`] only if that keeps happening. Damage
-    /// in a pack file leaves the handle usable (the redb file is not
-    /// damaged).
-    pub(crate) fn read<T>(
+    /// [`read`](Self::read), run again in a new transaction (which sees
+    /// the store as it is now) when a writer deleted a pack file under it
+    /// (it removed the step or moved its chunks after the read began);
+    /// [`Error::ReadInterrupted`] only if that keeps happening. Only for
+    /// an `f` with no effect outside its result: an attempt may stop
+    /// half-way.
+    pub(crate) fn read_retrying<T>(
         &self,
         what: &dyn Fn() -> String,
         mut f: impl FnMut(&View) -> Result<T>,
     ) -> Result<T> {
         for _ in 1..READ_ATTEMPTS {
-            match self.read_once(what, &mut f) {
+            match self.read(what, &mut f) {
                 Err(Error::ReadInterrupted { .. }) => {}
                 result => return result,
             }
         }
-        self.read_once(what, &mut f)
+        self.read(what, f)
     }
 
-    /// One attempt of [`read`](Self::read).
-    fn read_once<T>(
+    /// Run `f` in a read transaction. A pack file deleted under it is
+    /// [`Error::ReadInterrupted`]; damage in a pack file leaves the handle
+    /// usable (the redb file is not damaged).
+    pub(crate) fn read<T>(
         &self,
         what: &dyn Fn() -> String,
-        f: &mut impl FnMut(&View) -> Result<T>,
+        f: impl FnOnce(&View) -> Result<T>,
     ) -> Result<T> {
         self.guarded(what, |state| {
             let begin = || -> Result<redb::ReadTransaction> {

@@ -195,7 +195,7 @@ impl Remote {
         let mut memo_chunks: HashSet<Hash> = HashSet::new();
         for step in store.steps()? {
             self.refresh(lock)?;
-            let done = store.with_step(step, |ckpt, info, data| {
+            let done = store.with_step_once(step, |ckpt, info, data| {
                 let (bytes, hash) = encoded(step, &ckpt, &info, data)?;
                 let generation_there = newest.get(&step).map_or(0, |c| c.generation);
                 if deleted.contains(&(step, hash)) {

@@ -37,7 +37,7 @@ impl Remote {
                 continue;
             }
             self.refresh(lock)?;
-            let done = store.with_step(step, |ckpt, info, data| {
+            let done = store.with_step_once(step, |ckpt, info, data| {
                 let (bytes, hash) = encoded(step, &ckpt, &info, data)?;
                 let chunks = step_chunks(data)?;
                 let hashes: Vec<Hash> = chunks.iter().map(|c| c.hash).collect();

@@ -19,7 +19,7 @@ impl CheckpointStore {
     /// is an [`Error::Corrupt`] naming the step, never a wrong checkpoint.
     pub fn get(&self, step: u64) -> Result<Option<GradientCheckpoint>> {
         let what = || format!("reading step {step}");
-        self.db.read(&what, |view| {
+        self.db.read_retrying(&what, |view| {
             view.manifest(step)?.map(|m| view.assemble(m)).transpose()
         })
     }
@@ -59,14 +59,16 @@ impl CheckpointStore {
         step: Option<u64>,
         targets: &mut [TensorMut<'_>],
     ) -> Result<Option<GradientCheckpoint>> {
-        for t in targets.iter_mut() {
-            t.filled = false;
-        }
         let what = || match step {
             Some(step) => format!("reading step {step}"),
             None => "reading the latest step".to_owned(),
         };
-        self.db.read(&what, |view| {
+        self.db.read_retrying(&what, |view| {
+            // Each attempt starts clean (a read runs again if a pack file
+            // goes under it).
+            for t in targets.iter_mut() {
+                t.filled = false;
+            }
             let manifest = match step {
                 Some(step) => view.manifest(step)?,
                 None => view.latest_manifest()?,
@@ -90,7 +92,7 @@ impl CheckpointStore {
     /// ```
     pub fn latest(&self) -> Result<Option<GradientCheckpoint>> {
         let what = || "reading the latest step".to_owned();
-        self.db.read(&what, |view| {
+        self.db.read_retrying(&what, |view| {
             view.latest_manifest()?
                 .map(|m| view.assemble(m))
                 .transpose()
@@ -130,7 +132,6 @@ impl CheckpointStore {
     /// ```
     pub fn steps_in(&self, range: impl RangeBounds<u64>) -> Result<Vec<u64>> {
         let what = || "listing steps".to_owned();
-        let range = (range.start_bound().cloned(), range.end_bound().cloned());
         self.db.read(&what, |view| view.steps_in(range))
     }
 
@@ -155,28 +156,52 @@ impl CheckpointStore {
     /// Run `f` on step `step`: its checkpoint without blob or tensor data,
     /// its metadata, and a reader of its blobs and tensors one at a time,
     /// all from one read transaction. `None` if the step is not stored.
-    /// `f` runs again if a writer deletes a pack file under it.
+    /// `f` runs again if a writer deletes a pack file under it: it must
+    /// have no effect that a second run would get wrong
+    /// ([`with_step_once`](Self::with_step_once) otherwise).
     pub(crate) fn with_step<T>(
         &self,
         step: u64,
         mut f: impl FnMut(GradientCheckpoint, StepInfo, &StepData<'_>) -> Result<T>,
     ) -> Result<Option<T>> {
         let what = || format!("reading step {step}");
-        self.db.read(&what, |view| {
-            let Some(manifest) = view.manifest(step)? else {
-                return Ok(None);
-            };
-            let packed = manifest.packed.clone();
-            let (ckpt, blobs, typed) = manifest.into_parts();
-            let entries = blobs.iter().map(|(name, blob)| Incoming {
-                name: name.clone(),
-                len: blob.len,
-                tensor: typed.get(name).cloned(),
-            });
-            let info = StepInfo::of(&ckpt, entries);
-            let data = view.step_data(step, packed, blobs)?;
-            f(ckpt, info, &data).map(Some)
-        })
+        self.db
+            .read_retrying(&what, |view| Self::on_step(view, step, &mut f))
+    }
+
+    /// [`with_step`](Self::with_step), run once: a pack file deleted under
+    /// it is [`Error::ReadInterrupted`](crate::Error::ReadInterrupted).
+    /// For an `f` whose effects outlive an attempt (a push records the
+    /// chunks it is about to upload).
+    pub(crate) fn with_step_once<T>(
+        &self,
+        step: u64,
+        mut f: impl FnMut(GradientCheckpoint, StepInfo, &StepData<'_>) -> Result<T>,
+    ) -> Result<Option<T>> {
+        let what = || format!("reading step {step}");
+        self.db
+            .read(&what, |view| Self::on_step(view, step, &mut f))
+    }
+
+    /// One run of `f` on step `step` in `view`.
+    fn on_step<T>(
+        view: &crate::engine::View,
+        step: u64,
+        f: &mut impl FnMut(GradientCheckpoint, StepInfo, &StepData<'_>) -> Result<T>,
+    ) -> Result<Option<T>> {
+        let Some(manifest) = view.manifest(step)? else {
+            return Ok(None);
+        };
+        let packed = manifest.packed.clone();
+        let (ckpt, blobs, typed) = manifest.into_parts();
+        let entries = blobs.iter().map(|(name, blob)| Incoming {
+            name: name.clone(),
+            len: blob.len,
+            tensor: typed.get(name).cloned(),
+        });
+        let info = StepInfo::of(&ckpt, entries);
+        let data = view.step_data(step, packed, blobs)?;
+        f(ckpt, info, &data).map(Some)
     }
 
     /// The summaries (time, loss CID, metrics, sizes) of the steps in
@@ -197,7 +222,6 @@ impl CheckpointStore {
     /// ```
     pub fn summaries(&self, range: impl RangeBounds<u64>) -> Result<Vec<StepSummary>> {
         let what = || "listing step summaries".to_owned();
-        let range = (range.start_bound().cloned(), range.end_bound().cloned());
         self.db.read(&what, |view| view.summaries(range))
     }
 
