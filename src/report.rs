@@ -162,8 +162,13 @@ pub struct VerifyReport {
     /// Each damaged step with the first problem found in it.
     pub damaged: Vec<(u64, Error)>,
     /// Disagreements between the reference counts, the chunks and the
-    /// manifests (checked when no step is damaged).
+    /// manifests (checked when no step is damaged or gone).
     pub accounting: Vec<String>,
+    /// Steps a writer in another process (or thread) removed, or whose
+    /// chunks `compact` moved, while verification ran, after it had
+    /// listed them: their pack files went, so they were not checked. Not
+    /// damage.
+    pub steps_gone: Vec<u64>,
     /// Chunks staged by a large commit still under way, used by no step
     /// yet (checked with the accounting). A commit that crashes leaves its
     /// staged chunks behind; the next writable open deletes them.

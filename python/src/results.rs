@@ -70,6 +70,9 @@ result_class! {
         bytes_checked: u64,
         /// The damaged steps.
         damaged: Vec<u64>,
+        /// Steps a writer removed while the verification ran (not checked,
+        /// not damage).
+        steps_gone: Vec<u64>,
     }
 }
 
@@ -80,6 +83,7 @@ impl From<&ckptstore::VerifyReport> for VerifyReport {
             steps_ok: r.steps_ok,
             bytes_checked: r.bytes_checked,
             damaged: r.damaged.iter().map(|(s, _)| *s).collect(),
+            steps_gone: r.steps_gone.clone(),
         }
     }
 }

@@ -3,8 +3,9 @@
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 
 use super::CheckpointStore;
+use crate::engine::packs::{is_missing_pack, missing_pack};
 use crate::engine::Checked;
-use crate::{Result, VerifyReport};
+use crate::{Error, Result, VerifyReport};
 
 impl CheckpointStore {
     /// Read every step and check every hash. Damage is reported per step in
@@ -78,6 +79,30 @@ impl CheckpointStore {
         if let Some(payload) = caller_panic {
             resume_unwind(payload);
         }
-        outcome.map(|()| report)
+        outcome?;
+        self.settle_missing_packs(&mut report)?;
+        Ok(report)
+    }
+
+    /// A damaged step whose pack file was missing: damage if the store
+    /// still records the file, else a writer removed the step (or moved
+    /// its chunks) while verification ran, and it is not damage.
+    fn settle_missing_packs(&self, report: &mut VerifyReport) -> Result<()> {
+        let Some(dir) = self.db.pack_dir() else {
+            return Ok(());
+        };
+        let what = || "verifying".to_owned();
+        for (step, e) in std::mem::take(&mut report.damaged) {
+            let e = if is_missing_pack(&e, &dir) {
+                self.db.read(&what, |view| missing_pack(e, &view.txn))?
+            } else {
+                e
+            };
+            match e {
+                Error::ReadInterrupted { .. } => report.steps_gone.push(step),
+                e => report.damaged.push((step, e)),
+            }
+        }
+        Ok(())
     }
 }

@@ -176,3 +176,43 @@ fn reads_racing_with_pack_file_deletion_are_whole() -> Result {
     assert_eq!(common::pack_files(&dir.path().join("run.ckpt")).len(), 1);
     Ok(())
 }
+
+/// A step removed while `verify` runs (its pack file deleted after the
+/// verification listed it) is reported as gone, not as damaged; a pack
+/// file missing that the store still records is damage.
+#[test]
+fn verify_tells_a_step_removed_meanwhile_from_damage() -> Result {
+    use ckptstore::{ComputationGraphStore, GradientCheckpoint, StoreOptions};
+    let big = |step: u64| {
+        let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), step);
+        c.timestamp = 1_750_000_000 + step;
+        c.set_optimizer_state("w", common::bytes(step, 2 << 20));
+        c
+    };
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("run.ckpt");
+    let store = StoreOptions::new().pack_threshold(1 << 20).open(&path)?;
+    for step in 0..3 {
+        store.commit(&big(step))?;
+    }
+    // The verification lists steps 0-2; step 1 goes as step 0 is checked.
+    let mut removed = false;
+    let report = store.verify_with(&mut |step, _| {
+        if step == 0 && !removed {
+            removed = store.remove(1).expect("remove step 1");
+        }
+    })?;
+    assert!(removed);
+    assert!(report.is_ok(), "{:?}", report.damaged);
+    assert_eq!(report.steps_gone, [1]);
+    assert_eq!(report.steps_ok, 2);
+
+    // A recorded file that is missing is damage, naming the step.
+    let packs = common::pack_files(&path);
+    std::fs::remove_file(&packs[packs.len() - 1])?;
+    let report = store.verify()?;
+    assert!(report.steps_gone.is_empty());
+    let steps: Vec<u64> = report.damaged.iter().map(|(s, _)| *s).collect();
+    assert_eq!(steps, [2]);
+    Ok(())
+}

@@ -307,6 +307,12 @@ fn verify(store: &Path, pages: bool) -> Result<ExitCode> {
         report.damaged.len() + usize::from(!report.accounting.is_empty()),
         if pages { ", every page checked" } else { "" }
     );
+    if !report.steps_gone.is_empty() {
+        println!(
+            "not checked: steps {:?}, removed by a writer while this ran",
+            report.steps_gone
+        );
+    }
     if report.staged_chunks > 0 {
         println!(
             "{} chunks staged by a large commit under way or interrupted \
