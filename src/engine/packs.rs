@@ -109,6 +109,8 @@ impl PackWriter {
             faults::strike(faults::Fault::Sync, "fsync pack file", &self.path())?;
             file.sync_data()
                 .map_err(|e| Error::io("fsync pack file", self.path(), e))?;
+            #[cfg(test)]
+            faults::strike(faults::Fault::SyncDir, "fsync directory", &self.dir)?;
             crate::file::sync_dir(&self.dir)?;
             if self.new_dir {
                 // The directory's own entry, beside the store.
@@ -552,6 +554,8 @@ pub(crate) mod faults {
     pub(crate) enum Fault {
         Write,
         Sync,
+        /// The fsync of the pack directory (the new file's entry).
+        SyncDir,
     }
 
     thread_local! {

@@ -1,7 +1,8 @@
-//! A pack file write or fsync that fails: the commit fails, no step and no
-//! file is left, and the store goes on. The step becoming visible after a
-//! failed fsync would mean the commit point came before the bytes were
-//! durable.
+//! A pack file write, its fsync or its directory's fsync that fails: the
+//! commit fails, no step and no file is left, and the store goes on. The
+//! step becoming visible after a failed fsync would mean the commit point
+//! came before the bytes (or the file's name) were durable: what a power
+//! cut at that moment would lose.
 
 use crate::engine::packs::faults::{arm, Fault};
 use crate::{CheckpointStore, ComputationGraphStore, GradientCheckpoint, StoreOptions};
@@ -22,7 +23,7 @@ fn files(dir: &std::path::Path) -> usize {
 
 #[test]
 fn a_failed_pack_write_or_fsync_leaves_no_step_and_no_file() {
-    for fault in [Fault::Write, Fault::Sync] {
+    for fault in [Fault::Write, Fault::Sync, Fault::SyncDir] {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("run.ckpt");
         let store: CheckpointStore = StoreOptions::new()
@@ -34,10 +35,12 @@ fn a_failed_pack_write_or_fsync_leaves_no_step_and_no_file() {
         arm(fault);
         let err = store.commit(&big(2)).expect_err("the fault strikes");
         assert!(err.is_io(), "{fault:?}: {err}");
-        assert!(
-            err.to_string().contains("00000001.pack"),
-            "{fault:?}: {err}"
-        );
+        let names = if fault == Fault::SyncDir {
+            "run.ckpt.packs"
+        } else {
+            "00000001.pack"
+        };
+        assert!(err.to_string().contains(names), "{fault:?}: {err}");
         assert_eq!(store.steps().expect("steps"), vec![1], "{fault:?}");
         assert_eq!(
             files(dir.path()),
