@@ -152,31 +152,49 @@ pub(crate) fn put(
     };
     // With pack files, a large commit's chunks never enter redb's pages:
     // no staging is needed.
-    let packs = db.packs(plan.chunk_bytes());
+    let chunk_bytes = plan.chunk_bytes();
+    let packs = db.packs(chunk_bytes);
     let mut info = with_hashes(&plan.pieces, threads, |hashes| {
-        if plan.chunk_bytes() > stage_above && !packs {
+        if chunk_bytes > stage_above && !packs {
             commit_staged(db, &plan, replace, hashes, stage_above)
         } else {
-            commit_once(db, &plan, replace, hashes, false)
+            commit_once(
+                db,
+                &plan,
+                replace,
+                hashes,
+                Ending {
+                    staged: false,
+                    packs,
+                },
+            )
         }
     })?;
     info.duration = start.elapsed();
     Ok(info)
 }
 
+/// How the transaction that makes a step ends what came before it.
+#[derive(Clone, Copy)]
+struct Ending {
+    /// It ends a staging.
+    staged: bool,
+    /// Its new chunks go to a pack file.
+    packs: bool,
+}
+
 /// The transaction that makes the step (and applies the store's retention
-/// policy); `staged` ends a staging.
+/// policy).
 fn commit_once(
     db: &Db,
     plan: &Plan<'_>,
     replace: bool,
     hashes: &mut dyn Iterator<Item = Hash>,
-    staged: bool,
+    Ending { staged, packs }: Ending,
 ) -> Result<CommitInfo> {
     let step = plan.step();
     let what = || format!("committing step {step}");
     let policy = &db.settings().retention;
-    let packs = db.packs(plan.chunk_bytes());
     db.write("commit", &what, TxnKind::Whole, |engine| {
         if packs {
             engine.pack_new_chunks()?;
@@ -213,7 +231,14 @@ fn commit_staged(
         part_bytes,
         &mut staged,
     )
-    .and_then(|()| commit_once(db, plan, replace, &mut staged.iter().copied(), true));
+    .and_then(|()| {
+        // Staged: the chunks are in redb already, none go to a pack file.
+        let ending = Ending {
+            staged: true,
+            packs: false,
+        };
+        commit_once(db, plan, replace, &mut staged.iter().copied(), ending)
+    });
     if result.is_err() {
         // Best effort: what is left is deleted at the next writable open.
         let _ = db.write("commit", &what, TxnKind::Whole, |engine| {
@@ -332,7 +357,11 @@ pub(crate) fn put_streamed(
         ckpt.tensors.extend(hollow);
         let plan = Plan::with_streamed(&ckpt, &streamed);
         let mut hashes = plan.pieces.iter().map(|p| *blake3::hash(p).as_bytes());
-        commit_once(db, &plan, false, &mut hashes, true)
+        let ending = Ending {
+            staged: true,
+            packs: db.packs(plan.chunk_bytes()),
+        };
+        commit_once(db, &plan, false, &mut hashes, ending)
     })();
     if result.is_err() {
         // Best effort: what is left is deleted at the next writable open.
