@@ -331,6 +331,14 @@ impl RawStore {
         py.detach(|| store.apply_retention(&policy)).map_err(py_err)
     }
 
+    /// Delete the store at `path` with its pack files; false if there is
+    /// none.
+    #[staticmethod]
+    fn remove_store(py: Python<'_>, path: std::path::PathBuf) -> PyResult<bool> {
+        py.detach(|| CheckpointStore::remove_store(&path))
+            .map_err(py_err)
+    }
+
     /// Copy every step and pin into a new store at `path` (its pack files
     /// with it); the steps copied.
     fn copy_to(&self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<Vec<u64>> {

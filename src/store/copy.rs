@@ -1,4 +1,5 @@
-//! Copying a store, pack files and all, by the one path a user knows.
+//! Copying and removing a store, pack files and all, by the one path a
+//! user knows.
 
 use std::path::Path;
 
@@ -70,6 +71,42 @@ impl CheckpointStore {
             let _ = std::fs::remove_dir_all(pack_dir(&tmp));
         }
         copied
+    }
+
+    /// Delete the store at `path`: its file and its pack directory
+    /// (`PATH.packs`). `Ok(false)` if there is no store there.
+    ///
+    /// The store is opened for writing first, so that nothing else is
+    /// deleted: a store another process writes is [`Error::Locked`], and a
+    /// file that does not open as a store (damaged, or not a store) is the
+    /// open's error, with nothing deleted — remove such a file by hand.
+    /// The file goes first: a crash in between leaves only the pack
+    /// directory, whose files a new store at `path` deletes when it opens.
+    ///
+    /// ```
+    /// # use ckptstore::{CheckpointStore, ComputationGraphStore, GradientCheckpoint};
+    /// # let dir = tempfile::tempdir()?;
+    /// let path = dir.path().join("run.ckpt");
+    /// CheckpointStore::open(&path)?.commit(&GradientCheckpoint::new(ComputationGraphStore::new(), 1))?;
+    /// assert!(CheckpointStore::remove_store(&path)?);
+    /// assert!(!path.exists() && !CheckpointStore::remove_store(&path)?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn remove_store(path: impl AsRef<Path>) -> Result<bool> {
+        let path = path.as_ref();
+        let packs = pack_dir(path);
+        if !path.exists() {
+            return Ok(false);
+        }
+        drop(StoreOptions::new().open(path)?);
+        std::fs::remove_file(path).map_err(|e| Error::io("remove", path, e))?;
+        if packs.exists() {
+            std::fs::remove_dir_all(&packs).map_err(|e| Error::io("remove", &packs, e))?;
+        }
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            sync_dir(dir)?;
+        }
+        Ok(true)
     }
 
     /// Commit each of this store's steps, and its pins, into `copy`.

@@ -132,9 +132,9 @@ impl StoreOptions {
     /// memory, fsyncs it, and then records where each chunk is in the one
     /// transaction that commits the step; reads copy each chunk from the
     /// pack file straight into its place. The store at `run.ckpt` keeps its
-    /// pack files in `run.ckpt.packs/`: move or remove the two together,
-    /// and copy a store with [`CheckpointStore::copy_to`] (`ckpt cp`),
-    /// which is safe while it is written. A pack file is deleted when the last step using its
+    /// pack files in `run.ckpt.packs/`: move the two together, copy a
+    /// store with [`CheckpointStore::copy_to`] (`ckpt cp`, safe while it is
+    /// written) and remove one with [`CheckpointStore::remove_store`]. A pack file is deleted when the last step using its
     /// chunks goes; [`CheckpointStore::compact`] rewrites pack files that
     /// are mostly dead. A store that has pack files is read by this option
     /// or without it (and not by ckptstore 0.3). docs/design.md has the

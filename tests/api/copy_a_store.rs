@@ -109,3 +109,28 @@ fn the_file_copied_without_its_pack_files_names_what_is_missing() -> Result {
     );
     Ok(())
 }
+
+#[test]
+fn remove_store_takes_the_pack_files_and_nothing_else() -> Result {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("run.ckpt");
+    {
+        let store = packed(&path)?;
+        store.commit(&step_of(0))?;
+        // Held by a writer: refused, nothing deleted.
+        let err = CheckpointStore::remove_store(&path).expect_err("removed a store in use");
+        assert!(err.is_locked(), "{err:?}");
+        assert!(path.exists() && !common::pack_files(&path).is_empty());
+    }
+    assert!(CheckpointStore::remove_store(&path)?);
+    assert!(common::dir_names(dir.path())?.is_empty());
+    assert!(!CheckpointStore::remove_store(&path)?);
+
+    // A file that is not a store is not deleted.
+    let other = dir.path().join("notes.txt");
+    let text = "not a store, but a long enough text to be read";
+    std::fs::write(&other, text)?;
+    CheckpointStore::remove_store(&other).expect_err("removed a file that is not a store");
+    assert_eq!(std::fs::read_to_string(&other)?, text);
+    Ok(())
+}

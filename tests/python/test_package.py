@@ -288,3 +288,9 @@ def test_copy_to_takes_the_pack_files_with_the_store(tmp_path):
     with ckptstore.open(tmp_path / "alone.ckpt", read_only=True) as alone:
         with pytest.raises(ckptstore.CorruptError, match=r"alone\.ckpt\.packs.*ckpt cp"):
             alone.load(1)
+    # remove_store takes the pack files with the store, and only a store.
+    with ckptstore.open(copy):
+        with pytest.raises(ckptstore.LockedError):
+            ckptstore.remove_store(copy)
+    assert ckptstore.remove_store(copy) and not ckptstore.remove_store(copy)
+    assert sorted(os.listdir(tmp_path)) == ["alone.ckpt", "run.ckpt", "run.ckpt.packs"]

@@ -66,6 +66,7 @@ _RawTensor = Tuple[str, str, List[int], Any]
 
 __all__ = [
     "open",
+    "remove_store",
     "Store",
     "Remote",
     "Shard",
@@ -417,6 +418,14 @@ class Store:
         return False
 
 
+def remove_store(path: "os.PathLike[str] | str") -> bool:
+    """Delete the store at `path` and its pack files (`PATH.packs/`);
+    False if there is none. Refused (LockedError) while another process
+    writes it; a file that does not open as a store is left alone (the
+    open's error)."""
+    return RawStore.remove_store(path)
+
+
 def open(  # noqa: A001
     path: "os.PathLike[str] | str",
     read_only: bool = False,
@@ -436,7 +445,8 @@ def open(  # noqa: A001
     (the default) a save of 4 MiB or more writes its new chunks to a pack
     file beside the store (`PATH.packs/`) instead of the redb file: one
     copy fewer on save and load. A store is its file and that directory:
-    move or remove them together, copy with `ckpt cp STORE NEW`
+    move them together, copy with `Store.copy_to` (`ckpt cp`), remove with
+    `remove_store`
     (StoreOptions::pack_files in Rust; docs/design.md)."""
     return Store(path, read_only, cache_size, replicate_to, threads, background_threads, pack_files)
 
