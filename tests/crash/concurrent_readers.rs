@@ -130,7 +130,7 @@ fn another_process_reads_while_this_one_commits() -> Result {
 /// that step: each read returns the whole step (the store reads again in a
 /// new transaction when a file goes under it), never damaged data, a
 /// corrupt-data error or `Error::ReadInterrupted` (which needs three lost
-/// races in a row; without the retry, about 1 read in 80 lost one here).
+/// races in a row; without the retry, a read here now and then loses one).
 #[test]
 fn reads_racing_with_pack_file_deletion_are_whole() -> Result {
     use ckptstore::{ComputationGraphStore, Error, GradientCheckpoint, Retention, StoreOptions};
