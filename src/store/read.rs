@@ -173,6 +173,7 @@ impl CheckpointStore {
     /// it is [`Error::ReadInterrupted`](crate::Error::ReadInterrupted).
     /// For an `f` whose effects outlive an attempt (a push records the
     /// chunks it is about to upload).
+    #[cfg(feature = "remote")]
     pub(crate) fn with_step_once<T>(
         &self,
         step: u64,
