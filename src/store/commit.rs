@@ -301,9 +301,10 @@ impl CheckpointStore {
 }
 
 /// Commit `ckpt` (its metadata; its blobs and tensors come from `read`,
-/// one at a time, in the order of `incoming`) without holding more than
-/// one large blob or tensor in memory: each large one is staged as soon as
-/// it is read, small ones are kept and packed with the step.
+/// one at a time, in the order of `incoming`) without holding more than a
+/// part's worth of large blobs and tensors (and the largest one) in
+/// memory: large ones are staged a part at a time, hashed on every core,
+/// small ones are kept and packed with the step.
 pub(crate) fn put_streamed(
     db: &Db,
     mut ckpt: GradientCheckpoint,
@@ -320,30 +321,14 @@ pub(crate) fn put_streamed(
         // Streamed tensors keep their type in the checkpoint, without data
         // (added once the checkpoint's own data has been validated).
         let mut hollow = Vec::new();
+        let mut batch: Vec<(&Incoming, Vec<u8>)> = Vec::new();
+        let mut batch_bytes = 0;
         for entry in incoming {
             let data = read(entry)?;
             if data.len() < PACK_BELOW {
                 entry.place(&mut ckpt, data)?;
                 continue;
             }
-            let pieces: Vec<&[u8]> = split(&data).collect();
-            let first = staged.len();
-            let mut hashes = pieces.iter().map(|p| *blake3::hash(p).as_bytes());
-            stage(
-                db,
-                step,
-                &pieces,
-                first == 0,
-                &mut hashes,
-                part_bytes,
-                &mut staged,
-            )?;
-            streamed.push(Streamed {
-                name: entry.name.clone(),
-                len: data.len() as u64,
-                hashes: staged[first..].to_vec(),
-                typed: entry.tensor.is_some(),
-            });
             if let Some((dtype, shape)) = &entry.tensor {
                 let tensor = Tensor {
                     dtype: *dtype,
@@ -352,7 +337,15 @@ pub(crate) fn put_streamed(
                 };
                 hollow.push((entry.name.clone(), tensor));
             }
+            batch_bytes += data.len();
+            batch.push((entry, data));
+            if batch_bytes >= part_bytes {
+                let part = std::mem::take(&mut batch);
+                stage_batch(db, step, &part, &mut staged, &mut streamed)?;
+                batch_bytes = 0;
+            }
         }
+        stage_batch(db, step, &batch, &mut staged, &mut streamed)?;
         ckpt.validate()?;
         ckpt.tensors.extend(hollow);
         let plan = Plan::with_streamed(&ckpt, &streamed);
@@ -373,4 +366,37 @@ pub(crate) fn put_streamed(
     let mut info = result?;
     info.duration = start.elapsed();
     Ok(info)
+}
+
+/// Stage the large blobs and tensors of `batch` (hashed on every core),
+/// recording each as streamed; the first staging of a step refuses a
+/// stored step.
+fn stage_batch(
+    db: &Db,
+    step: u64,
+    batch: &[(&Incoming, Vec<u8>)],
+    staged: &mut Vec<Hash>,
+    streamed: &mut Vec<Streamed>,
+) -> Result<()> {
+    if batch.is_empty() {
+        return Ok(());
+    }
+    let pieces: Vec<&[u8]> = batch.iter().flat_map(|(_, data)| split(data)).collect();
+    let first = staged.len();
+    with_hashes(&pieces, db.settings().threads, |hashes| {
+        let part_bytes = part_bytes(db.settings());
+        stage(db, step, &pieces, first == 0, hashes, part_bytes, staged)
+    })?;
+    let mut at = first;
+    for (entry, data) in batch {
+        let n = split(data).count();
+        streamed.push(Streamed {
+            name: entry.name.clone(),
+            len: data.len() as u64,
+            hashes: staged[at..at + n].to_vec(),
+            typed: entry.tensor.is_some(),
+        });
+        at += n;
+    }
+    Ok(())
 }

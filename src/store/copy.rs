@@ -16,8 +16,9 @@ impl CheckpointStore {
     /// while other processes write to this store. Returns the steps
     /// copied, ascending.
     ///
-    /// Each step is copied whole and hash-checked, one blob or tensor in
-    /// memory at a time; a step removed while the copy runs (by retention
+    /// Each step is copied whole and hash-checked, a part of its blobs and
+    /// tensors in memory at a time (as
+    /// [`import_safetensors`](Self::import_safetensors)); a step removed while the copy runs (by retention
     /// in another process) is left out. The copy is built under a hidden
     /// name beside `to` (`.NAME.copy-*`) and renamed into place when it is
     /// complete, so `to` never names half a copy; a copy killed before that

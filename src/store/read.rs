@@ -403,9 +403,10 @@ impl CheckpointStore {
     /// that step (blobs, metrics, graph, time).
     ///
     /// The header is read and checked before the store is touched; then
-    /// the data is read front to back, one tensor in memory at a time:
-    /// each large tensor's chunks are staged as soon as it is read (as a
-    /// large [`commit`](Self::commit) stages them), and the step appears
+    /// the data is read front to back, a part of tensors in memory at a
+    /// time (3/8 of the page cache, or the largest tensor): each part's
+    /// chunks are hashed on every core and staged (as a large
+    /// [`commit`](Self::commit) stages them), and the step appears
     /// with the last transaction. A failure part way deletes what was
     /// staged, so the store is as it was.
     ///
