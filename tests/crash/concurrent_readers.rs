@@ -125,6 +125,16 @@ fn another_process_reads_while_this_one_commits() -> Result {
     Ok(())
 }
 
+/// Step `step` with one blob of `len` bytes that differ from step to step
+/// (above the pack threshold the tests set), at a fixed time.
+fn large_step(step: u64, len: usize) -> ckptstore::GradientCheckpoint {
+    use ckptstore::{ComputationGraphStore, GradientCheckpoint};
+    let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), step);
+    c.timestamp = 1_750_000_000 + step;
+    c.set_optimizer_state("w", common::bytes(step, len));
+    c
+}
+
 /// With pack files and a retention that keeps one step, every commit
 /// deletes the previous step's pack file, often while a reader is reading
 /// that step: each read returns the whole step (the store reads again in a
@@ -133,13 +143,8 @@ fn another_process_reads_while_this_one_commits() -> Result {
 /// races in a row; without the retry, a read here now and then loses one).
 #[test]
 fn reads_racing_with_pack_file_deletion_are_whole() -> Result {
-    use ckptstore::{ComputationGraphStore, Error, GradientCheckpoint, Retention, StoreOptions};
-    let big = |step: u64| {
-        let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), step);
-        c.timestamp = 1_750_000_000 + step;
-        c.set_optimizer_state("w", common::bytes(step, 6 << 20));
-        c
-    };
+    use ckptstore::{Error, Retention, StoreOptions};
+    let big = |step: u64| large_step(step, 6 << 20);
     let dir = tempfile::tempdir()?;
     let store = Arc::new(
         StoreOptions::new()
@@ -182,13 +187,8 @@ fn reads_racing_with_pack_file_deletion_are_whole() -> Result {
 /// file missing that the store still records is damage.
 #[test]
 fn verify_tells_a_step_removed_meanwhile_from_damage() -> Result {
-    use ckptstore::{ComputationGraphStore, GradientCheckpoint, StoreOptions};
-    let big = |step: u64| {
-        let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), step);
-        c.timestamp = 1_750_000_000 + step;
-        c.set_optimizer_state("w", common::bytes(step, 2 << 20));
-        c
-    };
+    use ckptstore::StoreOptions;
+    let big = |step: u64| large_step(step, 2 << 20);
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("run.ckpt");
     let store = StoreOptions::new().pack_threshold(1 << 20).open(&path)?;
