@@ -18,13 +18,14 @@ impl CheckpointStore {
     ///
     /// Each step is copied whole and hash-checked, a part of its blobs and
     /// tensors in memory at a time (as
-    /// [`import_safetensors`](Self::import_safetensors)); a step removed while the copy runs (by retention
-    /// in another process) is left out. The copy is built under a hidden
+    /// [`import_safetensors`](Self::import_safetensors)); a step removed
+    /// while the copy runs (by retention in another process) is left out.
+    /// The copy is built under a hidden
     /// name beside `to` (`.NAME.copy-*`) and renamed into place when it is
     /// complete, so `to` never names half a copy; a copy killed before that
     /// leaves the hidden files, which may be deleted. The new store has an
     /// identity of its own: to push it to its original's bucket prefix,
-    /// take the prefix over (`Remote::adopt`, `ckpt push --take-over`).
+    /// take the prefix over (`Remote::adopt`, `ckpt push --adopt`).
     ///
     /// # Errors
     /// [`Error::Io`] if `to` or its pack directory exists; a damaged step
