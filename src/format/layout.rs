@@ -54,6 +54,18 @@ pub(crate) fn chunk_count(len: usize) -> usize {
     len / CHUNK_SIZE + chunk_lengths(rem).count()
 }
 
+/// The small end of a blob of `len` bytes cut as [`chunk_lengths`] says:
+/// how many of its last pieces are under [`PACK_BELOW`] bytes, and their
+/// bytes. A bucket's shard packs them with the small blobs instead of
+/// storing each as an object (most tensors of a power-of-two size end in
+/// one such piece of a few hundred bytes).
+#[cfg_attr(not(feature = "remote"), allow(dead_code))]
+pub(crate) fn small_tail(len: usize) -> (usize, usize) {
+    chunk_lengths(len % CHUNK_SIZE)
+        .filter(|&n| n < PACK_BELOW)
+        .fold((0, 0), |(count, bytes), n| (count + 1, bytes + n))
+}
+
 /// Cut `blob` into chunks as [`chunk_lengths`] says.
 pub(crate) fn split(blob: &[u8]) -> impl Iterator<Item = &[u8]> {
     let mut at = 0;
@@ -90,6 +102,8 @@ mod tests {
             CHUNK_SIZE,
             CHUNK_SIZE + 1,
             5 * CHUNK_SIZE + 777_777,
+            1 << 20,
+            4 << 20,
         ] {
             let lens: Vec<usize> = chunk_lengths(len).collect();
             assert_eq!(lens.iter().sum::<usize>(), len, "len {len}");
@@ -106,6 +120,12 @@ mod tests {
             assert!(lens.windows(2).all(|w| w[0] >= w[1]), "len {len}");
             assert!(lens.len() <= len / CHUNK_SIZE + 16, "len {len}: {lens:?}");
             assert_eq!(chunk_count(len), lens.len(), "len {len}");
+            // The small tail is the run of pieces under PACK_BELOW at the end.
+            let (count, bytes) = small_tail(len);
+            let small = &lens[lens.len() - count..];
+            assert!(small.iter().all(|&n| n < PACK_BELOW), "len {len}");
+            assert!(lens[..lens.len() - count].iter().all(|&n| n >= PACK_BELOW));
+            assert_eq!(small.iter().sum::<usize>(), bytes, "len {len}");
             let blob = vec![0u8; len];
             assert_eq!(split(&blob).map(<[u8]>::len).collect::<Vec<_>>(), lens);
         }

@@ -38,7 +38,7 @@ use object_store::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::MAX_TEXT_BYTES;
-use crate::format::layout::chunk_count;
+use crate::format::layout::{chunk_count, chunk_lengths, small_tail};
 use crate::format::manifest::{hex, BlobRef, Hash, PackedRef, Placement};
 use crate::{Dtype, Tensor};
 
@@ -58,8 +58,12 @@ pub(crate) const LOCKS: &str = "locks";
 pub(crate) const OWNER: &str = "owner";
 /// The folder of the collection mark.
 pub(crate) const COLLECTIONS: &str = "collections";
-/// The version of the manifest JSON written here.
+/// The version of the manifest JSON written here, and of a shard manifest
+/// with no blob tail.
 pub(crate) const MANIFEST_FORMAT: u32 = 1;
+/// The version of a shard manifest some of whose blobs end in the packed
+/// chunk ([`RemoteBlob::tail`]); 0.3 reads only format 1.
+pub(crate) const MANIFEST_FORMAT_TAILS: u32 = 2;
 
 /// The most ranks a global step may have.
 pub const MAX_WORLD_SIZE: u32 = 1_000_000;
@@ -282,6 +286,7 @@ impl RemoteManifest {
                     len: blob.len,
                     chunks,
                     offset,
+                    tail: None,
                     dtype: tensor.as_ref().map(|(d, _)| d.name().to_owned()),
                     shape: tensor.map(|(_, s)| s),
                 };
@@ -327,11 +332,48 @@ pub(crate) struct RemoteBlob {
     /// Its offset in the packed chunk (a small blob).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) offset: Option<u64>,
+    /// Format 2: a chunked blob whose small end ([`small_tail`]: the last
+    /// pieces under 64 KiB) is not in `chunks` but in the packed chunk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) tail: Option<RemoteTail>,
     /// A tensor's dtype name and shape.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) dtype: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) shape: Option<Vec<u64>>,
+}
+
+/// Where a blob's small end lies in the packed chunk, and the hash of
+/// those bytes: a reader fetches and checks them alone.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct RemoteTail {
+    pub(crate) offset: u64,
+    pub(crate) hash: String,
+}
+
+impl RemoteTail {
+    /// Why the tail of blob `name` (of `len` bytes) cannot be read from
+    /// packed bytes of `packed_len`; else how many pieces it holds.
+    fn check(
+        &self,
+        name: &str,
+        len: Option<usize>,
+        packed_len: Option<u64>,
+    ) -> std::result::Result<usize, String> {
+        let (pieces, bytes) = len.map_or((0, 0), small_tail);
+        let end = self.offset.checked_add(bytes as u64);
+        if pieces == 0 || packed_len.is_none_or(|p| end.is_none_or(|e| e > p)) {
+            return Err(format!(
+                "blob {name:?}: its tail lies outside the packed bytes"
+            ));
+        }
+        if parse_hex(&self.hash).is_none() {
+            return Err(format!(
+                "blob {name:?}: its tail's hash is not a BLAKE3 hash"
+            ));
+        }
+        Ok(pieces)
+    }
 }
 
 /// The packed chunk of a step.
@@ -346,9 +388,17 @@ impl RemoteManifest {
     /// cannot: checked before anything is allocated from its numbers or
     /// added up. Else the step's logical bytes.
     pub(crate) fn check(&self, step: u64) -> std::result::Result<u64, String> {
-        if self.format != MANIFEST_FORMAT {
+        if self.format != MANIFEST_FORMAT && self.format != MANIFEST_FORMAT_TAILS {
             return Err(format!(
-                "manifest format {} (this build reads {MANIFEST_FORMAT})",
+                "manifest format {} (this build reads {MANIFEST_FORMAT} and \
+                 {MANIFEST_FORMAT_TAILS})",
+                self.format
+            ));
+        }
+        let tails = self.blobs.values().any(|b| b.tail.is_some());
+        if tails && self.format != MANIFEST_FORMAT_TAILS {
+            return Err(format!(
+                "a blob tail in a manifest of format {}",
                 self.format
             ));
         }
@@ -378,10 +428,34 @@ impl RemoteManifest {
 }
 
 impl RemoteBlob {
+    /// The lengths of its chunk objects, in order (none for a packed blob).
+    pub(crate) fn chunk_lengths(&self) -> impl Iterator<Item = usize> {
+        let len = usize::try_from(self.len).unwrap_or(usize::MAX);
+        let count = match &self.chunks {
+            Some(chunks) => chunks.len(),
+            None => 0,
+        };
+        chunk_lengths(len).take(count)
+    }
+
+    /// Bytes of its end that lie in the packed chunk (format 2): their
+    /// offset there and their length.
+    pub(crate) fn tail_bytes(&self) -> Option<(u64, u64)> {
+        let len = usize::try_from(self.len).ok()?;
+        Some((self.tail.as_ref()?.offset, small_tail(len).1 as u64))
+    }
+
     fn check(&self, name: &str, packed_len: Option<u64>) -> std::result::Result<(), String> {
         match (&self.chunks, self.offset) {
             (Some(chunks), None) => {
-                let expected = usize::try_from(self.len).ok().map(chunk_count);
+                let len = usize::try_from(self.len).ok();
+                let expected = match &self.tail {
+                    None => len.map(chunk_count),
+                    Some(tail) => {
+                        let pieces = tail.check(name, len, packed_len)?;
+                        len.map(|n| chunk_count(n) - pieces)
+                    }
+                };
                 if expected != Some(chunks.len()) {
                     return Err(format!(
                         "blob {name:?}: {} bytes cannot lie in {} chunks",
@@ -393,7 +467,7 @@ impl RemoteBlob {
                     return Err(format!("blob {name:?}: a chunk name is not a BLAKE3 hash"));
                 }
             }
-            (None, Some(offset)) => {
+            (None, Some(offset)) if self.tail.is_none() => {
                 let end = offset.checked_add(self.len);
                 if packed_len.is_none_or(|p| end.is_none_or(|end| end > p)) {
                     return Err(format!("blob {name:?} lies outside the packed bytes"));

@@ -9,10 +9,11 @@
 //! store's path (`pieces.rs`).
 
 use std::fs::File;
-use std::io::{ErrorKind, Read};
+use std::io::{ErrorKind, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use super::restore::Want;
 use super::Remote;
 use crate::engine::hashing::{read_hashed, run_parallel};
 use crate::format::manifest::{hex, Hash};
@@ -41,20 +42,26 @@ pub(super) fn place(step: u64, chunk: &[u8], regions: &mut Regions<'_>) -> Resul
 pub(super) fn read_into<'o>(
     remote: &Remote,
     step: u64,
-    wanted: &[(&str, Hash, usize)],
+    wanted: &[Want<'_>],
     jobs: Vec<(usize, Regions<'o>)>,
 ) -> Result<Vec<(usize, Regions<'o>)>> {
     let not_here = Mutex::new(Vec::new());
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
     run_parallel(jobs, threads, &|_, (i, mut regions)| {
-        let (what, hash, n) = wanted[i];
-        let path = chunk_path(remote, &hash);
+        let Want {
+            what,
+            object,
+            at,
+            len: n,
+            hash,
+        } = wanted[i];
+        let path = chunk_path(remote, &object);
         let damaged = || {
             Error::corrupt(
                 Some(step),
                 format!(
                     "{what}: chunk {} in {} fails its hash check",
-                    hex(&hash),
+                    hex(&object),
                     remote.url
                 ),
             )
@@ -67,14 +74,23 @@ pub(super) fn read_into<'o>(
             }
             Err(e) => return Err(Error::io("open chunk", &path, e)),
         };
-        let len = file
+        let size = file
             .metadata()
             .map_err(|e| Error::io("stat chunk", &path, e))?
             .len();
-        if usize::try_from(len).ok() != Some(n) {
+        let read = |e| Error::io("read chunk", &path, e);
+        // All of a chunk, or (a blob's tail) part of a packed chunk.
+        let from = at.unwrap_or(0);
+        let fits = match at {
+            None => size == n as u64,
+            Some(at) => at.checked_add(n as u64).is_some_and(|end| end <= size),
+        };
+        if !fits {
             return Err(damaged());
         }
-        let read = |e| Error::io("read chunk", &path, e);
+        if from > 0 {
+            file.seek(SeekFrom::Start(from)).map_err(read)?;
+        }
         let mut next_slice = |slice: &mut [u8], _| file.read_exact(slice);
         if let [(range, out)] = regions.as_mut_slice() {
             if *range == (0..n) {

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use super::layout::{RemoteBlob, RemoteManifest};
 use super::local::{place, Regions};
-use super::restore::blob_chunks;
+use super::restore::{blob_chunks, Want};
 use super::step::StepManifest;
 use super::Remote;
 use crate::format::manifest::Hash;
@@ -164,39 +164,24 @@ impl Remote {
                 reason: "the buffers do not match the pieces in number or length".into(),
             });
         }
-        // Which chunks each piece needs: (index in `wanted`, its start in
-        // the entry, its length).
-        let mut wanted: Vec<(&str, Hash, usize)> = Vec::new();
+        // What each piece needs, as spans: (index in `wanted`, the span's
+        // start in the entry, its length, its start in what is fetched).
+        let mut wanted: Vec<Want<'_>> = Vec::new();
         let mut index: HashMap<Hash, usize> = HashMap::new();
-        let mut plans: Vec<Vec<(usize, u64, u64)>> = Vec::new();
+        let mut plans: Vec<Vec<Span>> = Vec::new();
         for piece in pieces {
             let (rank, name, offset, len) = *piece;
-            let blob = global.blob(piece)?;
-            let mut need = Vec::new();
-            let mut add = |what: &'static str, hash: Hash, n: usize| {
-                let i = *index.entry(hash).or_insert_with(|| {
-                    wanted.push((what, hash, n));
-                    wanted.len() - 1
-                });
-                i
-            };
-            if let Some(p) = &global.shards[rank as usize].packed {
-                if blob.offset.is_some() {
-                    let hash = super::layout::parse_hex(&p.hash)
-                        .ok_or_else(|| Error::corrupt(Some(step), "a bad packed chunk name"))?;
-                    let n = usize::try_from(p.len).unwrap_or(usize::MAX);
-                    need.push((add("packed blobs", hash, n), 0, p.len));
+            let mut spans = Vec::new();
+            for (want, from, n, at) in parts(global, rank, name, global.blob(piece)?)? {
+                if from + n > offset && from < offset + len {
+                    let i = *index.entry(want.hash).or_insert_with(|| {
+                        wanted.push(want);
+                        wanted.len() - 1
+                    });
+                    spans.push((i, from, n, at));
                 }
             }
-            let mut start = 0u64;
-            for (_, hash, n) in blob_chunks(step, name, blob)? {
-                let end = start + n as u64;
-                if end > offset && start < offset + len {
-                    need.push((add("a tensor", hash, n), start, n as u64));
-                }
-                start = end;
-            }
-            plans.push(need);
+            plans.push(spans);
         }
         let jobs = regions(global, pieces, &plans, wanted.len(), outs)?;
         // A `file://` bucket's chunks are read straight into place, on
@@ -210,7 +195,7 @@ impl Remote {
         if rest.is_empty() {
             return Ok(());
         }
-        let some: Vec<(&str, Hash, usize)> = rest.iter().map(|(i, _)| wanted[*i]).collect();
+        let some: Vec<Want<'_>> = rest.iter().map(|(i, _)| wanted[*i]).collect();
         let mut rest = rest;
         self.fetch_each(step, &some, &mut |k, chunk| {
             place(step, &chunk, &mut rest[k].1)
@@ -218,14 +203,67 @@ impl Remote {
     }
 }
 
+/// Where part of an entry is: (index of what holds it in the wanted list,
+/// the part's start in the entry, its length, its start in what is
+/// fetched).
+type Span = (usize, u64, u64, u64);
+
+/// Every part of entry `name` of rank `rank`'s shard, in order: what to
+/// fetch for it, its start in the entry, its length, its start in what is
+/// fetched. A small blob is in the packed chunk (fetched whole); a large
+/// blob's tail (format 2) is fetched alone, checked against its own hash.
+fn parts<'a>(
+    global: &GlobalStep,
+    rank: u32,
+    name: &'a str,
+    blob: &RemoteBlob,
+) -> Result<Vec<(Want<'a>, u64, u64, u64)>> {
+    let step = global.step;
+    let mut parts = Vec::new();
+    let mut start = 0u64;
+    for want in blob_chunks(step, name, blob)? {
+        parts.push((want, start, want.len as u64, 0));
+        start += want.len as u64;
+    }
+    let packed = || {
+        let p = global
+            .shard(rank)
+            .and_then(|m| m.packed.as_ref())
+            .ok_or_else(|| {
+                Error::corrupt(Some(step), format!("{name:?} needs absent packed bytes"))
+            })?;
+        let hash = super::layout::parse_hex(&p.hash)
+            .ok_or_else(|| Error::corrupt(Some(step), "a bad packed chunk name"))?;
+        Ok::<_, Error>((hash, usize::try_from(p.len).unwrap_or(usize::MAX)))
+    };
+    if let Some(at) = blob.offset {
+        let (hash, size) = packed()?;
+        parts.push((Want::chunk(name, hash, size), 0, blob.len, at));
+    }
+    if let (Some((at, n)), Some(tail)) = (blob.tail_bytes(), &blob.tail) {
+        let (object, _) = packed()?;
+        let hash = super::layout::parse_hex(&tail.hash)
+            .ok_or_else(|| Error::corrupt(Some(step), format!("{name:?}: a bad tail hash")))?;
+        let len = usize::try_from(n).unwrap_or(usize::MAX);
+        let want = Want {
+            what: name,
+            object,
+            at: Some(at),
+            len,
+            hash,
+        };
+        parts.push((want, start, n, 0));
+    }
+    Ok(parts)
+}
+
 /// Split the pieces' buffers `outs` into the disjoint regions each wanted
-/// chunk fills (`plans[p]`: the chunks piece `p` needs, each with its start
-/// in the entry and its length); checks that every piece is covered
-/// exactly.
+/// chunk fills (`plans[p]`: the spans piece `p` needs, in entry order);
+/// checks that every piece is covered exactly.
 fn regions<'o>(
     global: &GlobalStep,
     pieces: &[Piece<'_>],
-    plans: &[Vec<(usize, u64, u64)>],
+    plans: &[Vec<Span>],
     wanted: usize,
     outs: &'o mut [&mut [u8]],
 ) -> Result<Vec<(usize, Regions<'o>)>> {
@@ -234,23 +272,17 @@ fn regions<'o>(
         let (_, name, offset, len) = *piece;
         let corrupt = |why: &str| Error::corrupt(Some(global.step), format!("{name:?}: {why}"));
         let index = |x: u64| usize::try_from(x).map_err(|_| corrupt("too long to load"));
-        let blob = global.blob(piece)?;
         let mut rest: &'o mut [u8] = out;
-        if let Some(at) = blob.offset {
-            let (i, _, _) = need.first().ok_or_else(|| corrupt("has no packed bytes"))?;
-            let from = index(at + offset)?;
-            by_chunk[*i].push((from..from + rest.len(), rest));
-            continue;
-        }
         let mut filled = 0;
-        for &(i, start, n) in need {
+        for &(i, start, n, at) in need {
             let from = offset.max(start);
             let to = (offset + len).min(start + n);
             if from != offset + filled || to < from {
                 return Err(corrupt("its chunks do not cover it"));
             }
             let (region, tail) = std::mem::take(&mut rest).split_at_mut(index(to - from)?);
-            by_chunk[i].push((index(from - start)?..index(to - start)?, region));
+            let within = index(at + (from - start))?..index(at + (to - start))?;
+            by_chunk[i].push((within, region));
             rest = tail;
             filled += to - from;
         }

@@ -12,7 +12,7 @@ use object_store::ObjectStoreExt;
 use super::layout::{parse_hex, RemoteBlob, RemoteManifest};
 use super::Remote;
 use crate::checkpoint::Incoming;
-use crate::format::layout::{chunk_lengths, packed_slice};
+use crate::format::layout::packed_slice;
 use crate::format::manifest::{hex, Hash};
 use crate::{CheckpointStore, CommitInfo, Dtype, Error, GradientCheckpoint, Result, Tensor};
 
@@ -23,6 +23,32 @@ const DOWNLOADS_IN_FLIGHT: usize = 16;
 /// A batch of downloads ends once it holds this many bytes (or at the end
 /// of the blob that crosses it).
 const BATCH_BYTES: u64 = 32 << 20;
+
+/// Bytes to fetch from the bucket and check: chunk `object` whole, or
+/// (`at`) `len` of its bytes from an offset (a blob's tail in a packed
+/// chunk); what arrives must be `len` bytes hashing to `hash`. `what`
+/// names them in errors.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Want<'a> {
+    pub(super) what: &'a str,
+    pub(super) object: Hash,
+    pub(super) at: Option<u64>,
+    pub(super) len: usize,
+    pub(super) hash: Hash,
+}
+
+impl<'a> Want<'a> {
+    /// All of chunk `hash`, of `len` bytes.
+    pub(super) fn chunk(what: &'a str, hash: Hash, len: usize) -> Self {
+        Want {
+            what,
+            object: hash,
+            at: None,
+            len,
+            hash,
+        }
+    }
+}
 
 /// A step's blobs, in name order, read batch by batch.
 pub(super) struct Blobs<'r> {
@@ -45,7 +71,8 @@ impl<'r> Blobs<'r> {
             Some(p) => {
                 let hash = parse(step, "packed blobs", &p.hash)?;
                 let len = usize::try_from(p.len).unwrap_or(usize::MAX);
-                let mut got = remote.fetch(step, &[("packed blobs", hash, len)], progress)?;
+                let want = Want::chunk("packed blobs", hash, len);
+                let mut got = remote.fetch(step, &[want], progress)?;
                 got.pop().map(|b| b.to_vec()).unwrap_or_default()
             }
             None => Vec::new(),
@@ -88,7 +115,7 @@ impl<'r> Blobs<'r> {
                 break;
             }
         }
-        let mut wanted: Vec<(&str, Hash, usize)> = Vec::new();
+        let mut wanted: Vec<Want<'_>> = Vec::new();
         for (name, blob) in &batch {
             wanted.extend(blob_chunks(step, name, blob)?);
         }
@@ -103,6 +130,9 @@ impl<'r> Blobs<'r> {
                     let mut data = Vec::with_capacity(got.iter().map(bytes::Bytes::len).sum());
                     for piece in got {
                         data.extend_from_slice(&piece);
+                    }
+                    if let Some((at, len)) = blob.tail_bytes() {
+                        data.extend_from_slice(tail(step, &name, &blob, &self.packed, at, len)?);
                     }
                     data
                 }
@@ -128,7 +158,7 @@ impl Remote {
     pub(super) fn fetch(
         &self,
         step: u64,
-        wanted: &[(&str, Hash, usize)],
+        wanted: &[Want<'_>],
         progress: &mut dyn FnMut(u64),
     ) -> Result<Vec<bytes::Bytes>> {
         let mut pieces = Vec::with_capacity(wanted.len());
@@ -147,44 +177,45 @@ impl Remote {
     pub(super) fn fetch_each(
         &self,
         step: u64,
-        wanted: &[(&str, Hash, usize)],
+        wanted: &[Want<'_>],
         each: &mut dyn FnMut(usize, bytes::Bytes) -> Result<()>,
     ) -> Result<()> {
         let (store, layout, url) = (&self.store, &self.layout, &self.url);
         let corrupt = |detail: String| Error::corrupt(Some(step), detail);
         let mut fetches = futures::stream::iter(wanted)
-            .map(|(what, hash, len)| async move {
+            .map(|want| async move {
+                let (what, object, n) = (want.what, want.object, want.len);
                 let damaged = || {
                     corrupt(format!(
                         "{what}: chunk {} in {url} fails its hash check",
-                        hex(hash)
+                        hex(&object)
                     ))
                 };
-                let got = match store.get(&layout.chunk(hash)).await {
-                    // Refused before its body is read: an object of another
-                    // length is not this chunk, whatever its size.
-                    Ok(got) if usize::try_from(got.meta.size).ok() != Some(*len) => {
-                        return Err(damaged())
-                    }
-                    Ok(got) => got.bytes().await,
+                let got = match get_wanted(store.as_ref(), &layout.chunk(&object), want).await {
+                    Ok(None) => return Err(damaged()),
+                    Ok(Some(bytes)) => Ok(bytes),
                     Err(e) => Err(e),
                 };
                 let piece = got.map_err(|e| match e {
-                    object_store::Error::NotFound { .. } => {
-                        corrupt(format!("{what}: chunk {} is missing from {url}", hex(hash)))
-                    }
+                    object_store::Error::NotFound { .. } => corrupt(format!(
+                        "{what}: chunk {} is missing from {url}",
+                        hex(&object)
+                    )),
                     e => super::remote_error(url, "reading chunks from", e),
                 })?;
                 // Hashed on the blocking pool: the downloads in flight are
                 // checked on every core, not on the runtime's one thread.
-                let (want, n) = (*hash, *len);
+                let want = want.hash;
                 let checked = tokio::task::spawn_blocking(move || {
                     let whole = piece.len() == n && *blake3::hash(&piece).as_bytes() == want;
                     whole.then_some(piece)
                 })
                 .await
                 .map_err(|e| {
-                    corrupt(format!("{what}: checking chunk {} failed: {e}", hex(hash)))
+                    corrupt(format!(
+                        "{what}: checking chunk {} failed: {e}",
+                        hex(&object)
+                    ))
                 })?;
                 checked.ok_or_else(damaged)
             })
@@ -266,6 +297,33 @@ impl Remote {
     }
 }
 
+/// The bytes `want` names from the object at `path`, unchecked; `None` when
+/// the object cannot hold them (damage): a chunk of another length, a
+/// packed chunk too short for a tail. Refused before a body is read.
+async fn get_wanted(
+    store: &dyn object_store::ObjectStore,
+    path: &object_store::path::Path,
+    want: &Want<'_>,
+) -> object_store::Result<Option<bytes::Bytes>> {
+    let Some(at) = want.at else {
+        let got = store.get(path).await?;
+        if usize::try_from(got.meta.size).ok() != Some(want.len) {
+            return Ok(None);
+        }
+        return got.bytes().await.map(Some);
+    };
+    let range = at..at + want.len as u64;
+    match store.get_range(path, range.clone()).await {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(e @ object_store::Error::NotFound { .. }) => Err(e),
+        // A range the object does not hold is damage; else the bucket failed.
+        Err(e) => match store.head(path).await {
+            Ok(meta) if meta.size < range.end => Ok(None),
+            _ => Err(e),
+        },
+    }
+}
+
 /// The checkpoint `m` describes, without its blobs and tensors.
 pub(super) fn skeleton(m: RemoteManifest) -> Result<GradientCheckpoint> {
     let graph = serde_json::from_value(m.graph).map_err(|e| Error::Json {
@@ -301,21 +359,45 @@ pub(super) fn incoming(step: u64, name: String, blob: &RemoteBlob) -> Result<Inc
 }
 
 /// The chunks of a chunked blob (checked by `RemoteManifest::check`), each
-/// with the blob's name and its length.
+/// named by the blob's name.
 pub(super) fn blob_chunks<'a>(
     step: u64,
     name: &'a str,
     blob: &RemoteBlob,
-) -> Result<Vec<(&'a str, Hash, usize)>> {
+) -> Result<Vec<Want<'a>>> {
     let Some(hashes) = &blob.chunks else {
         return Ok(Vec::new());
     };
-    let len = usize::try_from(blob.len).unwrap_or(usize::MAX);
     hashes
         .iter()
-        .zip(chunk_lengths(len))
-        .map(|(h, n)| Ok((name, parse(step, name, h)?, n)))
+        .zip(blob.chunk_lengths())
+        .map(|(h, n)| Ok(Want::chunk(name, parse(step, name, h)?, n)))
         .collect()
+}
+
+/// Blob `name`'s tail: the `len` bytes at `at` of `packed`, checked
+/// against the tail's hash.
+pub(super) fn tail<'p>(
+    step: u64,
+    name: &str,
+    blob: &RemoteBlob,
+    packed: &'p [u8],
+    at: u64,
+    len: u64,
+) -> Result<&'p [u8]> {
+    let want = blob
+        .tail
+        .as_ref()
+        .map(|t| parse(step, name, &t.hash))
+        .transpose()?;
+    packed_slice(packed, at, len)
+        .filter(|bytes| want == Some(*blake3::hash(bytes).as_bytes()))
+        .ok_or_else(|| {
+            Error::corrupt(
+                Some(step),
+                format!("blob {name:?}: its tail in the packed bytes fails its hash check"),
+            )
+        })
 }
 
 fn parse(step: u64, what: &str, h: &str) -> Result<Hash> {

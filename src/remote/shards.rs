@@ -12,13 +12,15 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::layout::{
-    encode, GlobalManifest, RemoteManifest, ShardId, MANIFEST_FORMAT, MAX_WORLD_SIZE,
+    encode, GlobalManifest, RemoteManifest, RemotePacked, RemoteTail, ShardId, MANIFEST_FORMAT,
+    MANIFEST_FORMAT_TAILS, MAX_WORLD_SIZE,
 };
 use super::locks::Lock;
 use super::step::StepManifest;
 use super::{Commit, Remote};
 use crate::engine::hashing::with_hashes;
 use crate::engine::plan::Plan;
+use crate::format::layout::small_tail;
 use crate::format::manifest::{hex, ChunkRef, Hash};
 use crate::{CheckpointStore, Error, GradientCheckpoint, Result};
 
@@ -447,7 +449,7 @@ pub enum ShardUpload {
 }
 
 /// A checkpoint held in memory, as the bucket takes it: its manifest, its
-/// chunks, and its small blobs packed into one chunk (as the store does).
+/// chunks, and its small blobs and blob tails packed into one chunk.
 type ShardData<'a> = (
     RemoteManifest,
     Vec<(Hash, &'a [u8])>,
@@ -470,20 +472,61 @@ fn shard_manifest<'a>(plan: &Plan<'a>) -> Result<ShardData<'a>> {
         .map(|(hash, _)| ChunkRef { hash: *hash, id: 0 })
         .collect();
     let placements = plan.placements(&refs);
-    let packed_ref = plan.packed_ref();
     let typed = |name: &str| {
         plan.typed
             .iter()
             .find(|t| t.0 == name)
             .map(|t| (t.1, t.2.to_vec()))
     };
-    let manifest = RemoteManifest::from_model(ckpt, &placements, &typed, packed_ref.as_ref())?;
+    let mut manifest = RemoteManifest::from_model(ckpt, &placements, &typed, None)?;
+    let mut packed = plan.packed.clone();
+    let pieces = pack_tails(&mut manifest, pieces, &mut packed);
+    let packed = (!packed.is_empty()).then(|| (*blake3::hash(&packed).as_bytes(), packed));
+    manifest.packed = packed.as_ref().map(|(hash, bytes)| RemotePacked {
+        len: bytes.len() as u64,
+        hash: hex(hash),
+    });
     manifest
         .check(ckpt.step)
         .map_err(|reason| Error::InvalidCheckpoint {
             step: ckpt.step,
             reason: format!("the bucket's readers would refuse it: {reason}"),
         })?;
-    let packed = packed_ref.map(|p| (p.hash, plan.packed.clone()));
     Ok((manifest, pieces, packed))
+}
+
+/// Move each chunked blob's small tail (its last pieces under 64 KiB) from
+/// `pieces` (every chunk of `manifest`'s chunked blobs, in their order)
+/// to the end of `packed`, and mark the manifest format 2 if any moved: a
+/// tensor of a power-of-two size is then one object, not two. Returns the
+/// pieces left to upload.
+fn pack_tails<'a>(
+    manifest: &mut RemoteManifest,
+    pieces: Vec<(Hash, &'a [u8])>,
+    packed: &mut Vec<u8>,
+) -> Vec<(Hash, &'a [u8])> {
+    let mut kept = Vec::with_capacity(pieces.len());
+    let mut pieces = pieces.into_iter();
+    for blob in manifest.blobs.values_mut() {
+        let Some(chunks) = blob.chunks.as_mut() else {
+            continue;
+        };
+        let (small, _) = small_tail(usize::try_from(blob.len).unwrap_or(usize::MAX));
+        let large = chunks.len().saturating_sub(small);
+        kept.extend(pieces.by_ref().take(large));
+        if small > 0 {
+            chunks.truncate(large);
+            let offset = packed.len();
+            for (_, bytes) in pieces.by_ref().take(small) {
+                packed.extend_from_slice(bytes);
+            }
+            let hash = blake3::hash(&packed[offset..]);
+            blob.tail = Some(RemoteTail {
+                offset: offset as u64,
+                hash: hex(hash.as_bytes()),
+            });
+            manifest.format = MANIFEST_FORMAT_TAILS;
+        }
+    }
+    kept
 }

@@ -6,7 +6,6 @@ use std::collections::HashSet;
 
 use super::layout::{parse_hex, GlobalManifest, RemoteManifest, ShardId, MAX_MANIFEST_BYTES};
 use super::{Commit, Remote};
-use crate::format::layout::chunk_lengths;
 use crate::format::manifest::{hex, Hash};
 use crate::{Error, Result, StepSummary};
 
@@ -271,10 +270,10 @@ fn summary(m: &RemoteManifest) -> StepSummary {
 pub(crate) fn new_bytes(m: &RemoteManifest, seen: &mut HashSet<String>) -> u64 {
     let mut bytes = 0;
     for blob in m.blobs.values() {
-        let (Some(hashes), Ok(len)) = (&blob.chunks, usize::try_from(blob.len)) else {
+        let Some(hashes) = &blob.chunks else {
             continue;
         };
-        for (hash, n) in hashes.iter().zip(chunk_lengths(len)) {
+        for (hash, n) in hashes.iter().zip(blob.chunk_lengths()) {
             if seen.insert(hash.clone()) {
                 bytes = u64::saturating_add(bytes, n as u64);
             }

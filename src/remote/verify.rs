@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 
 use super::layout::RemoteManifest;
-use super::restore::blob_chunks;
+use super::restore::{blob_chunks, tail, Want};
 use super::Remote;
 use crate::format::manifest::Hash;
 use crate::{Error, Result, VerifyReport};
@@ -64,35 +64,37 @@ impl Remote {
     }
 
     /// Fetch and check every chunk `m` (checked) names, each once, a batch
-    /// at a time; its logical bytes.
+    /// at a time, and each blob tail against its hash; its logical bytes.
     fn check_chunks(&self, m: &RemoteManifest) -> Result<u64> {
         let step = m.step;
-        let mut seen: HashSet<Hash> = HashSet::new();
-        let mut batch = Vec::new();
-        let mut batch_bytes = 0;
-        let mut wanted = Vec::new();
         if let Some(p) = &m.packed {
             let hash = super::layout::parse_hex(&p.hash)
                 .ok_or_else(|| Error::corrupt(Some(step), "bad packed chunk name"))?;
-            wanted.push((
-                "packed blobs",
-                hash,
-                usize::try_from(p.len).unwrap_or(usize::MAX),
-            ));
-        }
-        for (name, blob) in &m.blobs {
-            wanted.extend(blob_chunks(step, name, blob)?);
-        }
-        for piece in wanted {
-            if !seen.insert(piece.1) {
-                continue;
+            let len = usize::try_from(p.len).unwrap_or(usize::MAX);
+            let packed =
+                self.fetch(step, &[Want::chunk("packed blobs", hash, len)], &mut |_| {})?;
+            let packed = packed.first().map_or(&[][..], |b| &b[..]);
+            for (name, blob) in &m.blobs {
+                if let Some((at, n)) = blob.tail_bytes() {
+                    tail(step, name, blob, packed, at, n)?;
+                }
             }
-            batch_bytes += piece.2;
-            batch.push(piece);
-            if batch_bytes >= VERIFY_BATCH_BYTES {
-                self.fetch(step, &batch, &mut |_| {})?;
-                batch.clear();
-                batch_bytes = 0;
+        }
+        let mut seen: HashSet<Hash> = HashSet::new();
+        let mut batch = Vec::new();
+        let mut batch_bytes = 0;
+        for (name, blob) in &m.blobs {
+            for want in blob_chunks(step, name, blob)? {
+                if !seen.insert(want.hash) {
+                    continue;
+                }
+                batch_bytes += want.len;
+                batch.push(want);
+                if batch_bytes >= VERIFY_BATCH_BYTES {
+                    self.fetch(step, &batch, &mut |_| {})?;
+                    batch.clear();
+                    batch_bytes = 0;
+                }
             }
         }
         self.fetch(step, &batch, &mut |_| {})?;

@@ -17,6 +17,7 @@ mod remembered;
 mod replicate;
 mod retention;
 mod shards;
+mod tails;
 mod untrusted;
 
 use std::sync::atomic::Ordering;

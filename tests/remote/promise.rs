@@ -433,7 +433,7 @@ fn fixture_step(step: u64) -> Result<GradientCheckpoint> {
     Ok(c)
 }
 
-fn copy_dir(from: &Path, to: &Path) -> Result {
+pub(crate) fn copy_dir(from: &Path, to: &Path) -> Result {
     std::fs::create_dir_all(to)?;
     for entry in std::fs::read_dir(from)? {
         let entry = entry?;

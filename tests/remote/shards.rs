@@ -63,8 +63,9 @@ fn a_step_is_visible_only_when_every_shard_landed() -> Result {
     for rank in 0..3 {
         let info = remote.commit_shard(5, rank, 4, &shard(5, rank)?)?;
         assert!(!info.complete);
-        // The frozen tensor of each rank is in the bucket since step 4.
-        assert!(info.bytes_skipped >= 1 << 20, "{info:?}");
+        // The frozen tensor of each rank is in the bucket since step 4
+        // (but its last 128 bytes, which travel with the packed blobs).
+        assert!(info.bytes_skipped >= (1 << 20) - 128, "{info:?}");
     }
     assert_eq!(remote.latest_step()?, Some(4));
     assert_eq!(remote.steps()?, vec![4]);

@@ -1,0 +1,193 @@
+//! A shard's blob tails (the last pieces under 64 KiB of a large blob)
+//! travel in its packed chunk (manifest format 2), not as objects of their
+//! own; shards written before (format 1) read the same.
+
+use std::path::Path;
+
+use ckptstore::{ComputationGraphStore, Dtype, Error, GradientCheckpoint, Remote, Tensor};
+
+use super::promise::copy_dir;
+use super::Result;
+use crate::common::bytes;
+
+const MIB: usize = 1 << 20;
+
+/// Four tensors of 1 MiB (each a chunk of 1 MiB - 128 B and a 128-byte
+/// tail), a blob of 3 MiB + 5 B, and a small blob.
+fn shard(step: u64) -> Result<GradientCheckpoint> {
+    let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), step);
+    c.timestamp = 1_800_000_000 + step;
+    for i in 0..4u64 {
+        let t = Tensor::new(Dtype::F32, vec![256, 1024], bytes(step * 10 + i, MIB))?;
+        c.set_tensor(format!("w{i}"), t);
+    }
+    c.set_optimizer_state("odd", bytes(step + 99, 3 * MIB + 5));
+    c.set_optimizer_state("rng", bytes(step + 7, 100));
+    Ok(c)
+}
+
+fn objects(dir: &Path, folder: &str) -> Result<Vec<std::path::PathBuf>> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir.join(folder))? {
+        found.push(entry?.path());
+    }
+    Ok(found)
+}
+
+#[test]
+fn a_tensors_small_end_travels_with_the_packed_blobs() -> Result {
+    let dir = tempfile::tempdir()?;
+    let remote = Remote::open(&format!("file://{}", dir.path().display()))?;
+    let c = shard(1)?;
+    let info = remote.commit_shard(1, 0, 1, &c)?;
+    assert!(info.complete);
+    // One object per 1 MiB tensor, three for "odd" (its last 389 bytes
+    // packed), and the packed chunk: 8, where format 1 wrote 13.
+    assert_eq!(objects(dir.path(), "chunks")?.len(), 4 + 3 + 1);
+    let manifest =
+        std::fs::read_to_string(&objects(dir.path(), "shards/00000000000000000001")?[0])?;
+    assert!(manifest.starts_with(r#"{"format":2,"#), "{manifest}");
+    assert_eq!(manifest.matches(r#""tail":"#).count(), 5, "{manifest}");
+    assert!(remote.get_shard(1, 0)? == Some(c.clone()));
+    // Pieces: inside a tail, across a chunk's end into its tail, a whole
+    // entry, and a small blob.
+    let global = remote.open_global(1)?.ok_or("complete")?;
+    let w2 = &c.tensors["w2"].data;
+    let odd = &c.optimizer_state["odd"];
+    let end = 3 * (MIB - 128);
+    let pieces = [
+        (0, "w2", MIB as u64 - 100, 50),
+        (0, "odd", end as u64 - 10, 15),
+        (0, "w2", 0, MIB as u64),
+        (0, "rng", 10, 20),
+    ];
+    let got = remote.read_pieces(&global, &pieces)?;
+    assert_eq!(got[0], w2[MIB - 100..MIB - 50]);
+    assert_eq!(got[1], odd[end - 10..end + 5]);
+    assert!(got[2] == *w2);
+    assert_eq!(got[3], c.optimizer_state["rng"][10..30]);
+    let verified = remote.verify()?;
+    assert!(verified.is_ok() && verified.steps_ok == 1, "{verified:?}");
+    // A tensor unchanged in the next step: only its tail goes again.
+    let mut next = shard(2)?;
+    next.tensors.insert("w0".into(), c.tensors["w0"].clone());
+    let info = remote.commit_shard(2, 0, 1, &next)?;
+    assert!(info.bytes_skipped >= MIB as u64 - 128, "{info:?}");
+    Ok(())
+}
+
+/// A tail is checked against its own hash: a flipped byte in one tail
+/// fails a read of that tail, not of another; the packed chunk as a whole
+/// fails its hash.
+#[test]
+fn a_damaged_tail_fails_its_reads_only() -> Result {
+    let dir = tempfile::tempdir()?;
+    let remote = Remote::open(&format!("file://{}", dir.path().display()))?;
+    let c = shard(1)?;
+    remote.commit_shard(1, 0, 1, &c)?;
+    let manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(
+        &objects(dir.path(), "shards/00000000000000000001")?[0],
+    )?)?;
+    let packed = dir.path().join("chunks").join(
+        manifest["packed"]["hash"]
+            .as_str()
+            .ok_or("a packed chunk")?,
+    );
+    let at = manifest["blobs"]["w1"]["tail"]["offset"]
+        .as_u64()
+        .ok_or("w1 has a tail")?;
+    let mut data = std::fs::read(&packed)?;
+    data[at as usize + 5] ^= 1;
+    std::fs::write(&packed, data)?;
+    let global = remote.open_global(1)?.ok_or("complete")?;
+    let e = remote
+        .read_pieces(&global, &[(0, "w1", MIB as u64 - 10, 10)])
+        .expect_err("the tail is damaged");
+    assert!(matches!(e, Error::Corrupt { step: Some(1), .. }), "{e}");
+    // Its chunk, and another tensor's tail, read.
+    let got = remote.read_pieces(&global, &[(0, "w1", 0, 10), (0, "w0", MIB as u64 - 10, 10)])?;
+    assert_eq!(got[0], c.tensors["w1"].data[..10]);
+    assert_eq!(got[1], c.tensors["w0"].data[MIB - 10..]);
+    let e = remote.get_shard(1, 0).expect_err("damaged");
+    assert!(matches!(e, Error::Corrupt { .. }), "{e}");
+    let verified = remote.verify()?;
+    assert_eq!(verified.damaged.len(), 1, "{verified:?}");
+    Ok(())
+}
+
+/// The fixture `tests/fixtures/bucket-shards-format1` was written by this
+/// repository at 1cd1910, before tails were packed: global step 3 of 2
+/// ranks, each a tensor "w" of 128 KiB (a chunk and a 128-byte tail
+/// chunk) and a 100-byte blob "small".
+#[test]
+fn shards_written_before_tails_were_packed_read_the_same() -> Result {
+    let dir = tempfile::tempdir()?;
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/bucket-shards-format1");
+    copy_dir(&fixture, dir.path())?;
+    let remote = Remote::open(&format!("file://{}", dir.path().display()))?;
+    assert_eq!(remote.steps()?, vec![3]);
+    let global = remote.open_global(3)?.ok_or("complete")?;
+    assert_eq!(global.world_size(), 2);
+    let n = 131_072u64;
+    for rank in 0..2u32 {
+        let w: Vec<u8> = (0..n)
+            .map(|i| ((i * 7 + u64::from(rank) * 13) % 251) as u8)
+            .collect();
+        let boundary = n - 128;
+        let got = remote.read_pieces(
+            &global,
+            &[
+                (rank, "w", 0, n),
+                (rank, "w", boundary - 3, 6),
+                (rank, "small", 0, 100),
+            ],
+        )?;
+        assert!(got[0] == w, "rank {rank}");
+        assert_eq!(got[1], w[boundary as usize - 3..boundary as usize + 3]);
+        assert_eq!(got[2], vec![rank as u8; 100]);
+        let shard = remote.get_shard(3, rank)?.ok_or("a shard")?;
+        assert!(shard.tensors["w"].data == w);
+    }
+    let verified = remote.verify()?;
+    assert!(verified.is_ok() && verified.steps_ok == 1, "{verified:?}");
+    Ok(())
+}
+
+/// Through the object store (any bucket but a directory): a tail is a
+/// ranged GET, checked alone; a packed chunk cut short is damage, not a
+/// failing bucket.
+#[test]
+fn a_tail_is_a_ranged_read_of_the_packed_chunk() -> Result {
+    use object_store::memory::InMemory;
+    use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+    use std::sync::Arc;
+    let memory = Arc::new(InMemory::new());
+    let remote = Remote::with_store(memory.clone(), "p", "mem://p")?;
+    let c = shard(1)?;
+    remote.commit_shard(1, 0, 1, &c)?;
+    let global = remote.open_global(1)?.ok_or("complete")?;
+    let w3 = &c.tensors["w3"].data;
+    let got = remote.read_pieces(&global, &[(0, "w3", MIB as u64 - 200, 200)])?;
+    assert_eq!(got[0], w3[MIB - 200..]);
+    // Cut the packed chunk (the one object under 64 KiB) short.
+    let packed = futures::executor::block_on(async {
+        let mut found = None;
+        let mut list = memory.list(Some(&"p/chunks".into()));
+        while let Some(meta) = futures::StreamExt::next(&mut list).await {
+            let meta = meta?;
+            if meta.size < 64 << 10 {
+                found = Some(meta.location);
+            }
+        }
+        Ok::<_, object_store::Error>(found)
+    })?
+    .ok_or("a packed chunk")?;
+    let bytes = futures::executor::block_on(async { memory.get(&packed).await?.bytes().await })?;
+    futures::executor::block_on(memory.put(&packed, PutPayload::from(bytes[..200].to_vec())))?;
+    let e = remote
+        .read_pieces(&global, &[(0, "w3", MIB as u64 - 10, 10)])
+        .expect_err("cut short");
+    assert!(matches!(e, Error::Corrupt { step: Some(1), .. }), "{e}");
+    Ok(())
+}
