@@ -448,6 +448,9 @@ impl Remote {
     /// requests in flight).
     pub(super) fn present(&self, hashes: impl Iterator<Item = Hash>) -> Result<HashSet<Hash>> {
         let unique: BTreeSet<Hash> = hashes.collect();
+        if super::local::direct(self) {
+            return super::local::present(self, unique);
+        }
         let (store, layout) = (&self.store, &self.layout);
         self.block_on("looking for chunks in", async {
             futures::stream::iter(unique)

@@ -191,3 +191,28 @@ fn a_tail_is_a_ranged_read_of_the_packed_chunk() -> Result {
     assert!(matches!(e, Error::Corrupt { step: Some(1), .. }), "{e}");
     Ok(())
 }
+
+/// A directory bucket's chunks are looked up with the file system: a chunk
+/// file gone is seen as gone by a commit (which refuses) and by the next
+/// upload (which puts it back).
+#[test]
+fn a_directory_bucket_sees_a_chunk_file_gone() -> Result {
+    let dir = tempfile::tempdir()?;
+    let remote = Remote::open(&format!("file://{}", dir.path().display()))?;
+    let c = shard(1)?;
+    let first = remote.upload_shard(1, 0, 1, &c)?;
+    let chunk = objects(dir.path(), "chunks")?
+        .into_iter()
+        .find(|p| std::fs::metadata(p).is_ok_and(|m| m.len() == MIB as u64 - 128))
+        .ok_or("a full chunk")?;
+    std::fs::remove_file(&chunk)?;
+    let e = remote
+        .commit_global(1, &[first.shard])
+        .expect_err("a chunk is gone");
+    assert!(e.to_string().contains("lacks"), "{e}");
+    let again = remote.upload_shard(1, 0, 1, &c)?;
+    assert_eq!(again.bytes_uploaded, MIB as u64 - 128, "{again:?}");
+    remote.commit_global(1, &[again.shard])?;
+    assert!(remote.get_shard(1, 0)? == Some(c));
+    Ok(())
+}
