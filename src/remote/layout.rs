@@ -6,6 +6,7 @@
 //!                                          for a global step of N ranks, the list of its shards
 //! shards/<step:020>/<rank:06>-of-<N:06>-<blake3 hex>.json
 //!                                          one rank's shard of a global step: a manifest
+//!                                          (format 2: large blobs' small ends in its packed chunk)
 //! commits/<step:020>-<gen:020>-<blake3 hex>
 //!                                          written last: the step is visible; names its manifest
 //! deleted/<step:020>-<blake3 hex>          that step was deleted by retention: push skips it
