@@ -38,10 +38,9 @@ use std::collections::BTreeMap;
 use object_store::path::Path;
 use serde::{Deserialize, Serialize};
 
-use crate::checkpoint::MAX_TEXT_BYTES;
-use crate::format::layout::{chunk_count, chunk_lengths, small_tail};
+use crate::format::layout::{chunk_lengths, small_tail};
 use crate::format::manifest::{hex, BlobRef, Hash, PackedRef, Placement};
-use crate::{Dtype, Tensor};
+use crate::Dtype;
 
 /// The folder of content-addressed chunks.
 pub(crate) const CHUNKS: &str = "chunks";
@@ -71,7 +70,7 @@ pub const MAX_WORLD_SIZE: u32 = 1_000_000;
 /// The largest manifest (or shard manifest) object read or written.
 pub const MAX_MANIFEST_BYTES: u64 = 64 << 20;
 /// The most dimensions a tensor's shape may have.
-const MAX_DIMS: usize = 64;
+pub(crate) const MAX_DIMS: usize = 64;
 
 /// A commit object: the step it makes visible, its generation, and the
 /// hash of the manifest it names.
@@ -352,80 +351,11 @@ pub(crate) struct RemoteTail {
     pub(crate) hash: String,
 }
 
-impl RemoteTail {
-    /// Why the tail of blob `name` (of `len` bytes) cannot be read from
-    /// packed bytes of `packed_len`; else how many pieces it holds.
-    fn check(
-        &self,
-        name: &str,
-        len: Option<usize>,
-        packed_len: Option<u64>,
-    ) -> std::result::Result<usize, String> {
-        let (pieces, bytes) = len.map_or((0, 0), small_tail);
-        let end = self.offset.checked_add(bytes as u64);
-        if pieces == 0 || packed_len.is_none_or(|p| end.is_none_or(|e| e > p)) {
-            return Err(format!(
-                "blob {name:?}: its tail lies outside the packed bytes"
-            ));
-        }
-        if parse_hex(&self.hash).is_none() {
-            return Err(format!(
-                "blob {name:?}: its tail's hash is not a BLAKE3 hash"
-            ));
-        }
-        Ok(pieces)
-    }
-}
-
 /// The packed chunk of a step.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub(crate) struct RemotePacked {
     pub(crate) len: u64,
     pub(crate) hash: String,
-}
-
-impl RemoteManifest {
-    /// Why a reader cannot rely on this manifest as step `step`'s, if it
-    /// cannot: checked before anything is allocated from its numbers or
-    /// added up. Else the step's logical bytes.
-    pub(crate) fn check(&self, step: u64) -> std::result::Result<u64, String> {
-        if self.format != MANIFEST_FORMAT && self.format != MANIFEST_FORMAT_TAILS {
-            return Err(format!(
-                "manifest format {} (this build reads {MANIFEST_FORMAT} and \
-                 {MANIFEST_FORMAT_TAILS})",
-                self.format
-            ));
-        }
-        let tails = self.blobs.values().any(|b| b.tail.is_some());
-        if tails && self.format != MANIFEST_FORMAT_TAILS {
-            return Err(format!(
-                "a blob tail in a manifest of format {}",
-                self.format
-            ));
-        }
-        if self.step != step {
-            return Err(format!("the manifest is of step {}", self.step));
-        }
-        check_text("its loss CID", self.loss_cid.as_deref().unwrap_or_default())?;
-        for name in self.metrics.keys() {
-            check_text("a metric name", name)?;
-        }
-        let packed_len = match &self.packed {
-            Some(p) if parse_hex(&p.hash).is_none() => {
-                return Err("the packed chunk's name is not a BLAKE3 hash".into())
-            }
-            p => p.as_ref().map(|p| p.len),
-        };
-        let mut total: u64 = 0;
-        for (name, blob) in &self.blobs {
-            check_text("a blob name", name)?;
-            blob.check(name, packed_len)?;
-            total = total
-                .checked_add(blob.len)
-                .ok_or("its blob lengths add up to more than 2^64 bytes")?;
-        }
-        Ok(total)
-    }
 }
 
 impl RemoteBlob {
@@ -445,98 +375,6 @@ impl RemoteBlob {
         let len = usize::try_from(self.len).ok()?;
         Some((self.tail.as_ref()?.offset, small_tail(len).1 as u64))
     }
-
-    fn check(&self, name: &str, packed_len: Option<u64>) -> std::result::Result<(), String> {
-        match (&self.chunks, self.offset) {
-            (Some(chunks), None) => {
-                let len = usize::try_from(self.len).ok();
-                let expected = match &self.tail {
-                    None => len.map(chunk_count),
-                    Some(tail) => {
-                        let pieces = tail.check(name, len, packed_len)?;
-                        len.map(|n| chunk_count(n) - pieces)
-                    }
-                };
-                if expected != Some(chunks.len()) {
-                    return Err(format!(
-                        "blob {name:?}: {} bytes cannot lie in {} chunks",
-                        self.len,
-                        chunks.len()
-                    ));
-                }
-                if chunks.iter().any(|h| parse_hex(h).is_none()) {
-                    return Err(format!("blob {name:?}: a chunk name is not a BLAKE3 hash"));
-                }
-            }
-            (None, Some(offset)) if self.tail.is_none() => {
-                let end = offset.checked_add(self.len);
-                if packed_len.is_none_or(|p| end.is_none_or(|end| end > p)) {
-                    return Err(format!("blob {name:?} lies outside the packed bytes"));
-                }
-            }
-            _ => return Err(format!("blob {name:?} has no place (chunks or offset)")),
-        }
-        match (&self.dtype, &self.shape) {
-            (None, None) => Ok(()),
-            (Some(dtype), Some(shape)) => {
-                let dtype = Dtype::from_name(dtype)
-                    .ok_or_else(|| format!("tensor {name:?}: unknown dtype {dtype:.32?}"))?;
-                if shape.len() > MAX_DIMS {
-                    return Err(format!(
-                        "tensor {name:?} has more than {MAX_DIMS} dimensions"
-                    ));
-                }
-                let want = Tensor::expected_bytes(dtype, shape)
-                    .map_err(|reason| format!("tensor {name:?}: {reason}"))?;
-                if want != self.len {
-                    return Err(format!(
-                        "tensor {name:?}: shape {shape:?} of {dtype} needs {want} bytes, \
-                         the manifest says {}",
-                        self.len
-                    ));
-                }
-                Ok(())
-            }
-            _ => Err(format!("blob {name:?} has a dtype or a shape, not both")),
-        }
-    }
-}
-
-impl GlobalManifest {
-    /// Why a reader cannot rely on this as step `step`'s list of shards.
-    pub(crate) fn check(&self, step: u64) -> std::result::Result<(), String> {
-        if self.format != MANIFEST_FORMAT || self.step != step {
-            return Err(format!(
-                "a global manifest of format {} and step {}",
-                self.format, self.step
-            ));
-        }
-        if self.world_size == 0 || self.world_size > MAX_WORLD_SIZE {
-            return Err(format!(
-                "a world size of {} (at most {MAX_WORLD_SIZE})",
-                self.world_size
-            ));
-        }
-        if usize::try_from(self.world_size).ok() != Some(self.shards.len()) {
-            return Err(format!(
-                "{} shards for a world size of {}",
-                self.shards.len(),
-                self.world_size
-            ));
-        }
-        Ok(())
-    }
-}
-
-/// Refuse a metadata string longer than [`MAX_TEXT_BYTES`].
-pub(crate) fn check_text(what: &str, text: &str) -> std::result::Result<(), String> {
-    if text.len() > MAX_TEXT_BYTES {
-        return Err(format!(
-            "{what} is {} bytes long (at most {MAX_TEXT_BYTES})",
-            text.len()
-        ));
-    }
-    Ok(())
 }
 
 /// The bytes of a manifest (JSON) and their hash, which names it.

@@ -2,6 +2,7 @@
 //! directory) through the `object_store` crate, and restored from the
 //! bucket alone. See [`layout`] for the names in the bucket.
 
+mod checks;
 mod coordinated;
 mod dcp;
 mod layout;

@@ -131,9 +131,7 @@ impl<'r> Blobs<'r> {
                     for piece in got {
                         data.extend_from_slice(&piece);
                     }
-                    if let Some((at, len)) = blob.tail_bytes() {
-                        data.extend_from_slice(tail(step, &name, &blob, &self.packed, at, len)?);
-                    }
+                    data.extend_from_slice(tail(step, &name, &blob, &self.packed)?);
                     data
                 }
                 (None, Some(offset)) => packed_slice(&self.packed, offset, blob.len)
@@ -375,23 +373,20 @@ pub(super) fn blob_chunks<'a>(
         .collect()
 }
 
-/// Blob `name`'s tail: the `len` bytes at `at` of `packed`, checked
-/// against the tail's hash.
+/// Blob `name`'s tail in `packed` (format 2), checked against its hash;
+/// empty for a blob without one.
 pub(super) fn tail<'p>(
     step: u64,
     name: &str,
     blob: &RemoteBlob,
     packed: &'p [u8],
-    at: u64,
-    len: u64,
 ) -> Result<&'p [u8]> {
-    let want = blob
-        .tail
-        .as_ref()
-        .map(|t| parse(step, name, &t.hash))
-        .transpose()?;
+    let (Some((at, len)), Some(t)) = (blob.tail_bytes(), &blob.tail) else {
+        return Ok(&[]);
+    };
+    let want = parse(step, name, &t.hash)?;
     packed_slice(packed, at, len)
-        .filter(|bytes| want == Some(*blake3::hash(bytes).as_bytes()))
+        .filter(|bytes| *blake3::hash(bytes).as_bytes() == want)
         .ok_or_else(|| {
             Error::corrupt(
                 Some(step),

@@ -75,9 +75,7 @@ impl Remote {
                 self.fetch(step, &[Want::chunk("packed blobs", hash, len)], &mut |_| {})?;
             let packed = packed.first().map_or(&[][..], |b| &b[..]);
             for (name, blob) in &m.blobs {
-                if let Some((at, n)) = blob.tail_bytes() {
-                    tail(step, name, blob, packed, at, n)?;
-                }
+                tail(step, name, blob, packed)?;
             }
         }
         let mut seen: HashSet<Hash> = HashSet::new();

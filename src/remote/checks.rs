@@ -1,0 +1,211 @@
+//! What a reader checks of the bucket's manifests before it relies on
+//! them (objects in a bucket are untrusted input): every count, length,
+//! name and world size against the caps in [`layout`](super::layout),
+//! before anything is allocated from them or added up.
+
+use super::layout::{
+    parse_hex, GlobalManifest, RemoteBlob, RemoteManifest, RemoteTail, MANIFEST_FORMAT,
+    MANIFEST_FORMAT_TAILS, MAX_DIMS, MAX_WORLD_SIZE,
+};
+use crate::checkpoint::MAX_TEXT_BYTES;
+use crate::format::layout::{chunk_count, small_tail};
+use crate::{Dtype, Tensor};
+
+impl RemoteManifest {
+    /// Why a reader cannot rely on this manifest as step `step`'s, if it
+    /// cannot: checked before anything is allocated from its numbers or
+    /// added up. Else the step's logical bytes.
+    pub(crate) fn check(&self, step: u64) -> std::result::Result<u64, String> {
+        if self.format != MANIFEST_FORMAT && self.format != MANIFEST_FORMAT_TAILS {
+            return Err(format!(
+                "manifest format {} (this build reads {MANIFEST_FORMAT} and \
+                 {MANIFEST_FORMAT_TAILS})",
+                self.format
+            ));
+        }
+        let tails = self.blobs.values().any(|b| b.tail.is_some());
+        if tails && self.format != MANIFEST_FORMAT_TAILS {
+            return Err(format!(
+                "a blob tail in a manifest of format {}",
+                self.format
+            ));
+        }
+        if self.step != step {
+            return Err(format!("the manifest is of step {}", self.step));
+        }
+        check_text("its loss CID", self.loss_cid.as_deref().unwrap_or_default())?;
+        for name in self.metrics.keys() {
+            check_text("a metric name", name)?;
+        }
+        let packed_len = match &self.packed {
+            Some(p) if parse_hex(&p.hash).is_none() => {
+                return Err("the packed chunk's name is not a BLAKE3 hash".into())
+            }
+            p => p.as_ref().map(|p| p.len),
+        };
+        let mut total: u64 = 0;
+        for (name, blob) in &self.blobs {
+            check_text("a blob name", name)?;
+            blob.check(name, packed_len)?;
+            total = total
+                .checked_add(blob.len)
+                .ok_or("its blob lengths add up to more than 2^64 bytes")?;
+        }
+        Ok(total)
+    }
+}
+
+impl RemoteBlob {
+    fn check(&self, name: &str, packed_len: Option<u64>) -> std::result::Result<(), String> {
+        match (&self.chunks, self.offset) {
+            (Some(chunks), None) => {
+                let len = usize::try_from(self.len).ok();
+                let expected = match &self.tail {
+                    None => len.map(chunk_count),
+                    Some(tail) => {
+                        let pieces = tail.check(name, len, packed_len)?;
+                        len.map(|n| chunk_count(n) - pieces)
+                    }
+                };
+                if expected != Some(chunks.len()) {
+                    return Err(format!(
+                        "blob {name:?}: {} bytes cannot lie in {} chunks",
+                        self.len,
+                        chunks.len()
+                    ));
+                }
+                if chunks.iter().any(|h| parse_hex(h).is_none()) {
+                    return Err(format!("blob {name:?}: a chunk name is not a BLAKE3 hash"));
+                }
+            }
+            (None, Some(offset)) if self.tail.is_none() => {
+                let end = offset.checked_add(self.len);
+                if packed_len.is_none_or(|p| end.is_none_or(|end| end > p)) {
+                    return Err(format!("blob {name:?} lies outside the packed bytes"));
+                }
+            }
+            _ => return Err(format!("blob {name:?} has no place (chunks or offset)")),
+        }
+        match (&self.dtype, &self.shape) {
+            (None, None) => Ok(()),
+            (Some(dtype), Some(shape)) => {
+                let dtype = Dtype::from_name(dtype)
+                    .ok_or_else(|| format!("tensor {name:?}: unknown dtype {dtype:.32?}"))?;
+                if shape.len() > MAX_DIMS {
+                    return Err(format!(
+                        "tensor {name:?} has more than {MAX_DIMS} dimensions"
+                    ));
+                }
+                let want = Tensor::expected_bytes(dtype, shape)
+                    .map_err(|reason| format!("tensor {name:?}: {reason}"))?;
+                if want != self.len {
+                    return Err(format!(
+                        "tensor {name:?}: shape {shape:?} of {dtype} needs {want} bytes, \
+                         the manifest says {}",
+                        self.len
+                    ));
+                }
+                Ok(())
+            }
+            _ => Err(format!("blob {name:?} has a dtype or a shape, not both")),
+        }
+    }
+}
+
+impl RemoteTail {
+    /// Why the tail of blob `name` (of `len` bytes) cannot be read from
+    /// packed bytes of `packed_len`; else how many pieces it holds.
+    fn check(
+        &self,
+        name: &str,
+        len: Option<usize>,
+        packed_len: Option<u64>,
+    ) -> std::result::Result<usize, String> {
+        let (pieces, bytes) = len.map_or((0, 0), small_tail);
+        let end = self.offset.checked_add(bytes as u64);
+        if pieces == 0 || packed_len.is_none_or(|p| end.is_none_or(|e| e > p)) {
+            return Err(format!(
+                "blob {name:?}: its tail lies outside the packed bytes"
+            ));
+        }
+        if parse_hex(&self.hash).is_none() {
+            return Err(format!(
+                "blob {name:?}: its tail's hash is not a BLAKE3 hash"
+            ));
+        }
+        Ok(pieces)
+    }
+}
+
+impl GlobalManifest {
+    /// Why a reader cannot rely on this as step `step`'s list of shards.
+    pub(crate) fn check(&self, step: u64) -> std::result::Result<(), String> {
+        if self.format != MANIFEST_FORMAT || self.step != step {
+            return Err(format!(
+                "a global manifest of format {} and step {}",
+                self.format, self.step
+            ));
+        }
+        if self.world_size == 0 || self.world_size > MAX_WORLD_SIZE {
+            return Err(format!(
+                "a world size of {} (at most {MAX_WORLD_SIZE})",
+                self.world_size
+            ));
+        }
+        if usize::try_from(self.world_size).ok() != Some(self.shards.len()) {
+            return Err(format!(
+                "{} shards for a world size of {}",
+                self.shards.len(),
+                self.world_size
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Refuse a metadata string longer than [`MAX_TEXT_BYTES`].
+fn check_text(what: &str, text: &str) -> std::result::Result<(), String> {
+    if text.len() > MAX_TEXT_BYTES {
+        return Err(format!(
+            "{what} is {} bytes long (at most {MAX_TEXT_BYTES})",
+            text.len()
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A shard of one 1 MiB blob: a chunk and a 128-byte tail at `offset`
+    /// of packed bytes of `packed` bytes.
+    fn manifest(format: u32, offset: u64, packed: u64, tail_hash: &str) -> RemoteManifest {
+        let h = "ab".repeat(32);
+        let json = serde_json::json!({
+            "format": format, "step": 1, "timestamp": 0, "loss_cid": null, "metrics": {},
+            "graph": {"edges": [], "nodes": {}},
+            "blobs": {"w": {"len": 1 << 20, "chunks": [h], "tail": {"offset": offset, "hash": tail_hash}}},
+            "packed": {"len": packed, "hash": h},
+        });
+        serde_json::from_value(json).expect("a manifest")
+    }
+
+    #[test]
+    fn a_tail_is_checked_before_it_is_read() {
+        let h = "cd".repeat(32);
+        assert_eq!(manifest(2, 100, 228, &h).check(1), Ok(1 << 20));
+        let outside = manifest(2, 101, 228, &h).check(1).expect_err("outside");
+        assert!(outside.contains("outside the packed bytes"), "{outside}");
+        let old = manifest(1, 100, 228, &h).check(1).expect_err("format 1");
+        assert!(old.contains("format 1"), "{old}");
+        let bad = manifest(2, 100, 228, "zz").check(1).expect_err("bad hash");
+        assert!(bad.contains("not a BLAKE3 hash"), "{bad}");
+        let huge = manifest(2, u64::MAX, 228, &h)
+            .check(1)
+            .expect_err("overflow");
+        assert!(huge.contains("outside"), "{huge}");
+        let newer = manifest(3, 100, 228, &h).check(1).expect_err("format 3");
+        assert!(newer.contains("manifest format 3"), "{newer}");
+    }
+}
