@@ -26,6 +26,13 @@ fn shard(step: u64) -> Result<GradientCheckpoint> {
     Ok(c)
 }
 
+/// A directory bucket in a new temporary directory.
+fn dir_bucket() -> Result<(tempfile::TempDir, Remote)> {
+    let dir = tempfile::tempdir()?;
+    let remote = Remote::open(&format!("file://{}", dir.path().display()))?;
+    Ok((dir, remote))
+}
+
 fn objects(dir: &Path, folder: &str) -> Result<Vec<std::path::PathBuf>> {
     let mut found = Vec::new();
     for entry in std::fs::read_dir(dir.join(folder))? {
@@ -36,8 +43,7 @@ fn objects(dir: &Path, folder: &str) -> Result<Vec<std::path::PathBuf>> {
 
 #[test]
 fn a_tensors_small_end_travels_with_the_packed_blobs() -> Result {
-    let dir = tempfile::tempdir()?;
-    let remote = Remote::open(&format!("file://{}", dir.path().display()))?;
+    let (dir, remote) = dir_bucket()?;
     let c = shard(1)?;
     let info = remote.commit_shard(1, 0, 1, &c)?;
     assert!(info.complete);
@@ -81,8 +87,7 @@ fn a_tensors_small_end_travels_with_the_packed_blobs() -> Result {
 /// fails its hash.
 #[test]
 fn a_damaged_tail_fails_its_reads_only() -> Result {
-    let dir = tempfile::tempdir()?;
-    let remote = Remote::open(&format!("file://{}", dir.path().display()))?;
+    let (dir, remote) = dir_bucket()?;
     let c = shard(1)?;
     remote.commit_shard(1, 0, 1, &c)?;
     let manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(
@@ -197,8 +202,7 @@ fn a_tail_is_a_ranged_read_of_the_packed_chunk() -> Result {
 /// upload (which puts it back).
 #[test]
 fn a_directory_bucket_sees_a_chunk_file_gone() -> Result {
-    let dir = tempfile::tempdir()?;
-    let remote = Remote::open(&format!("file://{}", dir.path().display()))?;
+    let (dir, remote) = dir_bucket()?;
     let c = shard(1)?;
     let first = remote.upload_shard(1, 0, 1, &c)?;
     let chunk = objects(dir.path(), "chunks")?
