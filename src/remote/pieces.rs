@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use super::layout::{RemoteBlob, RemoteManifest};
 use super::local::{place, Regions};
-use super::restore::{blob_chunks, Want};
+use super::restore::{blob_chunks, packed_want, Want};
 use super::step::StepManifest;
 use super::Remote;
 use crate::format::manifest::Hash;
@@ -226,22 +226,20 @@ fn parts<'a>(
         start += want.len as u64;
     }
     let packed = || {
-        let p = global
+        global
             .shard(rank)
-            .and_then(|m| m.packed.as_ref())
+            .map(packed_want)
+            .transpose()?
+            .flatten()
             .ok_or_else(|| {
                 Error::corrupt(Some(step), format!("{name:?} needs absent packed bytes"))
-            })?;
-        let hash = super::layout::parse_hex(&p.hash)
-            .ok_or_else(|| Error::corrupt(Some(step), "a bad packed chunk name"))?;
-        Ok::<_, Error>((hash, usize::try_from(p.len).unwrap_or(usize::MAX)))
+            })
     };
     if let Some(at) = blob.offset {
-        let (hash, size) = packed()?;
-        parts.push((Want::chunk(name, hash, size), 0, blob.len, at));
+        parts.push((packed()?, 0, blob.len, at));
     }
     if let (Some((at, n)), Some(tail)) = (blob.tail_bytes(), &blob.tail) {
-        let (object, _) = packed()?;
+        let object = packed()?.object;
         let hash = super::layout::parse_hex(&tail.hash)
             .ok_or_else(|| Error::corrupt(Some(step), format!("{name:?}: a bad tail hash")))?;
         let len = usize::try_from(n).unwrap_or(usize::MAX);

@@ -67,16 +67,7 @@ impl<'r> Blobs<'r> {
         progress: &mut dyn FnMut(u64),
     ) -> Result<Self> {
         let step = m.step;
-        let packed = match &m.packed {
-            Some(p) => {
-                let hash = parse(step, "packed blobs", &p.hash)?;
-                let len = usize::try_from(p.len).unwrap_or(usize::MAX);
-                let want = Want::chunk("packed blobs", hash, len);
-                let mut got = remote.fetch(step, &[want], progress)?;
-                got.pop().map(|b| b.to_vec()).unwrap_or_default()
-            }
-            None => Vec::new(),
-        };
+        let packed = remote.fetch_packed(m, progress)?;
         let blobs: Vec<(String, RemoteBlob)> = m
             .blobs
             .iter()
@@ -149,6 +140,19 @@ impl<'r> Blobs<'r> {
 }
 
 impl Remote {
+    /// The packed chunk of `m` (checked), empty if it has none.
+    pub(super) fn fetch_packed(
+        &self,
+        m: &RemoteManifest,
+        progress: &mut dyn FnMut(u64),
+    ) -> Result<Vec<u8>> {
+        let Some(want) = packed_want(m)? else {
+            return Ok(Vec::new());
+        };
+        let mut got = self.fetch(m.step, &[want], progress)?;
+        Ok(got.pop().map(|b| b.to_vec()).unwrap_or_default())
+    }
+
     /// The chunks `wanted` (each with the blob it belongs to, for errors,
     /// and its length), fetched several at a time and checked against
     /// their hash and length, in order; `progress` gets each one's length
@@ -393,6 +397,16 @@ pub(super) fn tail<'p>(
                 format!("blob {name:?}: its tail in the packed bytes fails its hash check"),
             )
         })
+}
+
+/// What to fetch for `m`'s packed chunk (all of it), if it has one.
+pub(super) fn packed_want(m: &RemoteManifest) -> Result<Option<Want<'static>>> {
+    let Some(p) = &m.packed else {
+        return Ok(None);
+    };
+    let hash = parse(m.step, "packed blobs", &p.hash)?;
+    let len = usize::try_from(p.len).unwrap_or(usize::MAX);
+    Ok(Some(Want::chunk("packed blobs", hash, len)))
 }
 
 fn parse(step: u64, what: &str, h: &str) -> Result<Hash> {

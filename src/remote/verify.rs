@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 
 use super::layout::RemoteManifest;
-use super::restore::{blob_chunks, tail, Want};
+use super::restore::{blob_chunks, tail};
 use super::Remote;
 use crate::format::manifest::Hash;
 use crate::{Error, Result, VerifyReport};
@@ -67,16 +67,9 @@ impl Remote {
     /// at a time, and each blob tail against its hash; its logical bytes.
     fn check_chunks(&self, m: &RemoteManifest) -> Result<u64> {
         let step = m.step;
-        if let Some(p) = &m.packed {
-            let hash = super::layout::parse_hex(&p.hash)
-                .ok_or_else(|| Error::corrupt(Some(step), "bad packed chunk name"))?;
-            let len = usize::try_from(p.len).unwrap_or(usize::MAX);
-            let packed =
-                self.fetch(step, &[Want::chunk("packed blobs", hash, len)], &mut |_| {})?;
-            let packed = packed.first().map_or(&[][..], |b| &b[..]);
-            for (name, blob) in &m.blobs {
-                tail(step, name, blob, packed)?;
-            }
+        let packed = self.fetch_packed(m, &mut |_| {})?;
+        for (name, blob) in &m.blobs {
+            tail(step, name, blob, &packed)?;
         }
         let mut seen: HashSet<Hash> = HashSet::new();
         let mut batch = Vec::new();
