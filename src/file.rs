@@ -67,3 +67,73 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
         .sync_all()
         .map_err(|e| Error::io("fsync directory", dir, e))
 }
+
+/// Symbolic links [`real_path`] follows before it gives up (as Linux's
+/// `open`).
+const MAX_LINKS: usize = 40;
+
+/// `path` made absolute with every symbolic link resolved: the one name of
+/// the file it stands for, which every later file operation uses (so a
+/// later `chdir`, or a link repointed, changes nothing). A path that does
+/// not exist yet resolves through its directory, which must exist; a
+/// dangling link resolves to its target, which `open(O_CREAT)` would
+/// create.
+pub(crate) fn real_path(path: &Path) -> Result<PathBuf> {
+    let mut path = path.to_owned();
+    for _ in 0..MAX_LINKS {
+        match fs::canonicalize(&path) {
+            Ok(real) => return Ok(real),
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(Error::io("resolve the path", &path, e))
+            }
+            Err(_) => {}
+        }
+        let dir = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
+            _ => PathBuf::from("."),
+        };
+        if let Ok(target) = fs::read_link(&path) {
+            // A dangling link: what it names, relative to its directory.
+            path = dir.join(target);
+            continue;
+        }
+        let Some(name) = path.file_name().map(ToOwned::to_owned) else {
+            let e = std::io::Error::from(std::io::ErrorKind::InvalidInput);
+            return Err(Error::io("resolve the path (it names no file)", &path, e));
+        };
+        let dir = fs::canonicalize(&dir).map_err(|e| Error::io("find the directory", &dir, e))?;
+        return Ok(dir.join(name));
+    }
+    let e = std::io::Error::other("too many levels of symbolic links");
+    Err(Error::io("resolve the path", &path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn real_paths_resolve_links_and_new_names() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let real = fs::canonicalize(dir.path()).expect("canonical");
+        fs::write(real.join("run-7.ckpt"), b"x").expect("write");
+        std::os::unix::fs::symlink("run-7.ckpt", real.join("latest.ckpt")).expect("link");
+        std::os::unix::fs::symlink("run-8.ckpt", real.join("next.ckpt")).expect("link");
+        let resolve = |name: &str| real_path(&dir.path().join(name)).expect(name);
+        assert_eq!(resolve("latest.ckpt"), real.join("run-7.ckpt"));
+        assert_eq!(resolve("run-7.ckpt"), real.join("run-7.ckpt"));
+        // Dangling: the target, which a writable open creates.
+        assert_eq!(resolve("next.ckpt"), real.join("run-8.ckpt"));
+        assert_eq!(resolve("new.ckpt"), real.join("new.ckpt"));
+        let e = real_path(&dir.path().join("missing/dir/x")).expect_err("no such directory");
+        assert!(
+            e.to_string().starts_with(&format!(
+                "find the directory {}",
+                dir.path().join("missing/dir").display()
+            )),
+            "{e}"
+        );
+        std::os::unix::fs::symlink("loop.ckpt", real.join("loop.ckpt")).expect("link");
+        assert!(real_path(&real.join("loop.ckpt")).is_err());
+    }
+}

@@ -184,15 +184,43 @@ pub struct VerifyReport {
     /// [`CheckpointStore::compact`](crate::CheckpointStore::compact)
     /// reclaims once a file is half dead).
     pub pack_live_bytes: u64,
-    /// Files in the pack directory that no record names: left by a commit
-    /// that failed or was killed; the next writable open deletes them.
+    /// Files in the pack directory that no record names and no commit
+    /// under way can have written: made dead by a writer whose process
+    /// died before deleting them, or not this store's (a file without a
+    /// header, from before headers, or another store's). The next
+    /// writable open deletes the ones whose header names this store; the
+    /// rest are left where they are. Not damage.
     pub stray_pack_files: u64,
+    /// Files in the pack directory of transactions that had not committed
+    /// when verification began: a commit under way in a writer, or one
+    /// killed before its commit (the next writable open deletes those).
+    /// Not damage.
+    pub in_flight_pack_files: u64,
+    /// The stray files, settled by the store before it reports them.
+    pub(crate) stray_packs: Vec<std::path::PathBuf>,
+    /// Recorded pack files that were not there, settled by the store: a
+    /// writer may have deleted them after verification began.
+    pub(crate) missing_packs: Vec<(u32, String)>,
 }
 
 impl VerifyReport {
-    /// True when nothing is damaged.
+    /// True when nothing is damaged: no step in
+    /// [`damaged`](Self::damaged), no problem in
+    /// [`accounting`](Self::accounting). Steps gone, staged chunks, and
+    /// stray or in-flight pack files are not damage.
     pub fn is_ok(&self) -> bool {
         self.damaged.is_empty() && self.accounting.is_empty()
+    }
+
+    /// Why [`is_ok`](Self::is_ok) is false, one line per problem (empty
+    /// when it is true): each damaged step with its error, then each
+    /// accounting problem.
+    pub fn problems(&self) -> Vec<String> {
+        self.damaged
+            .iter()
+            .map(|(step, e)| format!("step {step}: {e}"))
+            .chain(self.accounting.iter().map(|p| format!("accounting: {p}")))
+            .collect()
     }
 }
 

@@ -73,6 +73,21 @@ result_class! {
         /// Steps a writer removed while the verification ran (not checked,
         /// not damage).
         steps_gone: Vec<u64>,
+        /// Why `ok` is false, one line each: every damaged step with its
+        /// error, then every accounting problem (empty when `ok`).
+        problems: Vec<String>,
+        /// Disagreements between reference counts, chunks and manifests.
+        accounting: Vec<String>,
+        /// Chunks staged by a large commit under way or interrupted.
+        staged_chunks: u64,
+        /// Pack files the store records.
+        pack_files: u64,
+        /// Unrecorded pack files no commit under way can have written
+        /// (not damage).
+        stray_pack_files: u64,
+        /// Pack files of commits under way (or killed before committing)
+        /// when the verification began (not damage).
+        in_flight_pack_files: u64,
     }
 }
 
@@ -84,6 +99,12 @@ impl From<&ckptstore::VerifyReport> for VerifyReport {
             bytes_checked: r.bytes_checked,
             damaged: r.damaged.iter().map(|(s, _)| *s).collect(),
             steps_gone: r.steps_gone.clone(),
+            problems: r.problems(),
+            accounting: r.accounting.clone(),
+            staged_chunks: r.staged_chunks,
+            pack_files: r.pack_files,
+            stray_pack_files: r.stray_pack_files,
+            in_flight_pack_files: r.in_flight_pack_files,
         }
     }
 }

@@ -8,6 +8,8 @@ use std::sync::Arc;
 
 use redb::{BackendError, StorageBackend};
 
+use crate::engine::packs::PackDir;
+
 /// Makes a fresh backend each time the store (re)opens its database.
 pub(crate) type BackendFactory = Arc<dyn Fn() -> std::io::Result<DynBackend> + Send + Sync>;
 
@@ -16,23 +18,25 @@ pub(crate) type BackendFactory = Arc<dyn Fn() -> std::io::Result<DynBackend> + S
 pub(crate) enum Source {
     /// A file, created if missing (for writable opens).
     Path(PathBuf),
-    /// A caller's backend; the path is only a name for messages.
-    Backend(PathBuf, BackendFactory),
+    /// A caller's backend; the path is only a name for messages. Its pack
+    /// files, if it has any, are on a file system of the caller's (tests
+    /// that cut the power under both).
+    Backend(PathBuf, BackendFactory, Option<PackDir>),
 }
 
 impl Source {
     pub(crate) fn path(&self) -> &PathBuf {
         match self {
-            Source::Path(p) | Source::Backend(p, _) => p,
+            Source::Path(p) | Source::Backend(p, ..) => p,
         }
     }
 
     /// The directory of the store's pack files; `None` for a caller's
-    /// backend (no path), which keeps every chunk in redb.
-    pub(crate) fn pack_dir(&self) -> Option<PathBuf> {
+    /// backend without one, which keeps every chunk in redb.
+    pub(crate) fn pack_dir(&self) -> Option<PackDir> {
         match self {
-            Source::Path(p) => Some(crate::format::packs::pack_dir(p)),
-            Source::Backend(..) => None,
+            Source::Path(p) => Some(PackDir::real(crate::format::packs::pack_dir(p))),
+            Source::Backend(_, _, packs) => packs.clone(),
         }
     }
 }

@@ -10,8 +10,10 @@
 //! database is reopened, so the handle is closed and reopened on next use.
 
 pub(crate) mod backend;
+mod dead;
 mod open;
 mod overlay;
+mod writers;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
@@ -21,13 +23,14 @@ use std::sync::{Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use redb::{Database, ReadOnlyDatabase, ReadableDatabase};
 
-use crate::engine::packs::{is_missing_pack, missing_pack};
+use crate::engine::packs::{is_missing_pack, missing_pack, PackDir};
 use crate::engine::{Engine, View};
 use crate::error::StorageContext;
 use crate::options::Settings;
 use crate::process::Owner;
 use crate::{Durability, Error, Result};
 use backend::Source;
+use dead::DeadFiles;
 pub(crate) use open::check_pages;
 use open::{open_read_only, open_writable};
 
@@ -55,8 +58,10 @@ enum State {
     Writable(Database),
     ReadOnly(ReadOnlyDatabase),
     /// A store whose writer died without closing it, repaired in memory
-    /// over the unchanged file ([`overlay`]) and used read-only.
-    Recovered(Database),
+    /// over the unchanged file ([`overlay`]) and used read-only; the file
+    /// as it was then (a writer that opens it changes it, and the view
+    /// is then opened again).
+    Recovered(Database, open::Stamp),
     /// Dropped after an I/O error; reopened by the next operation.
     Closed,
     /// redb panicked: the handle is unusable.
@@ -80,23 +85,38 @@ pub(crate) struct Db {
     /// Set once the file proved damaged (redb panicked, or reported
     /// corruption): redb's close, which commits, is then never run.
     damaged: AtomicBool,
+    /// Pack files made dead by commits, deleted once that is durable.
+    dead: DeadFiles,
+    /// This process's claim on the store's path, for a writable store on
+    /// a path; released after the database closes (field order).
+    _registered: Option<writers::Registered>,
 }
 
 impl Db {
     /// Open `source` for reading and writing, creating a missing file.
     pub(crate) fn open(source: Source, options: Settings) -> Result<Db> {
+        let registered = match &source {
+            Source::Path(path) => Some(writers::register(path)?),
+            Source::Backend(..) => None,
+        };
         let state = open_writable(&source, &options)?;
-        Ok(Db::with_state(source, false, options, state))
+        Ok(Db::with_state(source, false, options, state, registered))
     }
 
     /// Open the store at `path` read-only.
     pub(crate) fn open_read_only(path: PathBuf, options: Settings) -> Result<Db> {
         let source = Source::Path(path);
         let state = open_read_only(&source, &options)?;
-        Ok(Db::with_state(source, true, options, state))
+        Ok(Db::with_state(source, true, options, state, None))
     }
 
-    fn with_state(source: Source, read_only: bool, options: Settings, state: State) -> Db {
+    fn with_state(
+        source: Source,
+        read_only: bool,
+        options: Settings,
+        state: State,
+        registered: Option<writers::Registered>,
+    ) -> Db {
         Db {
             source,
             read_only,
@@ -106,6 +126,8 @@ impl Db {
             after_write: std::sync::OnceLock::new(),
             owner: Owner::current(),
             damaged: AtomicBool::new(false),
+            dead: DeadFiles::default(),
+            _registered: registered,
         }
     }
 
@@ -161,10 +183,11 @@ impl Db {
         what: &dyn Fn() -> String,
         f: impl FnOnce(&View) -> Result<T>,
     ) -> Result<T> {
-        self.guarded(what, |state| {
+        let stale = AtomicBool::new(false);
+        let result = self.guarded(what, |state| {
             let begin = || -> Result<redb::ReadTransaction> {
                 match state {
-                    State::Writable(db) | State::Recovered(db) => db.begin_read(),
+                    State::Writable(db) | State::Recovered(db, _) => db.begin_read(),
                     State::ReadOnly(db) => db.begin_read(),
                     State::Closed | State::Poisoned(_) => {
                         return Err(self.poisoned("the handle is closed"))
@@ -174,23 +197,47 @@ impl Db {
             };
             let packs = self.pack_dir();
             let pack_fault = Arc::new(AtomicBool::new(false));
-            let result = f(&View {
+            let view = View {
                 txn: begin()?,
                 threads: self.settings().threads,
                 packs: packs.clone(),
                 pack_fault: pack_fault.clone(),
-            });
+            };
+            let result = match state {
+                State::Recovered(_, stamp) => {
+                    // The overlay reads the file as it is now: if a writer
+                    // changed it, what was read (or a panic over pages it
+                    // rewrote) is not the view's, and the view is stale.
+                    let read = catch_unwind(AssertUnwindSafe(|| f(&view)));
+                    if open::Stamp::of(self.path()).map_or(true, |now| now != *stamp) {
+                        stale.store(true, Ordering::SeqCst);
+                        return Ok(Err(Error::ReadInterrupted {
+                            detail: format!(
+                                "{} changed under a view opened after its writer died",
+                                self.path().display()
+                            ),
+                        }));
+                    }
+                    read.unwrap_or_else(|payload| std::panic::resume_unwind(payload))
+                }
+                _ => f(&view),
+            };
             match (result, packs) {
                 // Deleted by a writer after this read began, or lost.
-                (Err(e), Some(dir)) if is_missing_pack(&e, &dir) => {
-                    Ok(Err(missing_pack(e, &begin()?)?))
+                (Err(e), Some(dir)) if is_missing_pack(&e, &dir.path) => {
+                    Ok(Err(missing_pack(e, &begin()?, &dir)?))
                 }
                 // Damage in a pack file, not in the redb file: the handle
                 // stays usable.
                 (result, _) if pack_fault.load(Ordering::Relaxed) => Ok(result),
                 (result, _) => result.map(Ok),
             }
-        })?
+        });
+        if stale.load(Ordering::SeqCst) {
+            // Opened again by the next read: as the writer left the file.
+            self.set_state(State::Closed);
+        }
+        result?
     }
 
     /// Whether a transaction writing `chunk_bytes` of chunks puts its new
@@ -201,7 +248,7 @@ impl Db {
     }
 
     /// The directory of the store's pack files ([`Source::pack_dir`]).
-    pub(crate) fn pack_dir(&self) -> Option<PathBuf> {
+    pub(crate) fn pack_dir(&self) -> Option<PackDir> {
         self.source.pack_dir()
     }
 
@@ -217,29 +264,34 @@ impl Db {
         if self.read_only {
             return Err(self.read_only_error(op));
         }
-        self.guarded(what, |state| {
+        self.guarded(what, |state| -> Result<Result<T>> {
             let State::Writable(db) = state else {
                 return Err(self.read_only_error(op));
             };
             let mut txn = begin_write(db, &self.options, what)?;
-            if self.options.durability == Durability::Eventual
-                || (kind == TxnKind::Part && !self.options.shared)
-            {
+            let durable = !(self.options.durability == Durability::Eventual
+                || (kind == TxnKind::Part && !self.options.shared));
+            if !durable {
                 txn.set_durability(redb::Durability::None).context(what)?;
             }
+            let mut pack_fault = false;
             let in_engine = || -> Result<(T, Vec<PathBuf>)> {
                 let mut engine = Engine::open(&txn, self.pack_dir())?;
-                let value = f(&mut engine)?;
+                let value = f(&mut engine);
+                pack_fault = engine.pack_faulted();
+                let value = value?;
                 let dead = engine.finish()?;
                 Ok((value, dead))
             };
-            let (value, dead) = in_engine().map_err(|e| e.within(what))?;
+            let (value, dead) = match in_engine() {
+                Ok(done) => done,
+                // Damage in a pack file, not in the redb file: the
+                // transaction is aborted and the handle stays usable.
+                Err(e) if pack_fault => return Ok(Err(e)),
+                Err(e) => return Err(e.within(what)),
+            };
             txn.commit().context(what)?;
-            // Best effort: a file left here is deleted at the next
-            // writable open.
-            for path in dead {
-                let _ = std::fs::remove_file(path);
-            }
+            self.dead.committed(self.pack_dir().as_ref(), dead, durable);
             #[cfg(feature = "remote")]
             let quiet = kind == TxnKind::Memo;
             #[cfg(not(feature = "remote"))]
@@ -247,8 +299,14 @@ impl Db {
             if let Some(hook) = self.after_write.get().filter(|_| !quiet) {
                 hook();
             }
-            Ok(value)
-        })
+            Ok(Ok(value))
+        })?
+    }
+
+    /// Whether `path` is a pack file a commit of this handle made dead,
+    /// waiting for a durable commit to be deleted.
+    pub(crate) fn is_dead_pending(&self, path: &Path) -> bool {
+        self.dead.contains(path)
     }
 
     /// Call `hook` after each write transaction commits (set once).
@@ -292,7 +350,7 @@ impl Db {
     /// is read is the store as a writable open would repair it, and the
     /// file stays as it is.
     pub(crate) fn is_recovered_view(&self) -> bool {
-        matches!(self.state.read().as_deref(), Ok(State::Recovered(_)))
+        matches!(self.state.read().as_deref(), Ok(State::Recovered(..)))
     }
 
     /// Bytes of the file redb has allocated; 0 for a read-only store (redb
@@ -422,7 +480,19 @@ impl Db {
             std::mem::forget(state);
             return;
         }
-        if let Err(payload) = catch_unwind(AssertUnwindSafe(|| drop(state))) {
+        let closing = || {
+            if let (State::Writable(db), true) = (&state, self.dead.waiting()) {
+                // An empty durable commit first, so that the files the
+                // last commits made dead can go.
+                let what = || "making the last commits durable".to_owned();
+                let durable = begin_write(db, &self.options, &what)
+                    .and_then(|txn| txn.commit().context(what))
+                    .is_ok();
+                self.dead.closing(self.pack_dir().as_ref(), durable);
+            }
+            drop(state);
+        };
+        if let Err(payload) = catch_unwind(AssertUnwindSafe(closing)) {
             eprintln!(
                 "ckptstore: closing {} failed: redb panicked: {} (run `ckpt verify --pages`)",
                 self.path().display(),

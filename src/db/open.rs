@@ -7,9 +7,10 @@ use std::path::Path;
 
 use redb::{Database, ReadOnlyDatabase, ReadableDatabase};
 
-use crate::engine::packs::{recorded_packs, sweep_unrecorded};
+use crate::engine::packs::{recorded_packs, sweep_unrecorded, PackDir};
 use crate::engine::Engine;
 use crate::error::StorageContext;
+use crate::format::packs::pack_owner;
 use crate::format::tables::{Found, META, META_STAGING, TABLES_FORMAT};
 use crate::format::{check_tables, create_tables, upgrade_to_current};
 use crate::options::Settings;
@@ -50,7 +51,7 @@ pub(crate) fn open_error(path: &Path, e: redb::DatabaseError) -> Error {
 /// `packs`) no record names.
 pub(crate) fn prepare_writable(
     path: &Path,
-    packs: Option<&Path>,
+    packs: Option<&PackDir>,
     db: &Database,
     options: &Settings,
 ) -> Result<()> {
@@ -70,7 +71,7 @@ pub(crate) fn prepare_writable(
             })?,
             Found::Store(_) => {}
         }
-        let mut engine = Engine::open(&txn, packs.map(Path::to_owned))?;
+        let mut engine = Engine::open(&txn, packs.cloned())?;
         engine.sweep_staged()?;
         // Pack files this made dead are swept below, as unrecorded.
         engine.finish()?;
@@ -80,8 +81,10 @@ pub(crate) fn prepare_writable(
         // No other writer can be under way: what no record names was
         // left by a transaction that did not commit, or made dead by one
         // whose process died before deleting it.
-        let recorded = recorded_packs(&db.begin_read().context(what)?)?;
-        sweep_unrecorded(dir, &recorded)?;
+        let txn = db.begin_read().context(what)?;
+        let recorded = recorded_packs(&txn)?;
+        let meta = txn.open_table(META).context(what)?;
+        sweep_unrecorded(dir, &recorded, &pack_owner(&meta)?)?;
     }
     Ok(())
 }
@@ -161,6 +164,21 @@ pub(super) fn open_writable(source: &Source, options: &Settings) -> Result<State
     let path = source.path();
     match source {
         Source::Path(p) => {
+            let packs = source.pack_dir();
+            if let Some(packs) = packs
+                .as_ref()
+                .map(|d| &d.path)
+                .filter(|d| d.exists() && !d.is_dir())
+            {
+                // Checked before a new store is created: a refused open
+                // leaves nothing behind.
+                let e = std::io::Error::from(std::io::ErrorKind::NotADirectory);
+                return Err(Error::io(
+                    "use as the store's pack directory (move that file away)",
+                    packs,
+                    e,
+                ));
+            }
             if !p.exists() {
                 create_atomically(p, options)?;
             }
@@ -168,11 +186,11 @@ pub(super) fn open_writable(source: &Source, options: &Settings) -> Result<State
                 let db = builder(options)
                     .create(p)
                     .map_err(|e| open_error(path, e))?;
-                prepare_writable(path, source.pack_dir().as_deref(), &db, options)?;
+                prepare_writable(path, packs.as_ref(), &db, options)?;
                 Ok(State::Writable(db))
             })
         }
-        Source::Backend(_, factory) => {
+        Source::Backend(_, factory, packs) => {
             // The caller's factory runs outside the boundary: its panics
             // are its own.
             let backend: DynBackend =
@@ -181,7 +199,7 @@ pub(super) fn open_writable(source: &Source, options: &Settings) -> Result<State
                 let db = builder(options)
                     .create_with_backend(backend)
                     .map_err(|e| open_error(path, e))?;
-                prepare_writable(path, None, &db, options)?;
+                prepare_writable(path, packs.as_ref(), &db, options)?;
                 Ok(State::Writable(db))
             })
         }
@@ -195,9 +213,10 @@ pub(super) fn open_read_only(source: &Source, options: &Settings) -> Result<Stat
             // The writer died: redb would repair the file, which a reader
             // must not change. Repair a copy in memory instead.
             Err(redb::DatabaseError::RepairAborted) => {
+                let stamp = Stamp::of(path)?;
                 let db = open_overlay(path, options)?;
                 check_tables_of(path, &db)?;
-                return Ok(State::Recovered(db));
+                return Ok(State::Recovered(db, stamp));
             }
             opened => opened.map_err(|e| open_error(path, e))?,
         };
@@ -255,14 +274,14 @@ const SETTLE: std::time::Duration = std::time::Duration::from_secs(1);
 /// What changes when a commit lands: the length, the modification time
 /// and redb's header (the first page, with the commit slots).
 #[derive(Debug, PartialEq, Eq)]
-struct Stamp {
+pub(super) struct Stamp {
     len: u64,
     modified: Option<std::time::SystemTime>,
     header: Vec<u8>,
 }
 
 impl Stamp {
-    fn of(path: &Path) -> Result<Stamp> {
+    pub(super) fn of(path: &Path) -> Result<Stamp> {
         use std::io::Read;
         let file = std::fs::File::open(path).map_err(|e| Error::io("open", path, e))?;
         let meta = file.metadata().map_err(|e| Error::io("stat", path, e))?;

@@ -9,8 +9,6 @@
 //! A transaction may put its new chunks' bytes in a pack file instead of
 //! `chunk_data` ([`PackTables`]); the index is the same for both.
 
-use std::path::PathBuf;
-
 use redb::{ReadableTable, Table, WriteTransaction};
 
 use super::packs::PackTables;
@@ -74,7 +72,7 @@ impl<'txn> ChunkTables<'txn> {
     pub(crate) fn open(
         txn: &'txn WriteTransaction,
         next_id: u64,
-        pack_dir: Option<PathBuf>,
+        pack_dir: Option<super::packs::PackDir>,
     ) -> Result<Self> {
         let ctx = || "opening the chunk tables".to_owned();
         Ok(ChunkTables {

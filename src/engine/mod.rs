@@ -22,13 +22,14 @@ use redb::{ReadableTable, Table, WriteTransaction};
 use crate::error::StorageContext;
 use crate::format::layout::split;
 use crate::format::manifest::{decode_manifest, encode_manifest, Hash};
+use crate::format::packs::pack_owner;
 use crate::format::summary;
 #[cfg(feature = "remote")]
 use crate::format::tables::META_STORE_ID;
 use crate::format::tables::{
-    meta_format, meta_u64, META, META_FORMAT, META_NEXT_CHUNK, META_NEXT_PACK, META_STAGING,
-    META_STORED_BYTES, META_STORED_CHUNKS, PACKED, PACK_FORMAT, PINS, STEPS, SUMMARIES,
-    TENSOR_FORMAT,
+    meta_format, meta_u64, META, META_FORMAT, META_NEXT_CHUNK, META_NEXT_PACK, META_PACK_OWNER,
+    META_STAGING, META_STORED_BYTES, META_STORED_CHUNKS, PACKED, PACK_FORMAT, PINS, STEPS,
+    SUMMARIES, TENSOR_FORMAT,
 };
 use crate::{CommitInfo, Error, Result, Retention, StepSummary};
 use chunks::{ChunkTables, Freed};
@@ -62,7 +63,10 @@ pub(crate) struct Engine<'txn> {
 impl<'txn> Engine<'txn> {
     /// Open the tables of `txn`, of a store whose pack files are in
     /// `pack_dir` (`None` for a store with no path).
-    pub(crate) fn open(txn: &'txn WriteTransaction, pack_dir: Option<PathBuf>) -> Result<Self> {
+    pub(crate) fn open(
+        txn: &'txn WriteTransaction,
+        pack_dir: Option<packs::PackDir>,
+    ) -> Result<Self> {
         let ctx = || "opening the store's tables".to_owned();
         let meta = txn.open_table(META).context(ctx)?;
         let first_id = meta_u64(&meta, META_NEXT_CHUNK)?;
@@ -91,7 +95,8 @@ impl<'txn> Engine<'txn> {
         let next = meta_u64(&self.meta, META_NEXT_PACK)?;
         let id = u32::try_from(next)
             .map_err(|_| Error::corrupt(None, format!("pack file id {next} is out of range")))?;
-        self.chunks.packs.writer = Some(PackWriter::new(&dir, id));
+        let owner = pack_owner(&self.meta)?;
+        self.chunks.packs.writer = Some(PackWriter::new(&dir, id, owner));
         Ok(())
     }
 
@@ -101,6 +106,11 @@ impl<'txn> Engine<'txn> {
     pub(crate) fn compact_packs(&mut self) -> Result<(u64, u64)> {
         self.pack_new_chunks()?;
         self.chunks.packs.compact()
+    }
+
+    /// Whether a pack file read in this transaction failed its check.
+    pub(crate) fn pack_faulted(&self) -> bool {
+        self.chunks.packs.faulted
     }
 
     /// Write the counters this transaction changed and make its pack file
@@ -114,6 +124,12 @@ impl<'txn> Engine<'txn> {
             self.meta
                 .insert(META_NEXT_PACK, next.as_slice())
                 .context(ctx)?;
+            if self.meta.get(META_PACK_OWNER).context(ctx)?.is_none() {
+                let owner = pack_owner(&self.meta)?;
+                self.meta
+                    .insert(META_PACK_OWNER, owner.as_slice())
+                    .context(ctx)?;
+            }
         }
         for (key, delta) in [
             (META_STORED_BYTES, self.bytes_delta),

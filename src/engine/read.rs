@@ -31,7 +31,7 @@ pub(crate) struct View {
     /// Threads a read may copy and hash chunks on.
     pub(crate) threads: usize,
     /// The store's pack directory; `None` for a store with no path.
-    pub(crate) packs: Option<std::path::PathBuf>,
+    pub(crate) packs: Option<super::packs::PackDir>,
     /// Set when a pack file fails a check: the damage is in that file,
     /// not in the redb file.
     pub(crate) pack_fault: Arc<AtomicBool>,
@@ -376,31 +376,17 @@ impl StepData<'_> {
 
     /// The chunks of blob `name` in order (none for a packed blob).
     pub(crate) fn chunk_places(&self, name: &str) -> Result<Vec<ChunkPlace>> {
-        let Some(blob) = self.blobs.get(name) else {
+        let Some(blob) = self
+            .blobs
+            .get(name)
+            .filter(|b| !matches!(b.at, Placement::Packed { .. }))
+        else {
             return Ok(Vec::new());
         };
-        let refs: Vec<(Hash, ChunkAt)> = match &blob.at {
-            Placement::Chunks(c) => c.iter().map(|c| (c.hash, ChunkAt::Id(c.id))).collect(),
-            Placement::Format1Chunks(h) => h.iter().map(|h| (*h, ChunkAt::Hash)).collect(),
-            Placement::Packed { .. } => return Ok(Vec::new()),
-        };
-        let len = usize::try_from(blob.len).map_err(|_| {
-            Error::corrupt(
-                Some(self.step),
-                format!("blob {name:?} is too long to load"),
-            )
-        })?;
-        let lengths: Vec<usize> = chunk_lengths(len).collect();
-        if lengths.len() != refs.len() {
-            return Err(Error::corrupt(
-                Some(self.step),
-                format!("blob {name:?} lists the wrong number of chunks"),
-            ));
-        }
-        Ok(refs
+        let len = self.blob_len(name, blob)?;
+        Ok(blob_chunks(self.step, name, blob, len)?
             .into_iter()
-            .zip(lengths)
-            .map(|((hash, at), len)| ChunkPlace { hash, len, at })
+            .map(|(hash, at, len)| ChunkPlace { hash, len, at })
             .collect())
     }
 
@@ -486,6 +472,39 @@ impl ChunkSource {
     }
 }
 
+/// The chunks of chunked blob `name` (of `len` bytes) in order: where each
+/// is, and its length (none for a packed blob).
+fn blob_chunks(
+    step: u64,
+    name: &str,
+    blob: &BlobRef,
+    len: usize,
+) -> Result<Vec<(Hash, ChunkAt, usize)>> {
+    let refs: Vec<(Hash, ChunkAt)> = match &blob.at {
+        Placement::Chunks(c) => c.iter().map(|c| (c.hash, ChunkAt::Id(c.id))).collect(),
+        Placement::Format1Chunks(h) => h.iter().map(|h| (*h, ChunkAt::Hash)).collect(),
+        Placement::Packed { .. } => Vec::new(),
+    };
+    // The manifest's hash was checked and its length bounded by its chunk
+    // count when it was decoded.
+    let lengths: Vec<usize> = chunk_lengths(len).collect();
+    if lengths.len() != refs.len() {
+        return Err(Error::corrupt(
+            Some(step),
+            format!(
+                "blob {name:?} lists {} chunks, its length {len} needs {}",
+                refs.len(),
+                lengths.len()
+            ),
+        ));
+    }
+    Ok(refs
+        .into_iter()
+        .zip(lengths)
+        .map(|((hash, at), n)| (hash, at, n))
+        .collect())
+}
+
 /// Fill `data` (the blob's length, checked by the caller) with one chunked
 /// blob: each chunk is hash-checked where redb holds it and only then
 /// copied into its place (wrong bytes never reach `data`), chunks spread
@@ -499,33 +518,68 @@ fn fill_blob(
     threads: usize,
     data: &mut [u8],
 ) -> Result<()> {
-    let corrupt = |detail: String| Error::corrupt(Some(step), detail);
-    let refs: Vec<(Hash, ChunkAt)> = match &blob.at {
-        Placement::Chunks(c) => c.iter().map(|c| (c.hash, ChunkAt::Id(c.id))).collect(),
-        Placement::Format1Chunks(h) => h.iter().map(|h| (*h, ChunkAt::Hash)).collect(),
-        Placement::Packed { .. } => Vec::new(),
-    };
-    // The manifest's hash was checked and its length bounded by its chunk
-    // count when it was decoded.
-    let len = data.len();
-    let lengths: Vec<usize> = chunk_lengths(len).collect();
-    if lengths.len() != refs.len() {
-        return Err(corrupt(format!(
-            "blob {name:?} lists {} chunks, its length {len} needs {}",
-            refs.len(),
-            lengths.len()
-        )));
-    }
-    let mut pieces = Vec::with_capacity(lengths.len());
+    let refs = blob_chunks(step, name, blob, data.len())?;
+    fill_chunks(chunks, step, name, &refs, threads, data)
+}
+
+/// Fill `data` with the chunks `refs` (their lengths add up to its
+/// length), spread over up to `threads` threads.
+fn fill_chunks(
+    chunks: &ChunkSource,
+    step: u64,
+    name: &str,
+    refs: &[(Hash, ChunkAt, usize)],
+    threads: usize,
+    data: &mut [u8],
+) -> Result<()> {
+    let mut pieces = Vec::with_capacity(refs.len());
     let mut rest = data;
-    for &n in &lengths {
+    for &(_, _, n) in refs {
         let (piece, tail) = std::mem::take(&mut rest).split_at_mut(n);
         pieces.push(piece);
         rest = tail;
     }
     fill_parallel(pieces, threads, &|i, piece| {
-        let (hash, at) = &refs[i];
-        let fault = |what: String| corrupt(format!("chunk {} of blob {name:?} {what}", hex(hash)));
+        let (hash, at, _) = &refs[i];
+        let fault = |what: String| {
+            Error::corrupt(
+                Some(step),
+                format!("chunk {} of blob {name:?} {what}", hex(hash)),
+            )
+        };
         chunks.fill(hash, *at, piece, &fault)
     })
+}
+
+/// Chunks a verification holds in memory per thread.
+const CHECK_WINDOW_PER_THREAD: usize = 4;
+
+impl StepData<'_> {
+    /// Check every blob of the step against its hashes, reading at most
+    /// [`CHECK_WINDOW_PER_THREAD`] chunks per thread into one buffer
+    /// reused for the whole step (a step larger than memory can be
+    /// verified); returns the bytes checked.
+    pub(crate) fn check_all(&self) -> Result<u64> {
+        let threads = self.view.threads.max(1);
+        let window = threads * CHECK_WINDOW_PER_THREAD;
+        let mut buf = Vec::new();
+        let mut total = 0;
+        for (name, blob) in &self.blobs {
+            let len = self.blob_len(name, blob)?;
+            if let Placement::Packed { .. } = blob.at {
+                // Under 64 KiB, from the step's packed bytes (read once).
+                buf.resize(len, 0);
+                self.fill(name, blob, &mut buf)?;
+            } else {
+                let refs = blob_chunks(self.step, name, blob, len)?;
+                for group in refs.chunks(window) {
+                    let bytes = group.iter().map(|r| r.2).sum();
+                    buf.resize(bytes, 0);
+                    fill_chunks(&self.chunks, self.step, name, group, threads, &mut buf)?;
+                }
+            }
+            total += blob.len;
+        }
+        Ok(total)
+    }
 }

@@ -5,10 +5,10 @@ use std::collections::HashMap;
 
 use crate::error::StorageContext;
 use crate::format::manifest::{decode_manifest, hex, ChunkUse, Hash};
-use crate::format::packs::{pack_name, PackLoc};
+use crate::format::packs::{pack_name, parse_pack_name, PackLoc};
 use crate::format::tables::{
-    meta_u64, CHUNK_DATA, CHUNK_INDEX, LEGACY_CHUNKS, LEGACY_REFS, META, META_STORED_BYTES,
-    META_STORED_CHUNKS, PACKED, PACK_CHUNKS, PACK_FILES,
+    meta_u64, CHUNK_DATA, CHUNK_INDEX, LEGACY_CHUNKS, LEGACY_REFS, META, META_NEXT_PACK,
+    META_STORED_BYTES, META_STORED_CHUNKS, PACKED, PACK_CHUNKS, PACK_FILES,
 };
 use crate::{Result, VerifyReport};
 
@@ -50,9 +50,9 @@ impl View {
             let step = key.value();
             let checked = match decode_manifest(step, bytes.value()).and_then(|m| {
                 expected.record(m.chunk_uses());
-                self.assemble(m)
+                self.check_step(m)
             }) {
-                Ok(ckpt) => Checked::Ok(ckpt.logical_bytes()),
+                Ok(bytes) => Checked::Ok(bytes),
                 Err(e) => Checked::Damaged(e),
             };
             let go_on = each(step, &checked);
@@ -67,24 +67,47 @@ impl View {
                 return Ok(());
             }
         }
-        if report.damaged.is_empty() {
-            (report.accounting, report.staged_chunks) = self.check_accounting(expected)?;
+        // A step whose pack file a writer deleted meanwhile leaves the
+        // snapshot's records whole: the accounting is still checked.
+        let gone = |e: &crate::Error| {
+            self.packs
+                .as_ref()
+                .is_some_and(|dir| super::packs::is_missing_pack(e, &dir.path))
+        };
+        if report.damaged.iter().all(|(_, e)| gone(e)) {
+            let (problems, missing) = (&mut report.accounting, &mut report.missing_packs);
+            report.staged_chunks = self.check_accounting(expected, problems, missing)?;
         }
         self.pack_structure(report)
     }
 
+    /// Check every blob of a step against its hashes, a few chunks in
+    /// memory at a time; returns the bytes checked.
+    fn check_step(&self, manifest: crate::format::manifest::Manifest) -> Result<u64> {
+        let (step, packed) = (manifest.step, manifest.packed.clone());
+        let (_, blobs, _) = manifest.into_parts();
+        self.step_data(step, packed, blobs)?.check_all()
+    }
+
     /// Compare the chunk index, the chunks and the counters with what the
-    /// manifests say; returns each discrepancy, and the number of staged
+    /// manifests say; adds each discrepancy to `problems` (a recorded pack
+    /// file that is not there to `missing`, for the caller to settle: a
+    /// writer may have deleted it since), returns the number of staged
     /// chunks.
-    fn check_accounting(&self, mut expected: Expected) -> Result<(Vec<String>, u64)> {
-        let mut problems: Vec<String> = expected
-            .mismatched
-            .iter()
-            .map(|(hash, a, b)| format!("chunk {} has ids {a} and {b} in manifests", hex(hash)))
-            .collect();
-        let (indexed, staged) = self.check_index(&mut expected, &mut problems)?;
-        let (mut bytes, mut count) = self.check_chunk_data(indexed, &mut problems)?;
-        let (legacy_bytes, legacy_count) = self.check_legacy(&mut expected, &mut problems)?;
+    fn check_accounting(
+        &self,
+        mut expected: Expected,
+        problems: &mut Vec<String>,
+        missing: &mut Vec<(u32, String)>,
+    ) -> Result<u64> {
+        problems.extend(
+            expected.mismatched.iter().map(|(hash, a, b)| {
+                format!("chunk {} has ids {a} and {b} in manifests", hex(hash))
+            }),
+        );
+        let (indexed, staged) = self.check_index(&mut expected, problems)?;
+        let (mut bytes, mut count) = self.check_chunk_data(indexed, problems, missing)?;
+        let (legacy_bytes, legacy_count) = self.check_legacy(&mut expected, problems)?;
         bytes += legacy_bytes;
         count += legacy_count;
 
@@ -106,7 +129,7 @@ impl View {
                 ));
             }
         }
-        Ok((problems, staged))
+        Ok(staged)
     }
 
     /// Check the index against the manifests; returns id -> (hash, staged)
@@ -162,6 +185,7 @@ impl View {
         &self,
         mut indexed: HashMap<u64, (Hash, bool)>,
         problems: &mut Vec<String>,
+        missing: &mut Vec<(u32, String)>,
     ) -> Result<(u64, u64)> {
         let ctx = || "reading table chunk_data".to_owned();
         let (mut bytes, mut count) = (0, 0);
@@ -180,7 +204,7 @@ impl View {
                 }
             }
         }
-        let (pack_bytes, pack_count) = self.check_packs(&mut indexed, problems)?;
+        let (pack_bytes, pack_count) = self.check_packs(&mut indexed, problems, missing)?;
         for (id, (hash, _)) in indexed {
             problems.push(format!(
                 "chunk {} (id {id}) is indexed but not stored",
@@ -197,6 +221,7 @@ impl View {
         &self,
         indexed: &mut HashMap<u64, (Hash, bool)>,
         problems: &mut Vec<String>,
+        missing: &mut Vec<(u32, String)>,
     ) -> Result<(u64, u64)> {
         let (mut bytes, mut count) = (0, 0);
         let Some(chunks) = self.optional(PACK_CHUNKS)? else {
@@ -248,7 +273,7 @@ impl View {
                              {len}; its chunks hold {live} and end at {end}"
                         ));
                     }
-                    self.check_pack_file(*pack, len, problems);
+                    self.check_pack_file(*pack, len, problems, missing);
                 }
             }
         }
@@ -275,25 +300,52 @@ impl View {
             }
         }
         report.pack_files = recorded.len() as u64;
-        if let Some(dir) = &self.packs {
-            report.stray_pack_files = super::packs::unrecorded(dir, &recorded)?.len() as u64;
+        let Some(dir) = &self.packs else {
+            return Ok(());
+        };
+        // Ids are given out in ascending order: a file at or past the next
+        // one belongs to a transaction that had not committed when this
+        // read began (under way, or killed before its commit).
+        let meta = self
+            .txn
+            .open_table(META)
+            .context(|| "opening table meta".to_owned())?;
+        let next = meta_u64(&meta, META_NEXT_PACK)?;
+        for path in super::packs::unrecorded(dir, &recorded)? {
+            let id = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(parse_pack_name);
+            match id {
+                Some(id) if u64::from(id) >= next => report.in_flight_pack_files += 1,
+                _ => report.stray_packs.push(path),
+            }
         }
         Ok(())
     }
 
-    /// Check that pack file `pack` is at least `len` bytes long.
-    fn check_pack_file(&self, pack: u32, len: u64, problems: &mut Vec<String>) {
+    /// Check that pack file `pack` is at least `len` bytes long (a file
+    /// not there goes to `missing`).
+    fn check_pack_file(
+        &self,
+        pack: u32,
+        len: u64,
+        problems: &mut Vec<String>,
+        missing: &mut Vec<(u32, String)>,
+    ) {
         let Some(dir) = &self.packs else {
             return;
         };
-        let path = dir.join(pack_name(pack));
-        match std::fs::metadata(&path) {
-            Ok(m) if m.len() >= len => {}
-            Ok(m) => problems.push(format!(
-                "pack file {} is {} bytes, its record says {len}",
-                path.display(),
-                m.len()
+        let path = dir.file(pack);
+        match dir.io.len(&path) {
+            Ok(n) if n >= len => {}
+            Ok(n) => problems.push(format!(
+                "pack file {} is {n} bytes, its record says {len}",
+                path.display()
             )),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                missing.push((pack, format!("pack file {} is missing", path.display())));
+            }
             Err(e) => problems.push(format!("pack file {}: {e}", path.display())),
         }
     }

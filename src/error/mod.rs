@@ -150,6 +150,18 @@ pub enum Error {
         path: PathBuf,
     },
 
+    /// This process already has the store open for writing, through
+    /// another handle (one writer per store; share the handle).
+    #[error(
+        "checkpoint store {path} is already open for writing in this process: use that \
+         handle (share it with an Arc; in Python, one Store), or drop it before opening \
+         the store again"
+    )]
+    AlreadyOpen {
+        /// The store file.
+        path: PathBuf,
+    },
+
     /// The file is a redb database (or something else) but not a ckptstore.
     #[error("{path} is not a ckptstore file: {reason}")]
     NotAStore {
@@ -457,7 +469,7 @@ impl Error {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn is_locked(&self) -> bool {
-        matches!(self, Error::Locked { .. })
+        matches!(self, Error::Locked { .. } | Error::AlreadyOpen { .. })
     }
 
     /// The error with `what` (the operation, naming its step) before a

@@ -93,6 +93,11 @@ pub(crate) const META_STORED_CHUNKS: &str = "stored_chunks";
 pub(crate) const META_NEXT_CHUNK: &str = "next_chunk_id";
 /// `meta`: the next pack file id to give out (u64, little endian).
 pub(crate) const META_NEXT_PACK: &str = "next_pack_id";
+/// `meta`: the tag in the header of every pack file this store writes (16
+/// bytes, an owner tag of `format::packs`); written with the first pack
+/// file that has a header.
+pub(crate) const META_PACK_OWNER: &str = "pack_owner";
+
 /// `meta`: present while a commit stages chunks; a writable open that finds
 /// it deletes the staged chunks (an interrupted commit's).
 pub(crate) const META_STAGING: &str = "staging";

@@ -43,7 +43,7 @@ impl CheckpointStore {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn copy_to(&self, to: impl AsRef<Path>, options: StoreOptions) -> Result<Vec<u64>> {
-        let to = to.as_ref();
+        let to = &crate::file::real_path(to.as_ref())?;
         for path in [to.to_owned(), pack_dir(to)] {
             if path.exists() {
                 let exists = std::io::Error::from(std::io::ErrorKind::AlreadyExists);
@@ -78,12 +78,15 @@ impl CheckpointStore {
     /// Delete the store at `path`: its file and its pack directory
     /// (`PATH.packs`). `Ok(false)` if there is no store there.
     ///
-    /// The store is opened for writing first, so that nothing else is
-    /// deleted: a store another process writes is [`Error::Locked`], and a
-    /// file that does not open as a store (damaged, or not a store) is the
-    /// open's error, with nothing deleted — remove such a file by hand.
-    /// The file goes first: a crash in between leaves only the pack
-    /// directory, whose files a new store at `path` deletes when it opens.
+    /// The path is resolved as [`StoreOptions::open`] resolves it (a
+    /// link removes the store it points to). The store is opened
+    /// read-only, then for writing, first, so that nothing else is
+    /// deleted: a file that is not already a store (empty, damaged, or
+    /// of another kind) is the open's error, and a store another process
+    /// writes is [`Error::Locked`]; nothing is deleted then — remove such
+    /// a file by hand. The pack directory goes first: a crash in between
+    /// leaves the store file, which `remove_store` removes when run
+    /// again.
     ///
     /// ```
     /// # use ckptstore::{CheckpointStore, ComputationGraphStore, GradientCheckpoint};
@@ -95,16 +98,19 @@ impl CheckpointStore {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn remove_store(path: impl AsRef<Path>) -> Result<bool> {
-        let path = path.as_ref();
+        let path = &crate::file::real_path(path.as_ref())?;
         let packs = pack_dir(path);
         if !path.exists() {
             return Ok(false);
         }
+        // A store already (read-only: nothing is initialised), and no
+        // writer holds it (writable).
+        drop(StoreOptions::new().open_read_only(path)?);
         drop(StoreOptions::new().open(path)?);
-        std::fs::remove_file(path).map_err(|e| Error::io("remove", path, e))?;
         if packs.exists() {
             std::fs::remove_dir_all(&packs).map_err(|e| Error::io("remove", &packs, e))?;
         }
+        std::fs::remove_file(path).map_err(|e| Error::io("remove", path, e))?;
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             sync_dir(dir)?;
         }

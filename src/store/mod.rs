@@ -156,8 +156,11 @@ impl CheckpointStore {
     /// without closing it (kill -9, a crash, a power cut) and before any
     /// writable open repaired it. Such a store is read as the repair would
     /// leave it: redb repairs a copy of its bookkeeping in memory, and the
-    /// file is not changed. What it shows does not change either: open the
-    /// store again to see commits of a writer started since.
+    /// file is not changed. What it shows does not change while the file
+    /// does not: once a writer opens the store and changes it, the next
+    /// read opens it again and sees the store as that writer left it (a
+    /// read under way runs again), so a step is whole or gone, never
+    /// damaged by what the writer did since.
     pub fn recovered_in_memory(&self) -> bool {
         self.db.is_recovered_view()
     }
@@ -209,6 +212,10 @@ impl std::fmt::Debug for CheckpointStore {
 
 #[cfg(test)]
 mod pack_faults;
+#[cfg(test)]
+mod pack_power_cuts;
+#[cfg(test)]
+mod sim_disk;
 
 #[cfg(test)]
 mod tests {

@@ -12,8 +12,16 @@ use crate::{Durability, Error, Result};
 impl StoreOptions {
     /// Open the store at `path` for reading and writing, creating it if it
     /// does not exist.
+    ///
+    /// The store is its real path, resolved once here: absolute, with every
+    /// symbolic link followed ([`CheckpointStore::path`] returns it). Its
+    /// pack directory is named after that path, so a later `chdir`, or a
+    /// link repointed at another run, changes nothing, and two names of
+    /// one file are one store. A link to a file not there yet creates its
+    /// target; the directory of a new store must exist.
     pub fn open(self, path: impl AsRef<Path>) -> Result<CheckpointStore> {
-        self.open_source(Source::Path(path.as_ref().to_owned()))
+        let path = crate::file::real_path(path.as_ref())?;
+        self.open_source(Source::Path(path))
     }
 
     /// Open a store kept in a custom redb [`StorageBackend`](redb::StorageBackend)
@@ -44,10 +52,10 @@ impl StoreOptions {
         F: Fn() -> std::io::Result<B> + Send + Sync + 'static,
     {
         let factory = move || open().map(|b| DynBackend(Box::new(b)));
-        self.open_source(Source::Backend(name.into(), Arc::new(factory)))
+        self.open_source(Source::Backend(name.into(), Arc::new(factory), None))
     }
 
-    fn open_source(self, source: Source) -> Result<CheckpointStore> {
+    pub(super) fn open_source(self, source: Source) -> Result<CheckpointStore> {
         self.settings.validate()?;
         if self.settings.shared && self.settings.durability == Durability::Eventual {
             return Err(Error::InvalidOptions(
@@ -64,9 +72,11 @@ impl StoreOptions {
 
     /// Open an existing store read-only. With a shared writer (the default)
     /// in another process, the reader sees each step that writer commits.
+    /// Its path is resolved as [`open`](Self::open)'s is.
     pub fn open_read_only(self, path: impl AsRef<Path>) -> Result<CheckpointStore> {
         self.settings.validate()?;
-        let db = Db::open_read_only(path.as_ref().to_owned(), self.settings)?;
+        let path = crate::file::real_path(path.as_ref())?;
+        let db = Db::open_read_only(path, self.settings)?;
         Ok(CheckpointStore::from_db(db))
     }
 }

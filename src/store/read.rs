@@ -102,14 +102,14 @@ impl CheckpointStore {
     /// The highest stored step, or `None` for an empty store. Reads no blob.
     pub fn latest_step(&self) -> Result<Option<u64>> {
         let what = || "reading the latest step number".to_owned();
-        self.db.read(&what, View::latest_step)
+        self.db.read_retrying(&what, View::latest_step)
     }
 
     /// The store's UUID, given when it was created (or taken from the
     /// bucket it was pulled from): it names the store's run in a bucket.
     pub fn store_id(&self) -> Result<String> {
         let what = || "reading the store id".to_owned();
-        self.db.read(&what, View::store_id)
+        self.db.read_retrying(&what, View::store_id)
     }
 
     /// Every stored step, ascending.
@@ -132,7 +132,8 @@ impl CheckpointStore {
     /// ```
     pub fn steps_in(&self, range: impl RangeBounds<u64>) -> Result<Vec<u64>> {
         let what = || "listing steps".to_owned();
-        self.db.read(&what, |view| view.steps_in(range))
+        let range = (range.start_bound().cloned(), range.end_bound().cloned());
+        self.db.read_retrying(&what, |view| view.steps_in(range))
     }
 
     /// The metadata of `step` (graph size, loss CID, metrics, blob lengths)
@@ -223,7 +224,8 @@ impl CheckpointStore {
     /// ```
     pub fn summaries(&self, range: impl RangeBounds<u64>) -> Result<Vec<StepSummary>> {
         let what = || "listing step summaries".to_owned();
-        self.db.read(&what, |view| view.summaries(range))
+        let range = (range.start_bound().cloned(), range.end_bound().cloned());
+        self.db.read_retrying(&what, |view| view.summaries(range))
     }
 
     /// The step with the best value of `metric`, or `None` if no step has
@@ -317,7 +319,7 @@ impl CheckpointStore {
     /// now, without deleting them.
     pub fn retention_preview(&self, policy: &Retention) -> Result<Vec<u64>> {
         let what = || "previewing a retention policy".to_owned();
-        self.db.read(&what, |view| {
+        self.db.read_retrying(&what, |view| {
             Ok(policy.doomed(&view.summaries(..)?, &view.pinned()?))
         })
     }
@@ -326,7 +328,7 @@ impl CheckpointStore {
     pub fn pinned(&self) -> Result<Vec<u64>> {
         let what = || "listing pinned steps".to_owned();
         self.db
-            .read(&what, |view| Ok(view.pinned()?.into_iter().collect()))
+            .read_retrying(&what, |view| Ok(view.pinned()?.into_iter().collect()))
     }
 
     /// Space and deduplication figures for the whole store.
@@ -350,7 +352,7 @@ impl CheckpointStore {
     pub fn stats(&self) -> Result<StoreStats> {
         let what = || "reading store statistics".to_owned();
         let (summaries, (stored_bytes, chunks), (pack_files, pack_bytes)) =
-            self.db.read(&what, |view| {
+            self.db.read_retrying(&what, |view| {
                 Ok((view.summaries(..)?, view.counters()?, view.pack_totals()?))
             })?;
         Ok(StoreStats {

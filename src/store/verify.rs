@@ -3,7 +3,7 @@
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 
 use super::CheckpointStore;
-use crate::engine::packs::{is_missing_pack, missing_pack};
+use crate::engine::packs::{is_missing_pack, missing_pack, recorded_packs};
 use crate::engine::Checked;
 use crate::{Error, Result, VerifyReport};
 
@@ -58,9 +58,11 @@ impl CheckpointStore {
     /// the caller's: it stops the verification and goes on unwinding.
     pub fn verify_with(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<VerifyReport> {
         let what = || "verifying".to_owned();
-        let mut report = VerifyReport::default();
         let mut caller_panic = None;
-        let outcome = self.db.read(&what, |view| {
+        // Run again from the start, with a new report, if the view itself
+        // went stale (a recovered view whose file a writer changed).
+        let outcome = self.db.read_retrying(&what, |view| {
+            let mut report = VerifyReport::default();
             view.verify(&mut report, &mut |step, checked| {
                 let bytes = match checked {
                     Checked::Ok(bytes) => *bytes,
@@ -74,35 +76,53 @@ impl CheckpointStore {
                         false
                     }
                 }
-            })
+            })?;
+            Ok(report)
         });
         if let Some(payload) = caller_panic {
             resume_unwind(payload);
         }
-        outcome?;
+        let mut report = outcome?;
         self.settle_missing_packs(&mut report)?;
         Ok(report)
     }
 
-    /// A damaged step whose pack file was missing: damage if the store
+    /// What a writer did while verification ran, told from damage. A
+    /// damaged step whose pack file was missing: damage if the store
     /// still records the file, else a writer removed the step (or moved
-    /// its chunks) while verification ran, and it is not damage.
+    /// its chunks) meanwhile ([`VerifyReport::steps_gone`]). The same for
+    /// a recorded pack file the accounting did not find. A stray file
+    /// that is gone now, or that a commit of this handle made dead and
+    /// deletes once durable, is not reported.
     fn settle_missing_packs(&self, report: &mut VerifyReport) -> Result<()> {
         let Some(dir) = self.db.pack_dir() else {
             return Ok(());
         };
         let what = || "verifying".to_owned();
-        for (step, e) in std::mem::take(&mut report.damaged) {
-            let e = if is_missing_pack(&e, &dir) {
-                self.db.read(&what, |view| missing_pack(e, &view.txn))?
-            } else {
-                e
-            };
-            match e {
-                Error::ReadInterrupted { .. } => report.steps_gone.push(step),
-                e => report.damaged.push((step, e)),
+        self.db.read(&what, |view| {
+            for (step, e) in std::mem::take(&mut report.damaged) {
+                let e = if is_missing_pack(&e, &dir.path) {
+                    missing_pack(e, &view.txn, &dir)?
+                } else {
+                    e
+                };
+                match e {
+                    Error::ReadInterrupted { .. } => report.steps_gone.push(step),
+                    e => report.damaged.push((step, e)),
+                }
             }
-        }
+            let recorded = recorded_packs(&view.txn)?;
+            for (pack, problem) in std::mem::take(&mut report.missing_packs) {
+                if recorded.contains(&pack) && !dir.io.exists(&dir.file(pack)) {
+                    report.accounting.push(problem);
+                }
+            }
+            Ok(())
+        })?;
+        report
+            .stray_packs
+            .retain(|p| dir.io.exists(p) && !self.db.is_dead_pending(p));
+        report.stray_pack_files = report.stray_packs.len() as u64;
         Ok(())
     }
 }

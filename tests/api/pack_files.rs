@@ -48,7 +48,8 @@ fn large_commits_keep_their_chunks_in_pack_files() -> Result {
         .iter()
         .map(|p| std::fs::metadata(p).map_or(0, |m| m.len()))
         .sum();
-    assert_eq!(packed_bytes, 11 << 20);
+    // Each file: a 32-byte header (the store that wrote it), the chunks.
+    assert_eq!(packed_bytes, (11 << 20) + 3 * 32);
     assert!(
         std::fs::metadata(&path)?.len() < 4 << 20,
         "chunks went into redb"
@@ -61,7 +62,7 @@ fn large_commits_keep_their_chunks_in_pack_files() -> Result {
     assert_eq!(report.pack_files, 3);
     assert_eq!(
         (report.pack_bytes, report.pack_live_bytes),
-        (11 << 20, 11 << 20)
+        ((11 << 20) + 3 * 32, 11 << 20)
     );
     assert_eq!(store.stats()?.stored_bytes, 11 << 20);
     drop(store);
@@ -114,16 +115,29 @@ fn files_no_record_names_are_swept_by_a_writable_open() -> Result {
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("run.ckpt");
     packed(&path)?.commit(&step_of(1))?;
-    let stray = pack_files(&path)[0].with_file_name("00000009.pack");
-    std::fs::write(&stray, b"left by a commit that never committed")?;
-    // A read-only open changes nothing; verify counts the file.
+    // Left by a transaction of this store that never committed (its
+    // header names the store), and a file of no store's.
+    let ours = pack_files(&path)[0].with_file_name("00000009.pack");
+    std::fs::copy(&pack_files(&path)[0], &ours)?;
+    let foreign = ours.with_file_name("00000005.pack");
+    std::fs::write(&foreign, b"a file of no store: it has no pack header")?;
+    // A read-only open changes nothing; verify counts the files: at or
+    // past the next id, in flight; before it, stray.
     let report = CheckpointStore::open_read_only(&path)?.verify()?;
-    assert_eq!((report.pack_files, report.stray_pack_files), (1, 1));
+    assert_eq!(
+        (
+            report.pack_files,
+            report.in_flight_pack_files,
+            report.stray_pack_files
+        ),
+        (1, 2, 0)
+    );
     assert!(report.is_ok(), "a stray file is not damage: {report:?}");
-    assert!(stray.exists());
+    assert!(ours.exists());
     let store = CheckpointStore::open(&path)?;
-    assert!(!stray.exists());
-    assert_eq!(pack_files(&path).len(), 1);
+    assert!(!ours.exists(), "this store's unrecorded file is swept");
+    assert!(foreign.exists(), "a file not provably this store's is left");
+    assert_eq!(pack_files(&path).len(), 2);
     assert_eq!(store.get(1)?, Some(step_of(1)));
     Ok(())
 }
@@ -146,9 +160,9 @@ fn compact_rewrites_pack_files_that_are_mostly_dead() -> Result {
             .map(|p| std::fs::metadata(p).map_or(0, |m| m.len()))
             .sum()
     };
-    assert_eq!(on_disk(&path), (5 << 20) + (3 << 20));
+    assert_eq!(on_disk(&path), (5 << 20) + (3 << 20) + 2 * 32);
     assert!(store.compact()?);
-    assert_eq!(on_disk(&path), (2 << 20) + (3 << 20));
+    assert_eq!(on_disk(&path), (2 << 20) + (3 << 20) + 2 * 32);
     let names: Vec<String> = pack_files(&path)
         .iter()
         .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))

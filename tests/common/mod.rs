@@ -158,3 +158,36 @@ pub fn flip_stored_byte(
         store.display()
     )))
 }
+
+/// This test binary run again as a child process that runs only the
+/// (ignored) test `name`, its output not captured, told what to do by
+/// `mode` and on which store (read back with [`child_task`]): the way
+/// tests get a process of their own (to kill it, to `chdir`, to measure
+/// it).
+pub fn this_test_as_child(
+    name: &str,
+    mode: &str,
+    store: &std::path::Path,
+) -> std::io::Result<std::process::Command> {
+    let mut cmd = std::process::Command::new(std::env::current_exe()?);
+    cmd.args([
+        "--ignored",
+        "--exact",
+        name,
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(CHILD_MODE, mode)
+    .env(CHILD_STORE, store);
+    Ok(cmd)
+}
+
+const CHILD_MODE: &str = "CKPT_CHILD_MODE";
+const CHILD_STORE: &str = "CKPT_CHILD_STORE";
+
+/// In a child of [`this_test_as_child`]: its mode and store.
+pub fn child_task() -> std::result::Result<(String, std::path::PathBuf), String> {
+    let mode = std::env::var(CHILD_MODE).map_err(|_| "run only as a child of a test")?;
+    let store = std::env::var_os(CHILD_STORE).ok_or("no store given")?;
+    Ok((mode, store.into()))
+}

@@ -245,7 +245,7 @@ fn import_streamed(store: &Path, file: &Path, step: u64) -> Result<ExitCode> {
         Err(e) => {
             drop(s);
             if !existed {
-                let _ = std::fs::remove_file(store);
+                let _ = CheckpointStore::remove_store(store);
             }
             return Err(explain_import(store, file, e));
         }
@@ -320,17 +320,25 @@ fn verify(store: &Path, pages: bool) -> Result<ExitCode> {
             report.staged_chunks
         );
     }
-    if report.pack_files > 0 || report.stray_pack_files > 0 {
+    if report.pack_files + report.stray_pack_files + report.in_flight_pack_files > 0 {
         println!(
-            "{} pack files, {} ({} live){}",
+            "{} pack files, {} ({} live){}{}",
             report.pack_files,
             output::bytes(report.pack_bytes),
             output::bytes(report.pack_live_bytes),
+            match report.in_flight_pack_files {
+                0 => String::new(),
+                n => format!(
+                    "; {n} pack file(s) of commits under way or interrupted (the next \
+                     writable open deletes an interrupted one's)"
+                ),
+            },
             match report.stray_pack_files {
                 0 => String::new(),
                 n => format!(
-                    "; {n} stray pack file(s) no record names (left by a failed \
-                     commit; the next writable open deletes them)"
+                    "; {n} stray pack file(s) no record names (left by a writer that \
+                     died, or not this store's: the next writable open deletes the \
+                     store's own, and leaves the rest)"
                 ),
             }
         );

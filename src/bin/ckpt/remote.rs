@@ -59,7 +59,7 @@ pub(crate) fn pull(url: &str, store: &Path, step: &str) -> Result<ExitCode> {
     if info.is_err() && created {
         // Leave no empty store behind a pull that failed.
         drop(s);
-        let _ = std::fs::remove_file(store);
+        let _ = CheckpointStore::remove_store(store);
     }
     let info = info.map_err(|e| match e {
         Error::StepExists { step } => format!(
