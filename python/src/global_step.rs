@@ -23,6 +23,12 @@ impl RawGlobalStep {
         self.inner.step()
     }
 
+    /// The commit it was opened from.
+    #[getter]
+    fn commit(&self) -> String {
+        self.inner.commit().to_owned()
+    }
+
     #[getter]
     fn world_size(&self) -> u32 {
         self.inner.world_size()

@@ -163,10 +163,20 @@ impl RawRemote {
             .map_err(py_err)
     }
 
-    /// Step `step` opened for reading parts of it, or None.
-    fn open_global(&self, py: Python<'_>, step: u64) -> PyResult<Option<RawGlobalStep>> {
+    /// Step `step` opened for reading parts of it (its newest commit that
+    /// checks out, or exactly `commit`), or None.
+    #[pyo3(signature = (step, commit=None))]
+    fn open_global(
+        &self,
+        py: Python<'_>,
+        step: u64,
+        commit: Option<String>,
+    ) -> PyResult<Option<RawGlobalStep>> {
         let global = py
-            .detach(|| self.remote.open_global(step))
+            .detach(|| match &commit {
+                Some(c) => self.remote.open_global_commit(step, c),
+                None => self.remote.open_global(step),
+            })
             .map_err(py_err)?;
         Ok(global.map(|inner| RawGlobalStep { inner }))
     }

@@ -102,7 +102,7 @@ impl Commit {
         })
     }
 
-    fn name(&self) -> String {
+    pub(crate) fn name(&self) -> String {
         if self.generation == 0 {
             format!("{:020}-{}", self.step, hex(&self.hash))
         } else {

@@ -29,6 +29,8 @@ pub struct EntryInfo {
 #[derive(Clone, Debug)]
 pub struct GlobalStep {
     step: u64,
+    /// The name of the commit object it was opened from.
+    commit: String,
     shards: Vec<RemoteManifest>,
 }
 
@@ -40,6 +42,13 @@ impl GlobalStep {
     /// The step.
     pub fn step(&self) -> u64 {
         self.step
+    }
+
+    /// The commit it was opened from (the name of its commit object):
+    /// readers that must read one save agree on it, and open exactly it
+    /// with [`Remote::open_global_commit`].
+    pub fn commit(&self) -> &str {
+        &self.commit
     }
 
     /// Its number of shards (ranks).
@@ -97,10 +106,26 @@ impl Remote {
     /// # Errors
     /// [`Error::Remote`] when the bucket fails.
     pub fn open_global(&self, step: u64) -> Result<Option<GlobalStep>> {
+        self.open_global_where(step, None)
+    }
+
+    /// Step `step` opened from exactly the commit named `commit` (a
+    /// [`GlobalStep::commit`] another reader opened); `None` if that
+    /// commit is gone or does not check out.
+    ///
+    /// # Errors
+    /// [`Error::Remote`] when the bucket fails.
+    pub fn open_global_commit(&self, step: u64, commit: &str) -> Result<Option<GlobalStep>> {
+        self.open_global_where(step, Some(commit))
+    }
+
+    /// The newest commit of `step` that checks out (that is `only`, if
+    /// given).
+    fn open_global_where(&self, step: u64, only: Option<&str>) -> Result<Option<GlobalStep>> {
         let mut commits: Vec<_> = self
             .commits()?
             .into_iter()
-            .filter(|c| c.step == step)
+            .filter(|c| c.step == step && only.is_none_or(|name| c.name() == name))
             .collect();
         commits.reverse();
         for commit in commits {
@@ -109,7 +134,12 @@ impl Remote {
                 Ok(StepManifest::Sharded { shards, .. }) => shards,
                 Err(_) => continue,
             };
-            return Ok(Some(GlobalStep { step, shards }));
+            let commit = commit.name();
+            return Ok(Some(GlobalStep {
+                step,
+                commit,
+                shards,
+            }));
         }
         Ok(None)
     }

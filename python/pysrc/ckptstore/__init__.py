@@ -525,10 +525,12 @@ class Remote:
         `info.shard`, by rank), after checking each is there and whole."""
         self._raw.commit_global(_step(step), [str(s) for s in shards])
 
-    def open_global(self, step: int) -> Optional[RawGlobalStep]:
+    def open_global(self, step: int, commit: Optional[str] = None) -> Optional[RawGlobalStep]:
         """Step `step` opened for reading parts of its entries (its
-        manifests checked), or None if no commit of it checks out."""
-        return self._raw.open_global(_step(step))
+        manifests checked): its newest commit that checks out, or exactly
+        `commit` (an opened step's `.commit`, so that readers read one
+        save); None if there is none."""
+        return self._raw.open_global(_step(step), commit)
 
     def read_pieces(self, opened: RawGlobalStep, pieces: List[Tuple[int, str, int, int]]) -> List[np.ndarray]:
         """The bytes of each (rank, entry, offset, length) of `opened`, as

@@ -40,6 +40,7 @@ reference; device tensors copied to the host) from `write_data` to
 there: they are hashed again, not uploaded again).
 """
 
+import dataclasses
 import io
 import json
 import os
@@ -48,7 +49,6 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch.distributed.checkpoint import storage as _storage
 from torch.distributed.checkpoint.metadata import (
     Metadata,
@@ -68,7 +68,7 @@ from torch.distributed.checkpoint.planner import (
 )
 from torch.futures import Future
 
-from . import DTYPE_NAMES, Remote, Store, Tensor, _dcp_json, step_number
+from . import DTYPE_NAMES, Remote, StepExistsError, Store, Tensor, _dcp_json, step_number
 from ._dcp_json import Where
 from . import open as _open_store
 
@@ -85,13 +85,6 @@ Target = Union[str, "os.PathLike[str]", Store]
 
 def _is_url(target: Any) -> bool:
     return isinstance(target, str) and target.split("://", 1)[0] in ("s3", "file")
-
-
-def _world() -> Tuple[int, int]:
-    """(rank, world size) of the default process group, or (0, 1)."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
 
 
 def _entry_name(index: MetadataIndex) -> str:
@@ -115,11 +108,13 @@ def _host_bytes(t: torch.Tensor) -> Tuple[str, List[int], np.ndarray]:
 
 
 class _SentAsUrl:
-    """Pickles as its target URL and step (DCP's process mode sends the
-    writer to another process); a local store stays in its process."""
+    """Pickles as its target URL and arguments (DCP's process mode sends
+    the writer to another process); a local store stays in its process."""
 
     _target: Any
-    _step: Any
+
+    def _arguments(self) -> Dict[str, Any]:
+        raise NotImplementedError
 
     def __getstate__(self) -> Dict[str, Any]:
         if not _is_url(self._target):
@@ -127,24 +122,35 @@ class _SentAsUrl:
                 f"a {type(self).__name__} over a local store cannot be sent to another process "
                 "(dcp.async_save in process mode): use a bucket URL, or thread mode"
             )
-        return {"target": self._target, "step": self._step}
+        return self._arguments()
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
-        self.__init__(state["target"], state["step"])  # type: ignore[misc]
+        self.__init__(**state)  # type: ignore[misc]
 
 
 class StorageWriter(_SentAsUrl, _storage.StorageWriter):
     """Write a DCP checkpoint as step `step` of `target`: a bucket URL (any
     number of ranks) or a local store (a path or an open Store; one
-    process)."""
+    process). With `overwrite` (DCP's default, as in its FileSystemWriter)
+    a save of a step already committed replaces it; without, it is refused
+    (`StepExistsError` inside DCP's `CheckpointException`) before any rank
+    writes.
 
-    def __init__(self, target: Target, step: int) -> None:
+    The ranks are those of the save (DCP's `process_group`, or the one
+    process of `no_dist=True`): the coordinator numbers them from the plans
+    it gathers and hands each its rank and the world size in its plan."""
+
+    def __init__(self, target: Target, step: int, overwrite: bool = True) -> None:
         super().__init__()
         self._target = target
         self._step = step_number(step)
+        self._overwrite = bool(overwrite)
         self._rank, self._world = 0, 1
         self._coordinator = True
         self._kept: Dict[str, Any] = {}
+
+    def _arguments(self) -> Dict[str, Any]:
+        return {"target": self._target, "step": self._step, "overwrite": self._overwrite}
 
     def reset(self, checkpoint_id: Any = None) -> None:
         if checkpoint_id is not None:
@@ -161,15 +167,7 @@ class StorageWriter(_SentAsUrl, _storage.StorageWriter):
             return False
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
-        rank, world = _world()
-        self._rank = int(kwargs.get("rank", rank))
-        self._world = world
         self._coordinator = is_coordinator
-        if not _is_url(self._target) and world > 1:
-            raise ValueError(
-                f"a local store takes one process; {world} ranks save to a bucket URL "
-                "(s3://... or file://...)"
-            )
 
     def storage_meta(self) -> Optional[StorageMeta]:
         return StorageMeta(checkpoint_id=str(self._step))
@@ -178,9 +176,30 @@ class StorageWriter(_SentAsUrl, _storage.StorageWriter):
         return plan
 
     def prepare_global_plan(self, plans: List[SavePlan]) -> List[SavePlan]:
-        return plans
+        world = len(plans)
+        if not _is_url(self._target) and world > 1:
+            raise ValueError(
+                f"a local store takes one process; {world} ranks save to a bucket URL "
+                "(s3://... or file://...)"
+            )
+        if not self._overwrite and self._committed():
+            raise StepExistsError(
+                f"step {self._step} is already in {_describe(self._target)}; "
+                "StorageWriter(..., overwrite=True) replaces it"
+            )
+        # Each rank's place in this save and its size, from the plans DCP
+        # gathered (the save's group, whatever it is).
+        return [dataclasses.replace(p, storage_data=(i, world)) for i, p in enumerate(plans)]
+
+    def _committed(self) -> bool:
+        if _is_url(self._target):
+            return Remote(str(self._target)).open_global(self._step) is not None
+        with _local(self._target) as store:
+            return self._step in store.steps()
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> "Future[List[_storage.WriteResult]]":
+        if isinstance(plan.storage_data, tuple):
+            self._rank, self._world = plan.storage_data
         values: Dict[str, Any] = {}
         written = [self._resolve(item, planner, values) for item in plan.items]
         shard = ""
@@ -237,7 +256,7 @@ class StorageWriter(_SentAsUrl, _storage.StorageWriter):
         values[METADATA] = _dcp_json.to_json(metadata).encode()
         if not _is_url(self._target):
             with _local(self._target) as store:
-                store.save(self._step, values)
+                store.save(self._step, values, replace=self._overwrite)
             return
         shards[self._rank] = self._upload(values)
         missing = [r for r, s in enumerate(shards) if not s]
@@ -267,18 +286,31 @@ class _local:
 
 class StorageReader(_SentAsUrl, _storage.StorageReader):
     """Read a DCP checkpoint from step `step` of `target` (the latest
-    complete step if None, resolved once, by the first rank, for all)."""
+    complete step if None, resolved again at each load).
+
+    One load reads one save: each rank opens the step on its own (DCP
+    reads metadata on every rank before its first collective), the
+    coordinator's step and commit go to every rank in its plan, and a rank
+    that opened another commit (the step saved again meanwhile, or a newer
+    latest) reads the coordinator's instead, or fails the load if that
+    save's layout differs from the one it planned with. Nothing here waits
+    on a collective of its own: a failure on any rank reaches every rank
+    through DCP's exchange."""
 
     def __init__(self, target: Target, step: Optional[int] = None) -> None:
         super().__init__()
         self._target = target
         self._step = None if step is None else step_number(step)
         self._resolved: Optional[int] = None
+        self._commit: Optional[str] = None
         self._global: Any = None
         self._local: Dict[str, np.ndarray] = {}
         self._where: Dict[MetadataIndex, Where] = {}
         self._entries: Dict[Tuple[int, str], Tuple[Optional[str], Optional[List[int]], int]] = {}
         self._metadata: Any = None
+
+    def _arguments(self) -> Dict[str, Any]:
+        return {"target": self._target, "step": self._step}
 
     def reset(self, checkpoint_id: Any = None) -> None:
         if checkpoint_id is not None:
@@ -295,45 +327,39 @@ class StorageReader(_SentAsUrl, _storage.StorageReader):
         """The step being read (once `read_metadata` resolved it)."""
         return self._resolved
 
-    def _resolve_step(self) -> int:
-        if self._resolved is not None:
-            return self._resolved
-        step = self._step
-        if step is None:
-            rank, world = _world()
-            found: List[Optional[int]] = [None]
-            if rank == 0:
-                found[0] = self._latest()
-            if world > 1:
-                dist.broadcast_object_list(found, src=0)
-            step = found[0]
-            if step is None:
-                raise FileNotFoundError(f"{self._describe()} holds no complete step")
-        self._resolved = step
-        return step
-
-    def _describe(self) -> str:
-        return str(self._target) if not isinstance(self._target, Store) else "the store"
-
     def _latest(self) -> Optional[int]:
         if _is_url(self._target):
             return Remote(str(self._target)).latest_step()
         with _local(self._target, read_only=True) as store:
             return store.latest_step()
 
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        step = self._resolve_step()
+    # No `rank=`/`**kwargs`: DCP would retry a failed read rank-locally and
+    # leave that rank out of the collectives the others wait in.
+    def read_metadata(self) -> Metadata:
+        step = self._step if self._step is not None else self._latest()
+        if step is None:
+            raise FileNotFoundError(f"{_describe(self._target)} holds no complete step")
+        self._open(step, None)
+        return self._metadata
+
+    def _open(self, step: int, commit: Optional[str]) -> None:
+        """Open `step` (exactly `commit`, if given) and read its metadata."""
+        self._resolved, self._commit = step, None
+        self._global, self._local, self._entries = None, {}, {}
+        where = _describe(self._target)
         if _is_url(self._target):
             remote = Remote(str(self._target))
-            self._global = remote.open_global(step)
+            self._global = remote.open_global(step, commit)
             if self._global is None:
-                raise FileNotFoundError(f"{self._describe()} has no complete step {step}")
+                which = f"step {step}" if commit is None else f"the commit {commit} of step {step}"
+                raise FileNotFoundError(f"{where} has no complete {which}")
+            self._commit = self._global.commit
             for rank in range(self._global.world_size):
                 for name, entry in self._global.entries(rank).items():
                     self._entries[(rank, name)] = entry
             owner = [r for (r, n) in self._entries if n == METADATA]
             if not owner:
-                raise ValueError(f"step {step} of {self._describe()} was not saved by ckptstore.dcp")
+                raise ValueError(f"step {step} of {where} was not saved by ckptstore.dcp")
             size = self._entries[(owner[0], METADATA)][2]
             (buf,) = remote.read_pieces(self._global, [(owner[0], METADATA, 0, size)])
             text = buf.tobytes()
@@ -341,15 +367,14 @@ class StorageReader(_SentAsUrl, _storage.StorageReader):
             with _local(self._target, read_only=True) as store:
                 ck = store.load(step)
             if ck is None:
-                raise FileNotFoundError(f"{self._describe()} has no step {step}")
+                raise FileNotFoundError(f"{where} has no step {step}")
             self._local = ck.tensors
             if METADATA not in self._local:
-                raise ValueError(f"step {step} of {self._describe()} was not saved by ckptstore.dcp")
+                raise ValueError(f"step {step} of {where} was not saved by ckptstore.dcp")
             text = self._local[METADATA].tobytes()
         metadata = _dcp_json.from_json(text)
         self._where = metadata.storage_data
         self._metadata = metadata
-        return metadata
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self._where = metadata.storage_data
@@ -359,9 +384,26 @@ class StorageReader(_SentAsUrl, _storage.StorageReader):
         return plan
 
     def prepare_global_plan(self, plans: List[LoadPlan]) -> List[LoadPlan]:
-        return plans
+        # The coordinator's save is the load's: every rank reads it.
+        chosen = (self._resolved, self._commit)
+        return [dataclasses.replace(p, storage_data=chosen) for p in plans]
+
+    def _follow(self, chosen: Any) -> None:
+        """Read the coordinator's save `chosen` (step, commit) if this rank
+        opened another; refuse one whose layout is not the one planned."""
+        if not isinstance(chosen, tuple) or chosen == (self._resolved, self._commit):
+            return
+        planned = self._metadata.state_dict_metadata
+        step, commit = chosen
+        self._open(step, commit)
+        if self._metadata.state_dict_metadata != planned:
+            raise RuntimeError(
+                f"step {step} of {_describe(self._target)} was saved again while this load "
+                "opened it, with another layout: load again"
+            )
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> "Future[None]":
+        self._follow(plan.storage_data)
         # In batches of about _BATCH_BYTES: memory holds the state being
         # loaded and one batch, not a second copy of the state.
         batch: List[Tuple[ReadItem, Tuple[int, str, int, int], Any]] = []
@@ -449,6 +491,10 @@ class StorageReader(_SentAsUrl, _storage.StorageReader):
         return out
 
 
+def _describe(target: Target) -> str:
+    return str(target) if not isinstance(target, Store) else "the store"
+
+
 def _memory_of(target: torch.Tensor, piece: Tuple[int, str, int, int], box: Any) -> Optional[np.ndarray]:
     """The bytes of `target` as a writable uint8 array, when the stored box
     `piece` covers is contiguous and `target` holds it in the same layout
@@ -503,10 +549,13 @@ def consolidate(
     `ckpt export URL STEP -o FILE --prefix P` does. From a local store the
     step is loaded whole first."""
     reader = StorageReader(target, step)
-    resolved = reader._resolve_step()
     if _is_url(target):
+        resolved = step if step is not None else reader._latest()
+        if resolved is None:
+            raise FileNotFoundError(f"{target} holds no complete step")
         return Remote(str(target)).consolidate(resolved, path, prefix)
     md = reader.read_metadata()
+    resolved = reader.step
     header: Dict[str, Any] = {"__metadata__": {"ckptstore.step": str(resolved)}}
     blobs = []
     at = 0

@@ -1,0 +1,120 @@
+"""ckptstore.dcp under real-world use (issue 38), with real processes over
+gloo and a 20 s process-group timeout (a hang fails fast): one load reads
+one save even while the step is saved again; a rank that cannot list the
+bucket, or whose metadata read fails once, fails the load on every rank
+at once; saves and loads in a subgroup and with no_dist; a reused reader
+follows the latest step; overwrite=False refuses a committed step."""
+
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+import ckptstore
+from ckptstore.dcp import StorageReader, StorageWriter
+
+from test_dcp import WORKER, _port, run
+
+HARD = pathlib.Path(__file__).parent / "dcp" / "hard_worker.py"
+
+
+def start(mode, target, world, flags):
+    port = _port()
+    return [
+        subprocess.Popen(
+            [sys.executable, str(HARD), mode, str(target), str(r), str(world), str(port), str(flags)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(world)
+    ]
+
+
+def finish(procs, timeout=120):
+    return [p.communicate(timeout=timeout)[0] for p in procs]
+
+
+def test_one_load_reads_one_save_while_the_step_is_saved_again(tmp_path):
+    url = f"file://{tmp_path}/bucket"
+    run("save", url, 1, 2, salt=0)
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    loading = start("load-racing", url, 2, flags)
+    deadline = time.monotonic() + 60
+    while not (flags / "opened").exists():
+        assert time.monotonic() < deadline, finish(loading)
+        time.sleep(0.05)
+    # Saved again (the documented recovery) after rank 0 opened the step
+    # and before rank 1 does.
+    run("save", url, 1, 2, salt=9)
+    (flags / "resaved").touch()
+    outs = finish(loading)
+    for rank, text in enumerate(outs):
+        assert "ok" in text.splitlines(), f"rank {rank}:\n{text[-3000:]}"
+
+
+def _fails_fast_on_every_rank(mode, tmp_path, expect):
+    url = f"file://{tmp_path}/bucket"
+    run("save", url, 1, 2)
+    began = time.monotonic()
+    outs = finish(start(mode, url, 2, tmp_path))
+    took = time.monotonic() - began
+    for rank, text in enumerate(outs):
+        assert "failed:" in text and expect in text, f"rank {rank}:\n{text[-3000:]}"
+        assert "Timed out" not in text, f"rank {rank} waited for the others:\n{text[-3000:]}"
+    assert took < 60, f"{took:.0f} s: a rank waited on a collective"
+
+
+def test_a_rank_that_cannot_list_the_bucket_fails_the_load_on_every_rank(tmp_path):
+    _fails_fast_on_every_rank("load-unlisted", tmp_path, "the bucket cannot be listed")
+
+
+def test_one_failed_metadata_read_fails_the_load_on_every_rank(tmp_path):
+    _fails_fast_on_every_rank("load-flaky", tmp_path, "one metadata read failed")
+
+
+def test_a_subgroup_and_no_dist_save_and_load(tmp_path):
+    url = f"file://{tmp_path}/bucket"
+    outs = finish(start("subgroup", url, 3, tmp_path))
+    for rank, text in enumerate(outs):
+        assert "ok" in text.splitlines(), f"rank {rank}:\n{text[-3000:]}"
+    assert ckptstore.Remote(url).shards(1).world_size == 2
+    assert ckptstore.Remote(url + "-alone").shards(1).world_size == 1
+
+
+def _state(value):
+    return {"w": torch.full((4, 4), float(value)), "step": torch.tensor(value)}
+
+
+@pytest.mark.parametrize("kind", ["bucket", "store"])
+def test_a_reused_reader_follows_the_latest_step(tmp_path, kind):
+    target = f"file://{tmp_path}/bucket" if kind == "bucket" else str(tmp_path / "run.ckpt")
+    reader = StorageReader(target)
+    for step in (1, 2):
+        dcp.save(_state(step), storage_writer=StorageWriter(target, step))
+        loaded = _state(0)
+        dcp.load(loaded, storage_reader=reader)
+        assert reader.step == step and loaded["step"].item() == step
+
+
+@pytest.mark.parametrize("kind", ["bucket", "store"])
+def test_overwrite_false_refuses_a_committed_step(tmp_path, kind):
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    target = f"file://{tmp_path}/bucket" if kind == "bucket" else str(tmp_path / "run.ckpt")
+    dcp.save(_state(1), storage_writer=StorageWriter(target, 1))
+    with pytest.raises(CheckpointException, match="already"):
+        dcp.save(_state(7), storage_writer=StorageWriter(target, 1, overwrite=False))
+    loaded = _state(0)
+    dcp.load(loaded, storage_reader=StorageReader(target, 1))
+    assert loaded["step"].item() == 1
+    # DCP's default, as FileSystemWriter's: a re-save replaces.
+    dcp.save(_state(7), storage_writer=StorageWriter(target, 1))
+    dcp.load(loaded, storage_reader=StorageReader(target, 1))
+    assert loaded["step"].item() == 7
