@@ -51,7 +51,7 @@ loaded on the CPU (`map_location` may name a device).
 
 import json
 import os
-from typing import Any, Dict, List, Optional, Set, Union
+from typing import Any, Dict, List, Optional, Set, Tuple, Union
 
 import numpy as np
 import torch
@@ -97,6 +97,10 @@ class CheckpointIO(_CheckpointIO):
         super().__init__()
         self._given: Optional[Store] = target if isinstance(target, Store) else None
         self._path: Optional[str] = None if self._given else os.path.abspath(os.fspath(target))
+        if self._path is not None:
+            # Made now, as TorchCheckpointIO makes its directories: not
+            # found missing at the first save, after training ran.
+            os.makedirs(os.path.dirname(self._path), exist_ok=True)
         if self._given is not None and (replicate_to is not None or threads is not None):
             raise ValueError("replicate_to and threads are options of a store path, not of an open Store")
         self._replicate_to = replicate_to
@@ -172,10 +176,11 @@ class CheckpointIO(_CheckpointIO):
         self._drop(self._open(write=True), name, keep=None)
 
     def teardown(self) -> None:
-        """Close the store this plugin opened (waiting for replication)."""
+        """Close the store this plugin opened (waiting for replication),
+        unless another plugin of this process uses it too."""
         store, self._store = self._store, None
         if store is not None and self._given is None:
-            store.close()
+            _release(self, store)
 
     # --- queries ---------------------------------------------------------
 
@@ -195,11 +200,11 @@ class CheckpointIO(_CheckpointIO):
             return self._given
         assert self._path is not None
         if self._store is not None and self._read_only and write:
-            self._store.close()
+            _release(self, self._store)
             self._store = None
         if self._store is None:
             if write:
-                self._store = open_store(self._path, replicate_to=self._replicate_to, threads=self._threads)
+                self._store = _acquire(self, self._path, self._replicate_to, self._threads)
             elif os.path.exists(self._path):
                 # Lightning saves on global rank 0 only: other ranks read
                 # beside it.
@@ -260,6 +265,34 @@ class CheckpointIO(_CheckpointIO):
             for name in _names_at(store, step):
                 if os.path.dirname(name) == directory and not os.path.exists(name):
                     self._drop(store, name, keep=None)
+
+
+# The stores this process's plugins write, by path, with the plugins that
+# use each: a store stays open while one does, so that a plugin of a new
+# Trainer in the same process (after a `save_checkpoint` outside `fit`,
+# which no teardown follows) writes through the same handle instead of
+# finding the store locked.
+_WRITERS: Dict[str, Tuple[Store, Set[int]]] = {}
+
+
+def _acquire(user: object, path: str, replicate_to: Optional[str], threads: Optional[int]) -> Store:
+    found = _WRITERS.get(path)
+    if found is None:
+        found = (open_store(path, replicate_to=replicate_to, threads=threads), set())
+        _WRITERS[path] = found
+    found[1].add(id(user))
+    return found[0]
+
+
+def _release(user: object, store: Store) -> None:
+    for path, (shared, users) in list(_WRITERS.items()):
+        if shared is store:
+            users.discard(id(user))
+            if not users:
+                del _WRITERS[path]
+                store.close()
+            return
+    store.close()  # a read-only handle: this plugin's own
 
 
 def _name(path: Any) -> str:

@@ -67,6 +67,10 @@ class CheckpointCallback(TrainerCallback):
     def __init__(self, target: Union[Store, "os.PathLike[str]", str], *, replicate_to: Optional[str] = None) -> None:
         self._given = target if isinstance(target, Store) else None
         self._path = None if self._given else os.path.abspath(os.fspath(target))
+        if self._path is not None:
+            # Made now, as the Trainer makes its output directory: not
+            # found missing at the first save, after training ran.
+            os.makedirs(os.path.dirname(self._path), exist_ok=True)
         self._replicate_to = replicate_to
         self._store: Optional[Store] = None
 
@@ -110,18 +114,26 @@ class CheckpointCallback(TrainerCallback):
         return self._store
 
     def _retain(self, store: Store, args: Any, state: Any) -> None:
-        """Keep the `save_total_limit` newest steps and the best one."""
+        """The Trainer's own rotation (`rotate_checkpoints`), over steps:
+        the newest step and the best one are protected, and the oldest
+        others go until `max(save_total_limit, protected)` are left."""
         limit = args.save_total_limit
         if limit is None or limit <= 0:
             return
         steps = store.steps()
-        keep = set(steps[-limit:])
+        if len(steps) <= limit:
+            return
+        protected = {steps[-1]}
         best = _step_of_folder(state.best_model_checkpoint)
         if best is not None:
-            keep.add(best)  # as the Trainer's rotation, beside the newest
+            protected.add(best)
+        remaining = len(steps)
         for step in steps:
-            if step not in keep:
+            if remaining <= max(limit, len(protected)):
+                break
+            if step not in protected:
                 store.remove(step)
+                remaining -= 1
 
     def _sweep(self, output_dir: str, keep: Optional[int]) -> None:
         """Delete the `checkpoint-<step>` directories of `output_dir` but
