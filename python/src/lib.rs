@@ -46,8 +46,8 @@ pub(crate) fn py_err(e: Error) -> PyErr {
     if e.is_locked() {
         return LockedError::new_err(msg);
     }
-    if let Some(io) = e.os_error() {
-        let errno = io.raw_os_error().unwrap_or(0);
+    // An errno only where the system gave one ("[Errno 0]" says nothing).
+    if let Some(errno) = e.os_error().and_then(std::io::Error::raw_os_error) {
         return PyOSError::new_err((errno, msg));
     }
     match e {

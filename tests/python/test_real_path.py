@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 import ckptstore
 
@@ -21,6 +22,7 @@ def _big(step):
 _CHDIR = r"""
 import os, sys
 import numpy as np
+import pytest
 import ckptstore
 
 def big(step):
@@ -76,3 +78,18 @@ def test_two_names_are_one_store_and_verify_says_why(tmp_path):
         assert len(report.problems) == 1 and "step 1" in report.problems[0]
         assert "hash" in report.problems[0], report.problems
         assert report.accounting == [] and report.pack_files == 2
+
+
+def test_a_damaged_store_raises_no_errno_0(tmp_path):
+    path = tmp_path / "run.ckpt"
+    with ckptstore.open(str(path)) as store:
+        for step in range(3):
+            store.save(step, {"w": np.full((64, 64), step, dtype=np.float32)})
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 3])
+    with pytest.raises((ckptstore.Error, OSError)) as raised:
+        with ckptstore.open(str(path), read_only=True) as store:
+            store.load(2)
+    # An errno only where the system gave one ("[Errno 0]" says nothing).
+    assert getattr(raised.value, "errno", None) != 0, repr(raised.value)
+    assert "[Errno 0]" not in str(raised.value)
