@@ -60,3 +60,29 @@ def test_the_callback_rotates_as_the_trainer_does_with_a_best_checkpoint(tmp_pat
         assert store.steps() == trainer_keeps, (step, store.steps(), trainer_keeps)
     assert store.steps() == [6, 12]
     store.close()
+
+
+def test_a_moved_or_copied_run_directory_is_self_contained(tmp_path):
+    import shutil
+
+    a = tmp_path / "run-a"
+    io = cl.CheckpointIO(a / "run.ckpt")
+    io.save_checkpoint(_checkpoint(20), a / "checkpoints" / "last.ckpt")
+    io.teardown()
+    # A copy of the whole run directory (store, pack files, markers)...
+    shutil.copytree(a, tmp_path / "copy")
+    # ...while the original goes on.
+    io = cl.CheckpointIO(a / "run.ckpt")
+    io.save_checkpoint(_checkpoint(30), a / "checkpoints" / "last.ckpt")
+    io.teardown()
+    copy = cl.CheckpointIO(tmp_path / "copy" / "run.ckpt")
+    assert copy.load_checkpoint(tmp_path / "copy" / "checkpoints" / "last.ckpt")["global_step"] == 20
+    assert copy.names() == {str(tmp_path / "copy" / "checkpoints" / "last.ckpt"): 20}
+    copy.teardown()
+    # The original moved: it resumes from its own markers.
+    a.rename(tmp_path / "moved")
+    moved = cl.CheckpointIO(tmp_path / "moved" / "run.ckpt")
+    assert moved.load_checkpoint(tmp_path / "moved" / "checkpoints" / "last.ckpt")["global_step"] == 30
+    moved.save_checkpoint(_checkpoint(40), tmp_path / "moved" / "checkpoints" / "last.ckpt")
+    assert moved.names() == {str(tmp_path / "moved" / "checkpoints" / "last.ckpt"): 40}
+    moved.teardown()

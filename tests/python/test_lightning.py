@@ -45,10 +45,12 @@ def test_killed_run_resumes_from_last_bit_identical(tmp_path, uninterrupted):
     # exactly the names the store holds.
     files = sorted(dirpath.iterdir())
     assert files and all(f.stat().st_size <= MARKER_MAX for f in files), files
-    assert {"lightning:" + str(f) for f in files} == names
+    # (Names are relative to the store's directory: the run moves whole.)
+    assert {"lightning:" + str(f.relative_to(tmp_path)) for f in files} == names
     assert any(f.name == "last.ckpt" for f in files)
     last = json.loads((dirpath / "last.ckpt").read_text())
-    assert last["step"] == 60 and last["name"] == str(dirpath / "last.ckpt")
+    assert last["step"] == 60 and last["name"] == "checkpoints/last.ckpt"
+    assert last["ckptstore.lightning"] == "../run.ckpt"
 
 
 def _checkpoint(step, tag, w):

@@ -23,7 +23,9 @@ removes the step, in one transaction, once no name refers to it.
 Lightning finds checkpoints by listing the callback's `dirpath` (for
 `ckpt_path="last"`: the newest `last*.ckpt` by modification time), so
 each path also gets a *marker file*: a few hundred bytes of JSON naming
-the store, the path and its step, written (atomically, fsynced) after
+the store (relative to the marker), the path (relative to the store's
+directory: a run directory moves or is copied whole) and its step,
+written (atomically, fsynced) after
 the step commits and removed before the name is dropped. `cat
 checkpoints/last.ckpt` shows where the state is; a marker copied away
 alone is not a checkpoint. The store is the truth: a load looks the path
@@ -74,6 +76,10 @@ __all__ = ["CheckpointIO"]
 # step ("lightning:<path>" = 1.0), which `ckpt ls` shows.
 _PREFIX = "lightning:"
 _FORMAT = 1
+# Marker format 2 names the store relative to the marker, and the
+# checkpoint relative to the store's directory; format 1 named both by
+# absolute path (read as before).
+_MARKER_FORMAT = 2
 _MARKER = "ckptstore.lightning"
 _MARKER_MAX = 1 << 16
 
@@ -126,19 +132,23 @@ class CheckpointIO(_CheckpointIO):
         name `path`, then write `path`'s marker file."""
         if storage_options is not None:
             raise TypeError(f"ckptstore.lightning.CheckpointIO takes no storage_options, got {storage_options!r}")
-        name = _name(path)
-        step = _global_step(checkpoint, name)
+        file = _name(path)
+        name = self._key(file)
+        step = _global_step(checkpoint, file)
         flat = Flattener()
         structure = flat.walk(checkpoint, _PREFIX + name)
         blob = json.dumps({"format": _FORMAT, "checkpoint": structure}, separators=(",", ":")).encode()
         store = self._open(write=True)
-        self._sweep(store, os.path.dirname(name))
+        self._sweep(store, os.path.dirname(file))
         values: Dict[str, Any] = self._others_at(store, step, name)
         values.update(arrays(flat.tensors))
         values[_PREFIX + name] = blob
         store.save(step, values, _metrics(values), replace=True)
         self._drop(store, name, keep=step)
-        _write_marker(name, {"format": _FORMAT, _MARKER: self._where(), "name": name, "step": step})
+        if name != file:
+            self._drop(store, file, keep=None)  # its name in a store of marker format 1
+        where = None if self._path is None else os.path.relpath(self._path, os.path.dirname(file))
+        _write_marker(file, {"format": _MARKER_FORMAT, _MARKER: where, "name": name, "step": step})
 
     def load_checkpoint(
         self, path: Any, map_location: Optional[Any] = None, weights_only: Optional[bool] = None
@@ -146,34 +156,39 @@ class CheckpointIO(_CheckpointIO):
         """The checkpoint saved under `path` (a marker file or the name a
         checkpoint was saved under). Nothing loaded runs code, whatever
         `weights_only` says."""
-        name = _name(path)
-        marker = _read_marker(name)
-        if marker is None and os.path.isfile(name):
+        file = _name(path)
+        marker = _read_marker(file)
+        if marker is None and os.path.isfile(file):
             # A regular Lightning checkpoint, e.g. from before the switch.
             return _TorchCheckpointIO().load_checkpoint(path, weights_only=weights_only)
         if marker is None:
-            return _load(self._open(write=False), name, map_location)
+            store = self._open(write=False)
+            return _load(store, self._lookup(store, file), map_location)
+        # The marker's name is the one its store holds.
         name = str(marker["name"])
-        elsewhere = marker.get(_MARKER)
-        if not isinstance(elsewhere, str) or elsewhere == self._path or self._given is not None:
+        store_path = _marker_store(marker, file)
+        if store_path is None or self._given is not None or _same_file(store_path, self._path):
             return _load(self._open(write=False), name, map_location)
         # A marker of another store (another run's checkpoint): read it there.
-        with open_store(elsewhere, read_only=True, threads=self._threads) as other:
+        with open_store(store_path, read_only=True, threads=self._threads) as other:
             return _load(other, name, map_location)
 
     def remove_checkpoint(self, path: Any) -> None:
         """Remove `path`'s marker, then its name from the store: its step
         goes (one transaction) once no name refers to it."""
-        name = _name(path)
-        marker = _read_marker(name)
-        if marker is not None:
-            name = str(marker["name"])
-            os.unlink(_name(path))
-            _fsync_dir(os.path.dirname(_name(path)))
-        elif os.path.isfile(name):
-            os.unlink(name)  # a regular checkpoint file
+        file = _name(path)
+        marker = _read_marker(file)
+        if marker is None and os.path.isfile(file):
+            os.unlink(file)  # a regular checkpoint file
             return
-        self._drop(self._open(write=True), name, keep=None)
+        store = self._open(write=True)
+        if marker is None:
+            name = self._lookup(store, file)
+        else:
+            name = str(marker["name"])
+            os.unlink(file)
+            _fsync_dir(os.path.dirname(file))
+        self._drop(store, name, keep=None)
 
     def teardown(self) -> None:
         """Close the store this plugin opened (waiting for replication),
@@ -185,12 +200,14 @@ class CheckpointIO(_CheckpointIO):
     # --- queries ---------------------------------------------------------
 
     def names(self) -> Dict[str, int]:
-        """Each checkpoint name in the store and its step."""
+        """Each checkpoint the store holds, by its file's absolute path,
+        and its step."""
         store = self._open(write=False)
         out: Dict[str, int] = {}
         for step in store.steps():
             for name in _names_at(store, step):
-                out[name] = max(step, out.get(name, step))
+                file = self._file(name)
+                out[file] = max(step, out.get(file, step))
         return out
 
     # --- helpers ---------------------------------------------------------
@@ -214,8 +231,28 @@ class CheckpointIO(_CheckpointIO):
             self._read_only = not write
         return self._store
 
-    def _where(self) -> Optional[str]:
-        return self._path
+    def _key(self, file: str) -> str:
+        """The name the checkpoint file `file` is stored under: relative to
+        the store's directory, so that a run directory moved or copied
+        whole (store, pack files, markers) keeps its names; absolute for
+        an open Store, whose path the plugin does not know."""
+        if self._path is None:
+            return file
+        return os.path.relpath(file, os.path.dirname(self._path))
+
+    def _file(self, name: str) -> str:
+        """The absolute path of the checkpoint stored under `name`."""
+        if self._path is None or os.path.isabs(name):
+            return name
+        return os.path.normpath(os.path.join(os.path.dirname(self._path), name))
+
+    def _lookup(self, store: Store, file: str) -> str:
+        """The name `file` is stored under: its relative name, or its
+        absolute path in a store that marker format 1 wrote."""
+        name = self._key(file)
+        if name != file and _step_of(store, name) is None and _step_of(store, file) is not None:
+            return file
+        return name
 
     def _others_at(self, store: Store, step: int, name: str) -> Dict[str, Any]:
         """The entries of the other names stored at `step`, to be saved
@@ -263,7 +300,8 @@ class CheckpointIO(_CheckpointIO):
         self._swept.add(directory)
         for step in store.steps():
             for name in _names_at(store, step):
-                if os.path.dirname(name) == directory and not os.path.exists(name):
+                file = self._file(name)
+                if os.path.dirname(file) == directory and not os.path.exists(file):
                     self._drop(store, name, keep=None)
 
 
@@ -293,6 +331,21 @@ def _release(user: object, store: Store) -> None:
                 store.close()
             return
     store.close()  # a read-only handle: this plugin's own
+
+
+def _marker_store(marker: Dict[str, Any], file: str) -> Optional[str]:
+    """The path of the store the marker at `file` names (format 2:
+    relative to the marker), or None."""
+    where = marker.get(_MARKER)
+    if not isinstance(where, str):
+        return None
+    if marker.get("format") == _MARKER_FORMAT:
+        return os.path.normpath(os.path.join(os.path.dirname(file), where))
+    return where
+
+
+def _same_file(a: str, b: Optional[str]) -> bool:
+    return b is not None and os.path.realpath(a) == os.path.realpath(b)
 
 
 def _name(path: Any) -> str:
