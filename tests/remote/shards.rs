@@ -424,3 +424,36 @@ fn local_stores_take_part_with_push_shard() -> Result {
     assert_eq!(whole_global_steps(&remote, 3)?, vec![6]);
     Ok(())
 }
+
+/// A reader can open exactly the commit another reader opened, after the
+/// step was saved again: what keeps the ranks of one DCP load on one save.
+#[test]
+fn a_step_saved_again_is_still_read_from_the_commit_first_opened() -> Result {
+    let dir = tempfile::tempdir()?;
+    let remote = dir_remote(dir.path())?;
+    let save = |data_of: u64| -> Result {
+        let mut shards = Vec::new();
+        for rank in 0..2 {
+            let mut c = shard(data_of, rank)?;
+            c.step = 1;
+            shards.push(remote.upload_shard(1, rank, 2, &c)?.shard);
+        }
+        Ok(remote.commit_global(1, &shards)?)
+    };
+    save(1)?;
+    let first = remote.open_global(1)?.ok_or("step 1")?;
+    save(2)?;
+    let newest = remote.open_global(1)?.ok_or("step 1")?;
+    assert_ne!(first.commit(), newest.commit());
+    let again = remote
+        .open_global_commit(1, first.commit())?
+        .ok_or("the first commit is still there")?;
+    assert_eq!(again.commit(), first.commit());
+    let params = |g: &ckptstore::GlobalStep| remote.read_pieces(g, &[(1, "params", 0, 64)]);
+    assert_eq!(params(&again)?[0], bytes(101, 512 << 10)[..64]);
+    assert_eq!(params(&newest)?[0], bytes(201, 512 << 10)[..64]);
+    assert!(remote
+        .open_global_commit(1, "00000000000000000001-nonsense")?
+        .is_none());
+    Ok(())
+}
