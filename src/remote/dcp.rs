@@ -24,13 +24,48 @@ pub const DCP_METADATA: &str = ".dcp/metadata.json";
 /// Bytes of a stored box read at a time while consolidating.
 const WINDOW: u64 = 32 << 20;
 
+/// The dtype of a tensor of a DCP step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DcpDtype {
+    /// A dtype of the safetensors list (its boxes stored as typed tensors).
+    Stored(Dtype),
+    /// A torch dtype safetensors has no name for (`torch.complex128`,
+    /// `torch.complex32`): its boxes are stored as their bytes, and it
+    /// cannot be consolidated into a safetensors file.
+    Torch {
+        /// Its torch name (`torch.complex128`).
+        name: String,
+        /// Bytes per element.
+        item_bytes: u64,
+    },
+}
+
+impl DcpDtype {
+    /// Its name: the safetensors one (`F32`), or the torch one.
+    pub fn name(&self) -> &str {
+        match self {
+            DcpDtype::Stored(d) => d.name(),
+            DcpDtype::Torch { name, .. } => name,
+        }
+    }
+
+    /// Bytes per element.
+    pub fn item_bytes(&self) -> u64 {
+        match self {
+            DcpDtype::Stored(d) => d.bits() / 8,
+            DcpDtype::Torch { item_bytes, .. } => *item_bytes,
+        }
+    }
+}
+
 /// A tensor of a DCP step: its global dtype and shape, and the boxes it is
 /// stored in.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct DcpTensor {
     /// The dtype.
-    pub dtype: Dtype,
+    pub dtype: DcpDtype,
     /// The global shape.
     pub shape: Vec<u64>,
     /// Each stored box: its offsets and sizes in the global tensor.
@@ -62,6 +97,9 @@ struct Json {
 struct JsonEntry {
     #[serde(default)]
     dtype: Option<String>,
+    /// Bytes per element, for a torch dtype safetensors has no name for.
+    #[serde(default)]
+    itemsize: Option<u64>,
     #[serde(default)]
     size: Vec<u64>,
     #[serde(default)]
@@ -130,9 +168,13 @@ impl Remote {
                 continue;
             }
             let name = e.dtype.unwrap_or_default();
-            let dtype = Dtype::from_name(&name)
-                .filter(|d| d.bits() % 8 == 0)
-                .ok_or_else(|| corrupt(format!("{fqn}: unknown dtype {name:?}")))?;
+            let dtype = match (Dtype::from_name(&name), e.itemsize) {
+                (Some(d), _) if d.bits() % 8 == 0 => DcpDtype::Stored(d),
+                (None, Some(item_bytes)) if name.starts_with("torch.") && item_bytes > 0 => {
+                    DcpDtype::Torch { name, item_bytes }
+                }
+                _ => return Err(corrupt(format!("{fqn}: unknown dtype {name:?}"))),
+            };
             let boxes = e.chunks.into_iter().map(|c| (c.offsets, c.sizes)).collect();
             let t = DcpTensor {
                 dtype,
@@ -158,6 +200,9 @@ impl Remote {
     ///
     /// # Errors
     /// [`Error::StepNotFound`] when the step is not a complete DCP step;
+    /// [`Error::InvalidCheckpoint`] naming a chosen tensor whose dtype
+    /// safetensors cannot hold ([`DcpDtype::Torch`]: leave it out with a
+    /// prefix, or load it through `ckptstore.dcp`);
     /// [`Error::Corrupt`] for damaged data or metadata (a box not stored,
     /// boxes that do not cover a tensor); I/O errors naming `path`.
     pub fn consolidate(&self, step: u64, path: &Path, prefix: Option<&str>) -> Result<Vec<String>> {
@@ -170,6 +215,19 @@ impl Remote {
                 None => Some((fqn.clone(), fqn, t)),
             })
             .collect();
+        if let Some((_, fqn, t)) = chosen
+            .iter()
+            .find(|(_, _, t)| !matches!(t.dtype, DcpDtype::Stored(_)))
+        {
+            return Err(Error::InvalidCheckpoint {
+                step,
+                reason: format!(
+                    "tensor {fqn} is {}, which a safetensors file cannot hold: consolidate \
+                     the others (a prefix that leaves it out), or load it with ckptstore.dcp",
+                    t.dtype.name()
+                ),
+            });
+        }
         let header = header(step, &chosen)?;
         // A failure to read a tensor keeps its own kind, not the file's.
         let mut failed = None;
@@ -205,7 +263,7 @@ impl Remote {
     ) -> Result<Vec<u8>> {
         let step = global.step();
         let corrupt = |why: String| Error::corrupt(Some(step), format!("{fqn}: {why}"));
-        let item = t.dtype.bits() / 8;
+        let item = t.dtype.item_bytes();
         let numel = t.shape.iter().product::<u64>();
         let len = usize::try_from(numel * item).map_err(|_| corrupt("too large".into()))?;
         let mut out = vec![0u8; len];
@@ -325,7 +383,7 @@ fn header(step: u64, chosen: &[(String, &String, &DcpTensor)]) -> Result<Vec<u8>
     map.insert("__metadata__".into(), meta.into());
     let mut at = 0u64;
     for (name, _, t) in chosen {
-        let len = t.shape.iter().product::<u64>() * (t.dtype.bits() / 8);
+        let len = t.shape.iter().product::<u64>() * t.dtype.item_bytes();
         map.insert(
             name.clone(),
             serde_json::json!({"dtype": t.dtype.name(), "shape": t.shape, "data_offsets": [at, at + len]}),

@@ -35,7 +35,7 @@ pub(crate) use layout::Commit;
 use layout::{parse_chunk, parse_commit, Layout, COMMITS, DELETED, MANIFESTS};
 pub use layout::{MAX_MANIFEST_BYTES, MAX_WORLD_SIZE};
 
-pub use dcp::{DcpIndex, DcpTensor, DCP_METADATA};
+pub use dcp::{DcpDtype, DcpIndex, DcpTensor, DCP_METADATA};
 pub use pieces::{EntryInfo, GlobalStep, Piece};
 pub use push::PushReport;
 pub use retention::GcReport;

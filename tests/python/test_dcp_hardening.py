@@ -118,3 +118,31 @@ def test_overwrite_false_refuses_a_committed_step(tmp_path, kind):
     dcp.save(_state(7), storage_writer=StorageWriter(target, 1))
     dcp.load(loaded, storage_reader=StorageReader(target, 1))
     assert loaded["step"].item() == 7
+
+
+@pytest.mark.parametrize("kind", ["bucket", "store"])
+def test_dtypes_safetensors_cannot_hold_round_trip_and_consolidation_names_them(tmp_path, kind):
+    from ckptstore.dcp import consolidate
+
+    target = f"file://{tmp_path}/bucket" if kind == "bucket" else str(tmp_path / "run.ckpt")
+    z = torch.arange(12, dtype=torch.float64).reshape(3, 4)
+    state = {
+        "model.w": torch.ones(2, 3),
+        "extra.z128": torch.complex(z, -z),
+        "extra.z32": torch.complex(z[0].half(), z[1].half()),
+    }
+    dcp.save(state, storage_writer=StorageWriter(target, 1))
+    loaded = {n: torch.zeros_like(t) for n, t in state.items()}
+    dcp.load(loaded, storage_reader=StorageReader(target, 1))
+    for name, want in state.items():
+        got = loaded[name]
+        assert got.dtype == want.dtype and torch.equal(got.view(torch.uint8), want.view(torch.uint8)), name
+    out = tmp_path / "all.safetensors"
+    with pytest.raises(ValueError, match="extra.z128 is torch.complex128"):
+        consolidate(target, 1, out)
+    assert not out.exists()
+    assert consolidate(target, 1, out, prefix="model.") == ["w"]
+    if kind == "bucket":
+        ckpt = os.environ.get("CKPT_BIN", "ckpt")
+        shown = subprocess.run([ckpt, "show", target, "1", "--json"], check=True, capture_output=True, text=True)
+        assert '"torch.complex128"' in shown.stdout, shown.stdout

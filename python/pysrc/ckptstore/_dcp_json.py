@@ -39,8 +39,25 @@ class Where:
     shard: str = ""
 
 
+# Torch dtypes safetensors has no name for: named "torch.<name>" in the
+# JSON (with their element size), their boxes stored as bytes.
+TORCH_ONLY = ("complex128", "complex32")
+
+
+def json_dtype(dtype: torch.dtype) -> str:
+    """The name of `dtype` in the JSON: its store name, or "torch.<name>"."""
+    name = str(dtype).removeprefix("torch.")
+    if name in DTYPE_NAMES:
+        return DTYPE_NAMES[name]
+    if name in TORCH_ONLY:
+        return f"torch.{name}"
+    raise TypeError(f"dtype {dtype} cannot be stored by ckptstore.dcp")
+
+
 def torch_dtype(store_name: Optional[str], entry: str) -> torch.dtype:
-    """The torch dtype of a store dtype name."""
+    """The torch dtype of a store dtype name (or of a "torch.<name>")."""
+    if store_name is not None and store_name.removeprefix("torch.") in TORCH_ONLY:
+        return getattr(torch, store_name.removeprefix("torch."))
     name = _FROM_STORE.get(store_name or "")
     if name is None:
         raise ValueError(f"{entry!r}: dtype {store_name} is not a torch dtype")
@@ -52,11 +69,13 @@ def to_json(md: Metadata) -> str:
     for fqn, m in md.state_dict_metadata.items():
         if isinstance(m, TensorStorageMetadata):
             tensors[fqn] = {
-                "dtype": DTYPE_NAMES[str(m.properties.dtype).removeprefix("torch.")],
+                "dtype": json_dtype(m.properties.dtype),
                 "size": list(m.size),
                 "requires_grad": bool(m.properties.requires_grad),
                 "chunks": [{"offsets": list(c.offsets), "sizes": list(c.sizes)} for c in m.chunks],
             }
+            if tensors[fqn]["dtype"].startswith("torch."):
+                tensors[fqn]["itemsize"] = torch.empty(0, dtype=m.properties.dtype).element_size()
         elif isinstance(m, BytesStorageMetadata):
             tensors[fqn] = {"bytes": True}
         else:

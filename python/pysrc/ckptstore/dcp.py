@@ -100,10 +100,11 @@ def _host_bytes(t: torch.Tensor) -> Tuple[str, List[int], np.ndarray]:
     if t.device.type != "cpu":
         t = t.cpu()
     t = t.contiguous()
-    name = DTYPE_NAMES.get(str(t.dtype).removeprefix("torch."))
-    if name is None:
-        raise TypeError(f"dtype {t.dtype} cannot be stored by ckptstore.dcp")
+    name = _dcp_json.json_dtype(t.dtype)
     flat = t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
+    if name.startswith("torch."):
+        # No safetensors name: its bytes (DCP's metadata keeps the dtype).
+        return "U8", [int(flat.numel())], flat.numpy()
     return name, list(t.shape), flat.numpy()
 
 
@@ -566,6 +567,11 @@ def consolidate(
         name = fqn if prefix is None else (fqn[len(prefix):] if fqn.startswith(prefix) else None)
         if name is None:
             continue
+        if str(m.properties.dtype).removeprefix("torch.") not in DTYPE_NAMES:
+            raise ValueError(
+                f"tensor {fqn} is {m.properties.dtype}, which a safetensors file cannot hold: "
+                "consolidate the others (a prefix that leaves it out), or load it with ckptstore.dcp"
+            )
         whole = torch.zeros(tuple(m.size), dtype=m.properties.dtype)
         for chunk in m.chunks:
             where = md.storage_data[MetadataIndex(fqn, chunk.offsets)]
