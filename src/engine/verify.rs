@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use crate::error::StorageContext;
 use crate::format::manifest::{decode_manifest, hex, ChunkUse, Hash};
-use crate::format::packs::{pack_name, parse_pack_name, PackLoc};
+use crate::format::packs::{pack_name, PackLoc};
 use crate::format::tables::{
     meta_u64, CHUNK_DATA, CHUNK_INDEX, LEGACY_CHUNKS, LEGACY_REFS, META, META_NEXT_PACK,
     META_STORED_BYTES, META_STORED_CHUNKS, PACKED, PACK_CHUNKS, PACK_FILES,
@@ -311,14 +311,11 @@ impl View {
             .open_table(META)
             .context(|| "opening table meta".to_owned())?;
         let next = meta_u64(&meta, META_NEXT_PACK)?;
-        for path in super::packs::unrecorded(dir, &recorded)? {
-            let id = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .and_then(parse_pack_name);
-            match id {
-                Some(id) if u64::from(id) >= next => report.in_flight_pack_files += 1,
-                _ => report.stray_packs.push(path),
+        for (id, path) in super::packs::unrecorded(dir, &recorded)? {
+            if u64::from(id) >= next {
+                report.in_flight_pack_files += 1;
+            } else {
+                report.stray_packs.push(path);
             }
         }
         Ok(())

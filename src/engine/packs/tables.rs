@@ -228,23 +228,20 @@ pub(crate) fn recorded_packs(txn: &ReadTransaction) -> Result<Vec<u32>> {
         .context(ctx)
 }
 
-/// The pack files in `dir` that `recorded` does not name: left by
-/// transactions that never committed, or made dead by one whose process
-/// died before deleting them.
-pub(crate) fn unrecorded(dir: &PackDir, recorded: &[u32]) -> Result<Vec<PathBuf>> {
+/// The pack files in `dir` that `recorded` does not name, with their ids:
+/// left by transactions that never committed, or made dead by one whose
+/// process died before deleting them.
+pub(crate) fn unrecorded(dir: &PackDir, recorded: &[u32]) -> Result<Vec<(u32, PathBuf)>> {
     let entries = match dir.io.list(&dir.path) {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(Error::io("list pack directory", &dir.path, e)),
     };
-    let mut found: Vec<PathBuf> = entries
+    let mut found: Vec<(u32, PathBuf)> = entries
         .into_iter()
-        .filter(|path| {
-            let id = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .and_then(parse_pack_name);
-            id.is_some_and(|id| !recorded.contains(&id))
+        .filter_map(|path| {
+            let id = path.file_name()?.to_str().and_then(parse_pack_name)?;
+            (!recorded.contains(&id)).then_some((id, path))
         })
         .collect();
     found.sort();
@@ -259,7 +256,7 @@ pub(crate) fn unrecorded(dir: &PackDir, recorded: &[u32]) -> Result<Vec<PathBuf>
 /// (`verify` reports them).
 pub(crate) fn sweep_unrecorded(dir: &PackDir, recorded: &[u32], owner: &OwnerTag) -> Result<usize> {
     let mut swept = 0;
-    for path in unrecorded(dir, recorded)? {
+    for (_, path) in unrecorded(dir, recorded)? {
         let ours = dir.header_of(&path).is_some_and(|h| h.owner == *owner);
         let empty = dir
             .io
