@@ -18,12 +18,15 @@ pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
 pub enum Error {
     /// An object store (a bucket, or a directory used as one) failed or
     /// refused a request, after bounded retries.
-    #[error("{op} {url}: {source}")]
+    #[error("{op} {url}: {reason}")]
     Remote {
         /// What was being done ("listing", "writing to", ...).
         op: String,
-        /// The remote's URL.
+        /// The object's URL (`file:///DIR/steps/...`, `s3://BUCKET/...`),
+        /// or the remote's when no one object was involved.
         url: String,
+        /// What the store answered, without its own form of the path.
+        reason: String,
         /// The object store's error.
         #[source]
         source: Cause,

@@ -123,6 +123,20 @@ pub(crate) struct Layout {
 }
 
 impl Layout {
+    /// `key` as a URL below `url`, the URL that names this prefix: what
+    /// errors print (an object path has no leading `/`; `file:///DIR/...`
+    /// and `s3://BUCKET/...` do).
+    pub(crate) fn url_of(&self, url: &str, key: &Path) -> String {
+        let below: Vec<String> = match key.prefix_match(&self.prefix) {
+            Some(parts) => parts.map(|p| p.as_ref().to_owned()).collect(),
+            None => return format!("{}/{key}", url.trim_end_matches('/')),
+        };
+        if below.is_empty() {
+            return url.to_owned();
+        }
+        format!("{}/{}", url.trim_end_matches('/'), below.join("/"))
+    }
+
     fn key(&self, folder: &str, name: &str) -> Path {
         self.prefix.clone().join(folder).join(name)
     }
@@ -422,6 +436,29 @@ pub(crate) fn canonical(value: serde_json::Value) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn objects_are_named_below_the_url() {
+        let layout = Layout {
+            prefix: Path::from("tmp/bucket"),
+        };
+        let key = layout.chunk(&[0xab; 32]);
+        let url = "file:///tmp/bucket";
+        let named = layout.url_of(url, &key);
+        assert_eq!(
+            named,
+            format!("file:///tmp/bucket/chunks/{}", hex(&[0xab; 32]))
+        );
+        assert_eq!(
+            layout.url_of("file:///tmp/bucket/", &layout.folder(CHUNKS)),
+            "file:///tmp/bucket/chunks"
+        );
+        assert_eq!(layout.url_of(url, &layout.prefix), url);
+        assert_eq!(
+            layout.url_of("s3://b/run", &Path::from("elsewhere/x")),
+            "s3://b/run/elsewhere/x"
+        );
+    }
 
     #[test]
     fn names_parse_back() {

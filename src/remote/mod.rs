@@ -232,7 +232,7 @@ impl Remote {
             let mut listing = self.store.list(Some(&prefix));
             listing.try_next().await.map(drop)
         })?;
-        match listed.map_err(|e| self.error("listing", e)) {
+        match listed.map_err(|e| self.error("listing", &prefix, e)) {
             Ok(()) => Ok(true),
             Err(Error::NoBucket { .. }) => Ok(false),
             Err(e) => Err(e),
@@ -244,10 +244,15 @@ impl Remote {
         &self.url
     }
 
-    /// Run `f` to completion; its error becomes [`Error::Remote`] (or
-    /// [`Error::NoBucket`]).
-    fn block_on<T>(&self, op: &str, f: impl Future<Output = object_store::Result<T>>) -> Result<T> {
-        self.run(f)?.map_err(|e| self.error(op, e))
+    /// Run `f`, a request for `key`, to completion; its error becomes
+    /// [`Error::Remote`] (or [`Error::NoBucket`]).
+    fn block_on<T>(
+        &self,
+        op: &str,
+        key: &Path,
+        f: impl Future<Output = object_store::Result<T>>,
+    ) -> Result<T> {
+        self.run(f)?.map_err(|e| self.error(op, key, e))
     }
 
     /// Run `f` to completion on the remote's runtime, in the process that
@@ -262,15 +267,16 @@ impl Remote {
         Ok(runtime.block_on(f))
     }
 
-    /// `e` as this crate's error: a missing bucket said plainly.
-    fn error(&self, op: &str, e: object_store::Error) -> Error {
+    /// `e`, from a request for `key`, as this crate's error: a missing
+    /// bucket said plainly.
+    fn error(&self, op: &str, key: &Path, e: object_store::Error) -> Error {
         if e.to_string().contains("NoSuchBucket") {
             return Error::NoBucket {
                 url: self.url.clone(),
                 source: Some(Box::new(e)),
             };
         }
-        remote_error(&self.url, op, e)
+        remote_error(&self.layout.url_of(&self.url, key), op, e)
     }
 
     fn put(&self, key: &Path, bytes: Vec<u8>) -> Result<()> {
@@ -283,7 +289,7 @@ impl Remote {
                 url: self.url.clone(),
                 source: Some(source),
             }),
-            Err(e) => Err(self.error("writing to", e)),
+            Err(e) => Err(self.error("writing", key, e)),
         }
     }
 
@@ -299,13 +305,13 @@ impl Remote {
                 Err(e) => Err(e),
             }
         })?;
-        got.map_err(|e| remote_error(&self.url, "reading from", e))?
+        got.map_err(|e| remote_error(&self.layout.url_of(&self.url, key), "reading", e))?
             .map_err(|size| {
                 Error::corrupt(
                     None,
                     format!(
-                        "{}/{key} is {size} bytes (at most {cap} are read)",
-                        self.url
+                        "{} is {size} bytes (at most {cap} are read)",
+                        self.layout.url_of(&self.url, key)
                     ),
                 )
             })
@@ -337,7 +343,7 @@ impl Remote {
         if self.dir.as_ref().is_some_and(|d| !d.is_dir()) {
             return Ok(Vec::new());
         }
-        let found: Vec<object_store::ObjectMeta> = self.block_on("listing", async {
+        let found: Vec<object_store::ObjectMeta> = self.block_on("listing", prefix, async {
             self.store.list(Some(prefix)).try_collect().await
         })?;
         Ok(found
@@ -390,7 +396,7 @@ impl Remote {
                 other => other,
             }
         })?;
-        deleted.map_err(|e| remote_error(&self.url, "deleting from", e))
+        deleted.map_err(|e| remote_error(&self.layout.url_of(&self.url, key), "deleting", e))
     }
 
     /// Make `commit`'s step visible: its manifest `bytes`, then the commit
@@ -468,7 +474,23 @@ fn remote_error(url: &str, op: &str, e: object_store::Error) -> Error {
     Error::Remote {
         op,
         url: url.to_owned(),
+        reason: reason(&e),
         source: Box::new(e),
+    }
+}
+
+/// What `e` says, without the store's own form of the object's path
+/// (relative, no leading `/`): the error names the object by its URL.
+fn reason(e: &object_store::Error) -> String {
+    use object_store::Error as E;
+    match e {
+        E::NotFound { source, .. } => format!("no such object ({source})"),
+        E::AlreadyExists { source, .. } => format!("the object already exists ({source})"),
+        E::Precondition { source, .. } => format!("a precondition failed ({source})"),
+        E::NotModified { source, .. } => format!("the object was not modified ({source})"),
+        E::PermissionDenied { source, .. } => format!("permission denied ({source})"),
+        E::Unauthenticated { source, .. } => format!("not authenticated ({source})"),
+        other => other.to_string(),
     }
 }
 

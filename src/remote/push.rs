@@ -431,10 +431,11 @@ impl Remote {
             .map(|read| async move {
                 let (hash, bytes) = read?;
                 let len = bytes.len() as u64;
+                let key = layout.chunk(&hash);
                 store
-                    .put(&layout.chunk(&hash), PutPayload::from_bytes(bytes))
+                    .put(&key, PutPayload::from_bytes(bytes))
                     .await
-                    .map_err(|e| remote_error(url, "uploading chunks to", e))?;
+                    .map_err(|e| remote_error(&layout.url_of(url, &key), "uploading", e))?;
                 Ok::<u64, Error>(len)
             })
             .buffer_unordered(UPLOADS_IN_FLIGHT);
@@ -451,20 +452,21 @@ impl Remote {
         if super::local::direct(self) {
             return super::local::present(self, unique);
         }
-        let (store, layout) = (&self.store, &self.layout);
-        self.block_on("looking for chunks in", async {
+        let (store, layout, url) = (&self.store, &self.layout, &self.url);
+        self.run(async {
             futures::stream::iter(unique)
                 .map(|hash| async move {
-                    match store.head(&layout.chunk(&hash)).await {
+                    let key = layout.chunk(&hash);
+                    match store.head(&key).await {
                         Ok(_) => Ok(Some(hash)),
                         Err(object_store::Error::NotFound { .. }) => Ok(None),
-                        Err(e) => Err(e),
+                        Err(e) => Err(remote_error(&layout.url_of(url, &key), "looking for", e)),
                     }
                 })
                 .buffer_unordered(UPLOADS_IN_FLIGHT)
                 .try_filter_map(|found| async move { Ok(found) })
                 .try_collect()
                 .await
-        })
+        })?
     }
 }

@@ -112,8 +112,8 @@ impl Remote {
             Ok(_) => Ok(true),
             Err(object_store::Error::NotFound { .. }) => Ok(false),
             Err(e) => Err(super::remote_error(
-                &self.url,
-                "looking for manifests in",
+                &self.layout.url_of(&self.url, &key),
+                "looking for",
                 e,
             )),
         }

@@ -203,7 +203,11 @@ impl Remote {
                         "{what}: chunk {} is missing from {url}",
                         hex(&object)
                     )),
-                    e => super::remote_error(url, "reading chunks from", e),
+                    e => super::remote_error(
+                        &layout.url_of(url, &layout.chunk(&object)),
+                        "reading",
+                        e,
+                    ),
                 })?;
                 // Hashed on the blocking pool: the downloads in flight are
                 // checked on every core, not on the runtime's one thread.

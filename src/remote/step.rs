@@ -79,7 +79,7 @@ impl Remote {
             Ok(bytes) => bytes,
             Err(why) => return Ok(Err(why)),
         };
-        let step = commit.step;
+        let (step, key) = (commit.step, self.layout.url_of(&self.url, &key));
         if let Ok(m) = serde_json::from_slice::<RemoteManifest>(&bytes) {
             return Ok(check_single(m, step, chunks)
                 .map(StepManifest::Single)
@@ -125,6 +125,7 @@ impl Remote {
             Ok(bytes) => bytes,
             Err(why) => return Ok(Err(why)),
         };
+        let key = self.layout.url_of(&self.url, &key);
         let Ok(m) = serde_json::from_slice::<RemoteManifest>(&bytes) else {
             return Ok(Err(format!("{key} is not a manifest this build reads")));
         };
@@ -168,14 +169,15 @@ impl Remote {
         key: &object_store::path::Path,
         hash: &Hash,
     ) -> Result<Checked<bytes::Bytes>> {
+        let name = || self.layout.url_of(&self.url, key);
         let bytes = match self.get_bytes(key, MAX_MANIFEST_BYTES) {
             Ok(Some(bytes)) => bytes,
-            Ok(None) => return Ok(Err(format!("{key} is missing"))),
+            Ok(None) => return Ok(Err(format!("{} is missing", name()))),
             Err(Error::Corrupt { detail, .. }) => return Ok(Err(detail)),
             Err(e) => return Err(e),
         };
         if blake3::hash(&bytes).as_bytes() != hash {
-            return Ok(Err(format!("{key} fails its hash check")));
+            return Ok(Err(format!("{} fails its hash check", name())));
         }
         Ok(Ok(bytes))
     }

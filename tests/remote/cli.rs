@@ -164,3 +164,44 @@ fn reading_commands_refuse_a_missing_bucket_and_leave_nothing() -> Result {
     assert_eq!(CheckpointStore::open(&target)?.steps()?, vec![1]);
     Ok(())
 }
+
+/// Issue 38, item 11: an object is named by its URL, with the directory's
+/// leading `/` (object paths have none), in warnings and in errors.
+#[test]
+fn objects_are_named_by_their_url() -> Result {
+    let dir = tempfile::tempdir()?;
+    drop(store_with(dir.path(), 0..1)?);
+    let path = dir.path().join("run.ckpt");
+    let p = path.to_str().ok_or("path")?;
+    let bucket = dir.path().join("bucket");
+    let url = format!("file://{}", bucket.display());
+    let (code, _, err) = ckpt(&["push", p, &url])?;
+    assert_eq!(code, 0, "{err}");
+
+    // A chunk's name taken by a directory: the upload fails.
+    let other = dir.path().join("other");
+    for entry in std::fs::read_dir(bucket.join("chunks"))? {
+        let name = entry?.file_name();
+        std::fs::create_dir_all(other.join("chunks").join(&name).join("x"))?;
+    }
+    let other_url = format!("file://{}", other.display());
+    let (code, _, err) = ckpt(&["push", p, &other_url])?;
+    assert_eq!(code, 1, "{err}");
+    assert!(
+        err.contains(&format!("uploading {other_url}/chunks/")),
+        "{err}"
+    );
+
+    // A manifest gone: the step is skipped, naming the object.
+    let manifests = bucket.join("manifests");
+    let manifest = std::fs::read_dir(&manifests)?
+        .next()
+        .ok_or("a manifest")??;
+    std::fs::remove_file(manifest.path())?;
+    let (code, _, err) = ckpt(&["ls", &url])?;
+    assert_eq!(code, 0, "{err}");
+    let name = manifest.file_name();
+    let named = format!("{url}/manifests/{}", name.to_string_lossy());
+    assert!(err.contains(&format!("{named} is missing")), "{err}");
+    Ok(())
+}
