@@ -93,8 +93,8 @@ pub use options::{Durability, DEFAULT_PACK_THRESHOLD};
 #[cfg(feature = "remote")]
 pub use remote::{
     DcpDtype, DcpIndex, DcpTensor, EntryInfo, GcReport, GlobalStep, Piece, PushReport, Remote,
-    ShardInfo, ShardStatus, ShardUpload, DCP_METADATA, DEFAULT_GRACE_PERIOD, DEFAULT_RETRY_WINDOW,
-    MAX_MANIFEST_BYTES, MAX_WORLD_SIZE,
+    ShardInfo, ShardStatus, ShardUpload, DCP_METADATA, DEFAULT_GRACE_PERIOD, DEFAULT_PACK_BYTES,
+    DEFAULT_RETRY_WINDOW, MAX_MANIFEST_BYTES, MAX_WORLD_SIZE,
 };
 #[cfg(feature = "remote")]
 pub use report::ReplicationStatus;

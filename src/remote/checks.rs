@@ -7,6 +7,7 @@ use super::layout::{
     parse_hex, GlobalManifest, RemoteBlob, RemoteManifest, RemoteTail, MANIFEST_FORMAT,
     MANIFEST_FORMAT_TAILS, MAX_DIMS, MAX_WORLD_SIZE,
 };
+use super::packs::MANIFEST_FORMAT_PACKS;
 use crate::checkpoint::MAX_TEXT_BYTES;
 use crate::format::layout::{chunk_count, small_tail};
 use crate::{Dtype, Tensor};
@@ -16,15 +17,21 @@ impl RemoteManifest {
     /// cannot: checked before anything is allocated from its numbers or
     /// added up. Else the step's logical bytes.
     pub(crate) fn check(&self, step: u64) -> std::result::Result<u64, String> {
-        if self.format != MANIFEST_FORMAT && self.format != MANIFEST_FORMAT_TAILS {
+        if ![
+            MANIFEST_FORMAT,
+            MANIFEST_FORMAT_TAILS,
+            MANIFEST_FORMAT_PACKS,
+        ]
+        .contains(&self.format)
+        {
             return Err(format!(
-                "manifest format {} (this build reads {MANIFEST_FORMAT} and \
-                 {MANIFEST_FORMAT_TAILS})",
+                "manifest format {} (this build reads {MANIFEST_FORMAT} to \
+                 {MANIFEST_FORMAT_PACKS})",
                 self.format
             ));
         }
         let tails = self.blobs.values().any(|b| b.tail.is_some());
-        if tails && self.format != MANIFEST_FORMAT_TAILS {
+        if tails && self.format < MANIFEST_FORMAT_TAILS {
             return Err(format!(
                 "a blob tail in a manifest of format {}",
                 self.format
@@ -51,7 +58,61 @@ impl RemoteManifest {
                 .checked_add(blob.len)
                 .ok_or("its blob lengths add up to more than 2^64 bytes")?;
         }
+        self.check_packs()?;
         Ok(total)
+    }
+
+    /// Format 3: every chunk it names lies inside a pack it lists; other
+    /// formats list no packs.
+    fn check_packs(&self) -> std::result::Result<(), String> {
+        let (packs, index) = match (&self.packs, &self.index) {
+            (None, None) if self.format != MANIFEST_FORMAT_PACKS => return Ok(()),
+            (Some(packs), Some(index)) if self.format == MANIFEST_FORMAT_PACKS => (packs, index),
+            _ => {
+                return Err(format!(
+                    "packs and an index belong to manifest format {MANIFEST_FORMAT_PACKS}, \
+                     not {}",
+                    self.format
+                ))
+            }
+        };
+        if packs.iter().any(|p| parse_hex(&p.hash).is_none()) {
+            return Err("a pack's name is not a BLAKE3 hash".into());
+        }
+        if packs.len() > index.len() {
+            return Err(format!("{} packs for {} chunks", packs.len(), index.len()));
+        }
+        let mut named = 0usize;
+        let mut check = |hash: &str, len: u64| -> std::result::Result<(), String> {
+            named += 1;
+            let Some(&(pack, at)) = index.get(hash) else {
+                return Err(format!("chunk {hash:.64} is in no pack"));
+            };
+            let inside = usize::try_from(pack)
+                .ok()
+                .and_then(|p| packs.get(p))
+                .is_some_and(|p| at.checked_add(len).is_some_and(|end| end <= p.len));
+            if !inside {
+                return Err(format!("chunk {hash:.64} lies outside its pack"));
+            }
+            Ok(())
+        };
+        for blob in self.blobs.values() {
+            let Some(chunks) = &blob.chunks else { continue };
+            for (hash, len) in chunks.iter().zip(blob.chunk_lengths()) {
+                check(hash, len as u64)?;
+            }
+        }
+        if let Some(p) = &self.packed {
+            check(&p.hash, p.len)?;
+        }
+        if index.len() > named {
+            return Err(format!(
+                "an index of {} chunks for {named} named",
+                index.len()
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -205,7 +266,9 @@ mod tests {
             .check(1)
             .expect_err("overflow");
         assert!(huge.contains("outside"), "{huge}");
-        let newer = manifest(3, 100, 228, &h).check(1).expect_err("format 3");
-        assert!(newer.contains("manifest format 3"), "{newer}");
+        let newer = manifest(4, 100, 228, &h).check(1).expect_err("format 4");
+        assert!(newer.contains("manifest format 4"), "{newer}");
+        let bare = manifest(3, 100, 228, &h).check(1).expect_err("no packs");
+        assert!(bare.contains("packs and an index"), "{bare}");
     }
 }

@@ -93,8 +93,9 @@ impl Remote {
 
     /// Complete global step `step` with `shards` (each rank's, by rank, as
     /// [`upload_shard`](Self::upload_shard) named them): check that each is
-    /// there and whole (its manifest hashes right, every chunk it names is
-    /// in the bucket), then write the step's manifest and a commit newer
+    /// there and whole (its manifest hashes right; a shard of format 1 or
+    /// 2, from an older build, has every chunk it names asked for), then
+    /// write the step's manifest and a commit newer
     /// than any of the step's. The step is listed from then on, and reads
     /// exactly these shards.
     ///
@@ -152,6 +153,12 @@ impl Remote {
                 let m = self
                     .checked_shard(step, id, None)?
                     .map_err(|why| Error::corrupt(Some(step), why))?;
+                // A shard of packs was written after its rank saw (or put)
+                // its packs there under its own push lock, and a young
+                // shard's packs are not collected: a request per rank.
+                if m.packs.is_some() {
+                    continue;
+                }
                 let named: Vec<Hash> = super::step::chunks_of(&m).collect();
                 let there = self.present(named.iter().copied())?;
                 if let Some(gone) = named.iter().find(|h| !there.contains(*h)) {

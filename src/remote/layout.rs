@@ -2,6 +2,8 @@
 //!
 //! ```text
 //! chunks/<blake3 hex>                      chunk bytes (and a step's packed small blobs)
+//! packs/<blake3 hex>                       chunks back to back (format 3 shards); the hash
+//!                                          is of the chunk list ([`pack_name`](super::packs::pack_name))
 //! manifests/<step:020>-<blake3 hex>.json   a step's manifest (JSON); the hash is of its bytes;
 //!                                          for a global step of N ranks, the list of its shards
 //! shards/<step:020>/<rank:06>-of-<N:06>-<blake3 hex>.json
@@ -44,6 +46,8 @@ use crate::Dtype;
 
 /// The folder of content-addressed chunks.
 pub(crate) const CHUNKS: &str = "chunks";
+/// The folder of pack objects (format 3).
+pub(crate) const PACKS: &str = "packs";
 /// The folder of step manifests.
 pub(crate) const MANIFESTS: &str = "manifests";
 /// The folder of commit objects.
@@ -147,6 +151,18 @@ impl Layout {
 
     pub(crate) fn chunk(&self, hash: &Hash) -> Path {
         self.key(CHUNKS, &hex(hash))
+    }
+
+    pub(crate) fn pack(&self, hash: &Hash) -> Path {
+        self.key(PACKS, &hex(hash))
+    }
+
+    /// The key of `object`.
+    pub(crate) fn object(&self, object: &super::packs::Object) -> Path {
+        match object {
+            super::packs::Object::Chunk(hash) => self.chunk(hash),
+            super::packs::Object::Pack(hash) => self.pack(hash),
+        }
     }
 
     pub(crate) fn manifest(&self, step: u64, hash: &Hash) -> Path {
@@ -270,6 +286,12 @@ pub(crate) struct RemoteManifest {
     pub(crate) blobs: BTreeMap<String, RemoteBlob>,
     /// The step's small blobs, concatenated in name order: one chunk.
     pub(crate) packed: Option<RemotePacked>,
+    /// Format 3: the packs its chunks lie in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) packs: Option<Vec<super::packs::RemotePack>>,
+    /// Format 3: where each chunk it names lies in `packs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) index: Option<super::packs::PackIndex>,
 }
 
 impl RemoteManifest {
@@ -332,6 +354,8 @@ impl RemoteManifest {
             graph: canonical(graph),
             blobs,
             packed,
+            packs: None,
+            index: None,
         })
     }
 }

@@ -56,14 +56,16 @@ pub(super) fn read_into<'o>(
             len: n,
             hash,
         } = wanted[i];
-        let path = chunk_path(remote, &object);
+        let path = Path::new("/").join(remote.layout.object(&object).as_ref());
         let damaged = || {
             Error::corrupt(
                 Some(step),
                 format!(
                     "{what}: chunk {} in {} fails its hash check",
-                    hex(&object),
-                    remote.url
+                    hex(&hash),
+                    remote
+                        .layout
+                        .url_of(&remote.url, &remote.layout.object(&object))
                 ),
             )
         };

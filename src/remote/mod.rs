@@ -9,6 +9,7 @@ mod layout;
 mod local;
 mod locks;
 mod owner;
+mod packs;
 mod pieces;
 mod push;
 mod push_known;
@@ -34,6 +35,7 @@ use crate::{Error, Result};
 pub(crate) use layout::Commit;
 use layout::{parse_chunk, parse_commit, Layout, COMMITS, DELETED, MANIFESTS};
 pub use layout::{MAX_MANIFEST_BYTES, MAX_WORLD_SIZE};
+pub use packs::DEFAULT_PACK_BYTES;
 
 pub use dcp::{DcpDtype, DcpIndex, DcpTensor, DCP_METADATA};
 pub use pieces::{EntryInfo, GlobalStep, Piece};
@@ -85,6 +87,10 @@ pub struct Remote {
     /// Always there until dropped; leaked rather than shut down in a
     /// forked child (its threads are the parent's).
     runtime: Option<tokio::runtime::Runtime>,
+    /// The size a shard's new pack objects are filled to.
+    pack_bytes: u64,
+    /// Where chunks this remote wrote or read lie in the bucket's packs.
+    known: std::sync::Mutex<packs::Known>,
 }
 
 impl Drop for Remote {
@@ -168,6 +174,8 @@ impl Remote {
             dir: None,
             owner: crate::process::Owner::current(),
             runtime: Some(runtime),
+            pack_bytes: packs::DEFAULT_PACK_BYTES,
+            known: std::sync::Mutex::default(),
         })
     }
 
@@ -216,6 +224,14 @@ impl Remote {
     /// The grace period.
     pub fn grace_period(&self) -> Duration {
         self.grace
+    }
+
+    /// Set the size a shard's new chunks are packed to (default
+    /// [`DEFAULT_PACK_BYTES`], 64 MiB; at least 1 MiB): a pack object is
+    /// one PUT, and holds at least one chunk. Readers need not know it.
+    pub fn with_pack_size(mut self, bytes: u64) -> Remote {
+        self.pack_bytes = bytes.max(1 << 20);
+        self
     }
 
     /// Whether the bucket is there: for a `file://` URL, whether its
@@ -420,6 +436,18 @@ impl Remote {
             .map(|c| c.generation)
             .max()
             .map_or(1, |g| g + 1)
+    }
+
+    /// Every chunk and pack object in the bucket: what a manifest may
+    /// need ([`RemoteManifest::objects`](layout::RemoteManifest::objects)).
+    pub(crate) fn objects(&self) -> Result<HashSet<packs::Object>> {
+        let chunks = self.chunk_hashes()?.into_iter().map(packs::Object::Chunk);
+        let packs = self.list_names(layout::PACKS)?;
+        let packs = packs
+            .iter()
+            .filter_map(|n| parse_chunk(n))
+            .map(packs::Object::Pack);
+        Ok(chunks.chain(packs).collect())
     }
 
     /// The hashes of every chunk in the bucket.

@@ -122,6 +122,9 @@ impl Remote {
     /// The newest commit of `step` that checks out (that is `only`, if
     /// given).
     fn open_global_where(&self, step: u64, only: Option<&str>) -> Result<Option<GlobalStep>> {
+        // Read first: a collection that starts later writes a new mark, and
+        // what is learnt below is then forgotten by the next save.
+        let mark = self.current_mark()?;
         let mut commits: Vec<_> = self
             .commits()?
             .into_iter()
@@ -134,6 +137,9 @@ impl Remote {
                 Ok(StepManifest::Sharded { shards, .. }) => shards,
                 Err(_) => continue,
             };
+            if let Some(mark) = &mark {
+                self.learn(&shards, mark)?;
+            }
             let commit = commit.name();
             return Ok(Some(GlobalStep {
                 step,
@@ -249,27 +255,28 @@ fn parts<'a>(
     blob: &RemoteBlob,
 ) -> Result<Vec<(Want<'a>, u64, u64, u64)>> {
     let step = global.step;
+    let shard = global
+        .shard(rank)
+        .ok_or_else(|| Error::corrupt(Some(step), format!("no shard of rank {rank}")))?;
     let mut parts = Vec::new();
     let mut start = 0u64;
-    for want in blob_chunks(step, name, blob)? {
+    for want in blob_chunks(shard, name, blob)? {
         parts.push((want, start, want.len as u64, 0));
         start += want.len as u64;
     }
     let packed = || {
-        global
-            .shard(rank)
-            .map(packed_want)
-            .transpose()?
-            .flatten()
-            .ok_or_else(|| {
-                Error::corrupt(Some(step), format!("{name:?} needs absent packed bytes"))
-            })
+        packed_want(shard)?.ok_or_else(|| {
+            Error::corrupt(Some(step), format!("{name:?} needs absent packed bytes"))
+        })
     };
     if let Some(at) = blob.offset {
         parts.push((packed()?, 0, blob.len, at));
     }
     if let (Some((at, n)), Some(tail)) = (blob.tail_bytes(), &blob.tail) {
-        let object = packed()?.object;
+        // At its offset in the packed chunk, wherever that lies.
+        let packed = packed()?;
+        let at = packed.at.unwrap_or(0) + at;
+        let object = packed.object;
         let hash = super::layout::parse_hex(&tail.hash)
             .ok_or_else(|| Error::corrupt(Some(step), format!("{name:?}: a bad tail hash")))?;
         let len = usize::try_from(n).unwrap_or(usize::MAX);

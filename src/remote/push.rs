@@ -294,6 +294,12 @@ impl Remote {
         self.new_collection_mark()
     }
 
+    /// The bucket's collection mark, if it has one (nothing is written).
+    pub(crate) fn current_mark(&self) -> Result<Option<Vec<u8>>> {
+        let key = self.layout.collection_mark();
+        Ok(self.get_bytes(&key, 1024)?.map(|m| m.to_vec()))
+    }
+
     /// Write a new collection mark: what any store remembers of the bucket
     /// no longer holds (a collection is about to delete, another store
     /// takes the prefix over, or a store pushed what it cannot remember).

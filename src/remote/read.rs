@@ -153,7 +153,7 @@ impl Remote {
     /// [`Error::ShardedStep`] for a global step of several ranks (see
     /// [`get_shard`](Self::get_shard)).
     pub fn info(&self, step: u64) -> Result<Option<StepInfo>> {
-        let Some((_, m)) = self.complete_step(step, &self.chunk_hashes()?)? else {
+        let Some((_, m)) = self.complete_step(step, &self.objects()?)? else {
             return Ok(None);
         };
         let m = single(step, m)?;

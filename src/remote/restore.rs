@@ -10,6 +10,7 @@ use futures::{StreamExt, TryStreamExt};
 use object_store::ObjectStoreExt;
 
 use super::layout::{parse_hex, RemoteBlob, RemoteManifest};
+use super::packs::Object;
 use super::Remote;
 use crate::checkpoint::Incoming;
 use crate::format::layout::packed_slice;
@@ -22,31 +23,41 @@ const DOWNLOADS_IN_FLIGHT: usize = 16;
 
 /// A batch of downloads ends once it holds this many bytes (or at the end
 /// of the blob that crosses it).
-const BATCH_BYTES: u64 = 32 << 20;
+const BATCH_BYTES: u64 = 64 << 20;
 
-/// Bytes to fetch from the bucket and check: chunk `object` whole, or
-/// (`at`) `len` of its bytes from an offset (a blob's tail in a packed
-/// chunk); what arrives must be `len` bytes hashing to `hash`. `what`
-/// names them in errors.
+/// Chunks next to each other in a pack are fetched with one ranged GET of
+/// at most this many bytes (a chunk alone may be larger).
+const RANGE_BYTES: usize = 16 << 20;
+
+/// Bytes to fetch from the bucket and check: object `object` whole (a
+/// chunk), or (`at`) `len` of its bytes from an offset (a chunk in a pack,
+/// a blob's tail in a packed chunk); what arrives must be `len` bytes
+/// hashing to `hash`. `what` names them in errors.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Want<'a> {
     pub(super) what: &'a str,
-    pub(super) object: Hash,
+    pub(super) object: Object,
     pub(super) at: Option<u64>,
     pub(super) len: usize,
     pub(super) hash: Hash,
 }
 
 impl<'a> Want<'a> {
-    /// All of chunk `hash`, of `len` bytes.
-    pub(super) fn chunk(what: &'a str, hash: Hash, len: usize) -> Self {
-        Want {
+    /// Chunk `hash` of `len` bytes, where `m` says it lies.
+    pub(super) fn chunk(what: &'a str, m: &RemoteManifest, hash: Hash, len: usize) -> Result<Self> {
+        let (object, at) = m.locate(&hash).ok_or_else(|| {
+            Error::corrupt(
+                Some(m.step),
+                format!("{what}: chunk {} is in no pack of the manifest", hex(&hash)),
+            )
+        })?;
+        Ok(Want {
             what,
-            object: hash,
-            at: None,
+            object,
+            at,
             len,
             hash,
-        }
+        })
     }
 }
 
@@ -54,6 +65,8 @@ impl<'a> Want<'a> {
 pub(super) struct Blobs<'r> {
     remote: &'r Remote,
     step: u64,
+    /// The manifest's blobs are `pending`; this says where chunks lie.
+    locator: RemoteManifest,
     pending: std::vec::IntoIter<(String, RemoteBlob)>,
     packed: Vec<u8>,
     ready: VecDeque<(String, RemoteBlob, Vec<u8>)>,
@@ -73,9 +86,11 @@ impl<'r> Blobs<'r> {
             .iter()
             .map(|(n, b)| (n.clone(), b.clone()))
             .collect();
+        let locator = m.locator();
         Ok(Blobs {
             remote,
             step,
+            locator,
             pending: blobs.into_iter(),
             packed,
             ready: VecDeque::new(),
@@ -108,7 +123,7 @@ impl<'r> Blobs<'r> {
         }
         let mut wanted: Vec<Want<'_>> = Vec::new();
         for (name, blob) in &batch {
-            wanted.extend(blob_chunks(step, name, blob)?);
+            wanted.extend(blob_chunks(&self.locator, name, blob)?);
         }
         let mut pieces = self.remote.fetch(step, &wanted, progress)?.into_iter();
         drop(wanted);
@@ -163,76 +178,129 @@ impl Remote {
         wanted: &[Want<'_>],
         progress: &mut dyn FnMut(u64),
     ) -> Result<Vec<bytes::Bytes>> {
-        let mut pieces = Vec::with_capacity(wanted.len());
-        self.fetch_each(step, wanted, &mut |_, piece| {
+        let mut pieces = vec![bytes::Bytes::new(); wanted.len()];
+        self.fetch_each(step, wanted, &mut |i, piece| {
             progress(piece.len() as u64);
-            pieces.push(piece);
+            pieces[i] = piece;
             Ok(())
         })?;
         Ok(pieces)
     }
 
     /// [`fetch`](Self::fetch), handing each checked chunk to `each` (with
-    /// its index in `wanted`) as it arrives, in order, so that the caller
-    /// can place it and let it go: at most the downloads in flight are in
-    /// memory.
+    /// its index in `wanted`) as it arrives, so that the caller can place
+    /// it and let it go: at most the downloads in flight are in memory.
+    /// Chunks that lie together in a pack arrive together, in the pack's
+    /// order.
     pub(super) fn fetch_each(
         &self,
         step: u64,
         wanted: &[Want<'_>],
         each: &mut dyn FnMut(usize, bytes::Bytes) -> Result<()>,
     ) -> Result<()> {
-        let (store, layout, url) = (&self.store, &self.layout, &self.url);
-        let corrupt = |detail: String| Error::corrupt(Some(step), detail);
-        let mut fetches = futures::stream::iter(wanted)
-            .map(|want| async move {
-                let (what, object, n) = (want.what, want.object, want.len);
-                let damaged = || {
-                    corrupt(format!(
-                        "{what}: chunk {} in {url} fails its hash check",
-                        hex(&object)
-                    ))
-                };
-                let got = match get_wanted(store.as_ref(), &layout.chunk(&object), want).await {
-                    Ok(None) => return Err(damaged()),
-                    Ok(Some(bytes)) => Ok(bytes),
-                    Err(e) => Err(e),
-                };
-                let piece = got.map_err(|e| match e {
-                    object_store::Error::NotFound { .. } => corrupt(format!(
-                        "{what}: chunk {} is missing from {url}",
-                        hex(&object)
-                    )),
-                    e => super::remote_error(
-                        &layout.url_of(url, &layout.chunk(&object)),
-                        "reading",
-                        e,
-                    ),
-                })?;
-                // Hashed on the blocking pool: the downloads in flight are
-                // checked on every core, not on the runtime's one thread.
-                let want = want.hash;
-                let checked = tokio::task::spawn_blocking(move || {
-                    let whole = piece.len() == n && *blake3::hash(&piece).as_bytes() == want;
-                    whole.then_some(piece)
-                })
-                .await
-                .map_err(|e| {
-                    corrupt(format!(
-                        "{what}: checking chunk {} failed: {e}",
-                        hex(&object)
-                    ))
-                })?;
-                checked.ok_or_else(damaged)
-            })
+        let mut fetches = futures::stream::iter(coalesce(wanted))
+            .map(|group| self.fetch_group(step, wanted, group))
             .buffered(DOWNLOADS_IN_FLIGHT);
         // `each` runs outside the runtime, free to block.
-        let mut i = 0;
-        while let Some(piece) = self.run(fetches.try_next())?? {
-            each(i, piece)?;
-            i += 1;
+        while let Some(pieces) = self.run(fetches.try_next())?? {
+            for (i, piece) in pieces {
+                each(i, piece)?;
+            }
         }
         Ok(())
+    }
+
+    /// The wants of `wanted` at `group` (one, or neighbours in one pack)
+    /// fetched with one request, each checked against its length and
+    /// hash: (index, bytes).
+    async fn fetch_group(
+        &self,
+        step: u64,
+        wanted: &[Want<'_>],
+        group: Vec<usize>,
+    ) -> Result<Vec<(usize, bytes::Bytes)>> {
+        let first = wanted[group[0]];
+        let key = self.layout.object(&first.object);
+        let url = || self.layout.url_of(&self.url, &key);
+        let corrupt = |detail: String| Error::corrupt(Some(step), detail);
+        let span = match first.at {
+            Some(from) if group.len() > 1 => {
+                let end = group
+                    .iter()
+                    .map(|&i| end_of(&wanted[i]))
+                    .max()
+                    .unwrap_or(from);
+                Want {
+                    at: Some(from),
+                    len: usize::try_from(end - from).unwrap_or(usize::MAX),
+                    ..first
+                }
+            }
+            _ => first,
+        };
+        let got = get_wanted(self.store.as_ref(), &key, &span).await;
+        let whole = match got {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => {
+                return Err(corrupt(format!(
+                    "{}: {} is shorter than the chunk {} it holds",
+                    first.what,
+                    url(),
+                    hex(&first.hash)
+                )))
+            }
+            Err(object_store::Error::NotFound { .. }) => {
+                return Err(corrupt(format!(
+                    "{}: {} is missing (chunk {})",
+                    first.what,
+                    url(),
+                    hex(&first.hash)
+                )))
+            }
+            Err(e) => return Err(super::remote_error(&url(), "reading", e)),
+        };
+        let base = span.at.unwrap_or(0);
+        let wants: Vec<(Hash, u64, usize)> = group
+            .iter()
+            .map(|&i| {
+                (
+                    wanted[i].hash,
+                    wanted[i].at.unwrap_or(0) - base,
+                    wanted[i].len,
+                )
+            })
+            .collect();
+        // Hashed on the blocking pool: the downloads in flight are checked
+        // on every core, not on the runtime's one thread.
+        let checked = tokio::task::spawn_blocking(move || {
+            wants
+                .into_iter()
+                .map(|(hash, from, n)| {
+                    let from = usize::try_from(from).ok()?;
+                    let piece = whole.slice(from..from.checked_add(n)?.min(whole.len()));
+                    let ok = piece.len() == n && *blake3::hash(&piece).as_bytes() == hash;
+                    Some(ok.then_some(piece).ok_or(hash))
+                })
+                .collect::<Option<Vec<_>>>()
+        })
+        .await
+        .map_err(|e| corrupt(format!("{}: checking chunks failed: {e}", first.what)))?
+        .ok_or_else(|| corrupt(format!("{}: a chunk outside {}", first.what, url())))?;
+        checked
+            .into_iter()
+            .zip(group)
+            .map(|(piece, i)| {
+                let piece = piece.map_err(|hash| {
+                    corrupt(format!(
+                        "{}: chunk {} in {} fails its hash check",
+                        wanted[i].what,
+                        hex(&hash),
+                        url()
+                    ))
+                })?;
+                Ok((i, piece))
+            })
+            .collect()
     }
 
     /// Fetch every chunk `m` names and build the step in memory.
@@ -303,6 +371,41 @@ impl Remote {
     }
 }
 
+/// `wanted` (by index) in groups fetched with one request each: wants in
+/// one pack whose ranges meet or overlap, in the pack's order, up to
+/// [`RANGE_BYTES`] a group; any other want alone.
+fn coalesce(wanted: &[Want<'_>]) -> Vec<Vec<usize>> {
+    let mut order: Vec<usize> = (0..wanted.len()).collect();
+    order.sort_by_key(|&i| (wanted[i].object, wanted[i].at));
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    let mut span = (0u64, 0u64);
+    for i in order {
+        let w = &wanted[i];
+        let joins = groups.last().is_some_and(|g| {
+            let head = &wanted[g[0]];
+            matches!(w.object, Object::Pack(_))
+                && w.object == head.object
+                && w.at.is_some_and(|at| at <= span.1)
+                && end_of(w).max(span.1) - span.0 <= RANGE_BYTES as u64
+        });
+        if joins {
+            span.1 = span.1.max(end_of(w));
+            if let Some(g) = groups.last_mut() {
+                g.push(i);
+            }
+        } else {
+            span = (w.at.unwrap_or(0), end_of(w));
+            groups.push(vec![i]);
+        }
+    }
+    groups
+}
+
+/// Where the bytes `w` wants end in its object.
+fn end_of(w: &Want<'_>) -> u64 {
+    w.at.unwrap_or(0).saturating_add(w.len as u64)
+}
+
 /// The bytes `want` names from the object at `path`, unchecked; `None` when
 /// the object cannot hold them (damage): a chunk of another length, a
 /// packed chunk too short for a tail. Refused before a body is read.
@@ -367,7 +470,7 @@ pub(super) fn incoming(step: u64, name: String, blob: &RemoteBlob) -> Result<Inc
 /// The chunks of a chunked blob (checked by `RemoteManifest::check`), each
 /// named by the blob's name.
 pub(super) fn blob_chunks<'a>(
-    step: u64,
+    m: &RemoteManifest,
     name: &'a str,
     blob: &RemoteBlob,
 ) -> Result<Vec<Want<'a>>> {
@@ -377,7 +480,7 @@ pub(super) fn blob_chunks<'a>(
     hashes
         .iter()
         .zip(blob.chunk_lengths())
-        .map(|(h, n)| Ok(Want::chunk(name, parse(step, name, h)?, n)))
+        .map(|(h, n)| Want::chunk(name, m, parse(m.step, name, h)?, n))
         .collect()
 }
 
@@ -410,7 +513,7 @@ pub(super) fn packed_want(m: &RemoteManifest) -> Result<Option<Want<'static>>> {
     };
     let hash = parse(m.step, "packed blobs", &p.hash)?;
     let len = usize::try_from(p.len).unwrap_or(usize::MAX);
-    Ok(Some(Want::chunk("packed blobs", hash, len)))
+    Want::chunk("packed blobs", m, hash, len).map(Some)
 }
 
 fn parse(step: u64, what: &str, h: &str) -> Result<Hash> {

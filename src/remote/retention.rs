@@ -5,9 +5,10 @@
 
 use std::collections::{BTreeSet, HashSet};
 
-use super::layout::{parse_chunk, parse_commit, ShardId, CHUNKS, MANIFESTS, SHARDS};
+use super::layout::{parse_chunk, parse_commit, ShardId, CHUNKS, MANIFESTS, PACKS, SHARDS};
 use super::locks::LockKind;
-use super::step::{chunks_of, StepManifest};
+use super::packs::Object;
+use super::step::StepManifest;
 use super::{Commit, Remote};
 use crate::format::manifest::Hash;
 use crate::{Result, Retention};
@@ -20,7 +21,10 @@ pub struct GcReport {
     pub steps_removed: Vec<u64>,
     /// Chunk objects deleted.
     pub chunks_deleted: u64,
-    /// Bytes of the chunks deleted.
+    /// Pack objects deleted (bucket format 3) that no remaining step or
+    /// young shard needs.
+    pub packs_deleted: u64,
+    /// Bytes of the chunks and packs deleted.
     pub bytes_deleted: u64,
     /// Manifests deleted that no commit named (left by killed pushes), and
     /// shards of global steps that did not complete within the grace
@@ -126,13 +130,13 @@ impl Remote {
         let mut report = GcReport::default();
         let commits = self.current_commits(&mut report)?;
         let named: HashSet<(u64, Hash)> = commits.iter().map(|c| (c.step, c.hash)).collect();
-        let mut needed: HashSet<Hash> = HashSet::new();
+        let mut needed: HashSet<Object> = HashSet::new();
         let mut named_shards: HashSet<(u64, ShardId)> = HashSet::new();
         for c in &commits {
             // A commit whose manifest is missing or damaged names nothing
             // that can be read; `verify` reports it.
             if let Ok(m) = self.checked_manifest(*c, None)? {
-                needed.extend(m.chunks());
+                needed.extend(m.objects());
                 if let StepManifest::Sharded { ids, .. } = m {
                     named_shards.extend(ids.into_iter().map(|id| (c.step, id)));
                 }
@@ -148,7 +152,7 @@ impl Remote {
             if modified >= cutoff {
                 report.young_kept += 1;
                 if let Ok(m) = self.checked_shard(step, &id, None)? {
-                    needed.extend(chunks_of(&m));
+                    needed.extend(m.objects());
                 }
                 continue;
             }
@@ -161,10 +165,14 @@ impl Remote {
         })?;
         report.manifests_deleted += manifests;
         let (chunks, bytes) = self.sweep(CHUNKS, cutoff, &mut report, |key| {
-            parse_chunk(key).is_some_and(|h| needed.contains(&h))
+            parse_chunk(key).is_some_and(|h| needed.contains(&Object::Chunk(h)))
+        })?;
+        let (packs, pack_bytes) = self.sweep(PACKS, cutoff, &mut report, |key| {
+            parse_chunk(key).is_some_and(|h| needed.contains(&Object::Pack(h)))
         })?;
         report.chunks_deleted = chunks;
-        report.bytes_deleted = bytes;
+        report.packs_deleted = packs;
+        report.bytes_deleted = bytes + pack_bytes;
         Ok(report)
     }
 
@@ -176,7 +184,7 @@ impl Remote {
         if commits.is_empty() {
             return Ok(commits);
         }
-        let chunks = self.chunk_hashes()?;
+        let chunks = self.objects()?;
         let mut current = Vec::new();
         for of_step in commits.chunk_by(|a, b| a.step == b.step) {
             let Some((newest, _)) = self.newest_complete(of_step, &chunks)? else {

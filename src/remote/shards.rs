@@ -9,13 +9,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-
 use super::layout::{
     encode, GlobalManifest, RemoteManifest, RemotePacked, RemoteTail, ShardId, MANIFEST_FORMAT,
     MANIFEST_FORMAT_TAILS, MAX_WORLD_SIZE,
 };
 use super::locks::Lock;
+use super::packs::MANIFEST_FORMAT_PACKS;
 use super::step::StepManifest;
 use super::{Commit, Remote};
 use crate::engine::hashing::with_hashes;
@@ -149,48 +148,31 @@ impl Remote {
         lock: &mut Lock,
         then: ShardUpload,
     ) -> Result<ShardInfo> {
-        let (manifest, mut pieces, packed) = shard_manifest(plan)?;
+        let (mut manifest, mut pieces, packed) = shard_manifest(plan)?;
         if let Some((hash, bytes)) = &packed {
             pieces.push((*hash, bytes));
         }
-        // Asked chunk by chunk: a shard names far fewer chunks than a
-        // bucket of many steps holds.
-        let mut present = self.present(pieces.iter().map(|(h, _)| *h))?;
+        let (packs, index, uploaded) = self.pack_pieces(&pieces, lock)?;
+        let total: u64 = pieces.iter().map(|(_, b)| b.len() as u64).sum();
+        manifest.format = MANIFEST_FORMAT_PACKS;
+        (manifest.packs, manifest.index) = (Some(packs), Some(index));
+        manifest
+            .check(step)
+            .map_err(|reason| Error::InvalidCheckpoint {
+                step,
+                reason: format!("the bucket's readers would refuse it: {reason}"),
+            })?;
         let mut info = ShardInfo {
             step,
             rank,
             world_size,
-            bytes_uploaded: 0,
-            bytes_skipped: 0,
+            bytes_uploaded: uploaded,
+            bytes_skipped: total.saturating_sub(uploaded),
             complete: false,
             finalize: Duration::ZERO,
             shard: String::new(),
         };
-        let mut missing = Vec::new();
-        for &(hash, bytes) in &pieces {
-            if present.insert(hash) {
-                info.bytes_uploaded += bytes.len() as u64;
-                missing.push((hash, bytes));
-            } else {
-                info.bytes_skipped += bytes.len() as u64;
-            }
-        }
         let (bytes, hash) = encode(step, &manifest)?;
-        self.upload_pieces(&missing, lock)?;
-        // A collection may have taken the lock for stale during the upload:
-        // the chunks the shard names are checked again.
-        while self.reassert(lock)? {
-            let there = self.present(pieces.iter().map(|(h, _)| *h))?;
-            let gone: Vec<(Hash, &[u8])> = pieces
-                .iter()
-                .filter(|(h, _)| !there.contains(h))
-                .map(|(h, b)| (*h, *b))
-                .collect();
-            if gone.is_empty() {
-                break;
-            }
-            self.upload_pieces(&gone, lock)?;
-        }
         let id = ShardId {
             rank,
             world_size,
@@ -211,14 +193,6 @@ impl Remote {
         info.complete = self.finalize(step, &id)?;
         info.finalize = landed.elapsed();
         Ok(info)
-    }
-
-    /// Upload chunks held in memory, keeping `lock` fresh.
-    fn upload_pieces(&self, pieces: &[(Hash, &[u8])], lock: &mut Lock) -> Result<()> {
-        let reads = pieces
-            .iter()
-            .map(|(hash, bytes)| Ok((*hash, Bytes::copy_from_slice(bytes))));
-        self.upload_chunks(reads, &mut |_| self.refresh(lock))
     }
 
     /// Refuse a world size other shards of `step` contradict.
@@ -326,7 +300,7 @@ impl Remote {
     /// hash-checked: the one the step's commit names if the step is
     /// complete, else a whole one that landed; `None` if there is none.
     pub fn get_shard(&self, step: u64, rank: u32) -> Result<Option<GradientCheckpoint>> {
-        let chunks = self.chunk_hashes()?;
+        let chunks = self.objects()?;
         if let Some((_, StepManifest::Sharded { mut shards, ids })) =
             self.complete_step(step, &chunks)?
         {
@@ -349,7 +323,7 @@ impl Remote {
     /// (for debugging a job that stalled).
     pub fn shards(&self, step: u64) -> Result<ShardStatus> {
         let ids = self.shard_ids(step)?;
-        let chunks = self.chunk_hashes()?;
+        let chunks = self.objects()?;
         let world_sizes: Vec<u32> = ids
             .iter()
             .map(|id| id.world_size)
@@ -407,7 +381,7 @@ impl Remote {
     /// store, N for a complete global step, what its shards say for one not
     /// complete; `None` if the bucket has nothing of it.
     pub fn world_size(&self, step: u64) -> Result<Option<u32>> {
-        if let Some((_, m)) = self.complete_step(step, &self.chunk_hashes()?)? {
+        if let Some((_, m)) = self.complete_step(step, &self.objects()?)? {
             return Ok(Some(m.world_size()));
         }
         Ok(self.shard_ids(step)?.iter().map(|id| id.world_size).min())

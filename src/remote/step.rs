@@ -5,6 +5,7 @@
 use std::collections::HashSet;
 
 use super::layout::{parse_hex, GlobalManifest, RemoteManifest, ShardId, MAX_MANIFEST_BYTES};
+use super::packs::Object;
 use super::{Commit, Remote};
 use crate::format::manifest::{hex, Hash};
 use crate::{Error, Result, StepSummary};
@@ -38,9 +39,9 @@ impl StepManifest {
         }
     }
 
-    /// Every chunk it names.
-    pub(crate) fn chunks(&self) -> impl Iterator<Item = Hash> + '_ {
-        self.parts().iter().flat_map(chunks_of)
+    /// Every object it needs (chunks, or packs).
+    pub(crate) fn objects(&self) -> impl Iterator<Item = Object> + '_ {
+        self.parts().iter().flat_map(RemoteManifest::objects)
     }
 
     /// The record retention ranks: time, loss and metrics of rank 0, the
@@ -72,7 +73,7 @@ impl Remote {
     pub(super) fn checked_manifest(
         &self,
         commit: Commit,
-        chunks: Option<&HashSet<Hash>>,
+        chunks: Option<&HashSet<Object>>,
     ) -> Result<Checked> {
         let key = self.layout.manifest(commit.step, &commit.hash);
         let bytes = match self.get_hashed(&key, &commit.hash)? {
@@ -118,7 +119,7 @@ impl Remote {
         &self,
         step: u64,
         id: &ShardId,
-        chunks: Option<&HashSet<Hash>>,
+        chunks: Option<&HashSet<Object>>,
     ) -> Result<Checked<RemoteManifest>> {
         let key = self.layout.shard(step, id);
         let bytes = match self.get_hashed(&key, &id.hash)? {
@@ -137,7 +138,7 @@ impl Remote {
     pub(crate) fn newest_complete(
         &self,
         commits: &[Commit],
-        chunks: &HashSet<Hash>,
+        chunks: &HashSet<Object>,
     ) -> Result<Option<(Commit, StepManifest)>> {
         for c in commits.iter().rev() {
             if let Ok(m) = self.checked_manifest(*c, Some(chunks))? {
@@ -152,7 +153,7 @@ impl Remote {
     pub(crate) fn complete_step(
         &self,
         step: u64,
-        chunks: &HashSet<Hash>,
+        chunks: &HashSet<Object>,
     ) -> Result<Option<(Commit, StepManifest)>> {
         let commits: Vec<Commit> = self
             .commits()?
@@ -208,7 +209,7 @@ impl Remote {
         if commits.is_empty() {
             return Ok((complete, skipped));
         }
-        let chunks = self.chunk_hashes()?;
+        let chunks = self.objects()?;
         // Commits come sorted by step: one group per step.
         for of_step in commits.chunk_by(|a, b| a.step == b.step) {
             let mut why = None;
@@ -235,12 +236,15 @@ impl Remote {
 fn check_single(
     m: RemoteManifest,
     step: u64,
-    chunks: Option<&HashSet<Hash>>,
+    chunks: Option<&HashSet<Object>>,
 ) -> Checked<RemoteManifest> {
     m.check(step)?;
     if let Some(chunks) = chunks {
-        if let Some(h) = chunks_of(&m).find(|h| !chunks.contains(h)) {
-            return Err(format!("chunk {} is missing", hex(&h)));
+        if let Some(o) = m.objects().into_iter().find(|o| !chunks.contains(o)) {
+            return Err(match o {
+                Object::Chunk(h) => format!("chunk {} is missing", hex(&h)),
+                Object::Pack(h) => format!("pack {} is missing", hex(&h)),
+            });
         }
     }
     Ok(m)

@@ -75,7 +75,7 @@ impl Remote {
         let mut batch = Vec::new();
         let mut batch_bytes = 0;
         for (name, blob) in &m.blobs {
-            for want in blob_chunks(step, name, blob)? {
+            for want in blob_chunks(m, name, blob)? {
                 if !seen.insert(want.hash) {
                     continue;
                 }

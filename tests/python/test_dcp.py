@@ -116,8 +116,8 @@ def test_a_rank_killed_before_finish_leaves_no_step_and_a_rerun_completes(tmp_pa
 def test_a_flipped_byte_is_refused_with_corrupt_error(tmp_path):
     url = f"file://{tmp_path}/bucket"
     run("save", url, 1, 2)
-    chunks = sorted((tmp_path / "bucket" / "chunks").rglob("*"), key=lambda p: p.stat().st_size)
-    biggest = [p for p in chunks if p.is_file()][-1]
+    packs = sorted((tmp_path / "bucket" / "packs").rglob("*"), key=lambda p: p.stat().st_size)
+    biggest = [p for p in packs if p.is_file()][-1]
     data = bytearray(biggest.read_bytes())
     data[len(data) // 2] ^= 0x01
     biggest.write_bytes(bytes(data))
@@ -236,10 +236,10 @@ def test_fsdp2_saved_at_4_resumes_at_2_with_the_losses_of_an_uninterrupted_run(t
 
 def test_dcp_steps_dedup_and_take_retention_gc_and_verify(tmp_path):
     url = f"file://{tmp_path}/bucket"
-    chunks = tmp_path / "bucket" / "chunks"
+    bucket = tmp_path / "bucket"
 
     def stored():
-        return sum(p.stat().st_size for p in chunks.rglob("*") if p.is_file())
+        return sum(p.stat().st_size for d in ("chunks", "packs") for p in (bucket / d).rglob("*") if p.is_file())
 
     run("save", url, 1, 2)
     first = stored()

@@ -91,23 +91,28 @@ fn commit_global_refuses_shards_that_are_not_there_and_whole() -> Result {
         .commit_global(2, &[names[0].clone(), absent])
         .expect_err("a shard that is not there");
     assert!(matches!(e, Error::Corrupt { step: Some(2), .. }), "{e}");
-    // A chunk of rank 1's shard deleted: refused, naming the chunk.
-    let chunk = futures::executor::block_on(async {
+    // A pack deleted by hand: the coordinator asks one object per rank
+    // (the ranks proved their packs), so the step is committed, but no
+    // reader counts it and verify names the pack.
+    let packs = futures::executor::block_on(async {
         use futures::TryStreamExt;
-        let all: Vec<_> = memory.list(Some(&"c/chunks".into())).try_collect().await?;
-        Ok::<_, object_store::Error>(
-            all.into_iter()
-                .map(|m| m.location)
-                .max_by_key(std::string::ToString::to_string),
-        )
-    })?
-    .expect("chunks");
-    futures::executor::block_on(memory.delete(&chunk))?;
-    let e = remote
-        .commit_global(2, &names)
-        .expect_err("a chunk is gone");
-    assert!(e.to_string().contains("lacks"), "{e}");
-    assert!(remote.steps()?.is_empty());
+        let all: Vec<_> = memory.list(Some(&"c/packs".into())).try_collect().await?;
+        Ok::<_, object_store::Error>(all.into_iter().map(|m| m.location).collect::<Vec<_>>())
+    })?;
+    assert_eq!(packs.len(), 2, "a pack per rank: {packs:?}");
+    futures::executor::block_on(memory.delete(&packs[1]))?;
+    remote.commit_global(2, &names)?;
+    // The rank whose pack is gone has no whole shard; the other has.
+    let whole: Vec<bool> = (0..2)
+        .map(|r| Ok(remote.get_shard(2, r)?.is_some()))
+        .collect::<Result<_>>()?;
+    assert_eq!(whole.iter().filter(|w| **w).count(), 1, "{whole:?}");
+    let verified = remote.verify()?;
+    assert_eq!(verified.damaged.len(), 1, "{verified:?}");
+    assert!(
+        verified.damaged[0].1.to_string().contains("/packs/"),
+        "{verified:?}"
+    );
     names.clear();
     let e = remote.commit_global(2, &names).expect_err("no shards");
     assert!(matches!(e, Error::InvalidCheckpoint { .. }), "{e}");
@@ -125,17 +130,18 @@ fn a_piece_fetches_only_the_chunks_it_overlaps() -> Result {
     assert_eq!(global.entries(1)["big"].len, 3 * MIB as u64);
     let chunk_gets = || {
         let gets = counting.gets.lock().expect("lock");
-        gets.iter().filter(|k| k.contains("/chunks/")).count()
+        gets.iter().filter(|k| k.contains("/packs/")).count()
     };
     let whole = shard(1, 1, 3 * MIB).optimizer_state["big"].clone();
     let small = shard(1, 0, 3 * MIB).optimizer_state["small"].clone();
     let before = chunk_gets();
-    // Inside the second chunk: one chunk fetched.
+    // Inside the second chunk: one chunk fetched (a ranged GET of its pack).
     let at = MIB as u64 + 10;
     let got = remote.read_pieces(&global, &[(1, "big", at, 1000)])?;
     assert_eq!(got[0], whole[at as usize..at as usize + 1000]);
     assert_eq!(chunk_gets() - before, 1);
-    // Across a chunk boundary, and a packed blob: three chunks.
+    // Across a chunk boundary, and a packed blob: the two chunks, neighbours
+    // in their pack, in one request; the packed chunk in another.
     let before = chunk_gets();
     let boundary = MIB - 128; // chunks are 1 MiB - 128 B
     let got = remote.read_pieces(
@@ -144,7 +150,7 @@ fn a_piece_fetches_only_the_chunks_it_overlaps() -> Result {
     )?;
     assert_eq!(got[0], whole[boundary - 5..boundary + 5]);
     assert_eq!(got[1], small[3..7]);
-    assert_eq!(chunk_gets() - before, 3);
+    assert_eq!(chunk_gets() - before, 2);
     // Outside the entry: refused before anything is fetched.
     let e = remote
         .read_pieces(&global, &[(1, "big", 3 * MIB as u64 - 1, 2)])
@@ -174,7 +180,11 @@ fn a_piece_fetches_only_the_chunks_it_overlaps() -> Result {
         (&first[..], &second[..]),
         (&whole[7..107], &whole[200..250])
     );
-    assert_eq!(chunk_gets() - before, 4, "3 MiB is four chunks");
+    assert_eq!(
+        chunk_gets() - before,
+        2,
+        "3 MiB is three chunks in a row and a tail in the packed chunk"
+    );
     let mut short = vec![0u8; 9];
     let e = remote
         .read_pieces_into(&global, &pieces[..1], &mut [&mut short])
@@ -191,15 +201,16 @@ fn a_damaged_chunk_fails_a_piece_naming_the_step() -> Result {
     remote.commit_global(7, &names)?;
     let global = remote.open_global(7)?.expect("complete");
     let data = shard(7, 0, 3 * MIB).optimizer_state["big"].clone();
-    // Overwrite every full chunk with same-length garbage.
+    // Overwrite every pack with same-length garbage.
     let keys = futures::executor::block_on(async {
         use futures::TryStreamExt;
         memory
-            .list(Some(&"d/chunks".into()))
+            .list(Some(&"d/packs".into()))
             .try_collect::<Vec<_>>()
             .await
     })?;
-    for meta in keys.iter().filter(|m| m.size == MIB as u64 - 128) {
+    assert!(!keys.is_empty());
+    for meta in &keys {
         let bytes = vec![0u8; meta.size as usize];
         futures::executor::block_on(memory.put(&meta.location, PutPayload::from(bytes)))?;
     }
@@ -241,8 +252,8 @@ fn every_kind(step: u64) -> Result<GradientCheckpoint> {
 /// The bucket's manifests are the same bytes whenever they are built: a
 /// pushed step's name is what 0.4's first build wrote (a re-pushed step
 /// dedups against buckets written before); a shard's is pinned at its
-/// format 2 (tails in the packed chunk), so that a change of its bytes is
-/// a decision, not an accident.
+/// format 3 (chunks in packs, named by their chunk lists), so that a
+/// change of its bytes is a decision, not an accident.
 #[test]
 fn manifests_keep_their_bytes() -> Result {
     let dir = tempfile::tempdir()?;
@@ -256,7 +267,7 @@ fn manifests_keep_their_bytes() -> Result {
         .collect::<std::io::Result<_>>()?;
     assert_eq!(
         shard,
-        "d5014761c65164993d29bbfb4d7a3cf246285ea4eb9d74891d03220eea27f10b"
+        "7b21a19c8333a9519d435d5a2d85e6465daa1c5694a97748dbfa021ee5871cba"
     );
     assert_eq!(
         manifests,
@@ -310,7 +321,7 @@ fn borrowed_tensors_upload_the_same_shard() -> Result {
     // The name manifests_keep_their_bytes pins for the owned shard.
     assert_eq!(
         info.shard,
-        "d5014761c65164993d29bbfb4d7a3cf246285ea4eb9d74891d03220eea27f10b"
+        "7b21a19c8333a9519d435d5a2d85e6465daa1c5694a97748dbfa021ee5871cba"
     );
     assert!(
         remote.steps()?.is_empty(),
@@ -374,16 +385,17 @@ fn a_directory_bucket_reads_chunks_straight_into_place_and_checks_them() -> Resu
 
     // A flipped byte in the second chunk: the read fails naming the step
     // and the bucket, and none of that chunk's bytes stay in the buffer.
-    let chunk_files: Vec<std::path::PathBuf> = std::fs::read_dir(dir.path().join("chunks"))?
+    let pack_files: Vec<std::path::PathBuf> = std::fs::read_dir(dir.path().join("packs"))?
         .map(|e| e.map(|e| e.path()))
         .collect::<std::io::Result<_>>()?;
     let second = &whole[boundary..2 * boundary];
-    let victim = chunk_files
+    // "big" is rank 1's first entry: its chunks open its pack, in order.
+    let victim = pack_files
         .iter()
-        .find(|p| std::fs::read(p).is_ok_and(|b| b == second))
-        .expect("the second chunk's file");
+        .find(|p| std::fs::read(p).is_ok_and(|b| b.get(boundary..2 * boundary) == Some(second)))
+        .expect("the pack of the second chunk");
     let mut bytes = std::fs::read(victim)?;
-    bytes[77] ^= 1;
+    bytes[boundary + 77] ^= 1;
     std::fs::write(victim, &bytes)?;
     let mut out = vec![9u8; 3 * MIB];
     let e = remote
@@ -392,7 +404,7 @@ fn a_directory_bucket_reads_chunks_straight_into_place_and_checks_them() -> Resu
     assert!(matches!(e, Error::Corrupt { step: Some(2), .. }), "{e}");
     assert!(e.to_string().contains("fails its hash check"), "{e}");
     assert!(out[boundary..2 * boundary].iter().all(|&b| b == 0));
-    // A missing chunk file: reported by the object store's read.
+    // A missing pack file: reported by the object store's read.
     std::fs::remove_file(victim)?;
     let e = remote
         .read_pieces_into(&global, &[(1, "big", 0, 3 * MIB as u64)], &mut [&mut out])
@@ -408,19 +420,20 @@ fn directory_buckets_with_odd_paths_read_through_the_object_store() -> Result {
         let root = dir.path().join(name);
         let remote = Remote::open(&format!("file://{}", root.display()))?;
         let names = upload_all(&remote, 4, 2, 3)?;
-        // Every chunk the shards name is a file holding its bytes.
-        let chunks = std::fs::read_dir(root.join("chunks"))?
+        // The shards' chunks are in pack files (no chunk objects), and no
+        // staging file is left.
+        assert!(!root.join("chunks").exists(), "{name}");
+        let packs = std::fs::read_dir(root.join("packs"))?
             .map(|e| e.map(|e| e.path()))
             .collect::<std::io::Result<Vec<_>>>()?;
-        assert!(!chunks.is_empty(), "{name}");
-        for path in &chunks {
+        assert!(!packs.is_empty(), "{name}");
+        for path in &packs {
             let file_name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
             assert!(
                 !file_name.contains('#'),
                 "{name}: staging file left: {file_name}"
             );
-            let bytes = std::fs::read(path)?;
-            assert_eq!(blake3::hash(&bytes).to_hex().as_str(), file_name, "{name}");
+            assert_eq!(file_name.len(), 64, "{name}: {file_name}");
         }
         remote.commit_global(4, &names)?;
         // Read back through a new handle: the same shards, read directly

@@ -10,6 +10,7 @@ mod common;
 mod cli;
 mod cluster;
 mod coordinated;
+mod counted;
 mod faults;
 mod garage;
 mod promise;

@@ -356,9 +356,12 @@ fn four_ranks_killed_at_random() -> Result {
         assert!(r.wait()?.success());
     }
     assert_eq!(remote.steps()?, all.clone().collect::<Vec<_>>());
+    // Every commit reads back whole. A rank restarted mid-run packs the
+    // chunks its killed process had packed again (it remembers nothing),
+    // so a redone shard may differ and its step get a newer commit.
     let report = remote.verify()?;
     assert!(
-        report.is_ok() && report.steps_ok == 20 * rounds,
+        report.is_ok() && report.steps_ok >= 20 * rounds,
         "{report:?}"
     );
     assert!(

@@ -47,12 +47,14 @@ fn a_tensors_small_end_travels_with_the_packed_blobs() -> Result {
     let c = shard(1)?;
     let info = remote.commit_shard(1, 0, 1, &c)?;
     assert!(info.complete);
-    // One object per 1 MiB tensor, three for "odd" (its last 389 bytes
-    // packed), and the packed chunk: 8, where format 1 wrote 13.
-    assert_eq!(objects(dir.path(), "chunks")?.len(), 4 + 3 + 1);
+    // A chunk per 1 MiB tensor, three for "odd" (its last 389 bytes
+    // packed), and the packed chunk (format 1 had 13 chunks): one pack
+    // object, and no chunk objects.
+    assert_eq!(objects(dir.path(), "packs")?.len(), 1);
+    assert!(!dir.path().join("chunks").exists());
     let manifest =
         std::fs::read_to_string(&objects(dir.path(), "shards/00000000000000000001")?[0])?;
-    assert!(manifest.starts_with(r#"{"format":2,"#), "{manifest}");
+    assert!(manifest.starts_with(r#"{"format":3,"#), "{manifest}");
     assert_eq!(manifest.matches(r#""tail":"#).count(), 5, "{manifest}");
     assert!(remote.get_shard(1, 0)? == Some(c.clone()));
     // Pieces: inside a tail, across a chunk's end into its tail, a whole
@@ -93,16 +95,27 @@ fn a_damaged_tail_fails_its_reads_only() -> Result {
     let manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(
         &objects(dir.path(), "shards/00000000000000000001")?[0],
     )?)?;
-    let packed = dir.path().join("chunks").join(
-        manifest["packed"]["hash"]
-            .as_str()
-            .ok_or("a packed chunk")?,
+    // The packed chunk lies in a pack, at the offset the index gives.
+    let packed_hash = manifest["packed"]["hash"]
+        .as_str()
+        .ok_or("a packed chunk")?;
+    let (pack, base) = (
+        manifest["index"][packed_hash][0]
+            .as_u64()
+            .ok_or("indexed")?,
+        manifest["index"][packed_hash][1]
+            .as_u64()
+            .ok_or("indexed")?,
     );
+    let pack = manifest["packs"][pack as usize]["hash"]
+        .as_str()
+        .ok_or("a pack")?;
+    let packed = dir.path().join("packs").join(pack);
     let at = manifest["blobs"]["w1"]["tail"]["offset"]
         .as_u64()
         .ok_or("w1 has a tail")?;
     let mut data = std::fs::read(&packed)?;
-    data[at as usize + 5] ^= 1;
+    data[(base + at) as usize + 5] ^= 1;
     std::fs::write(&packed, data)?;
     let global = remote.open_global(1)?.ok_or("complete")?;
     let e = remote
@@ -175,21 +188,16 @@ fn a_tail_is_a_ranged_read_of_the_packed_chunk() -> Result {
     let w3 = &c.tensors["w3"].data;
     let got = remote.read_pieces(&global, &[(0, "w3", MIB as u64 - 200, 200)])?;
     assert_eq!(got[0], w3[MIB - 200..]);
-    // Cut the packed chunk (the one object under 64 KiB) short.
+    // Cut the pack short, inside the packed chunk (its last chunk).
     let packed = futures::executor::block_on(async {
-        let mut found = None;
-        let mut list = memory.list(Some(&"p/chunks".into()));
-        while let Some(meta) = futures::StreamExt::next(&mut list).await {
-            let meta = meta?;
-            if meta.size < 64 << 10 {
-                found = Some(meta.location);
-            }
-        }
-        Ok::<_, object_store::Error>(found)
+        let mut list = memory.list(Some(&"p/packs".into()));
+        futures::StreamExt::next(&mut list).await.transpose()
     })?
-    .ok_or("a packed chunk")?;
+    .ok_or("a pack")?
+    .location;
     let bytes = futures::executor::block_on(async { memory.get(&packed).await?.bytes().await })?;
-    futures::executor::block_on(memory.put(&packed, PutPayload::from(bytes[..200].to_vec())))?;
+    let cut = bytes.len() - 1000;
+    futures::executor::block_on(memory.put(&packed, PutPayload::from(bytes[..cut].to_vec())))?;
     let e = remote
         .read_pieces(&global, &[(0, "w3", MIB as u64 - 10, 10)])
         .expect_err("cut short");
@@ -197,27 +205,29 @@ fn a_tail_is_a_ranged_read_of_the_packed_chunk() -> Result {
     Ok(())
 }
 
-/// A directory bucket's chunks are looked up with the file system: a chunk
-/// file gone is seen as gone by a commit (which refuses) and by the next
-/// upload (which puts it back).
+/// A pack file deleted by hand: no reader counts the step (the object is
+/// missing), `verify` names it, and an upload by a remote that does not
+/// remember the pack puts the chunks back.
 #[test]
-fn a_directory_bucket_sees_a_chunk_file_gone() -> Result {
+fn a_directory_bucket_sees_a_pack_file_gone() -> Result {
     let (dir, remote) = dir_bucket()?;
     let c = shard(1)?;
     let first = remote.upload_shard(1, 0, 1, &c)?;
-    let chunk = objects(dir.path(), "chunks")?
-        .into_iter()
-        .find(|p| std::fs::metadata(p).is_ok_and(|m| m.len() == MIB as u64 - 128))
-        .ok_or("a full chunk")?;
-    std::fs::remove_file(&chunk)?;
-    let e = remote
-        .commit_global(1, &[first.shard])
-        .expect_err("a chunk is gone");
-    assert!(e.to_string().contains("lacks"), "{e}");
-    let again = remote.upload_shard(1, 0, 1, &c)?;
-    assert_eq!(again.bytes_uploaded, MIB as u64 - 128, "{again:?}");
-    remote.commit_global(1, &[again.shard])?;
-    assert!(remote.get_shard(1, 0)? == Some(c));
+    remote.commit_global(1, &[first.shard])?;
+    for pack in objects(dir.path(), "packs")? {
+        std::fs::remove_file(&pack)?;
+    }
+    assert_eq!(remote.get_shard(1, 0)?, None);
+    let verified = remote.verify()?;
+    assert!(
+        verified.damaged[0].1.to_string().contains("/packs/"),
+        "{verified:?}"
+    );
+    let fresh = Remote::open(remote.url())?;
+    let again = fresh.upload_shard(1, 0, 1, &c)?;
+    assert!(again.bytes_uploaded >= 7 * MIB as u64, "{again:?}");
+    fresh.commit_global(1, &[again.shard])?;
+    assert!(fresh.get_shard(1, 0)? == Some(c));
     Ok(())
 }
 

@@ -83,6 +83,21 @@ _BATCH_BYTES = 64 << 20
 Target = Union[str, "os.PathLike[str]", Store]
 
 
+# One Remote per bucket URL in a process: it remembers where the chunks it
+# wrote lie in the bucket's packs, so a save of unchanged tensors uploads
+# nothing and asks nothing per chunk. Keyed by process too: a forked child
+# opens its own.
+_REMOTES: Dict[Tuple[int, str], Remote] = {}
+
+
+def _remote(target: Any) -> Remote:
+    key = (os.getpid(), str(target))
+    found = _REMOTES.get(key)
+    if found is None:
+        found = _REMOTES[key] = Remote(str(target))
+    return found
+
+
 def _is_url(target: Any) -> bool:
     return isinstance(target, str) and target.split("://", 1)[0] in ("s3", "file")
 
@@ -194,7 +209,7 @@ class StorageWriter(_SentAsUrl, _storage.StorageWriter):
 
     def _committed(self) -> bool:
         if _is_url(self._target):
-            return Remote(str(self._target)).open_global(self._step) is not None
+            return _remote(self._target).open_global(self._step) is not None
         with _local(self._target) as store:
             return self._step in store.steps()
 
@@ -237,7 +252,7 @@ class StorageWriter(_SentAsUrl, _storage.StorageWriter):
         return item.index, int(array.size), name
 
     def _upload(self, values: Dict[str, Any], chunks_only: bool = False) -> str:
-        remote = Remote(str(self._target))
+        remote = _remote(self._target)
         info = remote.upload_shard(self._step, self._rank, self._world, values, data_only=chunks_only)
         return info.shard
 
@@ -263,7 +278,7 @@ class StorageWriter(_SentAsUrl, _storage.StorageWriter):
         missing = [r for r, s in enumerate(shards) if not s]
         if missing:
             raise ValueError(f"step {self._step}: no shard reported by ranks {missing}")
-        Remote(str(self._target)).commit_global(self._step, shards)
+        _remote(self._target).commit_global(self._step, shards)
 
 
 class _local:
@@ -330,7 +345,7 @@ class StorageReader(_SentAsUrl, _storage.StorageReader):
 
     def _latest(self) -> Optional[int]:
         if _is_url(self._target):
-            return Remote(str(self._target)).latest_step()
+            return _remote(self._target).latest_step()
         with _local(self._target, read_only=True) as store:
             return store.latest_step()
 
@@ -349,7 +364,7 @@ class StorageReader(_SentAsUrl, _storage.StorageReader):
         self._global, self._local, self._entries = None, {}, {}
         where = _describe(self._target)
         if _is_url(self._target):
-            remote = Remote(str(self._target))
+            remote = _remote(self._target)
             self._global = remote.open_global(step, commit)
             if self._global is None:
                 which = f"step {step}" if commit is None else f"the commit {commit} of step {step}"
@@ -439,7 +454,7 @@ class StorageReader(_SentAsUrl, _storage.StorageReader):
                     continue
             rest.append((item, piece, box, target))
         if direct:
-            Remote(str(self._target)).read_pieces_into(
+            _remote(self._target).read_pieces_into(
                 self._global, [piece for _, piece, _, _ in direct], [dest for _, _, _, dest in direct]
             )
             for item, _, target, _ in direct:
@@ -483,7 +498,7 @@ class StorageReader(_SentAsUrl, _storage.StorageReader):
 
     def _fetch(self, pieces: Sequence[Tuple[int, str, int, int]]) -> List[np.ndarray]:
         if self._global is not None:
-            return Remote(str(self._target)).read_pieces(self._global, list(pieces))
+            return _remote(self._target).read_pieces(self._global, list(pieces))
         out = []
         for _, entry, start, n in pieces:
             whole = self._local[entry]
@@ -554,7 +569,7 @@ def consolidate(
         resolved = step if step is not None else reader._latest()
         if resolved is None:
             raise FileNotFoundError(f"{target} holds no complete step")
-        return Remote(str(target)).consolidate(resolved, path, prefix)
+        return _remote(target).consolidate(resolved, path, prefix)
     md = reader.read_metadata()
     resolved = reader.step
     header: Dict[str, Any] = {"__metadata__": {"ckptstore.step": str(resolved)}}

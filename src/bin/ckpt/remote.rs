@@ -184,9 +184,10 @@ pub(crate) fn gc(
         println!("chunks not collected: a push is in flight; run gc again when it is done");
     } else {
         println!(
-            "deleted {} chunks ({}) and {} stray manifests; kept {} unreferenced objects \
-             younger than {} s",
+            "deleted {} chunks and {} packs ({}) and {} stray manifests; kept {} unreferenced \
+             objects younger than {} s",
             collected.chunks_deleted,
+            collected.packs_deleted,
             output::bytes(collected.bytes_deleted),
             collected.manifests_deleted,
             collected.young_kept,

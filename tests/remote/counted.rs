@@ -1,0 +1,105 @@
+//! Requests counted (issue 39, item 6): what a global step costs the
+//! bucket, with the limits pinned (request counts are deterministic). The
+//! ranks are separate `Remote`s over one counting in-memory store, as
+//! processes over one bucket are.
+
+use std::sync::Arc;
+
+use ckptstore::{ComputationGraphStore, Dtype, GradientCheckpoint, Remote, Tensor};
+use object_store::memory::InMemory;
+
+use super::faults::Failing;
+use super::Result;
+use crate::common::bytes;
+
+const MIB: usize = 1 << 20;
+const RANKS: u32 = 4;
+
+/// Rank `rank`'s shard of `step`: three tensors of 8 MiB (new data) and a
+/// small blob.
+fn shard(step: u64, rank: u32, seed: u64) -> Result<GradientCheckpoint> {
+    let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), step);
+    c.timestamp = 1_800_000_000 + step;
+    for i in 0..3u64 {
+        let data = bytes(seed * 100 + u64::from(rank) * 10 + i, 8 * MIB);
+        c.set_tensor(
+            format!("w{i}"),
+            Tensor::new(Dtype::F32, vec![2 * MIB as u64], data)?,
+        );
+    }
+    c.set_optimizer_state("rng", vec![rank as u8; 100]);
+    Ok(c)
+}
+
+/// Requests per rank allowed for `bytes`: `per_gib` per GiB (rounded
+/// up), plus 10.
+fn allowed(per_gib: usize, bytes: usize) -> usize {
+    (per_gib * bytes).div_ceil(1 << 30) + 10
+}
+
+#[test]
+fn a_global_step_costs_requests_per_rank_not_per_chunk() -> Result {
+    let counting = Arc::new(Failing::new(Arc::new(InMemory::new()), 0));
+    let open = || Remote::with_store(counting.clone(), "run", "mem://run");
+    let ranks: Vec<Remote> = (0..RANKS)
+        .map(|_| open())
+        .collect::<ckptstore::Result<_>>()?;
+    let new_bytes = 24 * MIB + 100;
+    // Step 1: every rank's data is new.
+    let mut names = Vec::new();
+    for (rank, remote) in (0..RANKS).zip(&ranks) {
+        counting.reset();
+        let info = remote.upload_shard(1, rank, RANKS, &shard(1, rank, 1)?)?;
+        let n = counting.requests();
+        assert!(n <= allowed(32, new_bytes), "rank {rank}: {n} requests");
+        eprintln!("rank {rank}: a save of 24 MiB of new data, {n} requests");
+        assert_eq!(info.bytes_uploaded, new_bytes as u64);
+        names.push(info.shard);
+    }
+    counting.reset();
+    ranks[0].commit_global(1, &names)?;
+    let n = counting.requests();
+    assert!(n <= 2 * RANKS as usize + 10, "finish: {n} requests");
+    eprintln!("the coordinator's commit of {RANKS} ranks: {n} requests");
+    // Step 2, the same state: nothing uploaded, a few requests per rank.
+    let mut again = Vec::new();
+    for (rank, remote) in (0..RANKS).zip(&ranks) {
+        counting.reset();
+        let mut same = shard(1, rank, 1)?;
+        same.step = 2;
+        let info = remote.upload_shard(2, rank, RANKS, &same)?;
+        let n = counting.requests();
+        assert!(n <= 10, "rank {rank}, unchanged: {n} requests");
+        eprintln!("rank {rank}: a save of the same state, {n} requests");
+        assert_eq!(info.bytes_uploaded, 0, "{info:?}");
+        again.push(info.shard);
+    }
+    ranks[0].commit_global(2, &again)?;
+    // A load: each rank, from a new remote, reads its whole shard.
+    for rank in 0..RANKS {
+        let reader = open()?;
+        counting.reset();
+        let global = reader.open_global(2)?.ok_or("complete")?;
+        let entries = global.entries(rank);
+        let pieces: Vec<_> = entries
+            .iter()
+            .map(|(n, e)| (rank, n.as_str(), 0, e.len))
+            .collect();
+        let got = reader.read_pieces(&global, &pieces)?;
+        let n = counting.requests();
+        assert!(
+            n <= allowed(80, new_bytes),
+            "rank {rank}, load: {n} requests"
+        );
+        eprintln!("rank {rank}: open the step and read its whole shard, {n} requests");
+        let want = shard(1, rank, 1)?;
+        assert!(got[0] == want.optimizer_state["rng"] && got[1] == want.tensors["w0"].data);
+        // A restarted job saves after its load: what it loaded is not
+        // uploaded again.
+        let mut same = want;
+        same.step = 3;
+        let info = reader.upload_shard(3, rank, RANKS, &same)?;
+        assert_eq!(info.bytes_uploaded, 0, "rank {rank}: {info:?}");
+    }
+    Ok(())
+}
