@@ -7,7 +7,7 @@ use super::layout::{
     parse_hex, GlobalManifest, RemoteBlob, RemoteManifest, RemoteTail, MANIFEST_FORMAT,
     MANIFEST_FORMAT_TAILS, MAX_DIMS, MAX_WORLD_SIZE,
 };
-use super::packs::MANIFEST_FORMAT_PACKS;
+use super::pack_format::MANIFEST_FORMAT_PACKS;
 use crate::checkpoint::MAX_TEXT_BYTES;
 use crate::format::layout::{chunk_count, small_tail};
 use crate::{Dtype, Tensor};

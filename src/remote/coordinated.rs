@@ -159,7 +159,7 @@ impl Remote {
                 if m.packs.is_some() {
                     continue;
                 }
-                let named: Vec<Hash> = super::step::chunks_of(&m).collect();
+                let named: Vec<Hash> = super::objects::chunks_of(&m).collect();
                 let there = self.present(named.iter().copied())?;
                 if let Some(gone) = named.iter().find(|h| !there.contains(*h)) {
                     return Err(Error::corrupt(

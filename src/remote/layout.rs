@@ -3,7 +3,7 @@
 //! ```text
 //! chunks/<blake3 hex>                      chunk bytes (and a step's packed small blobs)
 //! packs/<blake3 hex>                       chunks back to back (format 3 shards); the hash
-//!                                          is of the chunk list ([`pack_name`](super::packs::pack_name))
+//!                                          is of the chunk list ([`pack_name`](super::pack_format::pack_name))
 //! manifests/<step:020>-<blake3 hex>.json   a step's manifest (JSON); the hash is of its bytes;
 //!                                          for a global step of N ranks, the list of its shards
 //! shards/<step:020>/<rank:06>-of-<N:06>-<blake3 hex>.json
@@ -158,10 +158,10 @@ impl Layout {
     }
 
     /// The key of `object`.
-    pub(crate) fn object(&self, object: &super::packs::Object) -> Path {
+    pub(crate) fn object(&self, object: &super::pack_format::Object) -> Path {
         match object {
-            super::packs::Object::Chunk(hash) => self.chunk(hash),
-            super::packs::Object::Pack(hash) => self.pack(hash),
+            super::pack_format::Object::Chunk(hash) => self.chunk(hash),
+            super::pack_format::Object::Pack(hash) => self.pack(hash),
         }
     }
 
@@ -288,10 +288,10 @@ pub(crate) struct RemoteManifest {
     pub(crate) packed: Option<RemotePacked>,
     /// Format 3: the packs its chunks lie in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) packs: Option<Vec<super::packs::RemotePack>>,
+    pub(crate) packs: Option<Vec<super::pack_format::RemotePack>>,
     /// Format 3: where each chunk it names lies in `packs`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) index: Option<super::packs::PackIndex>,
+    pub(crate) index: Option<super::pack_format::PackIndex>,
 }
 
 impl RemoteManifest {

@@ -8,7 +8,9 @@ mod dcp;
 mod layout;
 mod local;
 mod locks;
+mod objects;
 mod owner;
+mod pack_format;
 mod packs;
 mod pieces;
 mod push;
@@ -35,7 +37,7 @@ use crate::{Error, Result};
 pub(crate) use layout::Commit;
 use layout::{parse_chunk, parse_commit, Layout, COMMITS, DELETED, MANIFESTS};
 pub use layout::{MAX_MANIFEST_BYTES, MAX_WORLD_SIZE};
-pub use packs::DEFAULT_PACK_BYTES;
+pub use pack_format::DEFAULT_PACK_BYTES;
 
 pub use dcp::{DcpDtype, DcpIndex, DcpTensor, DCP_METADATA};
 pub use pieces::{EntryInfo, GlobalStep, Piece};
@@ -174,7 +176,7 @@ impl Remote {
             dir: None,
             owner: crate::process::Owner::current(),
             runtime: Some(runtime),
-            pack_bytes: packs::DEFAULT_PACK_BYTES,
+            pack_bytes: pack_format::DEFAULT_PACK_BYTES,
             known: std::sync::Mutex::default(),
         })
     }
@@ -440,13 +442,16 @@ impl Remote {
 
     /// Every chunk and pack object in the bucket: what a manifest may
     /// need ([`RemoteManifest::objects`](layout::RemoteManifest::objects)).
-    pub(crate) fn objects(&self) -> Result<HashSet<packs::Object>> {
-        let chunks = self.chunk_hashes()?.into_iter().map(packs::Object::Chunk);
+    pub(crate) fn objects(&self) -> Result<HashSet<pack_format::Object>> {
+        let chunks = self
+            .chunk_hashes()?
+            .into_iter()
+            .map(pack_format::Object::Chunk);
         let packs = self.list_names(layout::PACKS)?;
         let packs = packs
             .iter()
             .filter_map(|n| parse_chunk(n))
-            .map(packs::Object::Pack);
+            .map(pack_format::Object::Pack);
         Ok(chunks.chain(packs).collect())
     }
 

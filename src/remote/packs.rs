@@ -13,132 +13,19 @@
 //! bucket's (read under the push lock, which no collection overlaps)
 //! names only packs that are there.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use bytes::Bytes;
-use serde::{Deserialize, Serialize};
 
 use super::layout::{parse_hex, RemoteManifest};
 use super::locks::Lock;
+use super::pack_format::{pack_name, Location, PackIndex, RemotePack};
 use super::Remote;
 use crate::format::manifest::{hex, Hash};
 use crate::{Error, Result};
 
-/// The version of a shard manifest whose chunks lie in packs.
-pub(crate) const MANIFEST_FORMAT_PACKS: u32 = 3;
-
-/// The size a pack is filled to (a pack holds at least one chunk, so one
-/// larger chunk makes a larger pack): a save costs about one request per
-/// this many bytes.
-pub const DEFAULT_PACK_BYTES: u64 = 64 << 20;
-
 /// Packs uploaded at once, each held in memory while it goes.
-pub(crate) const PACKS_IN_FLIGHT: usize = 4;
-
-/// An object a manifest needs in the bucket.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub(crate) enum Object {
-    /// `chunks/<hash>`: one chunk (formats 1 and 2).
-    Chunk(Hash),
-    /// `packs/<hash>`: chunks back to back (format 3).
-    Pack(Hash),
-}
-
-/// A pack a format 3 manifest names: its name's hash and its length.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct RemotePack {
-    pub(crate) hash: String,
-    pub(crate) len: u64,
-}
-
-/// A format 3 manifest's index: each chunk it names (hex) to the number
-/// of its pack in `packs` and its offset there.
-pub(crate) type PackIndex = BTreeMap<String, (u32, u64)>;
-
-/// Where a chunk lies in a pack.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Location {
-    pub(crate) pack: Hash,
-    pub(crate) pack_len: u64,
-    pub(crate) at: u64,
-}
-
-/// The name of the pack holding `chunks` (hash and length), in order.
-pub(crate) fn pack_name(chunks: &[(Hash, u64)]) -> Hash {
-    let mut hasher = blake3::Hasher::new();
-    hasher.update(b"ckptstore pack 1\0");
-    for (hash, len) in chunks {
-        hasher.update(hash);
-        hasher.update(&len.to_le_bytes());
-    }
-    *hasher.finalize().as_bytes()
-}
-
-impl RemoteManifest {
-    /// Where chunk `hash` lies: its own object (formats 1 and 2), or a
-    /// range of a pack (format 3); `None` if a format 3 manifest does not
-    /// index it (refused by its checks).
-    pub(crate) fn locate(&self, hash: &Hash) -> Option<(Object, Option<u64>)> {
-        let (Some(packs), Some(index)) = (&self.packs, &self.index) else {
-            return Some((Object::Chunk(*hash), None));
-        };
-        let &(pack, at) = index.get(&hex(hash))?;
-        let pack = packs.get(usize::try_from(pack).ok()?)?;
-        let name = parse_hex(&pack.hash)?;
-        Some((Object::Pack(name), Some(at)))
-    }
-
-    /// The objects it needs: its packs (format 3), else its chunks and
-    /// its packed chunk.
-    pub(crate) fn objects(&self) -> Vec<Object> {
-        if let Some(packs) = &self.packs {
-            return packs
-                .iter()
-                .filter_map(|p| parse_hex(&p.hash))
-                .map(Object::Pack)
-                .collect();
-        }
-        super::step::chunks_of(self).map(Object::Chunk).collect()
-    }
-
-    /// What [`locate`](Self::locate) needs of it, without its blobs and
-    /// graph.
-    pub(crate) fn locator(&self) -> RemoteManifest {
-        RemoteManifest {
-            format: self.format,
-            step: self.step,
-            timestamp: self.timestamp,
-            loss_cid: None,
-            metrics: BTreeMap::new(),
-            graph: serde_json::Value::Null,
-            blobs: BTreeMap::new(),
-            packed: self.packed.clone(),
-            packs: self.packs.clone(),
-            index: self.index.clone(),
-        }
-    }
-}
-
-impl RemoteManifest {
-    /// Each chunk's location (format 3; none for other formats).
-    pub(crate) fn locations(&self) -> Vec<(Hash, Location)> {
-        let (Some(packs), Some(index)) = (&self.packs, &self.index) else {
-            return Vec::new();
-        };
-        index
-            .iter()
-            .filter_map(|(chunk, &(pack, at))| {
-                let pack = packs.get(usize::try_from(pack).ok()?)?;
-                let location = Location {
-                    pack: parse_hex(&pack.hash)?,
-                    pack_len: pack.len,
-                    at,
-                };
-                Some((parse_hex(chunk)?, location))
-            })
-            .collect()
-    }
-}
+const PACKS_IN_FLIGHT: usize = 4;
 
 /// What a [`Remote`] knows is in its bucket: where chunks lie, while the
 /// bucket's collection mark is `mark`.

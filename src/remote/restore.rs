@@ -10,7 +10,7 @@ use futures::{StreamExt, TryStreamExt};
 use object_store::ObjectStoreExt;
 
 use super::layout::{parse_hex, RemoteBlob, RemoteManifest};
-use super::packs::Object;
+use super::pack_format::Object;
 use super::Remote;
 use crate::checkpoint::Incoming;
 use crate::format::layout::packed_slice;

@@ -7,7 +7,7 @@ use std::collections::{BTreeSet, HashSet};
 
 use super::layout::{parse_chunk, parse_commit, ShardId, CHUNKS, MANIFESTS, PACKS, SHARDS};
 use super::locks::LockKind;
-use super::packs::Object;
+use super::pack_format::Object;
 use super::step::StepManifest;
 use super::{Commit, Remote};
 use crate::format::manifest::Hash;

@@ -14,7 +14,7 @@ use super::layout::{
     MANIFEST_FORMAT_TAILS, MAX_WORLD_SIZE,
 };
 use super::locks::Lock;
-use super::packs::MANIFEST_FORMAT_PACKS;
+use super::pack_format::MANIFEST_FORMAT_PACKS;
 use super::step::StepManifest;
 use super::{Commit, Remote};
 use crate::engine::hashing::with_hashes;

@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 
 use super::layout::{parse_hex, GlobalManifest, RemoteManifest, ShardId, MAX_MANIFEST_BYTES};
-use super::packs::Object;
+use super::pack_format::Object;
 use super::{Commit, Remote};
 use crate::format::manifest::{hex, Hash};
 use crate::{Error, Result, StepSummary};
@@ -248,15 +248,6 @@ fn check_single(
         }
     }
     Ok(m)
-}
-
-/// The chunks a manifest names (its blobs' and its packed chunk).
-pub(crate) fn chunks_of(m: &RemoteManifest) -> impl Iterator<Item = Hash> + '_ {
-    m.blobs
-        .values()
-        .flat_map(|b| b.chunks.iter().flatten())
-        .chain(m.packed.iter().map(|p| &p.hash))
-        .filter_map(|h| parse_hex(h))
 }
 
 /// The retention record of one manifest.

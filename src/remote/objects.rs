@@ -1,0 +1,83 @@
+//! What a bucket manifest needs and where its chunks lie: its chunk
+//! objects (formats 1 and 2) or ranges of its packs (format 3).
+
+use std::collections::BTreeMap;
+
+use super::layout::{parse_hex, RemoteManifest};
+use super::pack_format::{Location, Object};
+use crate::format::manifest::{hex, Hash};
+
+impl RemoteManifest {
+    /// Where chunk `hash` lies: its own object (formats 1 and 2), or a
+    /// range of a pack (format 3); `None` if a format 3 manifest does not
+    /// index it (refused by its checks).
+    pub(crate) fn locate(&self, hash: &Hash) -> Option<(Object, Option<u64>)> {
+        let (Some(packs), Some(index)) = (&self.packs, &self.index) else {
+            return Some((Object::Chunk(*hash), None));
+        };
+        let &(pack, at) = index.get(&hex(hash))?;
+        let pack = packs.get(usize::try_from(pack).ok()?)?;
+        let name = parse_hex(&pack.hash)?;
+        Some((Object::Pack(name), Some(at)))
+    }
+
+    /// The objects it needs: its packs (format 3), else its chunks and
+    /// its packed chunk.
+    pub(crate) fn objects(&self) -> Vec<Object> {
+        if let Some(packs) = &self.packs {
+            return packs
+                .iter()
+                .filter_map(|p| parse_hex(&p.hash))
+                .map(Object::Pack)
+                .collect();
+        }
+        chunks_of(self).map(Object::Chunk).collect()
+    }
+
+    /// What [`locate`](Self::locate) needs of it, without its blobs and
+    /// graph.
+    pub(crate) fn locator(&self) -> RemoteManifest {
+        RemoteManifest {
+            format: self.format,
+            step: self.step,
+            timestamp: self.timestamp,
+            loss_cid: None,
+            metrics: BTreeMap::new(),
+            graph: serde_json::Value::Null,
+            blobs: BTreeMap::new(),
+            packed: self.packed.clone(),
+            packs: self.packs.clone(),
+            index: self.index.clone(),
+        }
+    }
+}
+
+impl RemoteManifest {
+    /// Each chunk's location (format 3; none for other formats).
+    pub(crate) fn locations(&self) -> Vec<(Hash, Location)> {
+        let (Some(packs), Some(index)) = (&self.packs, &self.index) else {
+            return Vec::new();
+        };
+        index
+            .iter()
+            .filter_map(|(chunk, &(pack, at))| {
+                let pack = packs.get(usize::try_from(pack).ok()?)?;
+                let location = Location {
+                    pack: parse_hex(&pack.hash)?,
+                    pack_len: pack.len,
+                    at,
+                };
+                Some((parse_hex(chunk)?, location))
+            })
+            .collect()
+    }
+}
+
+/// The chunks a manifest names (its blobs' and its packed chunk).
+pub(crate) fn chunks_of(m: &RemoteManifest) -> impl Iterator<Item = Hash> + '_ {
+    m.blobs
+        .values()
+        .flat_map(|b| b.chunks.iter().flatten())
+        .chain(m.packed.iter().map(|p| &p.hash))
+        .filter_map(|h| parse_hex(h))
+}
