@@ -12,6 +12,9 @@ use crate::arrays::Buffer;
 use crate::global_step::RawGlobalStep;
 use crate::py_err;
 use crate::results;
+
+/// An entry: (dtype name or None, shape or None, length in bytes).
+type Entry = (Option<String>, Option<Vec<u64>>, u64);
 use crate::store::{borrowed, checkpoint, ckpt_dict, policy, PyTensor, RawStore};
 
 /// A bucket (`s3://BUCKET/PREFIX` or `file:///DIR`).
@@ -179,6 +182,28 @@ impl RawRemote {
             })
             .map_err(py_err)?;
         Ok(global.map(|inner| RawGlobalStep { inner }))
+    }
+
+    /// Rank `rank`'s entries of `opened` by name: (dtype name or None,
+    /// shape or None, length in bytes); its shard's manifest is read the
+    /// first time.
+    fn entries(
+        &self,
+        py: Python<'_>,
+        opened: PyRef<'_, RawGlobalStep>,
+        rank: u32,
+    ) -> PyResult<BTreeMap<String, Entry>> {
+        let inner = &opened.inner;
+        let entries = py
+            .detach(|| self.remote.entries(inner, rank))
+            .map_err(py_err)?;
+        Ok(entries
+            .into_iter()
+            .map(|(name, e)| {
+                let (dtype, shape) = e.tensor.map_or((None, None), |(d, s)| (Some(d), Some(s)));
+                (name, (dtype, shape, e.len))
+            })
+            .collect())
     }
 
     /// The bytes of each (rank, name, offset, len) of `opened`, fetching

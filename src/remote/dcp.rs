@@ -141,8 +141,15 @@ impl Remote {
         let Some(global) = self.open_global(step)? else {
             return Ok(None);
         };
-        let owner = (0..global.world_size())
-            .find_map(|r| global.entries(r).get(DCP_METADATA).map(|e| (r, e.len)));
+        // The coordinator's shard holds it: rank 0's, unless the save's
+        // coordinator had another rank.
+        let mut owner = None;
+        for r in 0..global.world_size() {
+            if let Some(e) = self.entries(&global, r)?.get(DCP_METADATA) {
+                owner = Some((r, e.len));
+                break;
+            }
+        }
         let Some((rank, len)) = owner else {
             return Ok(None);
         };

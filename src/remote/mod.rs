@@ -388,6 +388,39 @@ impl Remote {
         Ok(commits)
     }
 
+    /// The commits of `step`, ascending by generation. Listed from the
+    /// step's first name on: S3 lists in name order and names sort by
+    /// step, so that is one request however many commits the bucket holds
+    /// (a directory lists what follows and drops it).
+    pub(crate) fn commits_of(&self, step: u64) -> Result<Vec<Commit>> {
+        if self.dir.as_ref().is_some_and(|d| !d.is_dir()) {
+            return Ok(Vec::new());
+        }
+        let folder = self.layout.folder(COMMITS);
+        let offset = folder.clone().join(format!("{step:020}"));
+        let sorted = self.s3_bucket.is_some();
+        let mut found: Vec<Commit> = self.block_on("listing", &folder, async {
+            let mut listing = self.store.list_with_offset(Some(&folder), &offset);
+            let mut found = Vec::new();
+            while let Some(meta) = listing.try_next().await? {
+                let Some(mut parts) = meta.location.prefix_match(&folder) else {
+                    continue;
+                };
+                let (Some(name), None) = (parts.next(), parts.next()) else {
+                    continue;
+                };
+                match Commit::parse(name.as_ref()) {
+                    Some(c) if c.step == step => found.push(c),
+                    Some(c) if c.step > step && sorted => break,
+                    _ => {}
+                }
+            }
+            Ok(found)
+        })?;
+        found.sort();
+        Ok(found)
+    }
+
     /// The (step, hash) of every manifest object.
     pub(crate) fn manifest_names(&self) -> Result<HashSet<(u64, Hash)>> {
         Ok(self

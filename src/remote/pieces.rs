@@ -1,14 +1,19 @@
 //! A global step read piece by piece: a reader that needs a few byte
 //! ranges of a few entries (a DCP load at another world size) fetches only
 //! the chunks those ranges overlap, each hash-checked, and nothing of the
-//! other entries or shards.
+//! other entries or shards. Opening a step reads its commit's manifest
+//! (the list of its shards); a shard's manifest is read the first time one
+//! of its entries is, so a rank of a load reads the shards it needs, not
+//! every rank's.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::OnceLock;
 
+use super::layout::ShardId;
 use super::layout::{RemoteBlob, RemoteManifest};
 use super::local::{place, Regions};
 use super::restore::{blob_chunks, packed_want, Want};
-use super::step::StepManifest;
+use super::step::CommitBody;
 use super::Remote;
 use crate::format::manifest::Hash;
 use crate::{Error, Result};
@@ -23,15 +28,21 @@ pub struct EntryInfo {
     pub tensor: Option<(String, Vec<u64>)>,
 }
 
-/// A complete step's manifests, each checked against its hash, opened for
-/// reads of parts of its entries ([`Remote::open_global`]). A step pushed
-/// from one store reads as a global step of one rank.
+/// A complete step opened for reads of parts of its entries
+/// ([`Remote::open_global`]): its commit's manifest, and each shard's
+/// manifest (checked against its hash) once one of its entries is asked
+/// for. A step pushed from one store reads as a global step of one rank.
 #[derive(Clone, Debug)]
 pub struct GlobalStep {
     step: u64,
     /// The name of the commit object it was opened from.
     commit: String,
-    shards: Vec<RemoteManifest>,
+    /// Each rank's shard, by rank: its name, and its manifest once read.
+    ids: Vec<Option<ShardId>>,
+    shards: Vec<OnceLock<RemoteManifest>>,
+    /// The bucket's collection mark when it was opened: what its shards
+    /// say of the packs is remembered under it.
+    mark: Option<Vec<u8>>,
 }
 
 /// A byte range of one entry of one rank's shard: `(rank, name, offset,
@@ -56,22 +67,9 @@ impl GlobalStep {
         u32::try_from(self.shards.len()).unwrap_or(u32::MAX)
     }
 
-    /// Rank `rank`'s entries by name (empty for a rank it does not have).
-    pub fn entries(&self, rank: u32) -> BTreeMap<String, EntryInfo> {
-        let Some(m) = self.shard(rank) else {
-            return BTreeMap::new();
-        };
-        m.blobs
-            .iter()
-            .map(|(name, b)| {
-                let tensor = b.dtype.clone().zip(b.shape.clone());
-                (name.clone(), EntryInfo { len: b.len, tensor })
-            })
-            .collect()
-    }
-
+    /// Rank `rank`'s shard manifest, if read.
     fn shard(&self, rank: u32) -> Option<&RemoteManifest> {
-        self.shards.get(usize::try_from(rank).ok()?)
+        self.shards.get(usize::try_from(rank).ok()?)?.get()
     }
 
     fn blob(&self, piece: &Piece<'_>) -> Result<&RemoteBlob> {
@@ -119,35 +117,97 @@ impl Remote {
         self.open_global_where(step, Some(commit))
     }
 
-    /// The newest commit of `step` that checks out (that is `only`, if
-    /// given).
+    /// The newest commit of `step` whose manifest checks out (that is
+    /// `only`, if given): its shards are read when first needed.
     fn open_global_where(&self, step: u64, only: Option<&str>) -> Result<Option<GlobalStep>> {
         // Read first: a collection that starts later writes a new mark, and
-        // what is learnt below is then forgotten by the next save.
+        // what is learnt of the packs is then forgotten by the next save.
         let mark = self.current_mark()?;
         let mut commits: Vec<_> = self
-            .commits()?
+            .commits_of(step)?
             .into_iter()
-            .filter(|c| c.step == step && only.is_none_or(|name| c.name() == name))
+            .filter(|c| only.is_none_or(|name| c.name() == name))
             .collect();
         commits.reverse();
         for commit in commits {
-            let shards = match self.checked_manifest(commit, None)? {
-                Ok(StepManifest::Single(m)) => vec![m],
-                Ok(StepManifest::Sharded { shards, .. }) => shards,
+            let (ids, shards) = match self.read_commit(commit, None)? {
+                Ok(CommitBody::Single(m)) => (vec![None], vec![OnceLock::from(m)]),
+                Ok(CommitBody::Sharded(ids)) => {
+                    let n = ids.len();
+                    (
+                        ids.into_iter().map(Some).collect(),
+                        (0..n).map(|_| OnceLock::new()).collect(),
+                    )
+                }
                 Err(_) => continue,
             };
-            if let Some(mark) = &mark {
-                self.learn(&shards, mark)?;
-            }
-            let commit = commit.name();
-            return Ok(Some(GlobalStep {
+            let global = GlobalStep {
                 step,
-                commit,
+                commit: commit.name(),
+                ids,
                 shards,
-            }));
+                mark,
+            };
+            if let (Some(mark), Some(m)) = (&global.mark, global.shard(0)) {
+                self.learn(std::slice::from_ref(m), mark)?;
+            }
+            return Ok(Some(global));
         }
         Ok(None)
+    }
+
+    /// Read the manifests of the shards of `ranks` that `global` has not
+    /// read yet (one request each), each checked against its hash; what
+    /// they say of the packs is remembered for the next save.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] naming the step and shard when one is missing or
+    /// damaged (a step is opened on its commit's manifest alone);
+    /// [`Error::Remote`] when the bucket fails.
+    pub(crate) fn load_shards(
+        &self,
+        global: &GlobalStep,
+        ranks: impl Iterator<Item = u32>,
+    ) -> Result<()> {
+        for rank in ranks {
+            let Ok(i) = usize::try_from(rank) else {
+                continue;
+            };
+            let (Some(Some(id)), Some(slot)) = (global.ids.get(i), global.shards.get(i)) else {
+                continue;
+            };
+            if slot.get().is_some() {
+                continue;
+            }
+            let m = self
+                .checked_shard(global.step, id, None)?
+                .map_err(|why| Error::corrupt(Some(global.step), why))?;
+            if let Some(mark) = &global.mark {
+                self.learn(std::slice::from_ref(&m), mark)?;
+            }
+            // Another thread may have read it meanwhile: the same bytes.
+            let _ = slot.set(m);
+        }
+        Ok(())
+    }
+
+    /// Rank `rank`'s entries of `global` by name (empty for a rank it does
+    /// not have), its shard's manifest read if it was not.
+    ///
+    /// # Errors
+    /// As [`read_pieces`](Self::read_pieces).
+    pub fn entries(&self, global: &GlobalStep, rank: u32) -> Result<BTreeMap<String, EntryInfo>> {
+        self.load_shards(global, std::iter::once(rank))?;
+        let Some(m) = global.shard(rank) else {
+            return Ok(BTreeMap::new());
+        };
+        Ok(m.blobs
+            .iter()
+            .map(|(name, b)| {
+                let tensor = b.dtype.clone().zip(b.shape.clone());
+                (name.clone(), EntryInfo { len: b.len, tensor })
+            })
+            .collect())
     }
 
     /// The bytes of each of `pieces` of `global`, in order. Only the chunks
@@ -160,6 +220,7 @@ impl Remote {
     /// [`Error::Corrupt`] naming the step and chunk when a chunk is missing
     /// or damaged; [`Error::Remote`] when the bucket fails.
     pub fn read_pieces(&self, global: &GlobalStep, pieces: &[Piece<'_>]) -> Result<Vec<Vec<u8>>> {
+        self.load_shards(global, pieces.iter().map(|p| p.0))?;
         let mut outs: Vec<Vec<u8>> = Vec::with_capacity(pieces.len());
         for piece in pieces {
             let len = usize::try_from(piece.3).map_err(|_| Error::InvalidCheckpoint {
@@ -189,6 +250,7 @@ impl Remote {
         outs: &mut [&mut [u8]],
     ) -> Result<()> {
         let step = global.step;
+        self.load_shards(global, pieces.iter().map(|p| p.0))?;
         if outs.len() != pieces.len()
             || pieces
                 .iter()

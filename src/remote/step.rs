@@ -57,6 +57,14 @@ impl StepManifest {
     }
 }
 
+/// What a commit's manifest names: a step pushed from one store, or the
+/// shards of a global step (not read yet).
+#[derive(Clone, Debug)]
+pub(crate) enum CommitBody {
+    Single(RemoteManifest),
+    Sharded(Vec<ShardId>),
+}
+
 /// Steps none of whose commits checks out, each with why its newest does
 /// not.
 type Skipped = Vec<(u64, String)>;
@@ -75,6 +83,29 @@ impl Remote {
         commit: Commit,
         chunks: Option<&HashSet<Object>>,
     ) -> Result<Checked> {
+        let ids = match self.read_commit(commit, chunks)? {
+            Ok(CommitBody::Single(m)) => return Ok(Ok(StepManifest::Single(m))),
+            Ok(CommitBody::Sharded(ids)) => ids,
+            Err(why) => return Ok(Err(why)),
+        };
+        let mut shards = Vec::with_capacity(ids.len());
+        for id in &ids {
+            match self.checked_shard(commit.step, id, chunks)? {
+                Ok(m) => shards.push(m),
+                Err(why) => return Ok(Err(why)),
+            }
+        }
+        Ok(Ok(StepManifest::Sharded { shards, ids }))
+    }
+
+    /// What `commit` names, if its manifest is there, hashes right and
+    /// passes its checks (for a step pushed from one store, also against
+    /// `chunks`): one request, whatever the number of shards.
+    pub(super) fn read_commit(
+        &self,
+        commit: Commit,
+        chunks: Option<&HashSet<Object>>,
+    ) -> Result<Checked<CommitBody>> {
         let key = self.layout.manifest(commit.step, &commit.hash);
         let bytes = match self.get_hashed(&key, &commit.hash)? {
             Ok(bytes) => bytes,
@@ -83,7 +114,7 @@ impl Remote {
         let (step, key) = (commit.step, self.layout.url_of(&self.url, &key));
         if let Ok(m) = serde_json::from_slice::<RemoteManifest>(&bytes) {
             return Ok(check_single(m, step, chunks)
-                .map(StepManifest::Single)
+                .map(CommitBody::Single)
                 .map_err(|why| format!("{key}: {why}")));
         }
         let Ok(global) = serde_json::from_slice::<GlobalManifest>(&bytes) else {
@@ -93,23 +124,18 @@ impl Remote {
             return Ok(Err(format!("{key}: {why}")));
         }
         let world_size = global.world_size;
-        let (mut shards, mut ids) = (Vec::new(), Vec::new());
+        let mut ids = Vec::with_capacity(global.shards.len());
         for (rank, hash) in (0..world_size).zip(&global.shards) {
             let Some(hash) = parse_hex(hash) else {
                 return Ok(Err(format!("{key}: shard {rank} is not named by a hash")));
             };
-            let id = ShardId {
+            ids.push(ShardId {
                 rank,
                 world_size,
                 hash,
-            };
-            match self.checked_shard(step, &id, chunks)? {
-                Ok(m) => shards.push(m),
-                Err(why) => return Ok(Err(why)),
-            }
-            ids.push(id);
+            });
         }
-        Ok(Ok(StepManifest::Sharded { shards, ids }))
+        Ok(Ok(CommitBody::Sharded(ids)))
     }
 
     /// Shard `id` of `step`, if it is there, hashes right, passes

@@ -80,7 +80,7 @@ fn a_global_step_costs_requests_per_rank_not_per_chunk() -> Result {
         let reader = open()?;
         counting.reset();
         let global = reader.open_global(2)?.ok_or("complete")?;
-        let entries = global.entries(rank);
+        let entries = reader.entries(&global, rank)?;
         let pieces: Vec<_> = entries
             .iter()
             .map(|(n, e)| (rank, n.as_str(), 0, e.len))
@@ -101,5 +101,48 @@ fn a_global_step_costs_requests_per_rank_not_per_chunk() -> Result {
         let info = reader.upload_shard(3, rank, RANKS, &same)?;
         assert_eq!(info.bytes_uploaded, 0, "rank {rank}: {info:?}");
     }
+    Ok(())
+}
+
+/// A global step of 256 ranks (separate `Remote`s, one after another):
+/// the coordinator's commit costs O(ranks), and a restore at 256 ranks
+/// costs each rank a few requests and its own shard, not every rank's.
+#[test]
+fn a_step_of_256_ranks_opens_in_requests_per_rank() -> Result {
+    const N: u32 = 256;
+    let counting = Arc::new(Failing::new(Arc::new(InMemory::new()), 0));
+    let open = || Remote::with_store(counting.clone(), "run", "mem://run");
+    let shard = |rank: u32| -> Result<GradientCheckpoint> {
+        let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), 9);
+        c.timestamp = 1_800_000_009;
+        let data = bytes(u64::from(rank), 96 << 10);
+        c.set_tensor("w", Tensor::new(Dtype::U8, vec![96 << 10], data)?);
+        Ok(c)
+    };
+    let mut names = Vec::new();
+    for rank in 0..N {
+        names.push(open()?.upload_shard(9, rank, N, &shard(rank)?)?.shard);
+    }
+    counting.reset();
+    open()?.commit_global(9, &names)?;
+    let finish = counting.requests();
+    assert!(finish <= 2 * N as usize + 10, "finish: {finish} requests");
+    counting.reset();
+    for rank in 0..N {
+        let reader = open()?;
+        let global = reader.open_global(9)?.ok_or("complete")?;
+        let got = reader.read_pieces(&global, &[(rank, "w", 0, 96 << 10)])?;
+        assert!(got[0] == shard(rank)?.tensors["w"].data, "rank {rank}");
+    }
+    let restore = counting.requests();
+    assert!(
+        restore <= N as usize * (10 + 1),
+        "restore: {restore} requests"
+    );
+    eprintln!(
+        "{N} ranks: the coordinator's commit {finish} requests; a restore {restore} \
+         ({} per rank)",
+        restore / N as usize
+    );
     Ok(())
 }

@@ -527,10 +527,18 @@ class Remote:
 
     def open_global(self, step: int, commit: Optional[str] = None) -> Optional[RawGlobalStep]:
         """Step `step` opened for reading parts of its entries (its
-        manifests checked): its newest commit that checks out, or exactly
+        commit's manifest checked; each shard's when first read): its
+        newest commit whose manifest checks out, or exactly
         `commit` (an opened step's `.commit`, so that readers read one
         save); None if there is none."""
         return self._raw.open_global(_step(step), commit)
+
+    def entries(self, opened: RawGlobalStep, rank: int) -> Dict[str, Tuple[Optional[str], Optional[List[int]], int]]:
+        """Rank `rank`'s entries of `opened` by name: (dtype name or None,
+        shape or None, length in bytes). Its shard's manifest is read (and
+        checked) the first time: a step opens on one object, and a reader
+        reads the shards it uses."""
+        return self._raw.entries(opened, int(rank))
 
     def read_pieces(self, opened: RawGlobalStep, pieces: List[Tuple[int, str, int, int]]) -> List[np.ndarray]:
         """The bytes of each (rank, entry, offset, length) of `opened`, as

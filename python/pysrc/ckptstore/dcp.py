@@ -322,7 +322,7 @@ class StorageReader(_SentAsUrl, _storage.StorageReader):
         self._global: Any = None
         self._local: Dict[str, np.ndarray] = {}
         self._where: Dict[MetadataIndex, Where] = {}
-        self._entries: Dict[Tuple[int, str], Tuple[Optional[str], Optional[List[int]], int]] = {}
+        self._by_rank: Dict[int, Dict[str, Tuple[Optional[str], Optional[List[int]], int]]] = {}
         self._metadata: Any = None
 
     def _arguments(self) -> Dict[str, Any]:
@@ -361,7 +361,7 @@ class StorageReader(_SentAsUrl, _storage.StorageReader):
     def _open(self, step: int, commit: Optional[str]) -> None:
         """Open `step` (exactly `commit`, if given) and read its metadata."""
         self._resolved, self._commit = step, None
-        self._global, self._local, self._entries = None, {}, {}
+        self._global, self._local, self._by_rank = None, {}, {}
         where = _describe(self._target)
         if _is_url(self._target):
             remote = _remote(self._target)
@@ -370,14 +370,18 @@ class StorageReader(_SentAsUrl, _storage.StorageReader):
                 which = f"step {step}" if commit is None else f"the commit {commit} of step {step}"
                 raise FileNotFoundError(f"{where} has no complete {which}")
             self._commit = self._global.commit
+            # The coordinator's shard holds the metadata: rank 0's, unless
+            # the save's coordinator was another rank. Other shards are read
+            # when their entries are.
+            owner = None
             for rank in range(self._global.world_size):
-                for name, entry in self._global.entries(rank).items():
-                    self._entries[(rank, name)] = entry
-            owner = [r for (r, n) in self._entries if n == METADATA]
-            if not owner:
+                if METADATA in self._shard_entries(rank):
+                    owner = rank
+                    break
+            if owner is None:
                 raise ValueError(f"step {step} of {where} was not saved by ckptstore.dcp")
-            size = self._entries[(owner[0], METADATA)][2]
-            (buf,) = remote.read_pieces(self._global, [(owner[0], METADATA, 0, size)])
+            size = self._shard_entries(owner)[METADATA][2]
+            (buf,) = remote.read_pieces(self._global, [(owner, METADATA, 0, size)])
             text = buf.tobytes()
         else:
             with _local(self._target, read_only=True) as store:
@@ -471,9 +475,17 @@ class StorageReader(_SentAsUrl, _storage.StorageReader):
             target.copy_(source)
             planner.commit_tensor(item, target)
 
+    def _shard_entries(self, rank: int) -> Dict[str, Tuple[Optional[str], Optional[List[int]], int]]:
+        """Rank `rank`'s entries, its shard read once."""
+        found = self._by_rank.get(rank)
+        if found is None:
+            assert self._global is not None
+            found = self._by_rank[rank] = _remote(self._target).entries(self._global, rank)
+        return found
+
     def _length(self, where: Where) -> int:
         if self._global is not None:
-            return self._entries[(where.rank, where.entry)][2]
+            return self._shard_entries(where.rank)[where.entry][2]
         return int(self._local[where.entry].nbytes)
 
     def _piece(self, item: ReadItem, where: Where) -> Tuple[Tuple[int, str, int, int], Any]:
