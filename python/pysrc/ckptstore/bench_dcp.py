@@ -10,6 +10,14 @@ between barriers. Then a load at half the world size of a step saved at 4
 ranks: bytes each rank read (`rchar` of /proc/self/io), against its share
 of the state. Ratio = FileSystem's time / ckptstore's (above 1: ckptstore
 is faster).
+
+With --s3 (the variables of `scripts/garage.sh`'s env file set): the same
+saves and loads into the S3 server at AWS_ENDPOINT_URL, bucket
+$CKPT_TEST_BUCKET, through ckptstore.dcp (s3://) against AWS's
+s3torchconnector.dcp S3StorageWriter/S3StorageReader (path-style
+addressing), at 1 and 4 ranks, each contender under a prefix of its own;
+requests per GiB counted from the Garage log (--garage-log) by method.
+Ratio = s3torchconnector's time / ckptstore's.
 """
 
 import argparse
@@ -57,7 +65,17 @@ def worker(mode, kind, target, world, rank, port, mib, step):
         state[f"w{i}"] = distribute_tensor(full, mesh, [Shard(0)])
     dist.barrier()
     before, start = _rchar(), time.perf_counter()
-    if mode == "save":
+    if kind == "s3torch":
+        from s3torchconnector import S3ClientConfig
+        from s3torchconnector.dcp import S3StorageReader, S3StorageWriter
+
+        config = S3ClientConfig(force_path_style=True)
+        region = os.environ.get("AWS_REGION", "garage")
+        if mode == "save":
+            dcp.save(state, storage_writer=S3StorageWriter(region, target, s3client_config=config))
+        else:
+            dcp.load(state, storage_reader=S3StorageReader(region, target, s3client_config=config))
+    elif mode == "save":
         writer = StorageWriter(target, step) if kind == "ckptstore" else dcp.FileSystemWriter(target)
         dcp.save(state, storage_writer=writer)
     else:
@@ -92,16 +110,73 @@ def run(mode, kind, target, world, mib, step):
     return max(t for _, t, _ in results), sorted(results)
 
 
+def _requests(log, since, prefix):
+    """Requests in the Garage log `log` after byte `since` that name
+    `prefix` (in the path or as a listing's prefix), by method."""
+    counts = {}
+    with open(log, "rb") as f:
+        f.seek(since)
+        for raw in f:
+            line = raw.decode("utf-8", "replace")
+            if prefix not in line or ") " not in line:
+                continue
+            method = line.split(") ", 1)[1].split(" ", 1)[0]
+            counts[method] = counts.get(method, 0) + 1
+    return counts
+
+
+def main_s3(args):
+    import uuid
+
+    bucket = os.environ["CKPT_TEST_BUCKET"]
+    log = args.garage_log or os.path.join(os.path.dirname(os.environ["CKPT_GARAGE_CONFIG"]), "server.log")
+    run_id = uuid.uuid4().hex[:8]
+    gib = args.mib / 1024
+    print(f"state: {args.mib} MiB of f32 DTensors (4 MiB each, Shard(0)) into Garage at "
+          f"{os.environ['AWS_ENDPOINT_URL']}; medians of {args.reps}; requests per GiB from its log")
+    print(f"{'ranks':>5} {'op':>5} {'ckptstore s':>12} {'s3torch s':>10} {'ratio':>6} "
+          f"{'ckptstore req/GiB':>18} {'s3torch req/GiB':>16}")
+    for world in (1, 4):
+        times = {(m, k): [] for m in ("save", "load") for k in ("ckptstore", "s3torch")}
+        requests = {}
+        for rep in range(args.reps):
+            for kind in ("ckptstore", "s3torch") if rep % 2 == 0 else ("s3torch", "ckptstore"):
+                prefix = f"bench-{run_id}-{kind}-{world}-{rep}"
+                target = f"s3://{bucket}/{prefix}" + ("/" if kind == "s3torch" else "")
+                for mode in ("save", "load"):
+                    os.sync()
+                    since = os.path.getsize(log)
+                    took, _ = run(mode, kind, target, world, args.mib, 1)
+                    times[(mode, kind)].append(took)
+                    if rep == 0:
+                        time.sleep(0.5)  # the log is written behind the answers
+                        requests[(mode, kind)] = _requests(log, since, prefix)
+        for mode in ("save", "load"):
+            ours = statistics.median(times[(mode, "ckptstore")])
+            theirs = statistics.median(times[(mode, "s3torch")])
+            per = [sum(requests[(mode, k)].values()) / gib for k in ("ckptstore", "s3torch")]
+            print(f"{world:>5} {mode:>5} {ours:>12.3f} {theirs:>10.3f} {theirs / ours:>6.2f} "
+                  f"{per[0]:>18.1f} {per[1]:>16.1f}")
+            for k in ("ckptstore", "s3torch"):
+                detail = ", ".join(f"{m} {n}" for m, n in sorted(requests[(mode, k)].items()))
+                print(f"{'':>11}{k}: {detail}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mib", type=int, default=1024)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
+    ap.add_argument("--s3", action="store_true", help="against s3torchconnector on the S3 server of AWS_ENDPOINT_URL")
+    ap.add_argument("--garage-log", default=None, help="the Garage server's log (default: beside $CKPT_GARAGE_CONFIG)")
     ap.add_argument("--worker", nargs=8, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         mode, kind, target, world, rank, port, mib, step = args.worker
         worker(mode, kind, target, int(world), int(rank), int(port), int(mib), int(step))
+        return
+    if args.s3:
+        main_s3(args)
         return
     base = tempfile.mkdtemp(prefix="ckpt-bench-dcp-", dir=args.dir)
     try:

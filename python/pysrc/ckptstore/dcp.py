@@ -221,9 +221,11 @@ class StorageWriter(_SentAsUrl, _storage.StorageWriter):
         shard = ""
         if self._coordinator:
             # Its shard is uploaded with the metadata by finish; its data
-            # now, beside the other ranks' (finish then finds it there).
+            # now, beside the other ranks' (finish then finds it there). A
+            # save of one rank has no one to upload beside: its data is
+            # hashed and uploaded once, by finish.
             self._kept = values
-            if _is_url(self._target):
+            if _is_url(self._target) and self._world > 1:
                 self._upload(values, chunks_only=True)
         elif _is_url(self._target):
             shard = self._upload(values)
@@ -428,7 +430,11 @@ class StorageReader(_SentAsUrl, _storage.StorageReader):
         # loaded and one batch, not a second copy of the state.
         batch: List[Tuple[ReadItem, Tuple[int, str, int, int], Any]] = []
         size = 0
-        for item in plan.items:
+        # In the order the shards store their entries (by rank, then name):
+        # a batch then covers neighbouring bytes of a pack, fetched with
+        # few requests.
+        items = sorted(plan.items, key=lambda i: (self._where[i.storage_index].rank, self._where[i.storage_index].entry))
+        for item in items:
             piece, box = self._piece(item, self._where[item.storage_index])
             batch.append((item, piece, box))
             size += piece[3]
