@@ -174,11 +174,13 @@ def file_edges() -> dict:
 
 def circles(graph: dict) -> list:
     """Strongly connected sets of more than one file (Tarjan), leaving out
-    each folder's front door (`mod.rs`) with the files of its folder."""
+    each folder's front door (`mod.rs`) with the files below it (its
+    folder's and its subfolders': the front door re-exports them, and they
+    name the types it defines)."""
 
     def front_door(a, b):
-        return (a.name == "mod.rs" and b.parent == a.parent) or (
-            b.name == "mod.rs" and a.parent == b.parent
+        return (a.name == "mod.rs" and a.parent in b.parents) or (
+            b.name == "mod.rs" and b.parent in a.parents
         )
 
     g = {a: {b for b in bs if b in graph and not front_door(a, b)} for a, bs in graph.items()}

@@ -2,26 +2,12 @@
 //! directory) through the `object_store` crate, and restored from the
 //! bucket alone. See [`layout`] for the names in the bucket.
 
-mod checks;
-mod coordinated;
-mod dcp;
-mod layout;
-mod local;
-mod locks;
-mod objects;
-mod owner;
-mod pack_format;
-mod packs;
-mod pieces;
-mod push;
-mod push_known;
+mod coordination;
+mod format;
+mod gc;
+mod global;
 mod read;
-mod replicate;
-mod restore;
-mod retention;
-mod shards;
-mod step;
-mod verify;
+mod write;
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -34,16 +20,16 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
 use crate::format::manifest::Hash;
 use crate::{Error, Result};
-pub(crate) use layout::Commit;
-use layout::{parse_chunk, parse_commit, Layout, COMMITS, DELETED, MANIFESTS};
-pub use layout::{MAX_MANIFEST_BYTES, MAX_WORLD_SIZE};
-pub use pack_format::DEFAULT_PACK_BYTES;
+pub(crate) use format::layout::Commit;
+use format::layout::{parse_chunk, parse_commit, Layout, COMMITS, DELETED, MANIFESTS};
+pub use format::layout::{MAX_MANIFEST_BYTES, MAX_WORLD_SIZE};
+pub use format::pack_format::DEFAULT_PACK_BYTES;
 
-pub use dcp::{DcpDtype, DcpIndex, DcpTensor, DCP_METADATA};
-pub use pieces::{EntryInfo, GlobalStep, Piece};
-pub use push::PushReport;
-pub use retention::GcReport;
-pub use shards::{ShardInfo, ShardStatus, ShardUpload};
+pub use gc::retention::GcReport;
+pub use global::dcp::{DcpDtype, DcpIndex, DcpTensor, DCP_METADATA};
+pub use global::shards::{ShardInfo, ShardStatus, ShardUpload};
+pub use read::pieces::{EntryInfo, GlobalStep, Piece};
+pub use write::push::PushReport;
 
 /// How long requests to a server that does not answer (refused
 /// connections, 5xx answers, a restart) are retried before an operation
@@ -92,7 +78,7 @@ pub struct Remote {
     /// The size a shard's new pack objects are filled to.
     pack_bytes: u64,
     /// Where chunks this remote wrote or read lie in the bucket's packs.
-    known: std::sync::Mutex<packs::Known>,
+    known: std::sync::Mutex<write::packs::Known>,
 }
 
 impl Drop for Remote {
@@ -176,7 +162,7 @@ impl Remote {
             dir: None,
             owner: crate::process::Owner::current(),
             runtime: Some(runtime),
-            pack_bytes: pack_format::DEFAULT_PACK_BYTES,
+            pack_bytes: format::pack_format::DEFAULT_PACK_BYTES,
             known: std::sync::Mutex::default(),
         })
     }
@@ -474,24 +460,24 @@ impl Remote {
     }
 
     /// Every chunk and pack object in the bucket: what a manifest may
-    /// need ([`RemoteManifest::objects`](layout::RemoteManifest::objects)).
-    pub(crate) fn objects(&self) -> Result<HashSet<pack_format::Object>> {
+    /// need ([`RemoteManifest::objects`](format::layout::RemoteManifest::objects)).
+    pub(crate) fn objects(&self) -> Result<HashSet<format::pack_format::Object>> {
         let chunks = self
             .chunk_hashes()?
             .into_iter()
-            .map(pack_format::Object::Chunk);
-        let packs = self.list_names(layout::PACKS)?;
+            .map(format::pack_format::Object::Chunk);
+        let packs = self.list_names(format::layout::PACKS)?;
         let packs = packs
             .iter()
             .filter_map(|n| parse_chunk(n))
-            .map(pack_format::Object::Pack);
+            .map(format::pack_format::Object::Pack);
         Ok(chunks.chain(packs).collect())
     }
 
     /// The hashes of every chunk in the bucket.
     pub(crate) fn chunk_hashes(&self) -> Result<HashSet<Hash>> {
         Ok(self
-            .list_names(layout::CHUNKS)?
+            .list_names(format::layout::CHUNKS)?
             .iter()
             .filter_map(|n| parse_chunk(n))
             .collect())

@@ -113,6 +113,36 @@ def test_a_rank_killed_before_finish_leaves_no_step_and_a_rerun_completes(tmp_pa
     assert run("load", url, 5, 1, salt=0)[0][1].strip().endswith("ok 5")
 
 
+def test_a_save_of_unchanged_state_costs_a_few_requests_per_rank():
+    """Counted from Garage's log (issue 39): the second of two saves of the
+    same state in one job uploads no pack and asks nothing per chunk."""
+    bucket = os.environ.get("CKPT_TEST_BUCKET")
+    config = os.environ.get("CKPT_GARAGE_CONFIG")
+    if not bucket or not config:
+        pytest.skip("no Garage (CKPT_TEST_BUCKET unset)")
+    log = os.path.join(os.path.dirname(config), "server.log")
+    prefix = f"dcp-{uuid.uuid4().hex}"
+    world = 2
+    out = run("save_again", f"s3://{bucket}/{prefix}", 1, world, env={"CKPT_SERVER_LOG": log})
+    before, after = (int(x) for x in next(l for l in out[0][1].splitlines() if l.startswith("log ")).split()[1:])
+    with open(log, "rb") as f:
+        f.seek(before)
+        lines = [l.decode("utf-8", "replace") for l in f.read(after - before).splitlines()]
+    ours = [l.split(") ", 1)[1] for l in lines if prefix in l and ") " in l]
+    assert ours, "the server's log names no request of the save"
+    # Of the data nothing is uploaded again: one pack at most, the
+    # coordinator's new metadata (it names the step's shards). Nothing is
+    # asked per chunk (the code before format 3 sent three HEADs a chunk).
+    assert len([l for l in ours if l.startswith("PUT") and "/packs/" in l]) <= 1, ours
+    assert not [l for l in ours if l.startswith("PUT") and "/chunks/" in l], ours
+    assert not [l for l in ours if l.startswith("HEAD")], ours
+    # Per rank: its lock, the collection mark, its shard manifest; the
+    # coordinator's data and its shard with the metadata; the commit (a GET
+    # per rank and a few more).
+    assert len(ours) <= 10 * world + world + 10, ours
+    assert ckptstore.Remote(f"s3://{bucket}/{prefix}").steps() == [1, 2]
+
+
 def test_a_flipped_byte_is_refused_with_corrupt_error(tmp_path):
     url = f"file://{tmp_path}/bucket"
     run("save", url, 1, 2)

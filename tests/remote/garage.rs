@@ -300,10 +300,12 @@ impl Server {
     }
 
     fn start(&self) {
+        // Its log goes on where `garage.sh start` began it: every request
+        // the server answers stays countable there.
         let log = std::fs::File::options()
             .append(true)
             .create(true)
-            .open(format!("{}.restart.log", self.config))
+            .open(std::path::Path::new(&self.config).with_file_name("server.log"))
             .expect("log");
         // The server outlives the test: `garage.sh stop` ends it.
         #[allow(clippy::zombie_processes)]

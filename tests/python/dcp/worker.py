@@ -1,7 +1,7 @@
 """One rank of a DCP save or load through ckptstore.dcp (run by
 test_dcp.py as WORLD processes over gloo on 127.0.0.1).
 
-    python worker.py save|async_save|load TARGET STEP RANK WORLD PORT [SALT]
+    python worker.py save|save_again|async_save|load TARGET STEP RANK WORLD PORT [SALT]
 
 WORLD 1 with PORT 0 runs without a process group (DCP's no_dist). The
 state is a function of SALT (default 0), so a loader knows every byte to
@@ -12,6 +12,7 @@ after its data is written, before the coordinator's finish.
 
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -80,6 +81,22 @@ def main():
     if mode == "save":
         dcp.save(state(mesh, salt, empty=False), storage_writer=StorageWriter(target, step))
         print("saved", flush=True)
+    elif mode == "save_again":
+        # Steps STEP and STEP + 1 of the same state in one process; rank 0
+        # prints the size of the S3 server's log (CKPT_SERVER_LOG) around
+        # the second save, for the test to count its requests.
+        log = os.environ["CKPT_SERVER_LOG"]
+        dcp.save(state(mesh, salt, empty=False), storage_writer=StorageWriter(target, step))
+        if mesh is not None:
+            dist.barrier()
+        before = os.path.getsize(log)
+        dcp.save(state(mesh, salt, empty=False), storage_writer=StorageWriter(target, step + 1))
+        if mesh is not None:
+            dist.barrier()
+        time.sleep(0.5)  # the server logs a request after it answers
+        if rank == 0:
+            print(f"log {before} {os.path.getsize(log)}", flush=True)
+        print("saved", flush=True)
     elif mode in ("async_save", "async_save_process"):
         kwargs = {}
         if mode == "async_save_process":
@@ -99,9 +116,9 @@ def main():
         print("saved", flush=True)
     else:
         # Small batches, so that a load takes many (the default is 64 MiB).
-        import ckptstore.dcp
+        import ckptstore._dcp_read
 
-        ckptstore.dcp._BATCH_BYTES = 256 << 10
+        ckptstore._dcp_read._BATCH_BYTES = 256 << 10
         loaded = state(mesh, salt, empty=True)
         reader = StorageReader(target, None if step < 0 else step)
         dcp.load(loaded, storage_reader=reader)

@@ -2,10 +2,10 @@
 
 use std::collections::HashSet;
 
-use super::layout::RemoteManifest;
-use super::restore::{blob_chunks, tail};
-use super::Remote;
 use crate::format::manifest::Hash;
+use crate::remote::format::layout::RemoteManifest;
+use crate::remote::read::restore::{blob_chunks, tail};
+use crate::remote::Remote;
 use crate::{Error, Result, VerifyReport};
 
 /// Chunks of a step fetched (and dropped) at once while verifying.

@@ -9,12 +9,12 @@ use std::collections::VecDeque;
 use futures::{StreamExt, TryStreamExt};
 use object_store::ObjectStoreExt;
 
-use super::layout::{parse_hex, RemoteBlob, RemoteManifest};
-use super::pack_format::Object;
-use super::Remote;
 use crate::checkpoint::Incoming;
 use crate::format::layout::packed_slice;
 use crate::format::manifest::{hex, Hash};
+use crate::remote::format::layout::{parse_hex, RemoteBlob, RemoteManifest};
+use crate::remote::format::pack_format::Object;
+use crate::remote::Remote;
 use crate::{CheckpointStore, CommitInfo, Dtype, Error, GradientCheckpoint, Result, Tensor};
 
 /// Chunk downloads in flight at once: more than uploads, since a download
@@ -34,17 +34,17 @@ const RANGE_BYTES: usize = 16 << 20;
 /// a blob's tail in a packed chunk); what arrives must be `len` bytes
 /// hashing to `hash`. `what` names them in errors.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct Want<'a> {
-    pub(super) what: &'a str,
-    pub(super) object: Object,
-    pub(super) at: Option<u64>,
-    pub(super) len: usize,
-    pub(super) hash: Hash,
+pub(crate) struct Want<'a> {
+    pub(crate) what: &'a str,
+    pub(crate) object: Object,
+    pub(crate) at: Option<u64>,
+    pub(crate) len: usize,
+    pub(crate) hash: Hash,
 }
 
 impl<'a> Want<'a> {
     /// Chunk `hash` of `len` bytes, where `m` says it lies.
-    pub(super) fn chunk(what: &'a str, m: &RemoteManifest, hash: Hash, len: usize) -> Result<Self> {
+    pub(crate) fn chunk(what: &'a str, m: &RemoteManifest, hash: Hash, len: usize) -> Result<Self> {
         let (object, at) = m.locate(&hash).ok_or_else(|| {
             Error::corrupt(
                 Some(m.step),
@@ -62,7 +62,7 @@ impl<'a> Want<'a> {
 }
 
 /// A step's blobs, in name order, read batch by batch.
-pub(super) struct Blobs<'r> {
+pub(crate) struct Blobs<'r> {
     remote: &'r Remote,
     step: u64,
     /// The manifest's blobs are `pending`; this says where chunks lie.
@@ -74,7 +74,7 @@ pub(super) struct Blobs<'r> {
 
 impl<'r> Blobs<'r> {
     /// The blobs of `m`; its packed chunk is fetched now.
-    pub(super) fn of(
+    pub(crate) fn of(
         remote: &'r Remote,
         m: &RemoteManifest,
         progress: &mut dyn FnMut(u64),
@@ -98,7 +98,7 @@ impl<'r> Blobs<'r> {
     }
 
     /// The next blob with its bytes, checked against its length.
-    pub(super) fn next_blob(
+    pub(crate) fn next_blob(
         &mut self,
         progress: &mut dyn FnMut(u64),
     ) -> Result<Option<(String, RemoteBlob, Vec<u8>)>> {
@@ -156,7 +156,7 @@ impl<'r> Blobs<'r> {
 
 impl Remote {
     /// The packed chunk of `m` (checked), empty if it has none.
-    pub(super) fn fetch_packed(
+    pub(crate) fn fetch_packed(
         &self,
         m: &RemoteManifest,
         progress: &mut dyn FnMut(u64),
@@ -172,7 +172,7 @@ impl Remote {
     /// and its length), fetched several at a time and checked against
     /// their hash and length, in order; `progress` gets each one's length
     /// as it arrives.
-    pub(super) fn fetch(
+    pub(crate) fn fetch(
         &self,
         step: u64,
         wanted: &[Want<'_>],
@@ -192,7 +192,7 @@ impl Remote {
     /// it and let it go: at most the downloads in flight are in memory.
     /// Chunks that lie together in a pack arrive together, in the pack's
     /// order.
-    pub(super) fn fetch_each(
+    pub(crate) fn fetch_each(
         &self,
         step: u64,
         wanted: &[Want<'_>],
@@ -257,7 +257,7 @@ impl Remote {
                     hex(&first.hash)
                 )))
             }
-            Err(e) => return Err(super::remote_error(&url(), "reading", e)),
+            Err(e) => return Err(crate::remote::remote_error(&url(), "reading", e)),
         };
         let base = span.at.unwrap_or(0);
         let wants: Vec<(Hash, u64, usize)> = group
@@ -304,7 +304,7 @@ impl Remote {
     }
 
     /// Fetch every chunk `m` names and build the step in memory.
-    pub(super) fn assemble(
+    pub(crate) fn assemble(
         &self,
         m: RemoteManifest,
         progress: &mut dyn FnMut(u64),
@@ -326,7 +326,7 @@ impl Remote {
 
     /// Copy `m`'s step into `store`: one streamed commit there, fed blob by
     /// blob while a second thread downloads the next batch.
-    pub(super) fn restore_into(
+    pub(crate) fn restore_into(
         &self,
         m: RemoteManifest,
         store: &CheckpointStore,
@@ -434,7 +434,7 @@ async fn get_wanted(
 }
 
 /// The checkpoint `m` describes, without its blobs and tensors.
-pub(super) fn skeleton(m: RemoteManifest) -> Result<GradientCheckpoint> {
+pub(crate) fn skeleton(m: RemoteManifest) -> Result<GradientCheckpoint> {
     let graph = serde_json::from_value(m.graph).map_err(|e| Error::Json {
         path: None,
         source: Box::new(e),
@@ -447,7 +447,7 @@ pub(super) fn skeleton(m: RemoteManifest) -> Result<GradientCheckpoint> {
 }
 
 /// Blob `name` as a commit takes it: its length, dtype and shape.
-pub(super) fn incoming(step: u64, name: String, blob: &RemoteBlob) -> Result<Incoming> {
+pub(crate) fn incoming(step: u64, name: String, blob: &RemoteBlob) -> Result<Incoming> {
     let tensor = match (&blob.dtype, &blob.shape) {
         (Some(dtype), Some(shape)) => {
             let dtype = Dtype::from_name(dtype).ok_or_else(|| {
@@ -469,7 +469,7 @@ pub(super) fn incoming(step: u64, name: String, blob: &RemoteBlob) -> Result<Inc
 
 /// The chunks of a chunked blob (checked by `RemoteManifest::check`), each
 /// named by the blob's name.
-pub(super) fn blob_chunks<'a>(
+pub(crate) fn blob_chunks<'a>(
     m: &RemoteManifest,
     name: &'a str,
     blob: &RemoteBlob,
@@ -486,7 +486,7 @@ pub(super) fn blob_chunks<'a>(
 
 /// Blob `name`'s tail in `packed` (format 2), checked against its hash;
 /// empty for a blob without one.
-pub(super) fn tail<'p>(
+pub(crate) fn tail<'p>(
     step: u64,
     name: &str,
     blob: &RemoteBlob,
@@ -507,7 +507,7 @@ pub(super) fn tail<'p>(
 }
 
 /// What to fetch for `m`'s packed chunk (all of it), if it has one.
-pub(super) fn packed_want(m: &RemoteManifest) -> Result<Option<Want<'static>>> {
+pub(crate) fn packed_want(m: &RemoteManifest) -> Result<Option<Want<'static>>> {
     let Some(p) = &m.packed else {
         return Ok(None);
     };

@@ -14,8 +14,8 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::pieces::GlobalStep;
-use super::Remote;
+use crate::remote::read::pieces::GlobalStep;
+use crate::remote::Remote;
 use crate::{Dtype, Error, Result};
 
 /// The entry of the coordinator's shard that holds DCP's metadata.

@@ -17,11 +17,11 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 
-use super::layout::{parse_hex, RemoteManifest};
-use super::locks::Lock;
-use super::pack_format::{pack_name, Location, PackIndex, RemotePack};
-use super::Remote;
 use crate::format::manifest::{hex, Hash};
+use crate::remote::coordination::locks::Lock;
+use crate::remote::format::layout::{parse_hex, RemoteManifest};
+use crate::remote::format::pack_format::{pack_name, Location, PackIndex, RemotePack};
+use crate::remote::Remote;
 use crate::{Error, Result};
 
 /// Packs uploaded at once, each held in memory while it goes.
@@ -68,12 +68,10 @@ pub(crate) fn place_pieces<'a>(
 ) -> (Vec<NewPack<'a>>, HashMap<Hash, Location>) {
     let (mut packs, mut placed) = (Vec::new(), HashMap::new());
     let mut open: Vec<(Hash, &[u8])> = Vec::new();
+    let mut queued = std::collections::HashSet::new();
     let mut size = 0u64;
     for &(hash, bytes) in pieces {
-        if known.contains_key(&hash) || placed.contains_key(&hash) {
-            continue;
-        }
-        if open.iter().any(|(h, _)| *h == hash) {
+        if known.contains_key(&hash) || !queued.insert(hash) {
             continue;
         }
         if size > 0 && size + bytes.len() as u64 > target {
@@ -216,10 +214,9 @@ impl Remote {
                 // the shard.
                 let payload: PutPayload =
                     pack.parts.into_iter().map(Bytes::copy_from_slice).collect();
-                store
-                    .put(&key, payload)
-                    .await
-                    .map_err(|e| super::remote_error(&layout.url_of(url, &key), "uploading", e))?;
+                store.put(&key, payload).await.map_err(|e| {
+                    crate::remote::remote_error(&layout.url_of(url, &key), "uploading", e)
+                })?;
                 Ok::<u64, crate::Error>(len)
             })
             .buffer_unordered(PACKS_IN_FLIGHT);
@@ -241,7 +238,7 @@ impl Remote {
                     match store.head(&key).await {
                         Ok(_) => Ok(None),
                         Err(object_store::Error::NotFound { .. }) => Ok(Some(pack)),
-                        Err(e) => Err(super::remote_error(
+                        Err(e) => Err(crate::remote::remote_error(
                             &layout.url_of(url, &key),
                             "looking for",
                             e,

@@ -1,5 +1,5 @@
 //! Bucket format 3's names and index types: what a format 3 shard
-//! manifest says about packs ([`design.md`](../../docs/design.md) has the
+//! manifest says about packs (`docs/design.md` has the
 //! bytes). Nothing here reads or writes the bucket.
 
 use std::collections::BTreeMap;

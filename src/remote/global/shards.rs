@@ -9,18 +9,18 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use super::layout::{
-    encode, GlobalManifest, RemoteManifest, RemotePacked, RemoteTail, ShardId, MANIFEST_FORMAT,
-    MANIFEST_FORMAT_TAILS, MAX_WORLD_SIZE,
-};
-use super::locks::Lock;
-use super::pack_format::MANIFEST_FORMAT_PACKS;
-use super::step::StepManifest;
-use super::{Commit, Remote};
 use crate::engine::hashing::with_hashes;
 use crate::engine::plan::Plan;
 use crate::format::layout::small_tail;
 use crate::format::manifest::{hex, ChunkRef, Hash};
+use crate::remote::coordination::locks::Lock;
+use crate::remote::format::layout::{
+    encode, GlobalManifest, RemoteManifest, RemotePacked, RemoteTail, ShardId, MANIFEST_FORMAT,
+    MANIFEST_FORMAT_TAILS, MAX_WORLD_SIZE,
+};
+use crate::remote::format::pack_format::MANIFEST_FORMAT_PACKS;
+use crate::remote::read::step::StepManifest;
+use crate::remote::{Commit, Remote};
 use crate::{CheckpointStore, Error, GradientCheckpoint, Result};
 
 /// What [`Remote::commit_shard`] did.
@@ -114,7 +114,7 @@ impl Remote {
 
     /// Check a shard's arguments as [`commit_shard`](Self::commit_shard)
     /// does.
-    pub(super) fn check_shard_args(
+    pub(crate) fn check_shard_args(
         step: u64,
         rank: u32,
         world_size: u32,
@@ -139,7 +139,7 @@ impl Remote {
 
     /// Upload a shard's chunks, then as `then` says its manifest, and the
     /// step's commit if every rank's shard is there.
-    pub(super) fn put_shard(
+    pub(crate) fn put_shard(
         &self,
         step: u64,
         rank: u32,
@@ -196,7 +196,7 @@ impl Remote {
     }
 
     /// Refuse a world size other shards of `step` contradict.
-    pub(super) fn check_world_size(&self, step: u64, world_size: u32) -> Result<()> {
+    pub(crate) fn check_world_size(&self, step: u64, world_size: u32) -> Result<()> {
         match self
             .shard_ids(step)?
             .iter()
@@ -278,9 +278,9 @@ impl Remote {
 
     /// The commits of `step` with the time each was written (ms since the
     /// epoch, server clock), ascending by generation.
-    pub(super) fn commit_times(&self, step: u64) -> Result<Vec<(Commit, i64)>> {
+    pub(crate) fn commit_times(&self, step: u64) -> Result<Vec<(Commit, i64)>> {
         let mut found: Vec<(Commit, i64)> = self
-            .list_meta(super::layout::COMMITS)?
+            .list_meta(crate::remote::format::layout::COMMITS)?
             .into_iter()
             .filter_map(|(name, t, _)| Commit::parse(&name).map(|c| (c, t)))
             .filter(|(c, _)| c.step == step)

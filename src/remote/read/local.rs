@@ -14,19 +14,19 @@ use std::io::{ErrorKind, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use super::restore::Want;
-use super::Remote;
 use crate::engine::hashing::{read_hashed, run_parallel};
 use crate::format::manifest::{hex, Hash};
+use crate::remote::read::restore::Want;
+use crate::remote::Remote;
 use crate::{Error, Result};
 
 /// Where one fetched chunk's bytes go: (range in the chunk, the part of a
 /// piece's buffer it fills). Ranges are checked against the chunk's
 /// length when it is placed.
-pub(super) type Regions<'o> = Vec<(std::ops::Range<usize>, &'o mut [u8])>;
+pub(crate) type Regions<'o> = Vec<(std::ops::Range<usize>, &'o mut [u8])>;
 
 /// Copy the parts of `chunk` (checked) into `regions`.
-pub(super) fn place(step: u64, chunk: &[u8], regions: &mut Regions<'_>) -> Result<()> {
+pub(crate) fn place(step: u64, chunk: &[u8], regions: &mut Regions<'_>) -> Result<()> {
     for (range, out) in regions {
         let part = chunk
             .get(range.clone())
@@ -40,7 +40,7 @@ pub(super) fn place(step: u64, chunk: &[u8], regions: &mut Regions<'_>) -> Resul
 /// the `file://` bucket of `remote` into place; returns the jobs whose
 /// chunk file was not where the layout puts it (the caller fetches those
 /// through the object store, which reports a missing chunk).
-pub(super) fn read_into<'o>(
+pub(crate) fn read_into<'o>(
     remote: &Remote,
     step: u64,
     wanted: &[Want<'_>],
@@ -119,7 +119,7 @@ pub(super) fn read_into<'o>(
 /// every core, where the object store would make a request of each on one
 /// thread (a shard of 256 chunks, and the commit of a global step, look up
 /// every chunk they name).
-pub(super) fn present(remote: &Remote, hashes: BTreeSet<Hash>) -> Result<HashSet<Hash>> {
+pub(crate) fn present(remote: &Remote, hashes: BTreeSet<Hash>) -> Result<HashSet<Hash>> {
     let found = Mutex::new(HashSet::new());
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
     run_parallel(hashes.into_iter().collect(), threads, &|_, hash| {
@@ -147,7 +147,7 @@ fn poisoned() -> Error {
 
 /// Whether `remote` is a `file://` bucket whose object paths are its file
 /// paths (no character `LocalFileSystem` would encode).
-pub(super) fn direct(remote: &Remote) -> bool {
+pub(crate) fn direct(remote: &Remote) -> bool {
     remote.dir.as_ref().is_some_and(|d| {
         d.to_str().is_some_and(|d| {
             d.chars()

@@ -12,7 +12,7 @@
 //! A step committed again with other content (a rollback and redo) is
 //! pushed under a commit of a newer generation, which readers take. A push
 //! writes only into a prefix that holds its store's run (see
-//! [`owner`](super::owner)).
+//! [`owner`](crate::remote::coordination::owner)).
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
@@ -20,11 +20,11 @@ use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use object_store::{ObjectStoreExt, PutPayload};
 
-use super::layout::{encode, RemoteManifest};
-use super::locks::Lock;
-use super::{remote_error, Commit, Remote};
 use crate::engine::{ChunkPlace, Pushed, StepData};
 use crate::format::manifest::Hash;
+use crate::remote::coordination::locks::Lock;
+use crate::remote::format::layout::{encode, RemoteManifest};
+use crate::remote::{remote_error, Commit, Remote};
 use crate::{CheckpointStore, Error, GradientCheckpoint, Result, StepInfo};
 
 /// Uploads in flight at once.
@@ -48,15 +48,15 @@ pub struct PushReport {
 
 /// What a push did with one step, and what the store is to remember of
 /// it.
-pub(super) struct Done {
-    pub(super) pushed: bool,
-    pub(super) remember: Pushed,
-    pub(super) chunks: Vec<Hash>,
+pub(crate) struct Done {
+    pub(crate) pushed: bool,
+    pub(crate) remember: Pushed,
+    pub(crate) chunks: Vec<Hash>,
 }
 
 impl Done {
     /// Uploaded now: the bucket holds it whole.
-    pub(super) fn pushed(generation: u64, hash: Hash, chunks: Vec<Hash>) -> Done {
+    pub(crate) fn pushed(generation: u64, hash: Hash, chunks: Vec<Hash>) -> Done {
         let remember = Pushed {
             generation,
             hash,
@@ -70,7 +70,7 @@ impl Done {
     }
 
     /// Already there (or deleted by retention, with no `chunks`).
-    pub(super) fn present(generation: u64, hash: Hash, chunks: Vec<Hash>) -> Done {
+    pub(crate) fn present(generation: u64, hash: Hash, chunks: Vec<Hash>) -> Done {
         Done {
             pushed: false,
             ..Done::pushed(generation, hash, chunks)
@@ -80,11 +80,11 @@ impl Done {
 
 /// What makes a step visible once its manifest is encoded: its chunks
 /// (those `missing` uploaded), then its manifest `bytes` and `commit`.
-pub(super) struct Landing<'a> {
-    pub(super) commit: Commit,
-    pub(super) bytes: Vec<u8>,
-    pub(super) chunks: &'a [StepChunk],
-    pub(super) missing: &'a [&'a StepChunk],
+pub(crate) struct Landing<'a> {
+    pub(crate) commit: Commit,
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) chunks: &'a [StepChunk],
+    pub(crate) missing: &'a [&'a StepChunk],
 }
 
 impl Remote {
@@ -255,7 +255,7 @@ impl Remote {
     /// lapsed meanwhile (a collection may have run), wait out collections,
     /// check (HEAD) every chunk the step names and upload what is gone,
     /// until a check finds everything; then its manifest and commit.
-    pub(super) fn land(
+    pub(crate) fn land(
         &self,
         data: &StepData<'_>,
         landing: Landing<'_>,
@@ -311,9 +311,9 @@ impl Remote {
 }
 
 /// One chunk of a step: of a blob, or the step's packed blobs.
-pub(super) struct StepChunk {
-    pub(super) hash: Hash,
-    pub(super) len: usize,
+pub(crate) struct StepChunk {
+    pub(crate) hash: Hash,
+    pub(crate) len: usize,
     what: Missing,
 }
 
@@ -324,7 +324,7 @@ enum Missing {
 }
 
 /// The chunks of the step, each once.
-pub(super) fn step_chunks(data: &StepData<'_>) -> Result<Vec<StepChunk>> {
+pub(crate) fn step_chunks(data: &StepData<'_>) -> Result<Vec<StepChunk>> {
     let mut seen = HashSet::new();
     let mut chunks = Vec::new();
     if let Some(p) = data.packed_ref() {
@@ -371,7 +371,7 @@ fn count_missing<'c>(
 
 /// The bucket's manifest of stored step `step`, checked as readers will
 /// check it, and encoded: its bytes and hash.
-pub(super) fn encoded(
+pub(crate) fn encoded(
     step: u64,
     ckpt: &GradientCheckpoint,
     info: &StepInfo,
@@ -427,7 +427,7 @@ impl Remote {
     /// frees up ([`UPLOADS_IN_FLIGHT`] in flight); `landed` gets each
     /// one's length as it lands, outside the runtime (free to block;
     /// uploads in flight wait meanwhile), and may stop the upload.
-    pub(super) fn upload_chunks(
+    pub(crate) fn upload_chunks(
         &self,
         reads: impl Iterator<Item = Result<(Hash, Bytes)>>,
         landed: &mut dyn FnMut(u64) -> Result<()>,
@@ -453,10 +453,10 @@ impl Remote {
 
     /// Which of `hashes` the bucket holds, asked object by object (several
     /// requests in flight).
-    pub(super) fn present(&self, hashes: impl Iterator<Item = Hash>) -> Result<HashSet<Hash>> {
+    pub(crate) fn present(&self, hashes: impl Iterator<Item = Hash>) -> Result<HashSet<Hash>> {
         let unique: BTreeSet<Hash> = hashes.collect();
-        if super::local::direct(self) {
-            return super::local::present(self, unique);
+        if crate::remote::read::local::direct(self) {
+            return crate::remote::read::local::present(self, unique);
         }
         let (store, layout, url) = (&self.store, &self.layout, &self.url);
         self.run(async {

@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 use object_store::path::Path;
 use object_store::ObjectStoreExt;
 
-use super::layout::LOCKS;
-use super::Remote;
+use crate::remote::format::layout::LOCKS;
+use crate::remote::Remote;
 use crate::{Error, Result};
 
 /// How often a push waiting for a collection looks again.
@@ -176,7 +176,7 @@ impl Remote {
 
 /// What a lock (or an owner object) says: who wrote it, for a person
 /// looking at the bucket.
-pub(super) fn lock_body() -> Vec<u8> {
+pub(crate) fn lock_body() -> Vec<u8> {
     let host = std::env::var("HOSTNAME").unwrap_or_default();
     format!(
         "{{\"pid\":{},\"host\":{host:?},\"unix_ms\":{}}}",

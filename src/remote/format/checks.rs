@@ -1,15 +1,15 @@
 //! What a reader checks of the bucket's manifests before it relies on
 //! them (objects in a bucket are untrusted input): every count, length,
-//! name and world size against the caps in [`layout`](super::layout),
+//! name and world size against the caps in [`layout`](crate::remote::format::layout),
 //! before anything is allocated from them or added up.
 
-use super::layout::{
+use crate::checkpoint::MAX_TEXT_BYTES;
+use crate::format::layout::{chunk_count, small_tail};
+use crate::remote::format::layout::{
     parse_hex, GlobalManifest, RemoteBlob, RemoteManifest, RemoteTail, MANIFEST_FORMAT,
     MANIFEST_FORMAT_TAILS, MAX_DIMS, MAX_WORLD_SIZE,
 };
-use super::pack_format::MANIFEST_FORMAT_PACKS;
-use crate::checkpoint::MAX_TEXT_BYTES;
-use crate::format::layout::{chunk_count, small_tail};
+use crate::remote::format::pack_format::MANIFEST_FORMAT_PACKS;
 use crate::{Dtype, Tensor};
 
 impl RemoteManifest {

@@ -15,7 +15,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::Remote;
+use crate::remote::Remote;
 use crate::store::{Replica, Replication};
 use crate::{CheckpointStore, Error, ReplicationStatus, Result, StoreOptions};
 

@@ -3,9 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use super::layout::{parse_hex, RemoteManifest};
-use super::pack_format::{Location, Object};
 use crate::format::manifest::{hex, Hash};
+use crate::remote::format::layout::{parse_hex, RemoteManifest};
+use crate::remote::format::pack_format::{Location, Object};
 
 impl RemoteManifest {
     /// Where chunk `hash` lies: its own object (formats 1 and 2), or a

@@ -4,10 +4,12 @@
 
 use std::collections::HashSet;
 
-use super::layout::{parse_hex, GlobalManifest, RemoteManifest, ShardId, MAX_MANIFEST_BYTES};
-use super::pack_format::Object;
-use super::{Commit, Remote};
 use crate::format::manifest::{hex, Hash};
+use crate::remote::format::layout::{
+    parse_hex, GlobalManifest, RemoteManifest, ShardId, MAX_MANIFEST_BYTES,
+};
+use crate::remote::format::pack_format::Object;
+use crate::remote::{Commit, Remote};
 use crate::{Error, Result, StepSummary};
 
 /// A complete step's manifests.
@@ -78,7 +80,7 @@ impl Remote {
     /// one this build reads, passes [`RemoteManifest::check`], and (given
     /// the bucket's chunks) names only chunks that are there; for a global
     /// step, the same of every shard.
-    pub(super) fn checked_manifest(
+    pub(crate) fn checked_manifest(
         &self,
         commit: Commit,
         chunks: Option<&HashSet<Object>>,
@@ -101,7 +103,7 @@ impl Remote {
     /// What `commit` names, if its manifest is there, hashes right and
     /// passes its checks (for a step pushed from one store, also against
     /// `chunks`): one request, whatever the number of shards.
-    pub(super) fn read_commit(
+    pub(crate) fn read_commit(
         &self,
         commit: Commit,
         chunks: Option<&HashSet<Object>>,
@@ -141,7 +143,7 @@ impl Remote {
     /// Shard `id` of `step`, if it is there, hashes right, passes
     /// [`RemoteManifest::check`], and (given the bucket's chunks) names
     /// only chunks that are there.
-    pub(super) fn checked_shard(
+    pub(crate) fn checked_shard(
         &self,
         step: u64,
         id: &ShardId,

@@ -3,7 +3,7 @@
 //! ```text
 //! chunks/<blake3 hex>                      chunk bytes (and a step's packed small blobs)
 //! packs/<blake3 hex>                       chunks back to back (format 3 shards); the hash
-//!                                          is of the chunk list ([`pack_name`](super::pack_format::pack_name))
+//!                                          is of the chunk list ([`pack_name`](crate::remote::format::pack_format::pack_name))
 //! manifests/<step:020>-<blake3 hex>.json   a step's manifest (JSON); the hash is of its bytes;
 //!                                          for a global step of N ranks, the list of its shards
 //! shards/<step:020>/<rank:06>-of-<N:06>-<blake3 hex>.json
@@ -24,7 +24,7 @@
 //! step checks out, and garbage collection deletes the commits it
 //! supersedes. Commit names without a generation (written by 0.3) are
 //! generation 0. An attempt at a global step is the set of shards written
-//! after its newest commit (see [`shards`](super::shards)).
+//! after its newest commit (see [`shards`](crate::remote::global::shards)).
 //!
 //! Every key but the locks and the owner is written once with bytes that
 //! are a function of its name (content addressing), so no conditional PUT
@@ -158,10 +158,10 @@ impl Layout {
     }
 
     /// The key of `object`.
-    pub(crate) fn object(&self, object: &super::pack_format::Object) -> Path {
+    pub(crate) fn object(&self, object: &crate::remote::format::pack_format::Object) -> Path {
         match object {
-            super::pack_format::Object::Chunk(hash) => self.chunk(hash),
-            super::pack_format::Object::Pack(hash) => self.pack(hash),
+            crate::remote::format::pack_format::Object::Chunk(hash) => self.chunk(hash),
+            crate::remote::format::pack_format::Object::Pack(hash) => self.pack(hash),
         }
     }
 
@@ -288,10 +288,10 @@ pub(crate) struct RemoteManifest {
     pub(crate) packed: Option<RemotePacked>,
     /// Format 3: the packs its chunks lie in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) packs: Option<Vec<super::pack_format::RemotePack>>,
+    pub(crate) packs: Option<Vec<crate::remote::format::pack_format::RemotePack>>,
     /// Format 3: where each chunk it names lies in `packs`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) index: Option<super::pack_format::PackIndex>,
+    pub(crate) index: Option<crate::remote::format::pack_format::PackIndex>,
 }
 
 impl RemoteManifest {

@@ -8,11 +8,13 @@
 
 use std::collections::BTreeMap;
 
-use super::layout::{encode, GlobalManifest, ShardId, MANIFEST_FORMAT, MAX_WORLD_SIZE};
-use super::shards::ShardUpload;
-use super::{Commit, Remote, ShardInfo};
 use crate::engine::plan::{check_borrowed, Plan};
 use crate::format::manifest::{hex, Hash};
+use crate::remote::format::layout::{
+    encode, GlobalManifest, ShardId, MANIFEST_FORMAT, MAX_WORLD_SIZE,
+};
+use crate::remote::global::shards::ShardUpload;
+use crate::remote::{Commit, Remote, ShardInfo};
 use crate::{Error, GradientCheckpoint, Result, TensorRef};
 
 impl Remote {
@@ -78,7 +80,7 @@ impl Remote {
     }
 
     /// Check the arguments, then upload `plan` as `how` says.
-    pub(super) fn upload_planned(
+    pub(crate) fn upload_planned(
         &self,
         (step, rank, world_size): (u64, u32, u32),
         plan: &Plan<'_>,
@@ -139,7 +141,7 @@ impl Remote {
             .iter()
             .zip(0..)
             .map(|(name, rank)| {
-                let hash: Hash = super::layout::parse_hex(name)
+                let hash: Hash = crate::remote::format::layout::parse_hex(name)
                     .ok_or_else(|| invalid(format!("shard {rank}: {name:?} is not a hash")))?;
                 Ok(ShardId {
                     rank,
@@ -159,7 +161,7 @@ impl Remote {
                 if m.packs.is_some() {
                     continue;
                 }
-                let named: Vec<Hash> = super::objects::chunks_of(&m).collect();
+                let named: Vec<Hash> = crate::remote::format::objects::chunks_of(&m).collect();
                 let there = self.present(named.iter().copied())?;
                 if let Some(gone) = named.iter().find(|h| !there.contains(*h)) {
                     return Err(Error::corrupt(

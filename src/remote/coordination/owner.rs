@@ -10,9 +10,9 @@
 //! written before the other was listed); when neither is, both withdraw
 //! and try again after a random wait.
 
-use super::layout::OWNER;
-use super::locks::lock_body;
-use super::Remote;
+use crate::remote::coordination::locks::lock_body;
+use crate::remote::format::layout::OWNER;
+use crate::remote::Remote;
 use crate::{CheckpointStore, Error, Result};
 
 /// The name of a claim starts so.

@@ -4,12 +4,12 @@
 
 use std::collections::HashSet;
 
-use super::layout::RemoteManifest;
+use crate::remote::format::layout::RemoteManifest;
 
-use super::restore::{incoming, skeleton};
-use super::step::{new_bytes, StepManifest};
-use super::{Commit, Remote};
 use crate::checkpoint::Incoming;
+use crate::remote::read::restore::{incoming, skeleton};
+use crate::remote::read::step::{new_bytes, StepManifest};
+use crate::remote::{Commit, Remote};
 use crate::{
     CheckpointStore, CommitInfo, Error, GradientCheckpoint, Result, StepInfo, StepSummary,
 };

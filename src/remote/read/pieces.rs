@@ -9,16 +9,16 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::OnceLock;
 
-use super::layout::ShardId;
-use super::layout::{RemoteBlob, RemoteManifest};
-use super::local::{place, Regions};
-use super::restore::{blob_chunks, packed_want, Want};
-use super::step::CommitBody;
-use super::Remote;
 use crate::format::manifest::Hash;
+use crate::remote::format::layout::ShardId;
+use crate::remote::format::layout::{RemoteBlob, RemoteManifest};
+use crate::remote::read::local::{place, Regions};
+use crate::remote::read::restore::{blob_chunks, packed_want, Want};
+use crate::remote::read::step::CommitBody;
+use crate::remote::Remote;
 use crate::{Error, Result};
 
-/// One entry of a shard, as [`GlobalStep::entries`] lists it.
+/// One entry of a shard, as [`Remote::entries`] lists it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct EntryInfo {
@@ -285,8 +285,8 @@ impl Remote {
         // A `file://` bucket's chunks are read straight into place, on
         // every core; any other bucket's are placed as they arrive and let
         // go. (A chunk the direct read does not find goes the second way.)
-        let rest = if super::local::direct(self) {
-            super::local::read_into(self, step, &wanted, jobs)?
+        let rest = if crate::remote::read::local::direct(self) {
+            crate::remote::read::local::read_into(self, step, &wanted, jobs)?
         } else {
             jobs
         };
@@ -339,7 +339,7 @@ fn parts<'a>(
         let packed = packed()?;
         let at = packed.at.unwrap_or(0) + at;
         let object = packed.object;
-        let hash = super::layout::parse_hex(&tail.hash)
+        let hash = crate::remote::format::layout::parse_hex(&tail.hash)
             .ok_or_else(|| Error::corrupt(Some(step), format!("{name:?}: a bad tail hash")))?;
         let len = usize::try_from(n).unwrap_or(usize::MAX);
         let want = Want {

@@ -13,16 +13,16 @@
 
 use object_store::ObjectStoreExt;
 
-use super::locks::Lock;
-use super::push::{encoded, step_chunks, Done, Landing, PushReport, StepChunk};
-use super::{Commit, Remote};
 use crate::engine::Remembered;
 use crate::format::manifest::Hash;
+use crate::remote::coordination::locks::Lock;
+use crate::remote::write::push::{encoded, step_chunks, Done, Landing, PushReport, StepChunk};
+use crate::remote::{Commit, Remote};
 use crate::{CheckpointStore, Result};
 
 impl Remote {
     /// Push with what the store remembers of the bucket as of `mark`.
-    pub(super) fn push_known(
+    pub(crate) fn push_known(
         &self,
         store: &CheckpointStore,
         known: &Remembered,
@@ -111,7 +111,7 @@ impl Remote {
         match found {
             Ok(_) => Ok(true),
             Err(object_store::Error::NotFound { .. }) => Ok(false),
-            Err(e) => Err(super::remote_error(
+            Err(e) => Err(crate::remote::remote_error(
                 &self.layout.url_of(&self.url, &key),
                 "looking for",
                 e,

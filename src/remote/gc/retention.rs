@@ -1,16 +1,18 @@
 //! Retention in the bucket: a doomed step's deletion marker is written,
 //! then its commit deleted (readers stop seeing it), then its manifest;
 //! chunks no remaining step names are deleted by a garbage collection that
-//! a push in flight holds off (see [`locks`](super::locks)).
+//! a push in flight holds off (see [`locks`](crate::remote::coordination::locks)).
 
 use std::collections::{BTreeSet, HashSet};
 
-use super::layout::{parse_chunk, parse_commit, ShardId, CHUNKS, MANIFESTS, PACKS, SHARDS};
-use super::locks::LockKind;
-use super::pack_format::Object;
-use super::step::StepManifest;
-use super::{Commit, Remote};
 use crate::format::manifest::Hash;
+use crate::remote::coordination::locks::LockKind;
+use crate::remote::format::layout::{
+    parse_chunk, parse_commit, ShardId, CHUNKS, MANIFESTS, PACKS, SHARDS,
+};
+use crate::remote::format::pack_format::Object;
+use crate::remote::read::step::StepManifest;
+use crate::remote::{Commit, Remote};
 use crate::{Result, Retention};
 
 /// What a garbage collection of the bucket did.
@@ -234,7 +236,7 @@ impl Remote {
     /// off the newest lock, which this collection just wrote.
     fn cutoff(&self) -> Result<i64> {
         let now = self
-            .list_meta(super::layout::LOCKS)?
+            .list_meta(crate::remote::format::layout::LOCKS)?
             .iter()
             .map(|(_, t, _)| *t)
             .max()

@@ -1,0 +1,3 @@
+//! Retention and garbage collection under the lock protocol (`retention`).
+
+pub(crate) mod retention;
