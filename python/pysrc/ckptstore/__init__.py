@@ -513,16 +513,19 @@ class Remote:
         self, step: int, rank: int, world_size: int, state: Mapping[str, Value], data_only: bool = False
     ) -> ShardInfo:
         """Upload rank `rank`'s shard of global step `step` without completing
-        the step; `info.shard` names it for `commit_global`. With
-        `data_only`, only its chunks (no shard yet: a later upload_shard of
-        the same data finds them there)."""
+        the step; `info.shard` names it for `commit_global`. Its new chunks
+        go into pack objects; chunks this Remote uploaded or loaded before
+        are not uploaded again (nothing is asked of the bucket per chunk).
+        With `data_only`, only its chunks (no shard yet: a later
+        upload_shard of the same data through this Remote finds them)."""
         tensors, blobs = _split(state)
         raw = self._raw.upload_shard_data if data_only else self._raw.upload_shard
         return raw((_step(step), int(rank), int(world_size)), tensors, blobs, {})
 
     def commit_global(self, step: int, shards: List[str]) -> None:
         """Complete global step `step` with exactly `shards` (each rank's
-        `info.shard`, by rank), after checking each is there and whole."""
+        `info.shard`, by rank), after checking each is there and hashes
+        right (a request per rank)."""
         self._raw.commit_global(_step(step), [str(s) for s in shards])
 
     def open_global(self, step: int, commit: Optional[str] = None) -> Optional[RawGlobalStep]:

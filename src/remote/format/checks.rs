@@ -13,6 +13,17 @@ use crate::remote::format::pack_format::MANIFEST_FORMAT_PACKS;
 use crate::{Dtype, Tensor};
 
 impl RemoteManifest {
+    /// [`check`](Self::check) of a manifest about to be written: what the
+    /// bucket's readers would refuse is refused before anything is put.
+    pub(crate) fn check_to_write(&self, step: u64) -> crate::Result<()> {
+        self.check(step)
+            .map(drop)
+            .map_err(|reason| crate::Error::InvalidCheckpoint {
+                step,
+                reason: format!("the bucket's readers would refuse it: {reason}"),
+            })
+    }
+
     /// Why a reader cannot rely on this manifest as step `step`'s, if it
     /// cannot: checked before anything is allocated from its numbers or
     /// added up. Else the step's logical bytes.

@@ -19,8 +19,8 @@ use crate::{Error, GradientCheckpoint, Result, TensorRef};
 
 impl Remote {
     /// Upload rank `rank`'s shard of global step `step` of `world_size`
-    /// ranks (chunks deduplicated against the bucket, then the shard's
-    /// manifest) without completing the step; [`ShardInfo::shard`] names
+    /// ranks (its new chunks in pack objects, then the shard's manifest)
+    /// without completing the step; [`ShardInfo::shard`] names
     /// it for [`commit_global`](Self::commit_global). Shards of the step
     /// with another world size (an attempt that died) do not matter.
     ///

@@ -35,8 +35,8 @@ pub struct ShardInfo {
     pub world_size: u32,
     /// Bytes of chunks uploaded.
     pub bytes_uploaded: u64,
-    /// Bytes of chunks not uploaded because the bucket had them (from any
-    /// step or rank).
+    /// Bytes of chunks not uploaded because this remote knows the bucket
+    /// holds them (it wrote or loaded them, at any step or rank).
     pub bytes_skipped: u64,
     /// Whether the step is complete: this call found every shard there and
     /// the step's commit written (by it or another rank).
@@ -70,13 +70,15 @@ pub struct ShardStatus {
 
 impl Remote {
     /// Upload rank `rank`'s shard of global step `step` of `world_size`
-    /// ranks, deduplicated against everything in the bucket. The step
+    /// ranks: its chunks in pack objects, those this remote wrote or loaded
+    /// before (under the bucket's current collection mark) not uploaded
+    /// again. The step
     /// becomes visible ([`steps`](Self::steps),
     /// [`latest_step`](Self::latest_step)) once all `world_size` shards are
     /// in: the rank that lands last, or any rank that finds them all,
     /// writes its commit. Never waits for other ranks. Committing the same
-    /// shard again (a retry, a restarted job) uploads nothing new and
-    /// leaves one shard.
+    /// shard again through the same remote (a retry) uploads nothing new
+    /// and leaves one shard; a restarted process packs its chunks again.
     ///
     /// ```
     /// use ckptstore::{ComputationGraphStore, GradientCheckpoint, Remote};
@@ -156,12 +158,7 @@ impl Remote {
         let total: u64 = pieces.iter().map(|(_, b)| b.len() as u64).sum();
         manifest.format = MANIFEST_FORMAT_PACKS;
         (manifest.packs, manifest.index) = (Some(packs), Some(index));
-        manifest
-            .check(step)
-            .map_err(|reason| Error::InvalidCheckpoint {
-                step,
-                reason: format!("the bucket's readers would refuse it: {reason}"),
-            })?;
+        manifest.check_to_write(step)?;
         let mut info = ShardInfo {
             step,
             rank,
@@ -460,12 +457,8 @@ fn shard_manifest<'a>(plan: &Plan<'a>) -> Result<ShardData<'a>> {
         len: bytes.len() as u64,
         hash: hex(hash),
     });
-    manifest
-        .check(ckpt.step)
-        .map_err(|reason| Error::InvalidCheckpoint {
-            step: ckpt.step,
-            reason: format!("the bucket's readers would refuse it: {reason}"),
-        })?;
+    // Refused before anything is uploaded (its packs are added later).
+    manifest.check_to_write(ckpt.step)?;
     Ok((manifest, pieces, packed))
 }
 

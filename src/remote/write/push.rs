@@ -378,12 +378,7 @@ pub(crate) fn encoded(
     data: &StepData<'_>,
 ) -> Result<(Vec<u8>, Hash)> {
     let manifest = remote_manifest(ckpt, info, data)?;
-    manifest
-        .check(step)
-        .map_err(|reason| Error::InvalidCheckpoint {
-            step,
-            reason: format!("the bucket's readers would refuse it: {reason}"),
-        })?;
+    manifest.check_to_write(step)?;
     encode(step, &manifest)
 }
 
