@@ -9,6 +9,7 @@ and AdamW state (`get_state_dict`) as step 3; resume: load the latest step
 steps it ran: "losses 0.123 ...".
 """
 
+import datetime
 import sys
 
 import torch
@@ -21,6 +22,10 @@ from torch.distributed.fsdp import fully_shard
 from ckptstore.dcp import StorageReader, StorageWriter
 
 SAVE_AT, TOTAL = 3, 6
+
+# A collective that waits longer than this fails the rank: a hang ends
+# the test in a minute, not in the default 30.
+TIMEOUT = datetime.timedelta(seconds=60)
 
 
 def batch(i):
@@ -53,7 +58,9 @@ def train(model, opt, steps):
 def main():
     mode, target, world, rank, port = sys.argv[1:6]
     world, rank = int(world), int(rank)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=TIMEOUT
+    )
     model, opt = build(init_device_mesh("cpu", (world,)))
     if mode == "full":
         losses = train(model, opt, range(TOTAL))

@@ -10,6 +10,7 @@ bit-identical to it. CKPT_DIE_AFTER_WRITE=R kills rank R (os._exit) right
 after its data is written, before the coordinator's finish.
 """
 
+import datetime
 import os
 import sys
 import time
@@ -19,6 +20,10 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from ckptstore.dcp import StorageReader, StorageWriter
+
+# A collective that waits longer than this fails the rank: a hang ends
+# the test in a minute, not in the default 30.
+TIMEOUT = datetime.timedelta(seconds=60)
 
 # (global shape, dtype, placement): Shard(0), Shard(1) and sizes the world
 # sizes do not divide, Replicate, bf16 and int64, one tensor of several
@@ -63,7 +68,7 @@ def main():
     mesh = None
     if port:
         dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+            "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=TIMEOUT
         )
         from torch.distributed.device_mesh import init_device_mesh
 
