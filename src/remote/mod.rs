@@ -363,50 +363,6 @@ impl Remote {
             .collect())
     }
 
-    /// Every commit object, ascending by step, then generation.
-    pub(crate) fn commits(&self) -> Result<Vec<Commit>> {
-        let mut commits: Vec<Commit> = self
-            .list_names(COMMITS)?
-            .iter()
-            .filter_map(|n| Commit::parse(n))
-            .collect();
-        commits.sort();
-        Ok(commits)
-    }
-
-    /// The commits of `step`, ascending by generation. Listed from the
-    /// step's first name on: S3 lists in name order and names sort by
-    /// step, so that is one request however many commits the bucket holds
-    /// (a directory lists what follows and drops it).
-    pub(crate) fn commits_of(&self, step: u64) -> Result<Vec<Commit>> {
-        if self.dir.as_ref().is_some_and(|d| !d.is_dir()) {
-            return Ok(Vec::new());
-        }
-        let folder = self.layout.folder(COMMITS);
-        let offset = folder.clone().join(format!("{step:020}"));
-        let sorted = self.s3_bucket.is_some();
-        let mut found: Vec<Commit> = self.block_on("listing", &folder, async {
-            let mut listing = self.store.list_with_offset(Some(&folder), &offset);
-            let mut found = Vec::new();
-            while let Some(meta) = listing.try_next().await? {
-                let Some(mut parts) = meta.location.prefix_match(&folder) else {
-                    continue;
-                };
-                let (Some(name), None) = (parts.next(), parts.next()) else {
-                    continue;
-                };
-                match Commit::parse(name.as_ref()) {
-                    Some(c) if c.step == step => found.push(c),
-                    Some(c) if c.step > step && sorted => break,
-                    _ => {}
-                }
-            }
-            Ok(found)
-        })?;
-        found.sort();
-        Ok(found)
-    }
-
     /// The (step, hash) of every manifest object.
     pub(crate) fn manifest_names(&self) -> Result<HashSet<(u64, Hash)>> {
         Ok(self
@@ -434,29 +390,6 @@ impl Remote {
             }
         })?;
         deleted.map_err(|e| remote_error(&self.layout.url_of(&self.url, key), "deleting", e))
-    }
-
-    /// Make `commit`'s step visible: its manifest `bytes`, then the commit
-    /// naming it. Whatever the step needs must be there.
-    fn put_step(&self, commit: &Commit, bytes: Vec<u8>) -> Result<()> {
-        self.put(&self.layout.manifest(commit.step, &commit.hash), bytes)?;
-        let body = format!(
-            "{{\"format\":1,\"step\":{},\"generation\":{},\"manifest\":\"{}\"}}",
-            commit.step,
-            commit.generation,
-            crate::format::manifest::hex(&commit.hash)
-        );
-        self.put(&self.layout.commit(commit), body.into_bytes())
-    }
-
-    /// The generation a new commit of `step` takes: newer than any there.
-    pub(crate) fn next_generation(commits: &[Commit], step: u64) -> u64 {
-        commits
-            .iter()
-            .filter(|c| c.step == step)
-            .map(|c| c.generation)
-            .max()
-            .map_or(1, |g| g + 1)
     }
 
     /// Every chunk and pack object in the bucket: what a manifest may

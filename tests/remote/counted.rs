@@ -146,3 +146,52 @@ fn a_step_of_256_ranks_opens_in_requests_per_rank() -> Result {
     );
     Ok(())
 }
+
+/// The newest step of a bucket of 1,200 steps costs a GET of the hint, a
+/// listing of the commits from the hinted step on and a GET of its
+/// manifest, not a listing of every commit; a hint that names a step
+/// whose commit is gone, or that is not a hint at all, costs a longer
+/// search, never a wrong answer.
+#[test]
+fn the_newest_step_is_found_without_listing_every_commit() -> Result {
+    const STEPS: u64 = 1_200;
+    let counting = Arc::new(Failing::new(Arc::new(InMemory::new()), 0));
+    let remote = Remote::with_store(counting.clone(), "run", "mem://run")?;
+    for step in 1..=STEPS {
+        let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), step);
+        c.set_optimizer_state("rng", step.to_le_bytes().to_vec());
+        let shard = remote.upload_shard(step, 0, 1, &c)?.shard;
+        remote.commit_global(step, &[shard])?;
+    }
+    counting.reset();
+    assert_eq!(remote.latest_step()?, Some(STEPS));
+    let (n, listed) = (counting.requests(), counting.listed());
+    eprintln!("the newest of {STEPS} steps: {n} requests, {listed} objects listed");
+    assert!(n <= 3 && listed <= 2, "{n} requests, {listed} listed");
+
+    let hint = object_store::path::Path::from("run/hints/latest");
+    let put = |bytes: &[u8]| -> Result {
+        let payload = object_store::PutPayload::from(bytes.to_vec());
+        futures::executor::block_on(object_store::ObjectStoreExt::put(
+            counting.inner.as_ref(),
+            &hint,
+            payload,
+        ))?;
+        Ok(())
+    };
+    for stale in [
+        &br#"{"format":1,"step":99999}"#[..],
+        br#"{"format":1,"step":7}"#,
+        b"\xff not a hint",
+        br#"{"format":9,"step":1}"#,
+    ] {
+        put(stale)?;
+        assert_eq!(
+            remote.latest_step()?,
+            Some(STEPS),
+            "{}",
+            String::from_utf8_lossy(stale)
+        );
+    }
+    Ok(())
+}

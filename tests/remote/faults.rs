@@ -47,6 +47,11 @@ impl Failing {
         self.calls.load(Ordering::SeqCst) + self.listed.load(Ordering::SeqCst) / 1000
     }
 
+    /// Objects returned by listings since the count started.
+    pub fn listed(&self) -> usize {
+        self.listed.load(Ordering::SeqCst)
+    }
+
     /// Start counting again.
     pub fn reset(&self) {
         self.calls.store(0, Ordering::SeqCst);
@@ -121,6 +126,23 @@ impl ObjectStore for Failing {
         let listed = self.listed.clone();
         self.inner
             .list(prefix)
+            .inspect(move |_| {
+                listed.fetch_add(1, Ordering::SeqCst);
+            })
+            .boxed()
+    }
+
+    fn list_with_offset(
+        &self,
+        prefix: Option<&Path>,
+        offset: &Path,
+    ) -> BoxStream<'static, Result<ObjectMeta>> {
+        if let Err(e) = self.check("list") {
+            return stream::once(async move { Err(e) }).boxed();
+        }
+        let listed = self.listed.clone();
+        self.inner
+            .list_with_offset(prefix, offset)
             .inspect(move |_| {
                 listed.fetch_add(1, Ordering::SeqCst);
             })

@@ -17,6 +17,8 @@
 //! collections/latest                       a random id, rewritten by each garbage collection
 //!                                          before it deletes anything (what stores remember
 //!                                          of the bucket holds while it is unchanged)
+//! hints/latest                             the step of the last commit written: where a
+//!                                          search for the newest step starts listing
 //! ```
 //!
 //! A step committed again with other content (a rollback and redo) gets a
@@ -26,7 +28,7 @@
 //! generation 0. An attempt at a global step is the set of shards written
 //! after its newest commit (see [`shards`](crate::remote::global::shards)).
 //!
-//! Every key but the locks and the owner is written once with bytes that
+//! Every key but the locks, the owner and the hint is written once with bytes that
 //! are a function of its name (content addressing), so no conditional PUT
 //! is needed: a rewrite puts the same bytes back.
 //!
@@ -62,6 +64,10 @@ pub(crate) const LOCKS: &str = "locks";
 pub(crate) const OWNER: &str = "owner";
 /// The folder of the collection mark.
 pub(crate) const COLLECTIONS: &str = "collections";
+/// The folder of the latest-step hint.
+pub(crate) const HINTS: &str = "hints";
+/// The largest hint object read.
+pub(crate) const MAX_HINT_BYTES: u64 = 4096;
 /// The version of the manifest JSON written here, and of a shard manifest
 /// with no blob tail.
 pub(crate) const MANIFEST_FORMAT: u32 = 1;
@@ -106,6 +112,31 @@ impl Commit {
         })
     }
 
+    /// The commit that makes `hash` step `step`'s content, given the
+    /// step's newest commit: that one again if it names the same manifest
+    /// (a repair rewrites it), else one generation newer.
+    pub(crate) fn after(newest: Option<Commit>, step: u64, hash: Hash) -> Commit {
+        match newest {
+            Some(c) if c.step == step && c.hash == hash => c,
+            _ => Commit {
+                step,
+                generation: newest.map_or(1, |c| c.generation + 1),
+                hash,
+            },
+        }
+    }
+
+    /// The body of its object: redundant with its name, for a reader of
+    /// the bucket by hand.
+    pub(crate) fn body(&self) -> CommitBody {
+        CommitBody {
+            format: 1,
+            step: self.step,
+            generation: self.generation,
+            manifest: hex(&self.hash),
+        }
+    }
+
     pub(crate) fn name(&self) -> String {
         if self.generation == 0 {
             format!("{:020}-{}", self.step, hex(&self.hash))
@@ -118,6 +149,25 @@ impl Commit {
             )
         }
     }
+}
+
+/// The body of a commit object (readers go by its name).
+#[derive(Serialize)]
+pub(crate) struct CommitBody {
+    format: u32,
+    step: u64,
+    generation: u64,
+    manifest: String,
+}
+
+/// The body of the latest-step hint. A hint only: commits are written
+/// with it by several writers in any order, so it may name an older step
+/// than the newest, or a step since deleted; readers list the commits from
+/// it on and fall back to all of them.
+#[derive(Serialize, Deserialize)]
+pub(crate) struct LatestHint {
+    pub(crate) format: u32,
+    pub(crate) step: u64,
 }
 
 /// Where things are under one prefix.
@@ -191,6 +241,11 @@ impl Layout {
 
     pub(crate) fn lock(&self, name: &str) -> Path {
         self.key(LOCKS, name)
+    }
+
+    /// The latest-step hint: rewritten by every commit.
+    pub(crate) fn latest_hint(&self) -> Path {
+        self.key(HINTS, "latest")
     }
 
     /// The collection mark: rewritten by every garbage collection.

@@ -183,15 +183,7 @@ impl Remote {
             };
             let (bytes, hash) = encode(step, &global)?;
             let newest = self.commit_times(step)?.last().map(|(c, _)| *c);
-            let commit = match newest {
-                Some(c) if c.hash == hash => c,
-                _ => Commit {
-                    step,
-                    generation: newest.map_or(1, |c| c.generation + 1),
-                    hash,
-                },
-            };
-            self.put_step(&commit, bytes)
+            self.put_step(&Commit::after(newest, step, hash), bytes)
         })
     }
 }

@@ -250,15 +250,7 @@ impl Remote {
             shards: chosen.values().map(|id| hex(&id.hash)).collect(),
         };
         let (bytes, hash) = encode(step, &global)?;
-        let commit = match newest {
-            Some((c, _)) if c.hash == hash => c,
-            _ => Commit {
-                step,
-                generation: newest.map_or(1, |(c, _)| c.generation + 1),
-                hash,
-            },
-        };
-        self.put_step(&commit, bytes)?;
+        self.put_step(&Commit::after(newest.map(|(c, _)| c), step, hash), bytes)?;
         Ok(chosen.get(&ours.rank) == Some(ours))
     }
 

@@ -28,13 +28,28 @@ impl Remote {
     }
 
     /// The newest step with a commit whose manifest is there and checks
-    /// out: the commit listing, then the newest manifests, one GET each,
-    /// until one checks out (a damaged newest step never hides an older
-    /// one). Chunks are not looked for: reading the step checks each.
+    /// out: the commits from the step the bucket's latest-step hint names
+    /// on (a GET and a listing of what follows, whatever the bucket's
+    /// size), then the newest manifests, one GET each, until one checks
+    /// out; below the hint only if none does (a damaged newest step never
+    /// hides an older one). Neither a global step's shard manifests nor
+    /// chunks are looked for: reading the step checks each.
     pub fn latest_step(&self) -> Result<Option<u64>> {
-        let commits = self.commits()?;
+        let (newest, hint) = self.newest_commits()?;
+        if let Some(step) = self.newest_checked(&newest)? {
+            return Ok(Some(step));
+        }
+        match hint {
+            Some(hint) => self.newest_checked(&self.commits_before(hint)?),
+            None => Ok(None),
+        }
+    }
+
+    /// The step of the newest of `commits` (ascending) whose manifest
+    /// checks out (one GET each).
+    fn newest_checked(&self, commits: &[Commit]) -> Result<Option<u64>> {
         for c in commits.iter().rev() {
-            if self.checked_manifest(*c, None)?.is_ok() {
+            if self.read_commit(*c, None)?.is_ok() {
                 return Ok(Some(c.step));
             }
         }
@@ -69,7 +84,7 @@ impl Remote {
             }) {
                 Ok(ckpt) => return Ok(Some(ckpt)),
                 // Retention may have deleted the step while it was read.
-                Err(e @ Error::Corrupt { .. }) if !self.commits()?.contains(&c) => drop(e),
+                Err(e @ Error::Corrupt { .. }) if !self.commits_of(step)?.contains(&c) => drop(e),
                 Err(e) => return Err(e),
             }
         }
@@ -80,7 +95,7 @@ impl Remote {
     /// it, newest first.
     fn readable(&self, step: u64) -> Result<Vec<(Commit, RemoteManifest)>> {
         let mut readable = Vec::new();
-        for c in self.commits()?.into_iter().rev().filter(|c| c.step == step) {
+        for c in self.commits_of(step)?.into_iter().rev() {
             if let Ok(m) = self.checked_manifest(c, None)? {
                 readable.push((c, single(step, m)?));
             }

@@ -183,12 +183,7 @@ impl Remote {
         step: u64,
         chunks: &HashSet<Object>,
     ) -> Result<Option<(Commit, StepManifest)>> {
-        let commits: Vec<Commit> = self
-            .commits()?
-            .into_iter()
-            .filter(|c| c.step == step)
-            .collect();
-        self.newest_complete(&commits, chunks)
+        self.newest_complete(&self.commits_of(step)?, chunks)
     }
 
     /// The bytes at `key` if they are there, within [`MAX_MANIFEST_BYTES`]

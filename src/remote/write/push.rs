@@ -213,15 +213,10 @@ impl Remote {
                 if let (Some(c), true) = (same, whole) {
                     return Ok(Done::present(c.generation, hash, hashes));
                 }
-                let generation =
-                    same.map_or_else(|| Remote::next_generation(&commits, step), |c| c.generation);
+                let commit = Commit::after(newest.get(&step).copied(), step, hash);
+                let generation = commit.generation;
                 let before = report.bytes_uploaded;
                 let missing = count_missing(&chunks, &mut present, &mut report);
-                let commit = Commit {
-                    step,
-                    generation,
-                    hash,
-                };
                 let landing = Landing {
                     commit,
                     bytes,
