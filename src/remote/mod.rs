@@ -7,6 +7,7 @@ mod format;
 mod gc;
 mod global;
 mod read;
+mod s3;
 mod write;
 
 use std::collections::HashSet;
@@ -117,7 +118,7 @@ impl Remote {
             if bucket.is_empty() {
                 return Err(invalid("no bucket named"));
             }
-            let store = s3_store(url, bucket, DEFAULT_RETRY_WINDOW)?;
+            let store = s3::s3_store(url, bucket, DEFAULT_RETRY_WINDOW)?;
             let mut remote = Remote::with_store(store, prefix, url)?;
             remote.s3_bucket = Some(bucket.to_owned());
             Ok(remote)
@@ -178,7 +179,7 @@ impl Remote {
     /// [`Error::Remote`] if the client cannot be configured again.
     pub fn with_retry_window(mut self, window: Duration) -> Result<Remote> {
         if let Some(bucket) = &self.s3_bucket {
-            self.store = s3_store(&self.url, bucket, window)?;
+            self.store = s3::s3_store(&self.url, bucket, window)?;
         }
         self.retry_window = window;
         Ok(self)
@@ -273,14 +274,8 @@ impl Remote {
 
     /// `e`, from a request for `key`, as this crate's error: a missing
     /// bucket said plainly.
-    fn error(&self, op: &str, key: &Path, e: object_store::Error) -> Error {
-        if e.to_string().contains("NoSuchBucket") {
-            return Error::NoBucket {
-                url: self.url.clone(),
-                source: Some(Box::new(e)),
-            };
-        }
-        remote_error(&self.layout.url_of(&self.url, key), op, e)
+    pub(crate) fn error(&self, op: &str, key: &Path, e: object_store::Error) -> Error {
+        remote_error(&self.url, &self.layout.url_of(&self.url, key), op, e)
     }
 
     fn put(&self, key: &Path, bytes: Vec<u8>) -> Result<()> {
@@ -309,7 +304,7 @@ impl Remote {
                 Err(e) => Err(e),
             }
         })?;
-        got.map_err(|e| remote_error(&self.layout.url_of(&self.url, key), "reading", e))?
+        got.map_err(|e| self.error("reading", key, e))?
             .map_err(|size| {
                 Error::corrupt(
                     None,
@@ -389,7 +384,7 @@ impl Remote {
                 other => other,
             }
         })?;
-        deleted.map_err(|e| remote_error(&self.layout.url_of(&self.url, key), "deleting", e))
+        deleted.map_err(|e| self.error("deleting", key, e))
     }
 
     /// Every chunk and pack object in the bucket: what a manifest may
@@ -418,47 +413,27 @@ impl Remote {
 }
 
 /// The `s3://` client for `bucket`, retrying for `window`.
-fn s3_store(url: &str, bucket: &str, window: Duration) -> Result<Arc<dyn ObjectStore>> {
-    // Retries end when the window is over, not after a count: waits are
-    // random (jitter), so a count gives no bound in time.
-    let retry = object_store::RetryConfig {
-        max_retries: 1_000,
-        retry_timeout: window,
-        backoff: object_store::BackoffConfig {
-            init_backoff: FIRST_RETRY_WAIT,
-            max_backoff: LONGEST_RETRY_WAIT,
-            base: 2.0,
-        },
-    };
-    // Client options replace those from_env read: take the one that
-    // matters here again.
-    let allow_http =
-        std::env::var("AWS_ALLOW_HTTP").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
-    let client = object_store::ClientOptions::new()
-        .with_allow_http(allow_http)
-        .with_timeout(REQUEST_TIMEOUT)
-        .with_connect_timeout(CONNECT_TIMEOUT);
-    let s3 = object_store::aws::AmazonS3Builder::from_env()
-        .with_bucket_name(bucket)
-        .with_retry(retry)
-        .with_client_options(client)
-        .build()
-        .map_err(|e| remote_error(url, "configuring", e))?;
-    Ok(Arc::new(s3))
-}
-
-fn remote_error(url: &str, op: &str, e: object_store::Error) -> Error {
-    let op = if lacks_credentials(url, &e.to_string(), env_has_credentials()) {
-        format!(
+/// The one mapping of an `object_store` error to this crate's: `e`, from
+/// `op` on `object` (a URL) of the remote at `url`. What the S3 backend
+/// knows of the answer ([`s3::S3Answer`]) comes first: a missing bucket,
+/// missing credentials.
+fn remote_error(url: &str, object: &str, op: &str, e: object_store::Error) -> Error {
+    let op = match s3::answer_of(&e) {
+        Some(s3::S3Answer::NoSuchBucket) => {
+            return Error::NoBucket {
+                url: url.to_owned(),
+                source: Some(Box::new(e)),
+            }
+        }
+        Some(s3::S3Answer::NoInstanceCredentials { .. }) => format!(
             "{op} (no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or run \
              where instance credentials exist)"
-        )
-    } else {
-        op.to_owned()
+        ),
+        None => op.to_owned(),
     };
     Error::Remote {
         op,
-        url: url.to_owned(),
+        url: object.to_owned(),
         reason: reason(&e),
         source: Box::new(e),
     }
@@ -476,44 +451,5 @@ fn reason(e: &object_store::Error) -> String {
         E::PermissionDenied { source, .. } => format!("permission denied ({source})"),
         E::Unauthenticated { source, .. } => format!("not authenticated ({source})"),
         other => other.to_string(),
-    }
-}
-
-/// Whether the environment names credentials for S3.
-fn env_has_credentials() -> bool {
-    [
-        "AWS_ACCESS_KEY_ID",
-        "AWS_WEB_IDENTITY_TOKEN_FILE",
-        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-    ]
-    .iter()
-    .any(|v| std::env::var_os(v).is_some())
-}
-
-/// Without credentials in the environment the S3 client asks the cloud's
-/// instance metadata endpoint, and its error names only that address.
-fn lacks_credentials(url: &str, error: &str, env_has_credentials: bool) -> bool {
-    url.starts_with("s3://") && error.contains("169.254.169.254") && !env_has_credentials
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_missing_credential_is_named() {
-        let error = "Generic S3 error: error sending request for url \
-                     (http://169.254.169.254/latest/api/token)";
-        assert!(lacks_credentials("s3://b/run", error, false));
-        assert!(!lacks_credentials("s3://b/run", error, true));
-        assert!(!lacks_credentials("s3://b/run", "503 Slow Down", false));
-        let e = object_store::Error::Generic {
-            store: "S3",
-            source: error.into(),
-        };
-        let message = remote_error("s3://b/run", "listing", e).to_string();
-        assert!(message.starts_with("listing"), "{message}");
-        assert!(message.contains("s3://b/run"), "{message}");
     }
 }

@@ -398,3 +398,55 @@ fn a_push_to_a_missing_bucket_says_so() -> Result {
     assert!(!Remote::open(&url)?.exists()?);
     Ok(())
 }
+
+/// A missing bucket is `Error::NoBucket` on every path, reads too (S3's
+/// `NoSuchBucket` code, told by type: a listing's 404 and a GET's look
+/// alike to `object_store`).
+#[test]
+fn reads_of_a_missing_bucket_say_so() -> Result {
+    let Some((_server, _bucket)) = server("reads_of_a_missing_bucket") else {
+        return Ok(());
+    };
+    let url = format!("s3://no-such-bucket-{}/run", fresh_prefix());
+    let remote = Remote::open(&url)?;
+    for (what, e) in [
+        ("steps", remote.steps().map(drop)),
+        ("latest_step", remote.latest_step().map(drop)),
+        ("get", remote.get(1).map(drop)),
+    ] {
+        let e = e.expect_err(what);
+        assert!(
+            matches!(e, ckptstore::Error::NoBucket { .. }),
+            "{what}: {e:?}"
+        );
+        assert!(
+            e.to_string().starts_with(&format!("no bucket at {url}")),
+            "{e}"
+        );
+    }
+    Ok(())
+}
+
+/// Without credentials in the environment the client asks the instance
+/// metadata endpoint (here Garage's S3 port, which refuses the token
+/// request): the error says that credentials are missing.
+#[test]
+fn missing_credentials_are_named() -> Result {
+    let Some((_server, bucket)) = server("missing_credentials_are_named") else {
+        return Ok(());
+    };
+    let endpoint = std::env::var("AWS_ENDPOINT_URL")?;
+    let out = Command::new(env!("CARGO_BIN_EXE_ckpt"))
+        .args(["ls", &format!("s3://{bucket}/{}", fresh_prefix())])
+        .env_remove("AWS_ACCESS_KEY_ID")
+        .env_remove("AWS_SECRET_ACCESS_KEY")
+        .env("AWS_METADATA_ENDPOINT", &endpoint)
+        .output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("(no credentials: set AWS_ACCESS_KEY_ID"),
+        "{err}"
+    );
+    Ok(())
+}

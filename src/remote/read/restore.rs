@@ -257,7 +257,7 @@ impl Remote {
                     hex(&first.hash)
                 )))
             }
-            Err(e) => return Err(crate::remote::remote_error(&url(), "reading", e)),
+            Err(e) => return Err(self.error("reading", &key, e)),
         };
         let base = span.at.unwrap_or(0);
         let wants: Vec<(Hash, u64, usize)> = group

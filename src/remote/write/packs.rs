@@ -215,7 +215,7 @@ impl Remote {
                 let payload: PutPayload =
                     pack.parts.into_iter().map(Bytes::copy_from_slice).collect();
                 store.put(&key, payload).await.map_err(|e| {
-                    crate::remote::remote_error(&layout.url_of(url, &key), "uploading", e)
+                    crate::remote::remote_error(url, &layout.url_of(url, &key), "uploading", e)
                 })?;
                 Ok::<u64, crate::Error>(len)
             })
@@ -239,6 +239,7 @@ impl Remote {
                         Ok(_) => Ok(None),
                         Err(object_store::Error::NotFound { .. }) => Ok(Some(pack)),
                         Err(e) => Err(crate::remote::remote_error(
+                            url,
                             &layout.url_of(url, &key),
                             "looking for",
                             e,

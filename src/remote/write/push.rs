@@ -431,7 +431,7 @@ impl Remote {
                 store
                     .put(&key, PutPayload::from_bytes(bytes))
                     .await
-                    .map_err(|e| remote_error(&layout.url_of(url, &key), "uploading", e))?;
+                    .map_err(|e| remote_error(url, &layout.url_of(url, &key), "uploading", e))?;
                 Ok::<u64, Error>(len)
             })
             .buffer_unordered(UPLOADS_IN_FLIGHT);
@@ -456,7 +456,12 @@ impl Remote {
                     match store.head(&key).await {
                         Ok(_) => Ok(Some(hash)),
                         Err(object_store::Error::NotFound { .. }) => Ok(None),
-                        Err(e) => Err(remote_error(&layout.url_of(url, &key), "looking for", e)),
+                        Err(e) => Err(remote_error(
+                            url,
+                            &layout.url_of(url, &key),
+                            "looking for",
+                            e,
+                        )),
                     }
                 })
                 .buffer_unordered(UPLOADS_IN_FLIGHT)

@@ -111,11 +111,7 @@ impl Remote {
         match found {
             Ok(_) => Ok(true),
             Err(object_store::Error::NotFound { .. }) => Ok(false),
-            Err(e) => Err(crate::remote::remote_error(
-                &self.layout.url_of(&self.url, &key),
-                "looking for",
-                e,
-            )),
+            Err(e) => Err(self.error("looking for", &key, e)),
         }
     }
 }
