@@ -1,4 +1,5 @@
-//! Exchange formats: safetensors in and out.
+//! Exchange formats: safetensors in and out, and the metadata
+//! `ckptstore.dcp` keeps beside a DCP step (`dcp`).
 //!
 //! A step is exported as a standard safetensors file: every typed tensor
 //! with its dtype and shape, every untyped optimizer blob as a 1-D `U8`
@@ -6,6 +7,8 @@
 //! the keys below, so that importing an exported file gives back the same
 //! checkpoint. Any other safetensors file imports too, as tensors.
 
+#[cfg(feature = "remote")]
+pub(crate) mod dcp;
 pub(crate) mod read;
 pub(crate) mod write;
 

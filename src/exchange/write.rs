@@ -19,13 +19,13 @@ use super::{
 use crate::engine::StepData;
 use crate::{Dtype, Error, GradientCheckpoint, Result, StepInfo};
 
-/// One tensor of the file to write.
-struct Entry {
-    name: String,
-    dtype: Dtype,
-    shape: Vec<u64>,
-    len: u64,
-    typed: bool,
+/// A tensor of a safetensors file to write: its name, dtype, shape and
+/// length in bytes (`dtype x shape`, which the caller has checked).
+pub(crate) struct Head {
+    pub(crate) name: String,
+    pub(crate) dtype: Dtype,
+    pub(crate) shape: Vec<u64>,
+    pub(crate) len: u64,
 }
 
 /// Write step `step` (its skeleton, its [`StepInfo`] and its data, all
@@ -38,22 +38,20 @@ pub(crate) fn write(
     info: &StepInfo,
     data: &StepData<'_>,
 ) -> Result<()> {
-    let mut entries: Vec<Entry> = info
+    let mut entries: Vec<Head> = info
         .tensors
         .iter()
-        .map(|(name, t)| Entry {
+        .map(|(name, t)| Head {
             name: name.clone(),
             dtype: t.dtype,
             shape: t.shape.clone(),
             len: t.bytes,
-            typed: true,
         })
-        .chain(info.blobs.iter().map(|(name, &len)| Entry {
+        .chain(info.blobs.iter().map(|(name, &len)| Head {
             name: name.clone(),
             dtype: Dtype::U8,
             shape: vec![len],
             len,
-            typed: false,
         }))
         .collect();
     entries.sort_by(|a, b| a.name.cmp(&b.name));
@@ -83,17 +81,37 @@ pub(crate) fn write(
         KEY_GRAPH,
         serde_json::to_string(&skeleton.graph).map_err(json_err)?,
     );
-    let blobs: Vec<&str> = entries
-        .iter()
-        .filter(|e| !e.typed)
-        .map(|e| e.name.as_str())
-        .collect();
+    let blobs: Vec<&str> = info.blobs.keys().map(String::as_str).collect();
     metadata.insert(KEY_BLOBS, serde_json::to_string(&blobs).map_err(json_err)?);
-    let header = header(&metadata, &entries).map_err(json_err)?;
+    write_tensors(path, step, &metadata, &entries, &mut |e, bytes| {
+        if data.read_into(&e.name, bytes)? {
+            Ok(())
+        } else {
+            Err(Error::corrupt(
+                Some(step),
+                format!("its data has no {:?}", e.name),
+            ))
+        }
+    })
+}
 
-    // One buffer of the largest tensor's length, reused: its pages are
-    // faulted in once, not once per tensor.
-    let largest = entries.iter().map(|e| e.len).max().unwrap_or(0);
+/// Write a safetensors file of `heads` (in this order) and `metadata` to
+/// `path`, durably, each tensor's bytes as `fill` puts them in a buffer of
+/// its length (one buffer of the largest length, reused: its pages are
+/// faulted in once). A failure of `fill` is returned as it is, and leaves
+/// no file.
+pub(crate) fn write_tensors(
+    path: &Path,
+    step: u64,
+    metadata: &BTreeMap<&str, String>,
+    heads: &[Head],
+    fill: &mut dyn FnMut(&Head, &mut [u8]) -> Result<()>,
+) -> Result<()> {
+    let header = header(metadata, heads).map_err(|e| Error::Json {
+        path: Some(path.to_owned()),
+        source: Box::new(e),
+    })?;
+    let largest = heads.iter().map(|e| e.len).max().unwrap_or(0);
     let mut buffer = vec![
         0u8;
         usize::try_from(largest).map_err(|_| Error::InvalidCheckpoint {
@@ -101,29 +119,32 @@ pub(crate) fn write(
             reason: format!("a tensor of {largest} bytes does not fit in memory"),
         })?
     ];
-    crate::file::write_durably_with(path, |file| {
+    // A failure to fill a tensor keeps its own kind, not the file's.
+    let mut failed = None;
+    let written = crate::file::write_durably_with(path, |file| {
         let mut out = BufWriter::new(file);
         out.write_all(&(header.len() as u64).to_le_bytes())?;
         out.write_all(&header)?;
-        for e in &entries {
+        for e in heads {
             // `len` fits: it is at most `largest`.
             let bytes = &mut buffer[..usize::try_from(e.len).unwrap_or(usize::MAX)];
-            if !data
-                .read_into(&e.name, bytes)
-                .map_err(std::io::Error::other)?
-            {
-                let missing = format!("step {step} has no {:?}", e.name);
-                return Err(std::io::Error::other(missing));
+            if let Err(e) = fill(e, bytes) {
+                failed = Some(e);
+                return Err(std::io::Error::other("filling a tensor failed"));
             }
             out.write_all(bytes)?;
         }
         out.flush()
-    })
+    });
+    match failed {
+        Some(e) => Err(e),
+        None => written,
+    }
 }
 
 /// The header: `__metadata__` and each tensor at consecutive offsets, in
 /// the order given, padded with spaces to a multiple of 8 bytes.
-fn header(metadata: &BTreeMap<&str, String>, entries: &[Entry]) -> serde_json::Result<Vec<u8>> {
+fn header(metadata: &BTreeMap<&str, String>, entries: &[Head]) -> serde_json::Result<Vec<u8>> {
     let mut map = Map::new();
     map.insert(METADATA.to_owned(), serde_json::to_value(metadata)?);
     let mut at = 0u64;

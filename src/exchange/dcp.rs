@@ -1,0 +1,281 @@
+//! The metadata `ckptstore.dcp` keeps beside a DCP step, and the layout
+//! of a stored box in its whole tensor.
+//!
+//! `ckptstore.dcp` stores the metadata DCP's planner wrote as JSON in the
+//! coordinator's shard, entry [`DCP_METADATA`]: `{"format": 1,
+//! "state_dict": {FQN: {"dtype", "size", "chunks": [{"offsets",
+//! "sizes"}]} | {"bytes": true}}, "storage": [{"fqn", "offset", "rank",
+//! "entry"}]}`. Each stored box of a tensor is entry `entry` of rank
+//! `rank`'s shard, its elements row-major. The bytes are untrusted: a
+//! damaged document is [`Error::Corrupt`], and a box is placed only once
+//! [`BoxLayout::new`] has checked that it lies inside its tensor.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Deserialize;
+
+use crate::{Dtype, Error, Result};
+
+/// The entry of the coordinator's shard that holds DCP's metadata.
+pub const DCP_METADATA: &str = ".dcp/metadata.json";
+
+/// The dtype of a tensor of a DCP step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DcpDtype {
+    /// A dtype of the safetensors list (its boxes stored as typed tensors).
+    Stored(Dtype),
+    /// A torch dtype safetensors has no name for (`torch.complex128`,
+    /// `torch.complex32`): its boxes are stored as their bytes, and it
+    /// cannot be consolidated into a safetensors file.
+    Torch {
+        /// Its torch name (`torch.complex128`).
+        name: String,
+        /// Bytes per element.
+        item_bytes: u64,
+    },
+}
+
+impl DcpDtype {
+    /// Its name: the safetensors one (`F32`), or the torch one.
+    pub fn name(&self) -> &str {
+        match self {
+            DcpDtype::Stored(d) => d.name(),
+            DcpDtype::Torch { name, .. } => name,
+        }
+    }
+
+    /// Bytes per element.
+    pub fn item_bytes(&self) -> u64 {
+        match self {
+            DcpDtype::Stored(d) => d.bits() / 8,
+            DcpDtype::Torch { item_bytes, .. } => *item_bytes,
+        }
+    }
+}
+
+/// A tensor of a DCP step: its global dtype and shape, and the boxes it is
+/// stored in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DcpTensor {
+    /// The dtype.
+    pub dtype: DcpDtype,
+    /// The global shape.
+    pub shape: Vec<u64>,
+    /// Each stored box: its offsets and sizes in the global tensor.
+    pub boxes: Vec<(Vec<u64>, Vec<u64>)>,
+}
+
+impl DcpTensor {
+    /// Its length in bytes, whole (`None` if that overflows).
+    pub fn byte_len(&self) -> Option<u64> {
+        let numel = self.shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d))?;
+        numel.checked_mul(self.dtype.item_bytes())
+    }
+}
+
+/// What a DCP step holds ([`Remote::dcp_index`](crate::Remote::dcp_index)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DcpIndex {
+    /// The step.
+    pub step: u64,
+    /// How many ranks saved it.
+    pub world_size: u32,
+    /// Tensors by fully qualified name.
+    pub tensors: BTreeMap<String, DcpTensor>,
+    /// Names of the non-tensor values (DCP's own `torch.save` bytes).
+    pub values: Vec<String>,
+}
+
+#[derive(Deserialize)]
+struct Json {
+    format: u32,
+    state_dict: BTreeMap<String, JsonEntry>,
+    storage: Vec<JsonWhere>,
+}
+
+#[derive(Deserialize)]
+struct JsonEntry {
+    #[serde(default)]
+    dtype: Option<String>,
+    /// Bytes per element, for a torch dtype safetensors has no name for.
+    #[serde(default)]
+    itemsize: Option<u64>,
+    #[serde(default)]
+    size: Vec<u64>,
+    #[serde(default)]
+    chunks: Vec<JsonChunk>,
+    #[serde(default)]
+    bytes: bool,
+}
+
+#[derive(Deserialize)]
+struct JsonChunk {
+    offsets: Vec<u64>,
+    sizes: Vec<u64>,
+}
+
+#[derive(Deserialize)]
+struct JsonWhere {
+    fqn: String,
+    offset: Option<Vec<u64>>,
+    rank: u32,
+    entry: String,
+}
+
+/// Where each stored box is: (fqn, offsets) -> (rank, entry).
+pub(crate) type Places = HashMap<(String, Vec<u64>), (u32, String)>;
+
+impl DcpIndex {
+    /// The index of `step`, saved by `world_size` ranks, from the bytes
+    /// of its [`DCP_METADATA`] entry, with where each box is stored.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] for bytes that are not that document, of a
+    /// format this build does not read, or with an unknown dtype.
+    pub(crate) fn decode(step: u64, world_size: u32, bytes: &[u8]) -> Result<(DcpIndex, Places)> {
+        let corrupt = |why: String| Error::corrupt(Some(step), format!("{DCP_METADATA}: {why}"));
+        let json: Json = serde_json::from_slice(bytes).map_err(|e| corrupt(e.to_string()))?;
+        if json.format != 1 {
+            return Err(corrupt(format!(
+                "format {} is not one this build reads",
+                json.format
+            )));
+        }
+        let mut index = DcpIndex {
+            step,
+            world_size,
+            tensors: BTreeMap::new(),
+            values: Vec::new(),
+        };
+        for (fqn, e) in json.state_dict {
+            if e.bytes {
+                index.values.push(fqn);
+                continue;
+            }
+            let name = e.dtype.unwrap_or_default();
+            let dtype = match (Dtype::from_name(&name), e.itemsize) {
+                (Some(d), _) if d.bits() % 8 == 0 => DcpDtype::Stored(d),
+                (None, Some(item_bytes)) if name.starts_with("torch.") && item_bytes > 0 => {
+                    DcpDtype::Torch { name, item_bytes }
+                }
+                _ => return Err(corrupt(format!("{fqn}: unknown dtype {name:?}"))),
+            };
+            let boxes = e.chunks.into_iter().map(|c| (c.offsets, c.sizes)).collect();
+            let t = DcpTensor {
+                dtype,
+                shape: e.size,
+                boxes,
+            };
+            index.tensors.insert(fqn, t);
+        }
+        let places = json
+            .storage
+            .into_iter()
+            .filter_map(|w| Some(((w.fqn, w.offset?), (w.rank, w.entry))))
+            .collect();
+        Ok((index, places))
+    }
+}
+
+/// A box of a row-major tensor: rows (runs along the last dimension) and
+/// where each row goes in the whole tensor.
+pub(crate) struct BoxLayout {
+    /// Strides of the whole tensor, in elements.
+    strides: Vec<u64>,
+    offsets: Vec<u64>,
+    /// Sizes of the box but its last dimension.
+    outer: Vec<u64>,
+    pub(crate) rows: u64,
+    pub(crate) row_bytes: u64,
+    item: u64,
+}
+
+impl BoxLayout {
+    /// The layout of the box at `offsets` of `sizes` in a tensor of
+    /// `shape` of `item`-byte elements, or `None` if it is not inside.
+    pub(crate) fn new(shape: &[u64], offsets: &[u64], sizes: &[u64], item: u64) -> Option<Self> {
+        let fits = shape.len() == offsets.len()
+            && shape.len() == sizes.len()
+            && (0..shape.len()).all(|d| {
+                offsets[d]
+                    .checked_add(sizes[d])
+                    .is_some_and(|e| e <= shape[d])
+            });
+        if !fits {
+            return None;
+        }
+        let mut strides = vec![1u64; shape.len()];
+        for d in (0..shape.len().saturating_sub(1)).rev() {
+            strides[d] = strides[d + 1] * shape[d + 1];
+        }
+        let (outer, last) = match sizes.split_last() {
+            Some((last, outer)) => (outer.to_vec(), *last),
+            None => (Vec::new(), 1),
+        };
+        Some(BoxLayout {
+            strides,
+            offsets: offsets.to_vec(),
+            rows: outer.iter().product(),
+            outer,
+            row_bytes: last * item,
+            item,
+        })
+    }
+
+    /// Where row `r` of the box starts in the whole tensor, in bytes.
+    fn row_start(&self, mut r: u64) -> u64 {
+        let mut element = 0;
+        let dims = self.outer.len();
+        for d in (0..dims).rev() {
+            let i = r % self.outer[d];
+            r /= self.outer[d];
+            element += (self.offsets[d] + i) * self.strides[d];
+        }
+        if let Some(last) = self.offsets.last() {
+            element += last * self.strides[dims];
+        }
+        element * self.item
+    }
+
+    /// Copy `bytes`, the box's bytes from `at`, to their places in `out`.
+    pub(crate) fn place(&self, out: &mut [u8], at: u64, bytes: &[u8]) {
+        if self.row_bytes == 0 {
+            return;
+        }
+        let end = at + bytes.len() as u64;
+        let mut pos = at;
+        while pos < end {
+            let row = pos / self.row_bytes;
+            let in_row = pos % self.row_bytes;
+            let n = (self.row_bytes - in_row).min(end - pos);
+            let dst = usize::try_from(self.row_start(row) + in_row).unwrap_or(usize::MAX);
+            let src = usize::try_from(pos - at).unwrap_or(usize::MAX);
+            let n = usize::try_from(n).unwrap_or(0);
+            out[dst..dst + n].copy_from_slice(&bytes[src..src + n]);
+            pos += n as u64;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::BoxLayout;
+
+    #[test]
+    fn a_box_lands_where_its_rows_belong() {
+        // A 3x4 tensor of bytes; the box rows 1..3, columns 1..3.
+        let layout = BoxLayout::new(&[3, 4], &[1, 1], &[2, 2], 1).expect("fits");
+        let mut out = vec![0u8; 12];
+        layout.place(&mut out, 0, &[1, 2, 3, 4]);
+        assert_eq!(out, [0, 0, 0, 0, 0, 1, 2, 0, 0, 3, 4, 0]);
+        // In two windows that split a row.
+        let mut again = vec![0u8; 12];
+        layout.place(&mut again, 0, &[1]);
+        layout.place(&mut again, 1, &[2, 3, 4]);
+        assert_eq!(again, out);
+        assert!(BoxLayout::new(&[3, 4], &[2, 0], &[2, 4], 1).is_none());
+    }
+}
