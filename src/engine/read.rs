@@ -356,16 +356,6 @@ impl StepData<'_> {
         self.packed_ref.as_ref()
     }
 
-    /// Which of `hashes` the store knows the bucket at `url` holds (in the
-    /// same read transaction).
-    pub(crate) fn known_chunks(
-        &self,
-        url: &str,
-        hashes: &[Hash],
-    ) -> Result<std::collections::HashSet<Hash>> {
-        self.view.known_chunks(url, hashes)
-    }
-
     /// The step's packed small blobs, hash-checked.
     pub(crate) fn packed_bytes(&self) -> Result<Vec<u8>> {
         match &self.packed_ref {

@@ -1,7 +1,9 @@
 //! What a store remembers of the buckets it replicates to, so that a push
 //! asks a bucket only about what changed: per bucket URL, the bucket's
-//! collection mark when the store last listed it, the newest commit of
-//! each step it knows of, and the chunks it knows the bucket holds.
+//! collection mark when the store last listed it, and the newest commit of
+//! each step it knows of. (The chunks a bucket held as chunk objects were
+//! remembered too, before bucket format 3: `replica_chunks` is emptied
+//! when a bucket is remembered afresh, and no longer written.)
 //!
 //! Only ever a shortcut: a push trusts it while the bucket's mark is the
 //! one remembered (no collection deleted anything since) and otherwise
@@ -9,7 +11,7 @@
 //! locally marks it as no longer known whole in any bucket.
 
 #[cfg(feature = "remote")]
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 
 use redb::ReadableTable;
 
@@ -99,33 +101,18 @@ impl View {
         }
         Ok(Some(remembered))
     }
-
-    /// Which of `hashes` the store knows the bucket at `url` holds.
-    pub(crate) fn known_chunks(&self, url: &str, hashes: &[Hash]) -> Result<HashSet<Hash>> {
-        let ctx = || format!("reading what the store remembers of {url}");
-        let mut known = HashSet::new();
-        if let Some(chunks) = self.optional(REPLICA_CHUNKS)? {
-            for hash in hashes {
-                if chunks.get((url, hash)).context(ctx)?.is_some() {
-                    known.insert(*hash);
-                }
-            }
-        }
-        Ok(known)
-    }
 }
 
 impl Engine<'_> {
     #[cfg(feature = "remote")]
-    /// Remember `steps` and `chunks` of the bucket at `url` as of `mark`;
-    /// with `fresh`, after forgetting everything remembered of it before.
+    /// Remember `steps` of the bucket at `url` as of `mark`; with
+    /// `fresh`, after forgetting everything remembered of it before.
     pub(crate) fn remember(
         &mut self,
         url: &str,
         mark: &[u8],
         fresh: bool,
         steps: &[(u64, Pushed)],
-        chunks: &[Hash],
     ) -> Result<()> {
         let ctx = || format!("writing what the store remembers of {url}");
         self.require_format(REPLICA_FORMAT)?;
@@ -145,9 +132,6 @@ impl Engine<'_> {
             step_table
                 .insert((url, *step), pushed.encode().as_slice())
                 .context(ctx)?;
-        }
-        for hash in chunks {
-            chunk_table.insert((url, hash), ()).context(ctx)?;
         }
         Ok(())
     }

@@ -394,12 +394,20 @@ impl Remote {
             .chunk_hashes()?
             .into_iter()
             .map(format::pack_format::Object::Chunk);
-        let packs = self.list_names(format::layout::PACKS)?;
-        let packs = packs
-            .iter()
-            .filter_map(|n| parse_chunk(n))
+        let packs = self
+            .pack_names()?
+            .into_iter()
             .map(format::pack_format::Object::Pack);
         Ok(chunks.chain(packs).collect())
+    }
+
+    /// The names of every pack in the bucket.
+    pub(crate) fn pack_names(&self) -> Result<HashSet<Hash>> {
+        Ok(self
+            .list_names(format::layout::PACKS)?
+            .iter()
+            .filter_map(|n| parse_chunk(n))
+            .collect())
     }
 
     /// The hashes of every chunk in the bucket.

@@ -4,7 +4,6 @@
 use super::CheckpointStore;
 use crate::db::TxnKind;
 use crate::engine::{Pushed, Remembered};
-use crate::format::manifest::Hash;
 use crate::Result;
 
 impl CheckpointStore {
@@ -14,7 +13,7 @@ impl CheckpointStore {
         self.db.read(&what, |view| view.remembered(url))
     }
 
-    /// Remember `steps` and `chunks` of the bucket at `url` as of its
+    /// Remember `steps` of the bucket at `url` as of its
     /// collection `mark` (with `fresh`, instead of what was remembered).
     /// A read-only store remembers nothing: what it remembers is only a
     /// shortcut, and its pushes list the bucket instead.
@@ -24,14 +23,13 @@ impl CheckpointStore {
         mark: &[u8],
         fresh: bool,
         steps: &[(u64, Pushed)],
-        chunks: &[Hash],
     ) -> Result<()> {
         if self.is_read_only() {
             return Ok(());
         }
         let what = || format!("remembering what the bucket {url} holds");
         self.db.write("push", &what, TxnKind::Memo, |engine| {
-            engine.remember(url, mark, fresh, steps, chunks)
+            engine.remember(url, mark, fresh, steps)
         })
     }
 }

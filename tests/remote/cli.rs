@@ -24,9 +24,9 @@ fn push_ls_show_verify_gc_and_pull_from_the_shell() -> Result {
         out.contains("pushed 0 steps") && out.contains("(4 were there)"),
         "{out}"
     );
-    // Chunks deleted by hand: `--repair` lists the bucket and uploads them.
-    let chunks = dir.path().join("bucket/chunks");
-    for entry in std::fs::read_dir(&chunks)? {
+    // Packs deleted by hand: `--repair` lists the bucket and uploads them.
+    let packs = dir.path().join("bucket/packs");
+    for entry in std::fs::read_dir(&packs)? {
         std::fs::remove_file(entry?.path())?;
     }
     let (code, out, err) = ckpt(&["push", "--repair", p, &url])?;
@@ -178,17 +178,17 @@ fn objects_are_named_by_their_url() -> Result {
     let (code, _, err) = ckpt(&["push", p, &url])?;
     assert_eq!(code, 0, "{err}");
 
-    // A chunk's name taken by a directory: the upload fails.
+    // A pack's name taken by a directory: the upload fails.
     let other = dir.path().join("other");
-    for entry in std::fs::read_dir(bucket.join("chunks"))? {
+    for entry in std::fs::read_dir(bucket.join("packs"))? {
         let name = entry?.file_name();
-        std::fs::create_dir_all(other.join("chunks").join(&name).join("x"))?;
+        std::fs::create_dir_all(other.join("packs").join(&name).join("x"))?;
     }
     let other_url = format!("file://{}", other.display());
     let (code, _, err) = ckpt(&["push", p, &other_url])?;
     assert_eq!(code, 1, "{err}");
     assert!(
-        err.contains(&format!("uploading {other_url}/chunks/")),
+        err.contains(&format!("uploading {other_url}/packs/")),
         "{err}"
     );
 

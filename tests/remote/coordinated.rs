@@ -250,10 +250,10 @@ fn every_kind(step: u64) -> Result<GradientCheckpoint> {
 }
 
 /// The bucket's manifests are the same bytes whenever they are built: a
-/// pushed step's name is what 0.4's first build wrote (a re-pushed step
-/// dedups against buckets written before); a shard's is pinned at its
-/// format 3 (chunks in packs, named by their chunk lists), so that a
-/// change of its bytes is a decision, not an accident.
+/// shard's and a pushed step's are pinned at format 3 (chunks in packs,
+/// named by their chunk lists; the pushed step's chunks deduplicated
+/// against the shard's packs, which the same remote wrote), so that a
+/// change of their bytes is a decision, not an accident.
 #[test]
 fn manifests_keep_their_bytes() -> Result {
     let dir = tempfile::tempdir()?;
@@ -271,7 +271,7 @@ fn manifests_keep_their_bytes() -> Result {
     );
     assert_eq!(
         manifests,
-        ["00000000000000000006-728330f07c21108b5fa313891bc28c9bc0616a291806e07d0c844d8df1e87212.json"]
+        ["00000000000000000006-fd3b148dc33fdb8f94834ecfa1cbe434f0d8104f6ae19a5b0fd934eb3c215e20.json"]
     );
     Ok(())
 }

@@ -227,7 +227,8 @@ fn a_reader_during_a_push_sees_only_whole_steps() -> Result {
 }
 
 /// The AWS CLI, a real S3 client, lists the bucket and downloads a
-/// manifest and a chunk by their plain names.
+/// manifest and a pack by their plain names; a chunk is where the index
+/// says.
 #[test]
 fn the_aws_cli_reads_the_layout() -> Result {
     let Some((_server, bucket)) = server("the_aws_cli_reads_the_layout") else {
@@ -271,8 +272,16 @@ fn the_aws_cli_reads_the_layout() -> Result {
     let m: serde_json::Value = serde_json::from_slice(&manifest)?;
     assert_eq!(m["step"], 1);
     let chunk = m["blobs"]["frozen"]["chunks"][0].as_str().ok_or("chunk")?;
-    let bytes = aws(&["s3", "cp", &format!("s3://{prefix}/chunks/{chunk}"), "-"])?;
-    assert_eq!(blake3::hash(&bytes).to_hex().as_str(), chunk);
+    let at = &m["index"][chunk];
+    let (pack, offset) = (at[0].as_u64().ok_or("pack")?, at[1].as_u64().ok_or("at")?);
+    let pack = m["packs"][usize::try_from(pack)?]["hash"]
+        .as_str()
+        .ok_or("pack")?;
+    let bytes = aws(&["s3", "cp", &format!("s3://{prefix}/packs/{pack}"), "-"])?;
+    // The tensor's first chunk: 1 MiB - 128 B (docs/design.md).
+    let offset = usize::try_from(offset)?;
+    let chunk_bytes = bytes.get(offset..offset + (1 << 20) - 128).ok_or("short")?;
+    assert_eq!(blake3::hash(chunk_bytes).to_hex().as_str(), chunk);
     Ok(())
 }
 

@@ -249,18 +249,18 @@ fn race_for(url: &str, dir: &Path) -> Result {
     Ok(())
 }
 
-/// A step whose commit is there but whose chunks or manifest are not
-/// (collected while a push's lock had lapsed, or deleted by hand) is not
-/// "present": the next push uploads them again.
+/// A step whose commit is there but whose packs or manifest are not
+/// (deleted by hand) is not "present": a repair uploads them again, under
+/// the same commit (the same chunks make the same packs).
 #[test]
 fn a_step_missing_chunks_is_repaired_by_the_next_push() -> Result {
     let dir = tempfile::tempdir()?;
     let store = store_with(dir.path(), 1..3)?;
     let remote = Remote::open(&dir_url(dir.path()))?;
     remote.push(&store)?;
-    let chunks = dir.path().join("bucket/chunks");
-    for name in common_names(&chunks)? {
-        std::fs::remove_file(chunks.join(name))?;
+    let packs = dir.path().join("bucket/packs");
+    for name in common_names(&packs)? {
+        std::fs::remove_file(packs.join(name))?;
     }
     assert_eq!(remote.verify()?.damaged.len(), 2);
     // A plain push trusts what the store remembers (only a collection
@@ -286,7 +286,7 @@ fn a_step_missing_chunks_is_repaired_by_the_next_push() -> Result {
 
 /// A push whose uploads stall for longer than the grace period, while
 /// garbage collection runs in a loop: collections take the unreferenced
-/// chunks it uploaded, and the push, finding its lock lapsed, checks and
+/// packs it uploaded, and the push, finding its lock lapsed, checks and
 /// uploads them again before each commit. No listed step ever lacks a
 /// chunk.
 #[test]
@@ -307,12 +307,16 @@ fn a_push_whose_lock_lapsed_never_commits_on_collected_chunks() -> Result {
     let grace = Duration::from_millis(300);
     let slow = Arc::new(faults::Slow::new(
         Arc::new(LocalFileSystem::new()),
-        "/chunks/",
+        "/packs/",
         Duration::from_millis(450),
         5,
     ));
     let prefix = bucket.to_string_lossy().into_owned();
-    let pusher = Remote::with_store(slow, &prefix, "slow://bucket")?.with_grace_period(grace);
+    // A pack per chunk: uploads one after another, the first ones old
+    // enough to collect before the step's commit.
+    let pusher = Remote::with_store(slow, &prefix, "slow://bucket")?
+        .with_grace_period(grace)
+        .with_pack_size(1 << 20);
     let collector = Remote::open(&dir_url(dir.path()))?.with_grace_period(grace);
     let stop = AtomicBool::new(false);
     let deleted = AtomicU64::new(0);
@@ -320,7 +324,7 @@ fn a_push_whose_lock_lapsed_never_commits_on_collected_chunks() -> Result {
         s.spawn(|| {
             while !stop.load(Ordering::SeqCst) {
                 let gc = collector.collect_garbage().expect("gc");
-                deleted.fetch_add(gc.chunks_deleted, Ordering::SeqCst);
+                deleted.fetch_add(gc.packs_deleted, Ordering::SeqCst);
                 // Every listed step is whole, whenever it is looked at.
                 for step in collector.steps().expect("steps") {
                     let got = collector.get(step).expect("a listed step reads");
@@ -336,7 +340,7 @@ fn a_push_whose_lock_lapsed_never_commits_on_collected_chunks() -> Result {
     assert_eq!(report.steps_pushed, vec![1, 2]);
     assert!(
         deleted.load(Ordering::SeqCst) > 0,
-        "no collection took a chunk: the race did not happen"
+        "no collection took a pack: the race did not happen"
     );
     let verified = collector.verify()?;
     assert!(verified.is_ok() && verified.steps_ok == 2, "{verified:?}");
@@ -405,6 +409,8 @@ fn a_bucket_of_0_3_0_still_reads() -> Result {
     store.commit(&fixture_step(4)?)?;
     let report = remote.push(&store)?;
     assert_eq!(report.steps_pushed, vec![3, 4]);
+    // The new steps in format 3, beside 0.3.0's chunk objects.
+    assert!(std::fs::read_dir(bucket.join("packs"))?.count() >= 2);
     assert_eq!(remote.owner()?, Some(store.store_id()?));
     assert!(remote.get(3)? == Some(three));
     assert_eq!(remote.steps()?, vec![2, 3, 4, 5]);

@@ -22,7 +22,7 @@ fn retention_deletes_steps_and_what_only_they_need() -> Result {
     let store = store_with(dir.path(), 0..5)?;
     let remote = dir_remote(dir.path(), Duration::ZERO)?;
     remote.push(&store)?;
-    let chunks_before = count(dir.path(), "chunks");
+    let packs_before = count(dir.path(), "packs");
 
     assert!(remote
         .apply_retention(&Retention::new().keep_last(0))
@@ -37,16 +37,13 @@ fn retention_deletes_steps_and_what_only_they_need() -> Result {
     }
     assert_eq!(count(dir.path(), "commits"), 2);
     assert_eq!(count(dir.path(), "manifests"), 2);
-    // Each step has its own adam_m and packed chunks; the frozen tensor's
-    // chunks are shared and stay.
-    let chunks_after = count(dir.path(), "chunks");
-    assert!(
-        chunks_after < chunks_before,
-        "{chunks_after} of {chunks_before}"
-    );
+    // Each step has its own adam_m and packed chunks in a pack of its
+    // own; the frozen tensor's chunks are shared: step 0's pack stays.
+    let packs_after = count(dir.path(), "packs");
+    assert_eq!((packs_before, packs_after), (5, 3));
     assert!(remote.verify()?.is_ok());
     // Nothing left to collect, and deleted steps are not pushed again.
-    assert_eq!(remote.collect_garbage()?.chunks_deleted, 0);
+    assert_eq!(remote.collect_garbage()?.packs_deleted, 0);
     let again = remote.push(&store)?;
     assert!(again.steps_pushed.is_empty(), "{again:?}");
     assert_eq!(again.bytes_uploaded, 0);
@@ -107,7 +104,7 @@ fn a_collection_never_takes_a_chunk_a_push_counts_on() -> Result {
     }
     // With the push done, the collection runs; what the steps need stays.
     let gc = remote.collect_garbage()?;
-    assert!(!gc.deferred && gc.chunks_deleted > 0, "{gc:?}");
+    assert!(!gc.deferred && gc.packs_deleted > 0, "{gc:?}");
     assert!(remote.verify()?.is_ok());
     assert_eq!(remote.verify()?.steps_ok, 3);
     Ok(())
@@ -119,8 +116,11 @@ fn a_stale_lock_holds_nothing_and_young_garbage_is_kept() -> Result {
     let store = store_with(dir.path(), 0..2)?;
     let remote = dir_remote(dir.path(), Duration::from_secs(3600))?;
     remote.push(&store)?;
-    // A killed push left its lock and an unreferenced chunk.
+    // A killed push left its lock, an unreferenced pack, and (an older
+    // build) an unreferenced chunk.
     std::fs::write(dir.path().join("bucket/locks/push-killed"), b"{}")?;
+    std::fs::write(dir.path().join("bucket/packs").join("ef".repeat(32)), b"z")?;
+    std::fs::create_dir_all(dir.path().join("bucket/chunks"))?;
     std::fs::write(dir.path().join("bucket/chunks").join("ab".repeat(32)), b"x")?;
     remote.apply_retention(&Retention::new().keep_last(1))?;
     assert!(remote.collect_garbage()?.deferred, "a live lock defers");
@@ -129,7 +129,9 @@ fn a_stale_lock_holds_nothing_and_young_garbage_is_kept() -> Result {
     let short = dir_remote(dir.path(), Duration::from_millis(10))?;
     let gc = short.collect_garbage()?;
     assert!(!gc.deferred, "{gc:?}");
-    assert!(gc.chunks_deleted >= 2, "{gc:?}"); // step 0's own, and the stray one
+    // The strays go; step 0's pack holds the frozen tensor step 1 needs:
+    // it stays.
+    assert_eq!((gc.chunks_deleted, gc.packs_deleted), (1, 1), "{gc:?}");
     assert_eq!(short.steps()?, vec![1]);
     assert!(short.verify()?.is_ok());
     // A young stray is kept.
@@ -163,9 +165,15 @@ fn verify_names_each_damaged_step_and_readers_skip_them() -> Result {
     let chunk = m2["blobs"]["adam_m"]["chunks"][0]
         .as_str()
         .ok_or("no chunk")?;
-    let path = bucket.join("chunks").join(chunk);
+    // Where the index says it lies: a pack, from an offset.
+    let at = &m2["index"][chunk];
+    let (pack, offset) = (at[0].as_u64().ok_or("pack")?, at[1].as_u64().ok_or("at")?);
+    let pack = m2["packs"][usize::try_from(pack)?]["hash"]
+        .as_str()
+        .ok_or("no pack")?;
+    let path = bucket.join("packs").join(pack);
     let mut bytes = std::fs::read(&path)?;
-    bytes[1000] ^= 0x40;
+    bytes[usize::try_from(offset)? + 1000] ^= 0x40;
     std::fs::write(&path, bytes)?;
     std::fs::remove_file(manifest_of(1)?)?;
 

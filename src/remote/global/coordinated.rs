@@ -6,7 +6,7 @@
 //! commit are named by no commit: they never mix into a step and never
 //! block one (gc removes them).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use crate::engine::plan::{check_borrowed, Plan};
 use crate::format::manifest::{hex, Hash};
@@ -185,5 +185,37 @@ impl Remote {
             let newest = self.commit_times(step)?.last().map(|(c, _)| *c);
             self.put_step(&Commit::after(newest, step, hash), bytes)
         })
+    }
+}
+
+/// HEAD requests in flight at once.
+const HEADS_IN_FLIGHT: usize = 8;
+
+impl Remote {
+    /// Which of `hashes` the bucket holds as chunk objects (formats 1 and
+    /// 2), asked object by object (several requests in flight).
+    fn present(&self, hashes: impl Iterator<Item = Hash>) -> Result<HashSet<Hash>> {
+        use futures::{StreamExt, TryStreamExt};
+        use object_store::ObjectStoreExt;
+        let unique: BTreeSet<Hash> = hashes.collect();
+        if crate::remote::read::local::direct(self) {
+            return crate::remote::read::local::present(self, unique);
+        }
+        let (store, layout) = (&self.store, &self.layout);
+        self.run(async {
+            futures::stream::iter(unique)
+                .map(|hash| async move {
+                    let key = layout.chunk(&hash);
+                    match store.head(&key).await {
+                        Ok(_) => Ok(Some(hash)),
+                        Err(object_store::Error::NotFound { .. }) => Ok(None),
+                        Err(e) => Err(self.error("looking for", &key, e)),
+                    }
+                })
+                .buffer_unordered(HEADS_IN_FLIGHT)
+                .try_filter_map(|found| async move { Ok(found) })
+                .try_collect()
+                .await
+        })?
     }
 }

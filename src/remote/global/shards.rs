@@ -154,10 +154,18 @@ impl Remote {
         if let Some((hash, bytes)) = &packed {
             pieces.push((*hash, bytes));
         }
-        let (packs, index, uploaded) = self.pack_pieces(&pieces, lock)?;
-        let total: u64 = pieces.iter().map(|(_, b)| b.len() as u64).sum();
+        let lengths: Vec<(Hash, u64)> = pieces.iter().map(|(h, b)| (*h, b.len() as u64)).collect();
+        // Copied only when its pack is uploaded: the packs in flight are
+        // in memory, not the shard.
+        let mut read = |i: usize| Ok(bytes::Bytes::copy_from_slice(pieces[i].1));
+        let mark = self.collection_mark()?;
+        let packed = self.pack(&lengths, &mut read, &mark, lock, &mut |_| Ok(()))?;
+        let (total, uploaded) = (
+            lengths.iter().map(|(_, n)| n).sum::<u64>(),
+            packed.bytes_uploaded,
+        );
         manifest.format = MANIFEST_FORMAT_PACKS;
-        (manifest.packs, manifest.index) = (Some(packs), Some(index));
+        (manifest.packs, manifest.index) = (Some(packed.packs), Some(packed.index));
         manifest.check_to_write(step)?;
         let mut info = ShardInfo {
             step,

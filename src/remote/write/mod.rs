@@ -1,8 +1,9 @@
-//! Writes: a store's push (`push`, and `push_known` when the store
-//! remembers the bucket), a shard's pack objects and the memory of what
-//! they hold (`packs`), and background replication (`replicate`).
+//! Writes: a store's push (`push`, over `knowledge` of what the bucket
+//! holds: the store's memory of it or a listing), pack objects and the
+//! memory of what they hold (`packs`, for pushes and shards alike), and
+//! background replication (`replicate`).
 
+pub(crate) mod knowledge;
 pub(crate) mod packs;
 pub(crate) mod push;
-pub(crate) mod push_known;
 pub(crate) mod replicate;

@@ -33,6 +33,8 @@ const PACKS_IN_FLIGHT: usize = 4;
 pub(crate) struct Known {
     mark: Option<Vec<u8>>,
     at: HashMap<Hash, Location>,
+    /// The manifests (step, hash) whose chunks `at` has learned.
+    learned: std::collections::HashSet<(u64, Hash)>,
 }
 
 impl Known {
@@ -40,60 +42,83 @@ impl Known {
     pub(crate) fn under(&mut self, mark: &[u8]) -> &mut HashMap<Hash, Location> {
         if self.mark.as_deref() != Some(mark) {
             self.at.clear();
+            self.learned.clear();
             self.mark = Some(mark.to_vec());
         }
         &mut self.at
     }
 
-    /// Forget every chunk of the packs `gone`.
+    /// Note that the chunks of the manifest of `step` of hash `hash` are
+    /// known (while the mark is `mark`).
+    pub(crate) fn learned(&mut self, mark: &[u8], step: u64, hash: Hash) {
+        self.under(mark);
+        self.learned.insert((step, hash));
+    }
+
+    /// Whether the chunks of that manifest are known.
+    pub(crate) fn has_learned(&mut self, mark: &[u8], step: u64, hash: Hash) -> bool {
+        self.under(mark);
+        self.learned.contains(&(step, hash))
+    }
+
+    /// Forget everything (a repair trusts nothing it did not list).
+    pub(crate) fn clear(&mut self) {
+        self.at.clear();
+        self.learned.clear();
+    }
+
+    /// Forget every chunk of the packs `gone` (and which manifests were
+    /// learned: one of them named a pack that is gone).
     pub(crate) fn forget(&mut self, gone: &[Hash]) {
         self.at.retain(|_, loc| !gone.contains(&loc.pack));
+        self.learned.clear();
     }
 }
 
-/// A pack to upload: its name and its chunks' bytes, in order (copied
-/// when it is uploaded).
-pub(crate) struct NewPack<'a> {
+/// A pack to upload: its name and its chunks, by their number in the
+/// pieces it was placed from (read when it is uploaded).
+pub(crate) struct NewPack {
     pub(crate) name: Hash,
-    pub(crate) parts: Vec<&'a [u8]>,
+    pub(crate) members: Vec<usize>,
 }
 
-/// Where each of `pieces` new to `known` will lie: in the new packs
-/// returned (filled to `target` bytes, in order), at the locations
-/// returned (for `known` to learn once they landed).
-pub(crate) fn place_pieces<'a>(
-    pieces: &[(Hash, &'a [u8])],
+/// Where each of `pieces` (hash, length) new to `known` will lie: in the
+/// new packs returned (filled to `target` bytes, in order), at the
+/// locations returned (for `known` to learn once they landed).
+pub(crate) fn place_pieces(
+    pieces: &[(Hash, u64)],
     known: &HashMap<Hash, Location>,
     target: u64,
-) -> (Vec<NewPack<'a>>, HashMap<Hash, Location>) {
+) -> (Vec<NewPack>, HashMap<Hash, Location>) {
     let (mut packs, mut placed) = (Vec::new(), HashMap::new());
-    let mut open: Vec<(Hash, &[u8])> = Vec::new();
+    let mut open: Vec<usize> = Vec::new();
     let mut queued = std::collections::HashSet::new();
     let mut size = 0u64;
-    for &(hash, bytes) in pieces {
+    for (i, &(hash, len)) in pieces.iter().enumerate() {
         if known.contains_key(&hash) || !queued.insert(hash) {
             continue;
         }
-        if size > 0 && size + bytes.len() as u64 > target {
-            packs.push(close(&mut open, &mut placed));
+        if size > 0 && size + len > target {
+            packs.push(close(pieces, &mut open, &mut placed));
             size = 0;
         }
-        size += bytes.len() as u64;
-        open.push((hash, bytes));
+        size += len;
+        open.push(i);
     }
     if !open.is_empty() {
-        packs.push(close(&mut open, &mut placed));
+        packs.push(close(pieces, &mut open, &mut placed));
     }
     (packs, placed)
 }
 
-/// The pack of the chunks `open` (emptied), whose locations `placed`
-/// learns.
-fn close<'a>(
-    open: &mut Vec<(Hash, &'a [u8])>,
+/// The pack of the pieces numbered `open` (emptied), whose locations
+/// `placed` learns.
+fn close(
+    pieces: &[(Hash, u64)],
+    open: &mut Vec<usize>,
     placed: &mut HashMap<Hash, Location>,
-) -> NewPack<'a> {
-    let list: Vec<(Hash, u64)> = open.iter().map(|(h, b)| (*h, b.len() as u64)).collect();
+) -> NewPack {
+    let list: Vec<(Hash, u64)> = open.iter().map(|&i| pieces[i]).collect();
     let name = pack_name(&list);
     let pack_len = list.iter().map(|(_, n)| n).sum();
     let mut at = 0;
@@ -108,8 +133,10 @@ fn close<'a>(
         );
         at += n;
     }
-    let parts = open.drain(..).map(|(_, b)| b).collect();
-    NewPack { name, parts }
+    NewPack {
+        name,
+        members: std::mem::take(open),
+    }
 }
 
 /// The `packs` and `index` of a format 3 manifest naming `chunks`, from
@@ -135,43 +162,69 @@ pub(crate) fn index_of(
     Some((packs, index))
 }
 
-/// A format 3 manifest's `packs` and `index`, and the bytes uploaded.
-pub(crate) type Packed = (Vec<RemotePack>, PackIndex, u64);
+/// Where a writer's chunks lie: a format 3 manifest's `packs` and
+/// `index`, and what was uploaded to get there.
+pub(crate) struct Packed {
+    pub(crate) packs: Vec<RemotePack>,
+    pub(crate) index: PackIndex,
+    pub(crate) bytes_uploaded: u64,
+    pub(crate) chunks_uploaded: u64,
+}
+
+/// Reads piece number `i` of what is being packed.
+pub(crate) type ReadPiece<'r> = dyn FnMut(usize) -> Result<Bytes> + 'r;
 
 impl Remote {
-    /// Put `pieces` (a shard's chunks) in the bucket's packs under the
-    /// push lock `lock`: those this remote knows are there stay where
-    /// they are, the rest go into new packs; returns where they all lie.
+    /// Put `pieces` (chunks: hash, length) in the bucket's packs under the
+    /// push lock `lock`, the bucket's collection mark `mark` read under it: those this remote knows are there stay where
+    /// they are, the rest go into new packs, each piece read by `read`
+    /// when its pack is uploaded; returns where they all lie. `landed`
+    /// gets the bytes of each pack as it lands (and may stop the upload).
     /// Nothing is asked of the bucket per chunk: its collection mark says
     /// whether what this remote knows still holds, and a lock that lapsed
-    /// (a collection may have run) has the packs relied on checked.
-    pub(crate) fn pack_pieces(&self, pieces: &[(Hash, &[u8])], lock: &mut Lock) -> Result<Packed> {
-        let mark = self.collection_mark()?;
-        let mut uploaded = 0;
+    /// (a collection may have run) has the packs relied on checked, and
+    /// the gone ones uploaded again.
+    pub(crate) fn pack(
+        &self,
+        pieces: &[(Hash, u64)],
+        read: &mut ReadPiece<'_>,
+        mark: &[u8],
+        lock: &mut Lock,
+        landed: &mut dyn FnMut(u64) -> Result<()>,
+    ) -> Result<Packed> {
+        let (mut bytes_uploaded, mut chunks_uploaded) = (0, 0);
         loop {
             let (new, placed) = {
                 let mut known = self.known()?;
-                place_pieces(pieces, known.under(&mark), self.pack_bytes)
+                place_pieces(pieces, known.under(mark), self.pack_bytes)
             };
-            self.upload_packs(new, &mut |n| {
-                uploaded += n;
+            chunks_uploaded += placed.len() as u64;
+            self.upload_packs(new, read, &mut |n| {
+                bytes_uploaded += n;
+                landed(n)?;
                 self.refresh(lock)
             })?;
             let indexed = {
                 let mut guard = self.known()?;
-                let known = guard.under(&mark);
+                let known = guard.under(mark);
                 known.extend(placed);
                 index_of(pieces.iter().map(|(h, _)| *h), |h| known.get(h).copied())
             };
             let (packs, index) =
                 indexed.ok_or_else(|| Error::corrupt(None, "a chunk placed in no pack"))?;
+            let packed = |packs, index| Packed {
+                packs,
+                index,
+                bytes_uploaded,
+                chunks_uploaded,
+            };
             if !self.reassert(lock)? {
-                return Ok((packs, index, uploaded));
+                return Ok(packed(packs, index));
             }
             let named: Vec<Hash> = packs.iter().filter_map(|p| parse_hex(&p.hash)).collect();
             let gone = self.missing_packs(&named)?;
             if gone.is_empty() {
-                return Ok((packs, index, uploaded));
+                return Ok(packed(packs, index));
             }
             self.known()?.forget(&gone);
         }
@@ -188,32 +241,48 @@ impl Remote {
     /// opened, while the bucket's collection mark was `mark`) lie: a save
     /// after a load deduplicates against what it loaded.
     pub(crate) fn learn(&self, manifests: &[RemoteManifest], mark: &[u8]) -> Result<()> {
-        let mut known = self.known()?;
-        let known = known.under(mark);
         for m in manifests {
-            known.extend(m.locations());
+            self.learn_where(m, mark, &|_| true)?;
         }
         Ok(())
     }
 
-    /// Upload `packs`, a few at a time, calling `landed` with each one's
-    /// bytes as it lands.
-    pub(crate) fn upload_packs(
+    /// Learn where the chunks of `m` lie that lie in packs `there` keeps.
+    pub(crate) fn learn_where(
         &self,
-        packs: Vec<NewPack<'_>>,
+        m: &RemoteManifest,
+        mark: &[u8],
+        there: &dyn Fn(&Hash) -> bool,
+    ) -> Result<()> {
+        let mut known = self.known()?;
+        let known = known.under(mark);
+        known.extend(m.locations().into_iter().filter(|(_, l)| there(&l.pack)));
+        Ok(())
+    }
+
+    /// Upload `packs`, a few at a time, each one's pieces read by `read`
+    /// when an upload slot frees up (so the packs in flight are in memory,
+    /// not what is packed), calling `landed` with each one's bytes as it
+    /// lands.
+    fn upload_packs(
+        &self,
+        packs: Vec<NewPack>,
+        read: &mut ReadPiece<'_>,
         landed: &mut dyn FnMut(u64) -> Result<()>,
     ) -> Result<()> {
         use futures::{StreamExt, TryStreamExt};
         use object_store::{ObjectStoreExt, PutPayload};
         let (store, layout, url) = (&self.store, &self.layout, &self.url);
-        let mut uploads = futures::stream::iter(packs)
-            .map(|pack| async move {
-                let key = layout.pack(&pack.name);
-                let len: u64 = pack.parts.iter().map(|b| b.len() as u64).sum();
-                // Copied only now: the packs in flight are in memory, not
-                // the shard.
-                let payload: PutPayload =
-                    pack.parts.into_iter().map(Bytes::copy_from_slice).collect();
+        let loaded = packs.into_iter().map(|pack| -> Result<(Hash, Vec<Bytes>)> {
+            let parts = pack.members.iter().map(|&i| read(i));
+            Ok((pack.name, parts.collect::<Result<_>>()?))
+        });
+        let mut uploads = futures::stream::iter(loaded)
+            .map(|loaded| async move {
+                let (name, parts) = loaded?;
+                let key = layout.pack(&name);
+                let len: u64 = parts.iter().map(|b| b.len() as u64).sum();
+                let payload: PutPayload = parts.into_iter().collect();
                 store.put(&key, payload).await.map_err(|e| {
                     crate::remote::remote_error(url, &layout.url_of(url, &key), "uploading", e)
                 })?;
@@ -260,9 +329,7 @@ mod tests {
 
     #[test]
     fn pieces_fill_packs_to_the_target_and_known_chunks_stay_put() {
-        let a = [1u8; 40];
-        let b = [2u8; 40];
-        let c = [3u8; 40];
+        let (a, b, c) = ([1u8; 40], [2u8; 40], [3u8; 40]);
         let h = |x: u8| [x; 32];
         let mut known = HashMap::new();
         let old = Location {
@@ -272,14 +339,18 @@ mod tests {
         };
         known.insert(h(2), old);
         let pieces = [
-            (h(1), &a[..]),
-            (h(2), &b[..]),
-            (h(3), &c[..]),
-            (h(1), &a[..]),
+            (h(1), a.len() as u64),
+            (h(2), b.len() as u64),
+            (h(3), c.len() as u64),
+            (h(1), a.len() as u64),
         ];
         let (packs, placed) = place_pieces(&pieces, &known, 64);
         // 1 and 3 are new; 40 + 40 > 64: a pack each.
         assert_eq!(packs.len(), 2);
+        assert_eq!(
+            (&packs[0].members[..], &packs[1].members[..]),
+            (&[0][..], &[2][..])
+        );
         assert!(!placed.contains_key(&h(2)));
         assert_eq!(placed[&h(1)].pack, packs[0].name);
         assert_eq!((placed[&h(3)].pack, placed[&h(3)].at), (packs[1].name, 0));

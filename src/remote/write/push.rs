@@ -1,34 +1,40 @@
 //! `Remote::push`: upload every committed step the bucket lacks.
 //!
-//! Per step, in order: the chunks the bucket lacks (read from the store one
-//! at a time, several uploads in flight), then the manifest, then the
-//! commit object. The manifest is built from the store's own manifest
-//! (same chunks, same hashes), so a step already in the bucket costs a
-//! metadata read, not a read of its data. A step is visible in the bucket
-//! only once its commit is there, and a rerun after any failure skips what
-//! landed: chunks are listed first, and a step whose newest commit names
-//! the same content and whose chunks are all there is done.
+//! Per step, in order: the step's chunks the bucket lacks, in pack objects
+//! (bucket format 3; read from the store as each pack is filled, a few
+//! packs in flight), then its manifest (the store's own, with the packs
+//! and the index of where each chunk lies), then the commit object. A
+//! step is visible in the bucket only once its commit is there, and a
+//! rerun after any failure skips what landed.
+//!
+//! What the bucket holds comes from one of two places ([`knowledge`]):
+//! what the store remembers of it, while the bucket's collection mark is
+//! the one remembered; else a listing. Where the bucket's chunks lie comes
+//! from the manifests of the steps the push builds on (the step below the
+//! first one pushed, and an older commit of a step pushed again), one GET
+//! each, and from what this remote wrote or read before ([`packs`]):
+//! nothing is asked of the bucket per chunk.
 //!
 //! A step committed again with other content (a rollback and redo) is
 //! pushed under a commit of a newer generation, which readers take. A push
 //! writes only into a prefix that holds its store's run (see
 //! [`owner`](crate::remote::coordination::owner)).
+//!
+//! [`knowledge`]: crate::remote::write::knowledge
+//! [`packs`]: crate::remote::write::packs
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::HashSet;
 
 use bytes::Bytes;
-use futures::{StreamExt, TryStreamExt};
-use object_store::{ObjectStoreExt, PutPayload};
 
 use crate::engine::{ChunkPlace, Pushed, StepData};
 use crate::format::manifest::Hash;
 use crate::remote::coordination::locks::Lock;
 use crate::remote::format::layout::{encode, RemoteManifest};
-use crate::remote::{remote_error, Commit, Remote};
-use crate::{CheckpointStore, Error, GradientCheckpoint, Result, StepInfo};
-
-/// Uploads in flight at once.
-pub(crate) const UPLOADS_IN_FLIGHT: usize = 8;
+use crate::remote::format::pack_format::MANIFEST_FORMAT_PACKS;
+use crate::remote::write::knowledge::{Knowledge, Verdict};
+use crate::remote::{Commit, Remote};
+use crate::{CheckpointStore, GradientCheckpoint, Result, StepInfo};
 
 /// What [`Remote::push`] did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -42,49 +48,38 @@ pub struct PushReport {
     pub bytes_uploaded: u64,
     /// Bytes of chunks not uploaded because the bucket had them.
     pub bytes_skipped: u64,
-    /// Chunk objects uploaded.
+    /// Chunks uploaded (in pack objects).
     pub chunks_uploaded: u64,
 }
 
 /// What a push did with one step, and what the store is to remember of
-/// it.
+/// it: the bucket holds the store's version of it whole under `commit`.
 pub(crate) struct Done {
     pub(crate) pushed: bool,
     pub(crate) remember: Pushed,
-    pub(crate) chunks: Vec<Hash>,
 }
 
 impl Done {
-    /// Uploaded now: the bucket holds it whole.
-    pub(crate) fn pushed(generation: u64, hash: Hash, chunks: Vec<Hash>) -> Done {
+    /// Uploaded now.
+    fn pushed(commit: Commit) -> Done {
         let remember = Pushed {
-            generation,
-            hash,
+            generation: commit.generation,
+            hash: commit.hash,
             whole: true,
         };
         Done {
             pushed: true,
             remember,
-            chunks,
         }
     }
 
-    /// Already there (or deleted by retention, with no `chunks`).
-    pub(crate) fn present(generation: u64, hash: Hash, chunks: Vec<Hash>) -> Done {
+    /// Already there (or deleted by retention).
+    fn present(commit: Commit) -> Done {
         Done {
             pushed: false,
-            ..Done::pushed(generation, hash, chunks)
+            ..Done::pushed(commit)
         }
     }
-}
-
-/// What makes a step visible once its manifest is encoded: its chunks
-/// (those `missing` uploaded), then its manifest `bytes` and `commit`.
-pub(crate) struct Landing<'a> {
-    pub(crate) commit: Commit,
-    pub(crate) bytes: Vec<u8>,
-    pub(crate) chunks: &'a [StepChunk],
-    pub(crate) missing: &'a [&'a StepChunk],
 }
 
 impl Remote {
@@ -132,9 +127,10 @@ impl Remote {
     }
 
     /// [`push`](Self::push) that lists the bucket rather than trust what the
-    /// store remembers of it, so that it also repairs steps whose chunks or
-    /// manifests were deleted by hand (a plain push notices only what a
-    /// garbage collection deleted). Costs one listing of the bucket.
+    /// store remembers of it, so that it also repairs steps whose chunks,
+    /// packs or manifests were deleted by hand (a plain push notices only
+    /// what a garbage collection deleted). Costs a listing of the bucket and
+    /// a GET of each step's manifest.
     pub fn repair(&self, store: &CheckpointStore) -> Result<PushReport> {
         self.with_push_lock(|lock| self.push_locked(store, lock, &mut |_, _| true, true))
     }
@@ -144,18 +140,17 @@ impl Remote {
         store: &CheckpointStore,
         lock: &mut Lock,
         progress: &mut dyn FnMut(u64, u64) -> bool,
-        list: bool,
+        repair: bool,
     ) -> Result<PushReport> {
         self.claim(&store.store_id()?)?;
         // Read once the lock is held: a collection that starts later (only
         // if the lock lapses) changes it, and the next push lists.
         let mark = self.collection_mark()?;
-        let report = match store.remembered(&self.url)? {
-            Some(known) if known.mark == mark && !list => {
-                self.push_known(store, &known, lock, progress)?
-            }
-            _ => self.push_listed(store, &mark, lock, progress)?,
-        };
+        if repair {
+            self.known()?.clear();
+        }
+        let knowledge = Knowledge::of(self, store.remembered(&self.url)?, &mark, repair)?;
+        let report = self.push_steps(store, &knowledge, &mark, lock, progress)?;
         if store.is_read_only() && !report.steps_pushed.is_empty() {
             // Commits the writer's memory of the bucket does not know of.
             self.new_collection_mark()?;
@@ -163,119 +158,132 @@ impl Remote {
         Ok(report)
     }
 
-    /// Push after listing the bucket's commits, deletion markers, manifests
-    /// and chunks; then the store remembers what the bucket holds as of
-    /// `mark`.
-    fn push_listed(
+    /// Push every step of `store` that `knowledge` does not show whole in
+    /// the bucket; then the store remembers what the bucket holds as of
+    /// `mark` (step by step when it trusted its memory, all at once after
+    /// a listing).
+    fn push_steps(
         &self,
         store: &CheckpointStore,
+        knowledge: &Knowledge,
         mark: &[u8],
         lock: &mut Lock,
         progress: &mut dyn FnMut(u64, u64) -> bool,
     ) -> Result<PushReport> {
         let mut report = PushReport::default();
-        let commits = self.commits()?;
-        // Ascending: the last commit of a step is its newest.
-        let newest: BTreeMap<u64, Commit> = commits.iter().map(|c| (c.step, *c)).collect();
-        let deleted: HashSet<(u64, Hash)> = self.deleted()?.into_iter().collect();
-        let manifests = self.manifest_names()?;
-        let mut present: HashSet<Hash> = self.chunk_hashes()?;
-        let mut memo: BTreeMap<u64, Pushed> = newest
-            .values()
-            .map(|c| {
-                let p = Pushed {
-                    generation: c.generation,
-                    hash: c.hash,
-                    whole: false,
-                };
-                (c.step, p)
-            })
-            .collect();
-        // Each chunk once, though many steps share it.
-        let mut memo_chunks: HashSet<Hash> = HashSet::new();
+        let mut memo = knowledge.bucket_commits();
+        let mut first = true;
         for step in store.steps()? {
+            if let Some(p) = knowledge.whole_unread(step) {
+                memo.insert(step, p);
+                report.steps_present += 1;
+                continue;
+            }
             self.refresh(lock)?;
+            if std::mem::take(&mut first) {
+                // What the first step pushed builds on: the step below.
+                self.learn_from(knowledge.newest_below(step), knowledge, mark)?;
+            }
             let done = store.with_step_once(step, |ckpt, info, data| {
-                let (bytes, hash) = encoded(step, &ckpt, &info, data)?;
-                let generation_there = newest.get(&step).map_or(0, |c| c.generation);
-                if deleted.contains(&(step, hash)) {
-                    return Ok(Done::present(generation_there, hash, Vec::new()));
-                }
-                let chunks = step_chunks(data)?;
-                let hashes: Vec<Hash> = chunks.iter().map(|c| c.hash).collect();
-                // The same content as the newest commit, whole: done. The
-                // same content with its manifest or chunks missing (chunks
-                // collected after a lock lapsed): repaired under the same
-                // commit.
-                let same = newest.get(&step).filter(|c| c.hash == hash);
-                let whole = manifests.contains(&(step, hash))
-                    && chunks.iter().all(|c| present.contains(&c.hash));
-                if let (Some(c), true) = (same, whole) {
-                    return Ok(Done::present(c.generation, hash, hashes));
-                }
-                let commit = Commit::after(newest.get(&step).copied(), step, hash);
-                let generation = commit.generation;
-                let before = report.bytes_uploaded;
-                let missing = count_missing(&chunks, &mut present, &mut report);
-                let landing = Landing {
-                    commit,
-                    bytes,
-                    chunks: &chunks,
-                    missing: &missing,
+                let todo = StepPush {
+                    step,
+                    ckpt: &ckpt,
+                    info: &info,
+                    data,
                 };
-                self.land(data, landing, lock, before, progress)?;
-                Ok(Done::pushed(generation, hash, hashes))
+                self.push_step(&todo, knowledge, mark, lock, &mut report, progress)
             })?;
             // None: removed since it was listed.
-            if let Some(done) = done {
+            let Some(done) = done else { continue };
+            if knowledge.is_listed() {
                 memo.insert(step, done.remember);
-                memo_chunks.extend(done.chunks);
-                if done.pushed {
-                    report.steps_pushed.push(step);
-                } else {
-                    report.steps_present += 1;
-                }
+            } else {
+                store.remember(&self.url, mark, false, &[(step, done.remember)])?;
+            }
+            if done.pushed {
+                report.steps_pushed.push(step);
+            } else {
+                report.steps_present += 1;
             }
             if !progress(step, report.bytes_uploaded) {
                 break;
             }
         }
-        let memo: Vec<(u64, Pushed)> = memo.into_iter().collect();
-        let memo_chunks: Vec<Hash> = memo_chunks.into_iter().collect();
-        store.remember(&self.url, mark, true, &memo, &memo_chunks)?;
+        if knowledge.is_listed() {
+            let memo: Vec<(u64, Pushed)> = memo.into_iter().collect();
+            store.remember(&self.url, mark, true, &memo)?;
+        }
         Ok(report)
     }
 
-    /// Make a step visible: upload its missing chunks; if the push lock
-    /// lapsed meanwhile (a collection may have run), wait out collections,
-    /// check (HEAD) every chunk the step names and upload what is gone,
-    /// until a check finds everything; then its manifest and commit.
-    pub(crate) fn land(
+    /// Push one stored step, unless `knowledge` shows it in the bucket:
+    /// its new chunks in packs, its manifest and its commit.
+    fn push_step(
         &self,
-        data: &StepData<'_>,
-        landing: Landing<'_>,
+        todo: &StepPush<'_, '_>,
+        knowledge: &Knowledge,
+        mark: &[u8],
         lock: &mut Lock,
-        before: u64,
+        report: &mut PushReport,
         progress: &mut dyn FnMut(u64, u64) -> bool,
-    ) -> Result<()> {
-        let Landing {
-            commit,
-            bytes,
-            chunks,
-            missing,
-        } = landing;
-        let step = commit.step;
-        self.upload(step, data, missing, lock, before, progress)?;
-        while self.reassert(lock)? {
-            let there = self.present(chunks.iter().map(|c| c.hash))?;
-            let gone: Vec<&StepChunk> =
-                chunks.iter().filter(|c| !there.contains(&c.hash)).collect();
-            if gone.is_empty() {
-                break;
-            }
-            self.upload(step, data, &gone, lock, before, progress)?;
+    ) -> Result<Done> {
+        let step = todo.step;
+        let mut manifest = remote_manifest(todo.ckpt, todo.info, todo.data)?;
+        manifest.check_to_write(step)?;
+        let chunks = step_chunks(todo.data)?;
+        let pieces: Vec<(Hash, u64)> = chunks.iter().map(|c| (c.hash, c.len as u64)).collect();
+        let newest = match knowledge.verdict(step, &encode(step, &manifest)?.1, &pieces) {
+            Verdict::Present(commit) => return Ok(Done::present(commit)),
+            Verdict::Push(newest) => newest,
+        };
+        // A step pushed again builds on what its older commit holds.
+        self.learn_from(newest, knowledge, mark)?;
+        let mut read = |i: usize| chunks[i].read(todo.data).map(Bytes::from);
+        let mut landed = report.bytes_uploaded;
+        let packed = self.pack(&pieces, &mut read, mark, lock, &mut |n| {
+            landed += n;
+            progress(step, landed);
+            Ok(())
+        })?;
+        let total: u64 = pieces.iter().map(|(_, n)| n).sum();
+        report.bytes_uploaded += packed.bytes_uploaded;
+        report.bytes_skipped += total.saturating_sub(packed.bytes_uploaded);
+        report.chunks_uploaded += packed.chunks_uploaded;
+        manifest.format = MANIFEST_FORMAT_PACKS;
+        (manifest.packs, manifest.index) = (Some(packed.packs), Some(packed.index));
+        manifest.check_to_write(step)?;
+        let (bytes, hash) = encode(step, &manifest)?;
+        let commit = Commit::after(newest, step, hash);
+        // The same manifest as the newest commit's: the step is there
+        // unless packs (uploaded again now) or its manifest were missing.
+        let there = newest == Some(commit) && knowledge.has_manifest(step, &hash);
+        if !there {
+            self.put_step(&commit, bytes)?;
         }
-        self.put_step(&commit, bytes)
+        self.known()?.learned(mark, step, hash);
+        Ok(if there && packed.bytes_uploaded == 0 {
+            Done::present(commit)
+        } else {
+            Done::pushed(commit)
+        })
+    }
+
+    /// Learn where the chunks of `commit`'s step lie, if it is a step
+    /// pushed from a store in format 3 whose manifest this remote has not
+    /// read yet while the bucket's mark is `mark` (one GET). After a
+    /// listing, only packs the listing found are learned (a repair then
+    /// uploads again what was deleted by hand).
+    fn learn_from(&self, commit: Option<Commit>, knowledge: &Knowledge, mark: &[u8]) -> Result<()> {
+        let Some(c) = commit else { return Ok(()) };
+        if self.known()?.has_learned(mark, c.step, c.hash) {
+            return Ok(());
+        }
+        if let Ok(crate::remote::read::step::CommitBody::Single(m)) = self.read_commit(c, None)? {
+            let there = |pack: &Hash| knowledge.pack_is_there(pack);
+            self.learn_where(&m, mark, &there)?;
+        }
+        self.known()?.learned(mark, c.step, c.hash);
+        Ok(())
     }
 
     /// The bucket's collection mark, written first if there is none: it
@@ -305,11 +313,29 @@ impl Remote {
     }
 }
 
+/// One stored step to push: what one read of it gives.
+struct StepPush<'a, 'd> {
+    step: u64,
+    ckpt: &'a GradientCheckpoint,
+    info: &'a StepInfo,
+    data: &'a StepData<'d>,
+}
+
 /// One chunk of a step: of a blob, or the step's packed blobs.
 pub(crate) struct StepChunk {
     pub(crate) hash: Hash,
     pub(crate) len: usize,
     what: Missing,
+}
+
+impl StepChunk {
+    /// Its bytes, read from the store.
+    fn read(&self, data: &StepData<'_>) -> Result<Vec<u8>> {
+        match &self.what {
+            Missing::Chunk(place) => data.read_chunk(place),
+            Missing::Packed => data.packed_bytes(),
+        }
+    }
 }
 
 /// Where a chunk's bytes are in the store.
@@ -344,40 +370,8 @@ pub(crate) fn step_chunks(data: &StepData<'_>) -> Result<Vec<StepChunk>> {
     Ok(chunks)
 }
 
-/// The chunks of `chunks` the bucket lacks, counted in `report`; they are
-/// taken as present from here on.
-fn count_missing<'c>(
-    chunks: &'c [StepChunk],
-    present: &mut HashSet<Hash>,
-    report: &mut PushReport,
-) -> Vec<&'c StepChunk> {
-    let mut missing = Vec::new();
-    for c in chunks {
-        if present.insert(c.hash) {
-            report.bytes_uploaded += c.len as u64;
-            report.chunks_uploaded += 1;
-            missing.push(c);
-        } else {
-            report.bytes_skipped += c.len as u64;
-        }
-    }
-    missing
-}
-
-/// The bucket's manifest of stored step `step`, checked as readers will
-/// check it, and encoded: its bytes and hash.
-pub(crate) fn encoded(
-    step: u64,
-    ckpt: &GradientCheckpoint,
-    info: &StepInfo,
-    data: &StepData<'_>,
-) -> Result<(Vec<u8>, Hash)> {
-    let manifest = remote_manifest(ckpt, info, data)?;
-    manifest.check_to_write(step)?;
-    encode(step, &manifest)
-}
-
-/// The bucket's manifest of a stored step, from the store's manifest.
+/// The bucket's manifest of a stored step, from the store's manifest
+/// (formats 1 and 2: chunks named by hash, where they lie not yet said).
 fn remote_manifest(
     ckpt: &GradientCheckpoint,
     info: &StepInfo,
@@ -385,89 +379,4 @@ fn remote_manifest(
 ) -> Result<RemoteManifest> {
     let typed = |name: &str| info.tensors.get(name).map(|t| (t.dtype, t.shape.clone()));
     RemoteManifest::from_model(ckpt, data.blob_refs(), &typed, data.packed_ref())
-}
-
-impl Remote {
-    /// Upload `missing` chunks of a step: each read from the store when an
-    /// upload slot frees up, several in flight, keeping `lock` fresh;
-    /// `landed` counts the bytes uploaded by the push, for `progress`.
-    fn upload(
-        &self,
-        step: u64,
-        data: &StepData<'_>,
-        missing: &[&StepChunk],
-        lock: &mut Lock,
-        mut landed: u64,
-        progress: &mut dyn FnMut(u64, u64) -> bool,
-    ) -> Result<()> {
-        let reads = missing.iter().map(|c| -> Result<(Hash, Bytes)> {
-            match &c.what {
-                Missing::Chunk(place) => Ok((c.hash, Bytes::from(data.read_chunk(place)?))),
-                Missing::Packed => Ok((c.hash, Bytes::from(data.packed_bytes()?))),
-            }
-        });
-        self.upload_chunks(reads, &mut |len| {
-            landed += len;
-            progress(step, landed);
-            self.refresh(lock)
-        })
-    }
-
-    /// Upload the chunks `reads` yields, each taken when an upload slot
-    /// frees up ([`UPLOADS_IN_FLIGHT`] in flight); `landed` gets each
-    /// one's length as it lands, outside the runtime (free to block;
-    /// uploads in flight wait meanwhile), and may stop the upload.
-    pub(crate) fn upload_chunks(
-        &self,
-        reads: impl Iterator<Item = Result<(Hash, Bytes)>>,
-        landed: &mut dyn FnMut(u64) -> Result<()>,
-    ) -> Result<()> {
-        let (store, layout, url) = (&self.store, &self.layout, &self.url);
-        let mut uploads = futures::stream::iter(reads)
-            .map(|read| async move {
-                let (hash, bytes) = read?;
-                let len = bytes.len() as u64;
-                let key = layout.chunk(&hash);
-                store
-                    .put(&key, PutPayload::from_bytes(bytes))
-                    .await
-                    .map_err(|e| remote_error(url, &layout.url_of(url, &key), "uploading", e))?;
-                Ok::<u64, Error>(len)
-            })
-            .buffer_unordered(UPLOADS_IN_FLIGHT);
-        while let Some(len) = self.run(uploads.try_next())?? {
-            landed(len)?;
-        }
-        Ok(())
-    }
-
-    /// Which of `hashes` the bucket holds, asked object by object (several
-    /// requests in flight).
-    pub(crate) fn present(&self, hashes: impl Iterator<Item = Hash>) -> Result<HashSet<Hash>> {
-        let unique: BTreeSet<Hash> = hashes.collect();
-        if crate::remote::read::local::direct(self) {
-            return crate::remote::read::local::present(self, unique);
-        }
-        let (store, layout, url) = (&self.store, &self.layout, &self.url);
-        self.run(async {
-            futures::stream::iter(unique)
-                .map(|hash| async move {
-                    let key = layout.chunk(&hash);
-                    match store.head(&key).await {
-                        Ok(_) => Ok(Some(hash)),
-                        Err(object_store::Error::NotFound { .. }) => Ok(None),
-                        Err(e) => Err(remote_error(
-                            url,
-                            &layout.url_of(url, &key),
-                            "looking for",
-                            e,
-                        )),
-                    }
-                })
-                .buffer_unordered(UPLOADS_IN_FLIGHT)
-                .try_filter_map(|found| async move { Ok(found) })
-                .try_collect()
-                .await
-        })?
-    }
 }
