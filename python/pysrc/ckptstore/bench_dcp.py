@@ -136,7 +136,7 @@ def main_s3(args):
           f"{os.environ['AWS_ENDPOINT_URL']}; medians of {args.reps}; requests per GiB from its log")
     print(f"{'ranks':>5} {'op':>5} {'ckptstore s':>12} {'s3torch s':>10} {'ratio':>6} "
           f"{'ckptstore req/GiB':>18} {'s3torch req/GiB':>16}")
-    for world in (1, 4):
+    for world in args.ranks:
         times = {(m, k): [] for m in ("save", "load") for k in ("ckptstore", "s3torch")}
         requests = {}
         for rep in range(args.reps):
@@ -169,8 +169,10 @@ def main():
     ap.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
     ap.add_argument("--s3", action="store_true", help="against s3torchconnector on the S3 server of AWS_ENDPOINT_URL")
     ap.add_argument("--garage-log", default=None, help="the Garage server's log (default: beside $CKPT_GARAGE_CONFIG)")
+    ap.add_argument("--ranks", default="1,4", help="the world sizes to run, comma-separated (default 1,4)")
     ap.add_argument("--worker", nargs=8, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    args.ranks = [int(r) for r in args.ranks.split(",")]
     if args.worker:
         mode, kind, target, world, rank, port, mib, step = args.worker
         worker(mode, kind, target, int(world), int(rank), int(port), int(mib), int(step))
@@ -182,7 +184,7 @@ def main():
     try:
         print(f"state: {args.mib} MiB of f32 DTensors (4 MiB each, Shard(0)); medians of {args.reps}")
         print(f"{'ranks':>5} {'op':>5} {'ckptstore s':>12} {'FileSystem s':>13} {'ratio':>6}")
-        for world in (1, 4):
+        for world in args.ranks:
             times = {("save", "ckptstore"): [], ("save", "fs"): [], ("load", "ckptstore"): [], ("load", "fs"): []}
             for rep in range(args.reps):
                 # The order rotates every round; each save starts from a
