@@ -271,7 +271,7 @@ fn manifests_keep_their_bytes() -> Result {
     );
     assert_eq!(
         manifests,
-        ["00000000000000000006-fd3b148dc33fdb8f94834ecfa1cbe434f0d8104f6ae19a5b0fd934eb3c215e20.json"]
+        ["00000000000000000006-b41ada23b8dcce622ba4d0fef827ebd13c5472b7efa2da03c843f01997da1462.json"]
     );
     Ok(())
 }

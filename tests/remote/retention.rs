@@ -198,3 +198,180 @@ fn verify_names_each_damaged_step_and_readers_skip_them() -> Result {
     assert_eq!(remote.get(1)?, None);
     Ok(())
 }
+
+/// Steps 1-3 of 1.5 MiB of frozen bytes and 4 MiB of their own each.
+fn frozen_and_own(step: u64) -> Result<ckptstore::GradientCheckpoint> {
+    use ckptstore::{ComputationGraphStore, Dtype, GradientCheckpoint, Tensor};
+    let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), step);
+    c.timestamp = 1_700_000_000 + step;
+    let frozen = super::bytes(7, 3 << 19);
+    c.set_tensor(
+        "frozen",
+        Tensor::new(Dtype::U8, vec![frozen.len() as u64], frozen)?,
+    );
+    c.set_optimizer_state("w", super::bytes(step, 4 << 20));
+    Ok(c)
+}
+
+/// A pack whose step retention deleted, kept for the chunks a later step
+/// shares (a frozen tensor), is mostly dead: a collection packs the live
+/// chunks again and commits the steps that need them anew; the next one
+/// deletes the old pack. Every step reads the same throughout, and a push
+/// after it finds everything there.
+#[test]
+fn a_mostly_dead_pack_is_rewritten() -> Result {
+    const MIB: usize = 1 << 20;
+    let make = frozen_and_own;
+    let dir = tempfile::tempdir()?;
+    let store = CheckpointStore::open(dir.path().join("run.ckpt"))?;
+    for step in 1..=3 {
+        store.commit(&make(step)?)?;
+    }
+    let remote = dir_remote(dir.path(), Duration::ZERO)?;
+    remote.push(&store)?;
+    assert_eq!(count(dir.path(), "packs"), 3);
+    // Step 1's pack: its own 4 MiB and the frozen 1.5 MiB that steps 2
+    // and 3 share.
+    let gc = remote.gc(&Retention::new().keep_last(2))?;
+    assert_eq!(gc.steps_removed, vec![1]);
+    assert_eq!(gc.packs_repacked, 1, "{gc:?}");
+    let frozen = (3 * MIB / 2) as u64;
+    assert!(
+        gc.bytes_repacked >= frozen && gc.bytes_repacked < frozen + MIB as u64,
+        "{gc:?}"
+    );
+    assert_eq!(
+        gc.packs_deleted, 0,
+        "the old pack stays for readers: {gc:?}"
+    );
+    for step in [2, 3] {
+        assert!(remote.get(step)? == Some(make(step)?), "step {step}");
+    }
+    let next = remote.collect_garbage()?;
+    assert_eq!(
+        (next.commits_superseded, next.packs_deleted),
+        (2, 1),
+        "{next:?}"
+    );
+    assert!(next.bytes_deleted >= frozen + 4 * MIB as u64, "{next:?}");
+    assert_eq!(remote.collect_garbage()?.packs_repacked, 0);
+    assert_eq!(count(dir.path(), "packs"), 3);
+    assert_eq!(remote.verify()?.steps_ok, 2);
+    let fresh = dir_remote(dir.path(), Duration::ZERO)?;
+    for step in [2, 3] {
+        assert!(fresh.get(step)? == Some(make(step)?), "step {step}");
+    }
+    // The store's push finds the repacked steps there: nothing uploaded,
+    // no new commit.
+    let again = fresh.push(&store)?;
+    assert_eq!(
+        (again.bytes_uploaded, again.steps_pushed.len()),
+        (0, 0),
+        "{again:?}"
+    );
+    assert_eq!(count(dir.path(), "commits"), 2);
+    Ok(())
+}
+
+/// Retention with a repack that fails at any request (request k, for
+/// every k it makes) leaves every listed step readable and whole, and the
+/// next run finishes the job.
+#[test]
+fn a_repack_cut_short_at_any_request_loses_nothing() -> Result {
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+    type Failing = super::faults::Failing;
+    let setup = || -> Result<(Arc<Failing>, CheckpointStore, tempfile::TempDir)> {
+        let dir = tempfile::tempdir()?;
+        let store = CheckpointStore::open(dir.path().join("run.ckpt"))?;
+        for step in 1..=3 {
+            store.commit(&frozen_and_own(step)?)?;
+        }
+        let memory = Arc::new(object_store::memory::InMemory::new());
+        let failing = Arc::new(Failing::new(memory, 0));
+        Remote::with_store(failing.clone(), "run", "mem://run")?.push(&store)?;
+        Ok((failing, store, dir))
+    };
+    let open = |f: &Arc<Failing>| -> Result<Remote> {
+        let remote = Remote::with_store(f.clone(), "run", "mem://run")?;
+        Ok(remote.with_grace_period(Duration::ZERO))
+    };
+    let policy = Retention::new().keep_last(2);
+    // How many requests retention and its collection make.
+    let (failing, _, _dir) = setup()?;
+    let before = failing.calls.load(Ordering::SeqCst);
+    assert_eq!(open(&failing)?.gc(&policy)?.packs_repacked, 1);
+    let requests = failing.calls.load(Ordering::SeqCst) - before;
+    // The last request releases the lock, whose failure leaves a lock
+    // that lapses: not an error.
+    for k in 1..requests {
+        let (failing, store, _dir) = setup()?;
+        let at = failing.calls.load(Ordering::SeqCst) + k;
+        failing.fail_at.store(at, Ordering::SeqCst);
+        let cut = open(&failing)?.gc(&policy);
+        failing.fail_at.store(0, Ordering::SeqCst);
+        assert!(
+            cut.is_err(),
+            "request {k} of {requests} failed, the gc did not"
+        );
+        let remote = open(&failing)?;
+        let listed = remote.steps()?;
+        assert!(listed.ends_with(&[2, 3]), "cut at {k}: {listed:?}");
+        for step in listed {
+            assert!(
+                remote.get(step)? == store.get(step)?,
+                "cut at {k}: step {step}"
+            );
+        }
+        remote.gc(&policy)?;
+        remote.collect_garbage()?;
+        let verified = remote.verify()?;
+        assert!(
+            verified.is_ok() && verified.steps_ok == 2,
+            "cut at {k}: {verified:?}"
+        );
+        assert_eq!(remote.collect_garbage()?.packs_repacked, 0, "cut at {k}");
+        assert_eq!(remote.steps()?, vec![2, 3], "cut at {k}");
+    }
+    eprintln!("retention with a repack cut at each of its {requests} requests: nothing lost");
+    Ok(())
+}
+
+/// The same for a global step: each rank's shard manifest is written
+/// again, and the step's commit names the new shards.
+#[test]
+fn a_global_step_is_repacked_shard_by_shard() -> Result {
+    let dir = tempfile::tempdir()?;
+    let remote = dir_remote(dir.path(), Duration::ZERO)?;
+    let shard = |step: u64, rank: u32| -> Result<ckptstore::GradientCheckpoint> {
+        let mut c = frozen_and_own(step)?;
+        c.set_optimizer_state("w", super::bytes(step * 10 + u64::from(rank), 4 << 20));
+        Ok(c)
+    };
+    for step in 1..=3 {
+        let names: Vec<String> = (0..2)
+            .map(|rank| {
+                Ok(remote
+                    .upload_shard(step, rank, 2, &shard(step, rank)?)?
+                    .shard)
+            })
+            .collect::<Result<_>>()?;
+        remote.commit_global(step, &names)?;
+    }
+    let gc = remote.gc(&Retention::new().keep_last(2))?;
+    // Rank 1's step 1 pack is all dead (its frozen bytes deduplicated
+    // against rank 0's): deleted; rank 0's is mostly dead: rewritten.
+    assert_eq!((gc.packs_repacked, gc.packs_deleted), (1, 1), "{gc:?}");
+    remote.collect_garbage()?;
+    let fresh = dir_remote(dir.path(), Duration::ZERO)?;
+    assert_eq!(fresh.steps()?, vec![2, 3]);
+    for step in [2, 3] {
+        for rank in 0..2 {
+            let got = fresh.get_shard(step, rank)?;
+            assert!(got == Some(shard(step, rank)?), "step {step} rank {rank}");
+        }
+    }
+    let verified = fresh.verify()?;
+    assert!(verified.is_ok() && verified.steps_ok == 2, "{verified:?}");
+    Ok(())
+}

@@ -73,6 +73,24 @@ impl RemoteManifest {
     }
 }
 
+impl RemoteManifest {
+    /// Each distinct chunk it names, with its length: its blobs' chunks
+    /// in name order, then its packed chunk.
+    pub(crate) fn chunk_lengths(&self) -> Vec<(Hash, u64)> {
+        let mut seen = std::collections::HashSet::new();
+        let blobs = self.blobs.values().flat_map(|b| {
+            let hashes = b.chunks.iter().flatten();
+            hashes.zip(b.chunk_lengths().map(|n| n as u64))
+        });
+        let packed = self.packed.iter().map(|p| (&p.hash, p.len));
+        blobs
+            .chain(packed)
+            .filter_map(|(h, n)| Some((parse_hex(h)?, n)))
+            .filter(|(h, _)| seen.insert(*h))
+            .collect()
+    }
+}
+
 /// The chunks a manifest names (its blobs' and its packed chunk).
 pub(crate) fn chunks_of(m: &RemoteManifest) -> impl Iterator<Item = Hash> + '_ {
     m.blobs

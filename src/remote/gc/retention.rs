@@ -8,7 +8,7 @@ use std::collections::{BTreeSet, HashSet};
 use crate::format::manifest::Hash;
 use crate::remote::coordination::locks::LockKind;
 use crate::remote::format::layout::{
-    parse_chunk, parse_commit, ShardId, CHUNKS, MANIFESTS, PACKS, SHARDS,
+    parse_chunk, parse_commit, RemoteManifest, ShardId, CHUNKS, MANIFESTS, PACKS, SHARDS,
 };
 use crate::remote::format::pack_format::Object;
 use crate::remote::read::step::StepManifest;
@@ -35,9 +35,14 @@ pub struct GcReport {
     /// Unreferenced objects kept because they are younger than the grace
     /// period.
     pub young_kept: u64,
-    /// Commits of steps committed again since (a rollback and redo),
-    /// deleted: a newer commit of the step checks out.
+    /// Commits of steps committed again since (a rollback and redo, or a
+    /// repack), deleted: a newer commit of the step checks out.
     pub commits_superseded: u64,
+    /// Packs written by rewriting packs more than half of whose bytes no
+    /// step needed (the old packs are deleted by the next collection).
+    pub packs_repacked: u64,
+    /// Bytes of the packs written so.
+    pub bytes_repacked: u64,
     /// True when nothing was deleted because a push was in flight (its
     /// lock was live): run it again later.
     pub deferred: bool,
@@ -130,37 +135,55 @@ impl Remote {
         // no longer holds.
         self.new_collection_mark()?;
         let mut report = GcReport::default();
-        let commits = self.current_commits(&mut report)?;
-        let named: HashSet<(u64, Hash)> = commits.iter().map(|c| (c.step, c.hash)).collect();
-        let mut needed: HashSet<Object> = HashSet::new();
-        let mut named_shards: HashSet<(u64, ShardId)> = HashSet::new();
-        for c in &commits {
+        let mut current: Vec<(Commit, StepManifest)> = Vec::new();
+        for c in self.current_commits(&mut report)? {
             // A commit whose manifest is missing or damaged names nothing
             // that can be read; `verify` reports it.
-            if let Ok(m) = self.checked_manifest(*c, None)? {
-                needed.extend(m.objects());
-                if let StepManifest::Sharded { ids, .. } = m {
-                    named_shards.extend(ids.into_iter().map(|id| (c.step, id)));
-                }
+            if let Ok(m) = self.checked_manifest(c, None)? {
+                current.push((c, m));
             }
         }
+        let named_shards = |current: &[(Commit, StepManifest)]| -> HashSet<(u64, ShardId)> {
+            let ids = current.iter().flat_map(|(c, m)| match m {
+                StepManifest::Sharded { ids, .. } => ids.iter().map(|id| (c.step, *id)).collect(),
+                StepManifest::Single(_) => Vec::new(),
+            });
+            ids.collect()
+        };
         let cutoff = self.cutoff()?;
         // Shards of steps not complete: young ones may still be joined by
         // the other ranks' (their chunks stay); old ones go.
-        for (step, id, modified) in self.list_shards()? {
-            if named_shards.contains(&(step, id)) {
+        let shards = self.list_shards()?;
+        let named = named_shards(&current);
+        let mut young = Vec::new();
+        for (step, id, modified) in &shards {
+            if !named.contains(&(*step, *id)) && *modified >= cutoff {
+                if let Ok(m) = self.checked_shard(*step, id, None)? {
+                    young.push(m);
+                }
+            }
+        }
+        // Old commits and packs stay until the next collection: readers
+        // that opened them keep reading.
+        let repacked = self.repack(&current, &young)?;
+        report.packs_repacked = repacked.packs;
+        report.bytes_repacked = repacked.bytes;
+        current.extend(repacked.steps);
+        let named = named_shards(&current);
+        let mut needed: HashSet<Object> = young.iter().flat_map(RemoteManifest::objects).collect();
+        needed.extend(current.iter().flat_map(|(_, m)| m.objects()));
+        for (step, id, modified) in shards {
+            if named.contains(&(step, id)) {
                 continue;
             }
             if modified >= cutoff {
                 report.young_kept += 1;
-                if let Ok(m) = self.checked_shard(step, &id, None)? {
-                    needed.extend(m.objects());
-                }
                 continue;
             }
             self.delete(&self.layout.shard(step, &id))?;
             report.manifests_deleted += 1;
         }
+        let named: HashSet<(u64, Hash)> = current.iter().map(|(c, _)| (c.step, c.hash)).collect();
         let (manifests, _) = self.sweep(MANIFESTS, cutoff, &mut report, |key| {
             let stem = key.strip_suffix(".json").unwrap_or(key);
             parse_commit(stem).is_some_and(|id| named.contains(&id))

@@ -108,6 +108,13 @@ impl Remote {
         self.put(&self.layout.latest_hint(), json(&hint)?)?;
         self.put(&self.layout.commit(commit), json(&commit.body())?)
     }
+
+    /// [`put_step`](Self::put_step) without the hint: a step committed
+    /// again that need not be the newest (a repack).
+    pub(crate) fn put_manifest_and_commit(&self, commit: &Commit, bytes: Vec<u8>) -> Result<()> {
+        self.put(&self.layout.manifest(commit.step, &commit.hash), bytes)?;
+        self.put(&self.layout.commit(commit), json(&commit.body())?)
+    }
 }
 
 /// The JSON of a small body this crate writes.

@@ -13,7 +13,7 @@
 //! bucket's (read under the push lock, which no collection overlaps)
 //! names only packs that are there.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use bytes::Bytes;
 
@@ -140,25 +140,29 @@ fn close(
 }
 
 /// The `packs` and `index` of a format 3 manifest naming `chunks`, from
-/// where `locate` says they lie; `None` if it does not know one.
+/// where `locate` says they lie; `None` if it does not know one. Packs are
+/// listed in ascending order of name: the same locations give the same
+/// bytes, whoever builds the manifest.
 pub(crate) fn index_of(
     chunks: impl Iterator<Item = Hash>,
     locate: impl Fn(&Hash) -> Option<Location>,
 ) -> Option<(Vec<RemotePack>, PackIndex)> {
-    let mut packs: Vec<RemotePack> = Vec::new();
-    let mut number: HashMap<Hash, u32> = HashMap::new();
-    let mut index = PackIndex::new();
-    for chunk in chunks {
-        let loc = locate(&chunk)?;
-        let n = *number.entry(loc.pack).or_insert_with(|| {
-            packs.push(RemotePack {
-                hash: hex(&loc.pack),
-                len: loc.pack_len,
-            });
-            u32::try_from(packs.len() - 1).unwrap_or(u32::MAX)
-        });
-        index.insert(hex(&chunk), (n, loc.at));
-    }
+    let located: Vec<(Hash, Location)> = chunks
+        .map(|c| Some((c, locate(&c)?)))
+        .collect::<Option<_>>()?;
+    let lens: BTreeMap<Hash, u64> = located.iter().map(|(_, l)| (l.pack, l.pack_len)).collect();
+    let number: HashMap<Hash, u32> = lens.keys().zip(0..).map(|(pack, n)| (*pack, n)).collect();
+    let packs = lens
+        .iter()
+        .map(|(pack, &len)| RemotePack {
+            hash: hex(pack),
+            len,
+        })
+        .collect();
+    let index = located
+        .iter()
+        .map(|(chunk, l)| (hex(chunk), (number[&l.pack], l.at)))
+        .collect();
     Some((packs, index))
 }
 
@@ -264,7 +268,7 @@ impl Remote {
     /// when an upload slot frees up (so the packs in flight are in memory,
     /// not what is packed), calling `landed` with each one's bytes as it
     /// lands.
-    fn upload_packs(
+    pub(crate) fn upload_packs(
         &self,
         packs: Vec<NewPack>,
         read: &mut ReadPiece<'_>,
@@ -328,7 +332,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn pieces_fill_packs_to_the_target_and_known_chunks_stay_put() {
+    fn pieces_fill_packs_to_the_target_and_known_chunks_stay_put(
+    ) -> Result<(), std::num::TryFromIntError> {
         let (a, b, c) = ([1u8; 40], [2u8; 40], [3u8; 40]);
         let h = |x: u8| [x; 32];
         let mut known = HashMap::new();
@@ -360,10 +365,19 @@ mod tests {
         let locate = |h: &Hash| known.get(h).copied();
         let (list, index) = index_of([h(1), h(2), h(3)].into_iter(), locate).expect("all known");
         assert_eq!(list.len(), 3);
-        assert_eq!(index[&hex(&h(2))], (1, 100));
+        // Packs in order of name: the same locations, the same manifest.
+        assert!(list.windows(2).all(|w| w[0].hash < w[1].hash));
+        let old = list
+            .iter()
+            .position(|p| p.hash == hex(&[9; 32]))
+            .expect("listed");
+        assert_eq!(index[&hex(&h(2))], (u32::try_from(old)?, 100));
+        let again = index_of([h(3), h(2), h(1)].into_iter(), locate).expect("all known");
+        assert_eq!(again, (list, index));
         assert!(index_of([h(4)].into_iter(), locate).is_none());
         // The name is the chunk list's: the same chunks, the same pack.
         assert_eq!(pack_name(&[(h(1), 40)]), packs[0].name);
         assert_ne!(pack_name(&[(h(1), 41)]), packs[0].name);
+        Ok(())
     }
 }
