@@ -193,6 +193,14 @@ pub(crate) fn gc(
             collected.young_kept,
             remote.grace_period().as_secs()
         );
+        if collected.packs_repacked > 0 {
+            println!(
+                "rewrote the needed chunks of mostly unneeded packs into {} packs ({}); the old \
+                 packs go with the next gc",
+                collected.packs_repacked,
+                output::bytes(collected.bytes_repacked)
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
 }
