@@ -45,6 +45,18 @@ pub(crate) fn write_durably_with(
     sync_dir(&dir)
 }
 
+/// Remove `path` if it is there, and fsync its directory: once this
+/// returns, a crash does not bring it back.
+pub(crate) fn remove_durably(path: &Path) -> Result<()> {
+    match fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::io("remove", path, e)),
+    }
+    let (dir, _) = temp_beside(path, "rm");
+    sync_dir(&dir)
+}
+
 /// `path`'s directory, and a fresh hidden temporary name in it:
 /// `.NAME.TAG-UUID`.
 pub(crate) fn temp_beside(path: &Path, tag: &str) -> (PathBuf, PathBuf) {

@@ -88,6 +88,7 @@ mod tensor;
 
 pub use checkpoint::{GradientCheckpoint, MAX_TEXT_BYTES};
 pub use error::{Cause, Error, Result};
+pub use exchange::hf::{cast_dtype, HfExport, DEFAULT_MAX_SHARD_BYTES};
 pub use graph::{ComputationGraphStore, ComputationNode};
 pub use options::{Durability, DEFAULT_PACK_THRESHOLD};
 #[cfg(feature = "remote")]

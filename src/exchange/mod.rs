@@ -9,6 +9,8 @@
 
 #[cfg(feature = "remote")]
 pub(crate) mod dcp;
+mod float;
+pub mod hf;
 pub(crate) mod read;
 pub(crate) mod write;
 

@@ -13,6 +13,7 @@ mod coordinated;
 mod counted;
 mod faults;
 mod garage;
+mod hf;
 mod promise;
 mod remembered;
 mod replicate;

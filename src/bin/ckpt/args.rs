@@ -59,10 +59,24 @@ pub(crate) enum Command {
         /// The file's format, instead of guessing it from its name.
         #[arg(long, value_enum)]
         format: Option<Format>,
-        /// For a DCP step: only the tensors whose names start with this,
-        /// the prefix stripped (`model.` gives a model's state dict).
+        /// For a DCP step, or with --hf: only the tensors whose names
+        /// start with this, the prefix stripped (`model.` gives a model's
+        /// state dict).
         #[arg(long)]
         prefix: Option<String>,
+        /// Write a Hugging Face checkpoint into the directory --output
+        /// (created if missing): safetensors shards and
+        /// model.safetensors.index.json (one shard: model.safetensors).
+        #[arg(long)]
+        hf: bool,
+        /// With --hf: the largest shard, as Hugging Face writes it
+        /// (`5GB`, `500MB`, `2GiB`, or bytes).
+        #[arg(long, default_value = "5GB", value_parser = parse_size, requires = "hf")]
+        max_shard_size: u64,
+        /// With --hf: cast floating tensors to this dtype (bf16, f16,
+        /// f32); lossy when it narrows.
+        #[arg(long, value_parser = parse_dtype, requires = "hf")]
+        dtype: Option<ckptstore::Dtype>,
     },
     /// Commit checkpoints from files: JSON of the original format, or
     /// safetensors (`.safetensors`, with --step). Creates the store if it
@@ -210,5 +224,56 @@ impl Format {
                 Format::Json
             }
         })
+    }
+}
+
+/// A size as Hugging Face writes it: `5GB` (10^9), `2GiB` (2^30), `500MB`,
+/// `64KiB`, or plain bytes.
+pub(crate) fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (number, unit) = t.split_at(digits);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size (5GB, 500MB, 2GiB, bytes)"))?;
+    let scale: u64 = match unit.trim().to_ascii_uppercase().as_str() {
+        "" | "B" => 1,
+        "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "TB" => 1_000_000_000_000,
+        "KIB" => 1 << 10,
+        "MIB" => 1 << 20,
+        "GIB" => 1 << 30,
+        "TIB" => 1 << 40,
+        _ => {
+            return Err(format!(
+                "{text:?}: unknown unit (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"
+            ))
+        }
+    };
+    match n.checked_mul(scale) {
+        Some(0) | None => Err(format!("{text:?} is not a size above 0 bytes")),
+        Some(bytes) => Ok(bytes),
+    }
+}
+
+fn parse_dtype(text: &str) -> Result<ckptstore::Dtype, String> {
+    ckptstore::cast_dtype(text).ok_or_else(|| format!("{text:?}: cast to bf16, f16 or f32"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_size;
+
+    #[test]
+    fn sizes_read_as_hugging_face_writes_them() {
+        assert_eq!(parse_size("5GB"), Ok(5_000_000_000));
+        assert_eq!(parse_size("2GiB"), Ok(2 << 30));
+        assert_eq!(parse_size("500mb"), Ok(500_000_000));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("0").is_err());
+        assert!(parse_size("5 parsecs").is_err());
+        assert!(parse_size("99999999999999TB").is_err());
     }
 }

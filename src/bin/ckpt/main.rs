@@ -80,6 +80,25 @@ fn run(command: Command) -> Result<ExitCode> {
             step,
             output,
             prefix,
+            hf: true,
+            max_shard_size,
+            dtype,
+            ..
+        } => export_hf(
+            &store,
+            &step,
+            &output,
+            &HfOptions {
+                max_shard: max_shard_size,
+                prefix: prefix.as_deref(),
+                dtype,
+            },
+        ),
+        Command::Export {
+            store,
+            step,
+            output,
+            prefix,
             ..
         } if remote::is_url(&store) => remote::export(&store, &step, &output, prefix.as_deref()),
         Command::Export {
@@ -181,6 +200,36 @@ fn export(store: &Path, step: &str, output: &Path, format: Format) -> Result<Exi
     }
     bar.finish_and_clear();
     println!("exported step {step} to {}", output.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The options of `ckpt export --hf`.
+pub(crate) struct HfOptions<'a> {
+    pub(crate) max_shard: u64,
+    pub(crate) prefix: Option<&'a str>,
+    pub(crate) dtype: Option<ckptstore::Dtype>,
+}
+
+/// `ckpt export STORE|URL STEP --hf -o DIR`.
+fn export_hf(store: &str, step: &str, dir: &Path, o: &HfOptions<'_>) -> Result<ExitCode> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let (step, written) = if remote::is_url(store) {
+        remote::export_hf(store, step, dir, o)?
+    } else {
+        let s = open_read(Path::new(store))?;
+        let step = resolve(&s, step)?;
+        (
+            step,
+            s.export_hf(step, dir, o.max_shard, o.prefix, o.dtype)?,
+        )
+    };
+    println!(
+        "step {step}: {} tensors ({}) in {} shards written to {}",
+        written.weight_map.len(),
+        output::bytes(written.total_size),
+        written.shards.len(),
+        dir.display()
+    );
     Ok(ExitCode::SUCCESS)
 }
 

@@ -137,6 +137,27 @@ pub(crate) fn export(
     Ok(ExitCode::SUCCESS)
 }
 
+/// `ckpt export URL STEP --hf -o DIR`: the step exported and what was
+/// written.
+pub(crate) fn export_hf(
+    url: &str,
+    step: &str,
+    dir: &std::path::Path,
+    o: &crate::HfOptions<'_>,
+) -> Result<(u64, ckptstore::HfExport)> {
+    let remote = open_existing(url)?;
+    let step = resolve(&remote, step)?;
+    if remote.dcp_index(step)?.is_none() {
+        return Err(format!(
+            "step {step} of {url} was not saved through ckptstore.dcp; `ckpt pull` copies \
+             a step into a store, which exports it"
+        )
+        .into());
+    }
+    let written = remote.export_hf(step, dir, o.max_shard, o.prefix, o.dtype)?;
+    Ok((step, written))
+}
+
 pub(crate) fn verify(url: &str, pages: bool) -> Result<ExitCode> {
     if pages {
         return Err("--pages checks a store file's pages; a bucket has none".into());

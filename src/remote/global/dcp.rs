@@ -65,25 +65,11 @@ impl Remote {
     /// boxes that do not cover a tensor); I/O errors naming `path`.
     pub fn consolidate(&self, step: u64, path: &Path, prefix: Option<&str>) -> Result<Vec<String>> {
         let (global, index, places) = self.dcp_open(step)?.ok_or(Error::StepNotFound { step })?;
-        let chosen: Vec<(String, &String, &DcpTensor)> = index
-            .tensors
-            .iter()
-            .filter_map(|(fqn, t)| match prefix {
-                Some(p) => fqn.strip_prefix(p).map(|n| (n.to_owned(), fqn, t)),
-                None => Some((fqn.clone(), fqn, t)),
-            })
-            .collect();
+        let chosen = chosen(&index, prefix);
         let mut heads = Vec::with_capacity(chosen.len());
         for (name, fqn, t) in &chosen {
             let DcpDtype::Stored(dtype) = t.dtype else {
-                return Err(Error::InvalidCheckpoint {
-                    step,
-                    reason: format!(
-                        "tensor {fqn} is {}, which a safetensors file cannot hold: consolidate \
-                         the others (a prefix that leaves it out), or load it with ckptstore.dcp",
-                        t.dtype.name()
-                    ),
-                });
+                return Err(unstorable(step, fqn, t));
             };
             let len = t.byte_len().ok_or_else(|| {
                 Error::corrupt(Some(step), format!("{fqn}: its shape is too large"))
@@ -110,6 +96,45 @@ impl Remote {
             self.whole_tensor(&global, &places, fqn, t, out)
         })?;
         Ok(chosen.into_iter().map(|(name, _, _)| name).collect())
+    }
+
+    /// Write DCP step `step` into directory `dir` as a Hugging Face
+    /// checkpoint: safetensors shards of at most `max_shard` bytes
+    /// (`model-00001-of-0000N.safetensors`, or `model.safetensors` alone)
+    /// and `model.safetensors.index.json`, tensors whole under their
+    /// names (with `prefix`, only those under it, stripped), floating
+    /// tensors cast to `cast` if given (lossy when it narrows). One tensor
+    /// is in memory at a time, read in windows of 32 MiB, every chunk
+    /// hash-checked; an index already in `dir` is removed first and the
+    /// new one written last, each shard durably under a temporary name
+    /// first, so a killed export leaves no index naming a shard that is
+    /// not whole.
+    ///
+    /// # Errors
+    /// As [`consolidate`](Self::consolidate); I/O errors naming the file.
+    pub fn export_hf(
+        &self,
+        step: u64,
+        dir: &Path,
+        max_shard: u64,
+        prefix: Option<&str>,
+        cast: Option<crate::Dtype>,
+    ) -> Result<crate::HfExport> {
+        let (global, index, places) = self.dcp_open(step)?.ok_or(Error::StepNotFound { step })?;
+        let mut sources = Vec::new();
+        for (name, fqn, t) in chosen(&index, prefix) {
+            let DcpDtype::Stored(dtype) = t.dtype else {
+                return Err(unstorable(step, fqn, t));
+            };
+            let (global, places) = (&global, &places);
+            sources.push(crate::exchange::hf::Source {
+                name,
+                dtype,
+                shape: t.shape.clone(),
+                fill: Box::new(move |out| self.whole_tensor(global, places, fqn, t, out)),
+            });
+        }
+        crate::exchange::hf::export(step, dir, sources, max_shard, cast)
     }
 
     /// Tensor `fqn`, whole, from its stored boxes, into `out` (of its
@@ -149,5 +174,33 @@ impl Remote {
             )));
         }
         Ok(())
+    }
+}
+
+/// The tensors of `index` a file gets: (name written, FQN, tensor), in
+/// name order; with `prefix`, those under it, stripped.
+fn chosen<'i>(
+    index: &'i DcpIndex,
+    prefix: Option<&str>,
+) -> Vec<(String, &'i String, &'i DcpTensor)> {
+    index
+        .tensors
+        .iter()
+        .filter_map(|(fqn, t)| match prefix {
+            Some(p) => fqn.strip_prefix(p).map(|n| (n.to_owned(), fqn, t)),
+            None => Some((fqn.clone(), fqn, t)),
+        })
+        .collect()
+}
+
+/// The error for a chosen tensor a safetensors file cannot hold.
+fn unstorable(step: u64, fqn: &str, t: &DcpTensor) -> Error {
+    Error::InvalidCheckpoint {
+        step,
+        reason: format!(
+            "tensor {fqn} is {}, which a safetensors file cannot hold: export the others \
+             (a prefix that leaves it out), or load it with ckptstore.dcp",
+            t.dtype.name()
+        ),
     }
 }
