@@ -88,14 +88,15 @@ mod tensor;
 
 pub use checkpoint::{GradientCheckpoint, MAX_TEXT_BYTES};
 pub use error::{Cause, Error, Result};
+pub use exchange::dcp::{DcpDtype, DcpIndex, DcpTensor, DCP_METADATA};
 pub use exchange::hf::{cast_dtype, HfExport, DEFAULT_MAX_SHARD_BYTES};
 pub use graph::{ComputationGraphStore, ComputationNode};
 pub use options::{Durability, DEFAULT_PACK_THRESHOLD};
 #[cfg(feature = "remote")]
 pub use remote::{
-    DcpDtype, DcpIndex, DcpTensor, EntryInfo, GcReport, GlobalStep, Piece, PushReport, Remote,
-    ShardInfo, ShardStatus, ShardUpload, DCP_METADATA, DEFAULT_GRACE_PERIOD, DEFAULT_PACK_BYTES,
-    DEFAULT_RETRY_WINDOW, MAX_MANIFEST_BYTES, MAX_WORLD_SIZE,
+    EntryInfo, GcReport, GlobalStep, Piece, PushReport, Remote, ShardInfo, ShardStatus,
+    ShardUpload, DEFAULT_GRACE_PERIOD, DEFAULT_PACK_BYTES, DEFAULT_RETRY_WINDOW,
+    MAX_MANIFEST_BYTES, MAX_WORLD_SIZE,
 };
 #[cfg(feature = "remote")]
 pub use report::ReplicationStatus;

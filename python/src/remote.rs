@@ -254,6 +254,27 @@ impl RawRemote {
             .map_err(py_err)
     }
 
+    /// Write DCP step `step` into `directory` as a Hugging Face checkpoint
+    /// (shards of at most `max_shard_bytes`, the index); (shard files,
+    /// weight map, total size).
+    #[pyo3(signature = (step, directory, max_shard_bytes, prefix=None, dtype=None))]
+    fn export_hf(
+        &self,
+        py: Python<'_>,
+        step: u64,
+        directory: std::path::PathBuf,
+        max_shard_bytes: u64,
+        prefix: Option<String>,
+        dtype: Option<String>,
+    ) -> PyResult<crate::results::HfExport> {
+        let cast = crate::results::cast(dtype.as_deref())?;
+        let done = py.detach(|| {
+            self.remote
+                .export_hf(step, &directory, max_shard_bytes, prefix.as_deref(), cast)
+        });
+        Ok(done.map_err(py_err)?.into())
+    }
+
     /// Rank `rank`'s shard of `step` (the latest complete step if None).
     #[pyo3(signature = (rank, step=None))]
     fn load_shard<'py>(

@@ -190,6 +190,37 @@ impl From<&ckptstore::PushReport> for PushReport {
 }
 
 result_class! {
+    /// What a Hugging Face export wrote.
+    HfExport {
+        shards: Vec<String>,
+        weight_map: BTreeMap<String, String>,
+        total_size: u64,
+    }
+}
+
+impl From<ckptstore::HfExport> for HfExport {
+    fn from(e: ckptstore::HfExport) -> Self {
+        HfExport {
+            shards: e.shards,
+            weight_map: e.weight_map,
+            total_size: e.total_size,
+        }
+    }
+}
+
+/// The dtype an export casts floating tensors to: `bf16`, `f16`, `f32`
+/// (or `torch.bfloat16`, ... by their names), or none.
+pub(crate) fn cast(name: Option<&str>) -> PyResult<Option<ckptstore::Dtype>> {
+    let Some(name) = name else { return Ok(None) };
+    let bare = name.strip_prefix("torch.").unwrap_or(name);
+    ckptstore::cast_dtype(bare).map(Some).ok_or_else(|| {
+        pyo3::exceptions::PyValueError::new_err(format!(
+            "dtype {name:?}: an export casts to bf16, f16 or f32"
+        ))
+    })
+}
+
+result_class! {
     /// Where background replication stands.
     ReplicationStatus {
         url: String,
@@ -274,6 +305,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<StoreStats>()?;
     m.add_class::<StepInfo>()?;
     m.add_class::<PushReport>()?;
+    m.add_class::<HfExport>()?;
     m.add_class::<ReplicationStatus>()?;
     m.add_class::<ShardInfo>()?;
     m.add_class::<ShardStatus>()?;

@@ -347,6 +347,26 @@ impl RawStore {
             .map_err(py_err)
     }
 
+    /// Write step `step` into `directory` as a Hugging Face checkpoint
+    /// (its DCP tensors whole for a step ckptstore.dcp saved, else its
+    /// typed tensors); (shard files, weight map, total size).
+    #[pyo3(signature = (step, directory, max_shard_bytes, prefix=None, dtype=None))]
+    fn export_hf(
+        &self,
+        py: Python<'_>,
+        step: u64,
+        directory: std::path::PathBuf,
+        max_shard_bytes: u64,
+        prefix: Option<String>,
+        dtype: Option<String>,
+    ) -> PyResult<crate::results::HfExport> {
+        let store = self.get()?;
+        let cast = crate::results::cast(dtype.as_deref())?;
+        let done = py
+            .detach(|| store.export_hf(step, &directory, max_shard_bytes, prefix.as_deref(), cast));
+        Ok(done.map_err(py_err)?.into())
+    }
+
     /// (ok, steps_ok, bytes_checked, damaged steps)
     fn verify(&self, py: Python<'_>) -> PyResult<results::VerifyReport> {
         let store = self.get()?;

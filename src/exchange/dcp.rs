@@ -67,7 +67,38 @@ pub struct DcpTensor {
     pub boxes: Vec<(Vec<u64>, Vec<u64>)>,
 }
 
+impl DcpIndex {
+    /// The tensors a file gets: (name written, FQN, tensor), in name
+    /// order; with `prefix`, those under it, stripped.
+    pub(crate) fn chosen(&self, prefix: Option<&str>) -> Vec<(String, &String, &DcpTensor)> {
+        self.tensors
+            .iter()
+            .filter_map(|(fqn, t)| match prefix {
+                Some(p) => fqn.strip_prefix(p).map(|n| (n.to_owned(), fqn, t)),
+                None => Some((fqn.clone(), fqn, t)),
+            })
+            .collect()
+    }
+}
+
 impl DcpTensor {
+    /// Its dtype, if a safetensors file can hold it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidCheckpoint`] naming tensor `fqn` of `step`.
+    pub(crate) fn storable(&self, step: u64, fqn: &str) -> Result<Dtype> {
+        match &self.dtype {
+            DcpDtype::Stored(d) => Ok(*d),
+            DcpDtype::Torch { name, .. } => Err(Error::InvalidCheckpoint {
+                step,
+                reason: format!(
+                    "tensor {fqn} is {name}, which a safetensors file cannot hold: export the \
+                     others (a prefix that leaves it out), or load it with ckptstore.dcp"
+                ),
+            }),
+        }
+    }
+
     /// Its length in bytes, whole (`None` if that overflows).
     pub fn byte_len(&self) -> Option<u64> {
         let numel = self.shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d))?;
@@ -180,23 +211,83 @@ impl DcpIndex {
     }
 }
 
+/// Where a DCP step's stored boxes are read from: a bucket's shards, or a
+/// local store's step.
+pub(crate) trait BoxSource {
+    /// `len` bytes of entry `entry` of rank `rank`'s shard, from `at`.
+    fn read(&mut self, rank: u32, entry: &str, at: u64, len: u64) -> Result<Vec<u8>>;
+    /// The whole entry into `out`, of its length.
+    fn read_into(&mut self, rank: u32, entry: &str, out: &mut [u8]) -> Result<()>;
+}
+
+/// Bytes of a stored box read at a time while a tensor is assembled.
+const WINDOW: u64 = 32 << 20;
+
+impl DcpTensor {
+    /// Tensor `fqn` of `step`, whole, into `out` (of its length), from its
+    /// stored boxes where `places` says they are: a box that is the whole
+    /// tensor read straight into `out`, others in windows of 32 MiB.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] for a box not stored, outside the tensor, or
+    /// boxes that do not cover it; the source's errors.
+    pub(crate) fn assemble(
+        &self,
+        step: u64,
+        fqn: &str,
+        places: &Places,
+        source: &mut dyn BoxSource,
+        out: &mut [u8],
+    ) -> Result<()> {
+        let corrupt = |why: String| Error::corrupt(Some(step), format!("{fqn}: {why}"));
+        let item = self.dtype.item_bytes();
+        let numel = self.shape.iter().product::<u64>();
+        let mut covered = 0u64;
+        for (offsets, sizes) in &self.boxes {
+            let (rank, entry) = places
+                .get(&(fqn.to_owned(), offsets.clone()))
+                .ok_or_else(|| corrupt(format!("the box at {offsets:?} is not stored")))?;
+            let layout = BoxLayout::new(&self.shape, offsets, sizes, item)
+                .ok_or_else(|| corrupt(format!("the box at {offsets:?} is outside the tensor")))?;
+            let total = layout.rows * layout.row_bytes;
+            if sizes == &self.shape && total == out.len() as u64 {
+                source.read_into(*rank, entry, out)?;
+            } else {
+                let mut at = 0;
+                while at < total {
+                    let n = WINDOW.min(total - at);
+                    layout.place(out, at, &source.read(*rank, entry, at, n)?);
+                    at += n;
+                }
+            }
+            covered += sizes.iter().product::<u64>();
+        }
+        if covered != numel {
+            return Err(corrupt(format!(
+                "its boxes hold {covered} of its {numel} elements"
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// A box of a row-major tensor: rows (runs along the last dimension) and
 /// where each row goes in the whole tensor.
-pub(crate) struct BoxLayout {
+struct BoxLayout {
     /// Strides of the whole tensor, in elements.
     strides: Vec<u64>,
     offsets: Vec<u64>,
     /// Sizes of the box but its last dimension.
     outer: Vec<u64>,
-    pub(crate) rows: u64,
-    pub(crate) row_bytes: u64,
+    rows: u64,
+    row_bytes: u64,
     item: u64,
 }
 
 impl BoxLayout {
     /// The layout of the box at `offsets` of `sizes` in a tensor of
     /// `shape` of `item`-byte elements, or `None` if it is not inside.
-    pub(crate) fn new(shape: &[u64], offsets: &[u64], sizes: &[u64], item: u64) -> Option<Self> {
+    fn new(shape: &[u64], offsets: &[u64], sizes: &[u64], item: u64) -> Option<Self> {
         let fits = shape.len() == offsets.len()
             && shape.len() == sizes.len()
             && (0..shape.len()).all(|d| {
@@ -241,7 +332,7 @@ impl BoxLayout {
     }
 
     /// Copy `bytes`, the box's bytes from `at`, to their places in `out`.
-    pub(crate) fn place(&self, out: &mut [u8], at: u64, bytes: &[u8]) {
+    fn place(&self, out: &mut [u8], at: u64, bytes: &[u8]) {
         if self.row_bytes == 0 {
             return;
         }

@@ -23,7 +23,9 @@ pub const INDEX_NAME: &str = "model.safetensors.index.json";
 /// The file of a one-shard export.
 pub const SINGLE_NAME: &str = "model.safetensors";
 
-/// What [`export`] wrote.
+/// What an export to a Hugging Face directory wrote
+/// ([`CheckpointStore::export_hf`](crate::CheckpointStore::export_hf),
+/// `Remote::export_hf`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct HfExport {

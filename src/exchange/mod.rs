@@ -7,7 +7,6 @@
 //! the keys below, so that importing an exported file gives back the same
 //! checkpoint. Any other safetensors file imports too, as tensors.
 
-#[cfg(feature = "remote")]
 pub(crate) mod dcp;
 mod float;
 pub mod hf;

@@ -26,7 +26,6 @@ use format::layout::{parse_chunk, parse_commit, Layout, COMMITS, DELETED, MANIFE
 pub use format::layout::{MAX_MANIFEST_BYTES, MAX_WORLD_SIZE};
 pub use format::pack_format::DEFAULT_PACK_BYTES;
 
-pub use crate::exchange::dcp::{DcpDtype, DcpIndex, DcpTensor, DCP_METADATA};
 pub use gc::retention::GcReport;
 pub use global::shards::{ShardInfo, ShardStatus, ShardUpload};
 pub use read::pieces::{EntryInfo, GlobalStep, Piece};

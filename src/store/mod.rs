@@ -5,6 +5,7 @@
 mod asynch;
 mod commit;
 mod copy;
+mod hf;
 mod manage;
 mod open;
 mod options;

@@ -399,55 +399,6 @@ impl CheckpointStore {
         .ok_or(crate::Error::StepNotFound { step })
     }
 
-    /// Write step `step`'s typed tensors into directory `dir` as a Hugging
-    /// Face checkpoint: safetensors shards of at most `max_shard` bytes
-    /// and `model.safetensors.index.json` (one shard: `model.safetensors`,
-    /// no index), with `prefix`, only the tensors under it, the prefix
-    /// stripped; floating tensors cast to `cast` if given (lossy when it
-    /// narrows). Untyped blobs are left out. One tensor is in memory at a
-    /// time; an index already in `dir` is removed first and the new one
-    /// written last, each shard durably under a temporary name first.
-    ///
-    /// # Errors
-    /// [`Error::StepNotFound`](crate::Error::StepNotFound); I/O errors
-    /// naming the file.
-    pub fn export_hf(
-        &self,
-        step: u64,
-        dir: impl AsRef<std::path::Path>,
-        max_shard: u64,
-        prefix: Option<&str>,
-        cast: Option<crate::Dtype>,
-    ) -> Result<crate::HfExport> {
-        let dir = dir.as_ref();
-        self.with_step(step, |_, info, data| {
-            let mut sources = Vec::new();
-            for (name, t) in &info.tensors {
-                let Some(out_name) = prefix.map_or(Some(name.as_str()), |p| name.strip_prefix(p))
-                else {
-                    continue;
-                };
-                sources.push(crate::exchange::hf::Source {
-                    name: out_name.to_owned(),
-                    dtype: t.dtype,
-                    shape: t.shape.clone(),
-                    fill: Box::new(move |out| {
-                        if data.read_into(name, out)? {
-                            Ok(())
-                        } else {
-                            Err(crate::Error::corrupt(
-                                Some(step),
-                                format!("its data has no {name:?}"),
-                            ))
-                        }
-                    }),
-                });
-            }
-            crate::exchange::hf::export(step, dir, sources, max_shard, cast)
-        })?
-        .ok_or(crate::Error::StepNotFound { step })
-    }
-
     /// Commit the safetensors file at `path` as step `step`: its tensors
     /// with their dtypes and shapes, and, for a file
     /// [`export_safetensors`](Self::export_safetensors) wrote, the rest of

@@ -34,11 +34,14 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
+from . import _hf
+
 from ._ckptstore import (  # noqa: F401  (re-exported)
     MAX_WORLD_SIZE,
     CommitInfo,
     CorruptError,
     Error,
+    HfExport,
     LockedError,
     PushReport,
     RawGlobalStep,
@@ -52,6 +55,7 @@ from ._ckptstore import (  # noqa: F401  (re-exported)
     StoreStats,
     Tensor,
     VerifyReport,
+    __version__,
 )
 
 # The errors pickle by the name users import them under (DCP sends a
@@ -65,6 +69,7 @@ Value = Union[np.ndarray, bytes, bytearray, memoryview, Tensor]
 _RawTensor = Tuple[str, str, List[int], Any]
 
 __all__ = [
+    "__version__",
     "open",
     "remove_store",
     "Store",
@@ -75,6 +80,7 @@ __all__ = [
     "Checkpoint",
     "CommitInfo",
     "DTYPE_NAMES",
+    "HfExport",
     "step_number",
     "PushReport",
     "ReplicationStatus",
@@ -366,6 +372,18 @@ class Store:
         files behind."""
         return self._raw.copy_to(path)
 
+    def export_hf(
+        self,
+        step: int,
+        directory: "os.PathLike[str] | str",
+        max_shard_size: "int | str" = "5GB",
+        prefix: Optional[str] = None,
+        dtype: Any = None,
+    ) -> HfExport:
+        """Write step `step` into `directory` as a Hugging Face checkpoint
+        (see `ckptstore.dcp.export_hf`)."""
+        return _hf.export(self._raw, _step(step), directory, max_shard_size, prefix, dtype)
+
     def verify(self) -> VerifyReport:
         """Hash-check every step."""
         return self._raw.verify()
@@ -562,6 +580,18 @@ class Remote:
         """Write DCP step `step` as one safetensors file of whole tensors
         (see `ckptstore.dcp.consolidate`); the names written."""
         return self._raw.consolidate(_step(step), os.fspath(path), prefix)
+
+    def export_hf(
+        self,
+        step: int,
+        directory: "os.PathLike[str] | str",
+        max_shard_size: "int | str" = "5GB",
+        prefix: Optional[str] = None,
+        dtype: Any = None,
+    ) -> HfExport:
+        """Write DCP step `step` into `directory` as a Hugging Face
+        checkpoint (see `ckptstore.dcp.export_hf`)."""
+        return _hf.export(self._raw, _step(step), directory, max_shard_size, prefix, dtype)
 
     def shard(self, rank: int, world_size: int) -> "Shard":
         """Rank `rank`'s side of global steps of `world_size` ranks

@@ -11,6 +11,7 @@ __all__ = [
     "CorruptError",
     "Error",
     "Handle",
+    "HfExport",
     "LockedError",
     "PushReport",
     "RawGlobalStep",
@@ -27,6 +28,7 @@ __all__ = [
 ]
 
 MAX_WORLD_SIZE: int
+__version__: str
 
 class Error(Exception): ...
 class StepExistsError(Error): ...
@@ -137,6 +139,18 @@ class PushReport:
     def bytes_uploaded(self) -> int: ...
     @property
     def bytes_skipped(self) -> int: ...
+    def __getitem__(self, key: str) -> Any: ...
+
+@final
+class HfExport:
+    """What a Hugging Face export wrote."""
+
+    @property
+    def shards(self) -> List[str]: ...
+    @property
+    def weight_map(self) -> Dict[str, str]: ...
+    @property
+    def total_size(self) -> int: ...
     def __getitem__(self, key: str) -> Any: ...
 
 @final
@@ -263,6 +277,14 @@ class RawStore:
     @staticmethod
     def remove_store(path: "os.PathLike[str] | str") -> bool: ...
     def copy_to(self, path: "os.PathLike[str] | str") -> List[int]: ...
+    def export_hf(
+        self,
+        step: int,
+        directory: "os.PathLike[str] | str",
+        max_shard_bytes: int,
+        prefix: Optional[str] = None,
+        dtype: Optional[str] = None,
+    ) -> HfExport: ...
     def verify(self) -> VerifyReport: ...
     def push(self, remote: "RawRemote") -> PushReport: ...
     def replication_status(self) -> Optional[ReplicationStatus]: ...
@@ -330,3 +352,11 @@ class RawRemote:
         self, opened: RawGlobalStep, pieces: List[Tuple[int, str, int, int]], arrays: List[Any]
     ) -> None: ...
     def consolidate(self, step: int, path: str, prefix: Optional[str] = None) -> List[str]: ...
+    def export_hf(
+        self,
+        step: int,
+        directory: "os.PathLike[str] | str",
+        max_shard_bytes: int,
+        prefix: Optional[str] = None,
+        dtype: Optional[str] = None,
+    ) -> HfExport: ...

@@ -64,12 +64,12 @@ from torch.distributed.checkpoint.planner import (
 )
 from torch.futures import Future
 
-from . import DTYPE_NAMES, StepExistsError, Tensor, _dcp_json, step_number
+from . import DTYPE_NAMES, HfExport, StepExistsError, Tensor, _dcp_json, step_number
 from ._dcp_base import METADATA, Target, _describe, _is_step_id, _is_url, _local, _remote, _SentAsUrl
 from ._dcp_json import Where
 from ._dcp_read import StorageReader
 
-__all__ = ["StorageWriter", "StorageReader", "METADATA", "consolidate"]
+__all__ = ["StorageWriter", "StorageReader", "METADATA", "consolidate", "export_hf"]
 
 def _entry_name(index: MetadataIndex) -> str:
     if index.offset is None:
@@ -225,6 +225,42 @@ class StorageWriter(_SentAsUrl, _storage.StorageWriter):
         if missing:
             raise ValueError(f"step {self._step}: no shard reported by ranks {missing}")
         _remote(self._target).commit_global(self._step, shards)
+
+
+def export_hf(
+    target: Target,
+    step: Optional[int],
+    directory: "os.PathLike[str] | str",
+    max_shard_size: "int | str" = "5GB",
+    prefix: Optional[str] = None,
+    dtype: Any = None,
+) -> HfExport:
+    """Write DCP step `step` of `target` (a bucket URL or a local store; the
+    latest step if None) into `directory` as a Hugging Face checkpoint:
+    safetensors shards of at most `max_shard_size` ("5GB", "500MB", "2GiB"
+    or bytes; one shard is written as `model.safetensors`), named and split
+    as `save_pretrained` does, and `model.safetensors.index.json` (its
+    `weight_map` and `metadata.total_size` exact). Tensors are whole, under
+    their fully qualified names; with `prefix` (e.g. "model."), only those
+    under it, stripped. `dtype` ("bf16", "f16", "f32" or a torch dtype)
+    casts floating tensors, lossily when it narrows. One tensor is in
+    memory at a time, every chunk hash-checked; an index already in
+    `directory` is removed first and the new one written last, each shard
+    durably under a temporary name first, so a killed export never leaves
+    an index naming a missing, partial or overwritten shard. The model's
+    `config.json` is the caller's to write beside (`model.config.save_pretrained`).
+    As `ckpt export TARGET STEP --hf -o DIR`."""
+    if _is_url(target):
+        remote = _remote(target)
+        resolved = step if step is not None else remote.latest_step()
+        if resolved is None:
+            raise FileNotFoundError(f"{target} holds no complete step")
+        return remote.export_hf(resolved, directory, max_shard_size, prefix, dtype)
+    with _local(target, read_only=True) as store:
+        resolved = step if step is not None else store.latest_step()
+        if resolved is None:
+            raise FileNotFoundError(f"{_describe(target)} holds no complete step")
+        return store.export_hf(resolved, directory, max_shard_size, prefix, dtype)
 
 
 def consolidate(

@@ -6,14 +6,11 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use crate::exchange::dcp::{BoxLayout, DcpDtype, DcpIndex, DcpTensor, Places, DCP_METADATA};
+use crate::exchange::dcp::{BoxSource, DcpIndex, DcpTensor, Places, DCP_METADATA};
 use crate::exchange::write::{write_tensors, Head};
 use crate::remote::read::pieces::GlobalStep;
 use crate::remote::Remote;
 use crate::{Error, Result};
-
-/// Bytes of a stored box read at a time while consolidating.
-const WINDOW: u64 = 32 << 20;
 
 impl Remote {
     /// The index of step `step` if `ckptstore.dcp` saved it: its tensors
@@ -59,18 +56,16 @@ impl Remote {
     /// # Errors
     /// [`Error::StepNotFound`] when the step is not a complete DCP step;
     /// [`Error::InvalidCheckpoint`] naming a chosen tensor whose dtype
-    /// safetensors cannot hold ([`DcpDtype::Torch`]: leave it out with a
+    /// safetensors cannot hold ([`DcpDtype::Torch`](crate::DcpDtype::Torch): leave it out with a
     /// prefix, or load it through `ckptstore.dcp`);
     /// [`Error::Corrupt`] for damaged data or metadata (a box not stored,
     /// boxes that do not cover a tensor); I/O errors naming `path`.
     pub fn consolidate(&self, step: u64, path: &Path, prefix: Option<&str>) -> Result<Vec<String>> {
         let (global, index, places) = self.dcp_open(step)?.ok_or(Error::StepNotFound { step })?;
-        let chosen = chosen(&index, prefix);
+        let chosen = index.chosen(prefix);
         let mut heads = Vec::with_capacity(chosen.len());
         for (name, fqn, t) in &chosen {
-            let DcpDtype::Stored(dtype) = t.dtype else {
-                return Err(unstorable(step, fqn, t));
-            };
+            let dtype = t.storable(step, fqn)?;
             let len = t.byte_len().ok_or_else(|| {
                 Error::corrupt(Some(step), format!("{fqn}: its shape is too large"))
             })?;
@@ -122,10 +117,8 @@ impl Remote {
     ) -> Result<crate::HfExport> {
         let (global, index, places) = self.dcp_open(step)?.ok_or(Error::StepNotFound { step })?;
         let mut sources = Vec::new();
-        for (name, fqn, t) in chosen(&index, prefix) {
-            let DcpDtype::Stored(dtype) = t.dtype else {
-                return Err(unstorable(step, fqn, t));
-            };
+        for (name, fqn, t) in index.chosen(prefix) {
+            let dtype = t.storable(step, fqn)?;
             let (global, places) = (&global, &places);
             sources.push(crate::exchange::hf::Source {
                 name,
@@ -147,60 +140,31 @@ impl Remote {
         t: &DcpTensor,
         out: &mut [u8],
     ) -> Result<()> {
-        let step = global.step();
-        let corrupt = |why: String| Error::corrupt(Some(step), format!("{fqn}: {why}"));
-        let item = t.dtype.item_bytes();
-        let numel = t.shape.iter().product::<u64>();
-        let mut covered = 0u64;
-        for (offsets, sizes) in &t.boxes {
-            let (rank, entry) = places
-                .get(&(fqn.to_owned(), offsets.clone()))
-                .ok_or_else(|| corrupt(format!("the box at {offsets:?} is not stored")))?;
-            let layout = BoxLayout::new(&t.shape, offsets, sizes, item)
-                .ok_or_else(|| corrupt(format!("the box at {offsets:?} is outside the tensor")))?;
-            let total = layout.rows * layout.row_bytes;
-            let mut at = 0;
-            while at < total {
-                let n = WINDOW.min(total - at);
-                let got = self.read_pieces(global, &[(*rank, entry, at, n)])?;
-                layout.place(out, at, &got[0]);
-                at += n;
-            }
-            covered += sizes.iter().product::<u64>();
-        }
-        if covered != numel {
-            return Err(corrupt(format!(
-                "its boxes hold {covered} of its {numel} elements"
-            )));
-        }
-        Ok(())
+        let mut shards = Shards {
+            remote: self,
+            global,
+        };
+        t.assemble(global.step(), fqn, places, &mut shards, out)
     }
 }
 
-/// The tensors of `index` a file gets: (name written, FQN, tensor), in
-/// name order; with `prefix`, those under it, stripped.
-fn chosen<'i>(
-    index: &'i DcpIndex,
-    prefix: Option<&str>,
-) -> Vec<(String, &'i String, &'i DcpTensor)> {
-    index
-        .tensors
-        .iter()
-        .filter_map(|(fqn, t)| match prefix {
-            Some(p) => fqn.strip_prefix(p).map(|n| (n.to_owned(), fqn, t)),
-            None => Some((fqn.clone(), fqn, t)),
-        })
-        .collect()
+/// A global step's shards as the source of its boxes.
+struct Shards<'a> {
+    remote: &'a Remote,
+    global: &'a GlobalStep,
 }
 
-/// The error for a chosen tensor a safetensors file cannot hold.
-fn unstorable(step: u64, fqn: &str, t: &DcpTensor) -> Error {
-    Error::InvalidCheckpoint {
-        step,
-        reason: format!(
-            "tensor {fqn} is {}, which a safetensors file cannot hold: export the others \
-             (a prefix that leaves it out), or load it with ckptstore.dcp",
-            t.dtype.name()
-        ),
+impl BoxSource for Shards<'_> {
+    fn read(&mut self, rank: u32, entry: &str, at: u64, len: u64) -> Result<Vec<u8>> {
+        let mut got = self
+            .remote
+            .read_pieces(self.global, &[(rank, entry, at, len)])?;
+        Ok(got.pop().unwrap_or_default())
+    }
+
+    fn read_into(&mut self, rank: u32, entry: &str, out: &mut [u8]) -> Result<()> {
+        let len = out.len() as u64;
+        self.remote
+            .read_pieces_into(self.global, &[(rank, entry, 0, len)], &mut [out])
     }
 }

@@ -107,8 +107,8 @@ impl Remote {
     /// ```
     ///
     /// # Errors
-    /// [`Error::Remote`] when the bucket cannot be reached or refuses a
-    /// request (after bounded retries); [`Error::RemoteBusy`] when a
+    /// [`Error::Remote`](crate::Error::Remote) when the bucket cannot be reached or refuses a
+    /// request (after bounded retries); [`Error::RemoteBusy`](crate::Error::RemoteBusy) when a
     /// garbage collection of the bucket holds its lock for longer than the
     /// grace period; store errors as for reads.
     pub fn push(&self, store: &CheckpointStore) -> Result<PushReport> {
