@@ -112,13 +112,8 @@ pub(crate) fn show(url: &str, step: &str, json: bool) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Consolidate a DCP step into one safetensors file.
-pub(crate) fn export(
-    url: &str,
-    step: &str,
-    output: &std::path::Path,
-    prefix: Option<&str>,
-) -> Result<ExitCode> {
+/// The bucket at `url` and its DCP step `step` (a number or `latest`).
+fn dcp_step(url: &str, step: &str) -> Result<(Remote, u64)> {
     let remote = open_existing(url)?;
     let step = resolve(&remote, step)?;
     if remote.dcp_index(step)?.is_none() {
@@ -128,6 +123,17 @@ pub(crate) fn export(
         )
         .into());
     }
+    Ok((remote, step))
+}
+
+/// Consolidate a DCP step into one safetensors file.
+pub(crate) fn export(
+    url: &str,
+    step: &str,
+    output: &std::path::Path,
+    prefix: Option<&str>,
+) -> Result<ExitCode> {
+    let (remote, step) = dcp_step(url, step)?;
     let names = remote.consolidate(step, output, prefix)?;
     println!(
         "step {step}: {} tensors written to {}",
@@ -145,15 +151,7 @@ pub(crate) fn export_hf(
     dir: &std::path::Path,
     o: &crate::HfOptions<'_>,
 ) -> Result<(u64, ckptstore::HfExport)> {
-    let remote = open_existing(url)?;
-    let step = resolve(&remote, step)?;
-    if remote.dcp_index(step)?.is_none() {
-        return Err(format!(
-            "step {step} of {url} was not saved through ckptstore.dcp; `ckpt pull` copies \
-             a step into a store, which exports it"
-        )
-        .into());
-    }
+    let (remote, step) = dcp_step(url, step)?;
     let written = remote.export_hf(step, dir, o.max_shard, o.prefix, o.dtype)?;
     Ok((step, written))
 }
