@@ -6,6 +6,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, final
 
 __all__ = [
     "MAX_WORLD_SIZE",
+    "__version__",
     "Buffer",
     "CommitInfo",
     "CorruptError",
