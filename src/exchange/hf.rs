@@ -67,8 +67,9 @@ pub(crate) type Fill<'a> = Box<dyn FnMut(&mut [u8]) -> Result<()> + 'a>;
 
 /// Write `tensors` (in this order) into `dir` as Hugging Face shards of at
 /// most `max_shard` bytes each (a larger tensor is a shard alone), floating
-/// tensors cast to `cast` if given. One tensor is in memory at a time (two
-/// when a cast widens it). `step` names the step in errors.
+/// tensors cast to `cast` if given. One tensor is in memory at a time
+/// (and its stored bytes beside it when a cast narrows it). `step` names
+/// the step in errors.
 pub(crate) fn export(
     step: u64,
     dir: &Path,
@@ -207,9 +208,9 @@ fn fill_cast(source: &mut Source<'_>, to: Dtype, out: &mut [u8]) -> Result<()> {
     let numel = out.len() / usize::try_from(to_size).unwrap_or(1).max(1);
     let stored = numel * usize::try_from(from_size).unwrap_or(1);
     if stored <= out.len() {
-        // Narrowing or same width: read into the front, cast forward.
+        // Widening (or the same width): read into the front, cast in place.
         (source.fill)(&mut out[..stored])?;
-        cast_in_place(out, from, to, numel);
+        widen_in_place(out, from, to, numel);
         return Ok(());
     }
     let mut wide = vec![0u8; stored];
@@ -222,9 +223,11 @@ fn fill_cast(source: &mut Source<'_>, to: Dtype, out: &mut [u8]) -> Result<()> {
 }
 
 /// Cast `numel` elements of `from` at the front of `buf` to `to`, which
-/// is no wider: element `i` is read before any write at or past it.
-fn cast_in_place(buf: &mut [u8], from: Dtype, to: Dtype, numel: usize) {
-    for i in 0..numel {
+/// is no narrower: from the last element back, so that element `i` is
+/// read before the writes of elements `i..` (which lie at or after it)
+/// reach it.
+fn widen_in_place(buf: &mut [u8], from: Dtype, to: Dtype, numel: usize) {
+    for i in (0..numel).rev() {
         let x = read_float(buf, from, i);
         write_float(buf, to, i, x);
     }
@@ -276,5 +279,45 @@ mod tests {
                 "model-00002-of-00002.safetensors"
             ]
         );
+    }
+
+    #[test]
+    fn casts_widen_in_place_and_narrow_through_a_buffer() -> Result<()> {
+        let halves: Vec<u8> = [1.0f32, -2.5, 0.125, 3.0]
+            .iter()
+            .flat_map(|x| (x.to_bits() >> 16).to_le_bytes()[..2].to_vec())
+            .collect();
+        let mut source = Source {
+            name: "t".into(),
+            dtype: Dtype::BF16,
+            shape: vec![4],
+            fill: Box::new(|out: &mut [u8]| {
+                out.copy_from_slice(&halves);
+                Ok(())
+            }),
+        };
+        let mut wide = vec![0u8; 16];
+        fill_cast(&mut source, Dtype::F32, &mut wide)?;
+        let got: Vec<f32> = wide
+            .chunks(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        assert_eq!(
+            got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            [1.0f32, -2.5, 0.125, 3.0].map(f32::to_bits)
+        );
+        let mut back = Source {
+            name: "t".into(),
+            dtype: Dtype::F32,
+            shape: vec![4],
+            fill: Box::new(|out: &mut [u8]| {
+                out.copy_from_slice(&wide);
+                Ok(())
+            }),
+        };
+        let mut narrow = vec![0u8; 8];
+        fill_cast(&mut back, Dtype::BF16, &mut narrow)?;
+        assert_eq!(narrow, halves);
+        Ok(())
     }
 }

@@ -10,6 +10,9 @@ use crate::exchange::dcp::{BoxSource, DcpIndex, DCP_METADATA};
 use crate::exchange::hf::{export, Source};
 use crate::{CheckpointStore, Dtype, Error, HfExport, Result, StepInfo};
 
+/// The largest DCP metadata document read.
+const MAX_METADATA_BYTES: u64 = 64 << 20;
+
 impl CheckpointStore {
     /// Write step `step` into directory `dir` as a Hugging Face
     /// checkpoint: safetensors shards of at most `max_shard` bytes and
@@ -68,8 +71,15 @@ fn export_dcp(
     data: &StepData<'_>,
     (max_shard, prefix, cast): (u64, Option<&str>, Option<Dtype>),
 ) -> Result<HfExport> {
-    let len = usize::try_from(info.blobs[DCP_METADATA]).unwrap_or(usize::MAX);
-    let mut metadata = vec![0u8; len];
+    let len = info.blobs[DCP_METADATA];
+    // The same bound as a bucket's manifests: the document is read whole.
+    if len > MAX_METADATA_BYTES {
+        return Err(Error::corrupt(
+            Some(step),
+            format!("{DCP_METADATA} is {len} bytes (at most {MAX_METADATA_BYTES} are read)"),
+        ));
+    }
+    let mut metadata = vec![0u8; usize::try_from(len).unwrap_or(0)];
     read_entry(step, data, DCP_METADATA, &mut metadata)?;
     let (index, places) = DcpIndex::decode(step, 1, &metadata)?;
     let places = &places;
