@@ -162,10 +162,17 @@ impl HttpService for Observed {
             return Ok(answer);
         }
         // The body of a 404 is an S3 error document of a few hundred
-        // bytes; it is read here and handed on as it was (cut at
-        // MAX_ERROR_BODY: only error messages read it).
+        // bytes; it is read here, at most MAX_ERROR_BODY of it, and handed
+        // on (only error messages read it).
         let (parts, body) = answer.into_parts();
-        let mut bytes = body.bytes().await?;
+        let mut stream = body.bytes_stream();
+        let mut bytes = Vec::new();
+        while bytes.len() < MAX_ERROR_BODY {
+            match futures::StreamExt::next(&mut stream).await {
+                Some(piece) => bytes.extend_from_slice(&piece?),
+                None => break,
+            }
+        }
         bytes.truncate(MAX_ERROR_BODY);
         if error_code(&bytes).as_deref() == Some("NoSuchBucket") {
             return Err(HttpError::new(
