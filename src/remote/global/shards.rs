@@ -159,7 +159,8 @@ impl Remote {
         // in memory, not the shard.
         let mut read = |i: usize| Ok(bytes::Bytes::copy_from_slice(pieces[i].1));
         let mark = self.collection_mark()?;
-        let packed = self.pack(&lengths, &mut read, &mark, lock, &mut |_| Ok(()))?;
+        let who = crate::remote::write::packs::Writer::Rank(rank);
+        let packed = self.pack(who, &lengths, &mut read, &mark, lock, &mut |_| Ok(()))?;
         let (total, uploaded) = (
             lengths.iter().map(|(_, n)| n).sum::<u64>(),
             packed.bytes_uploaded,
