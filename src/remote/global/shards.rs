@@ -159,8 +159,7 @@ impl Remote {
         // in memory, not the shard.
         let mut read = |i: usize| Ok(bytes::Bytes::copy_from_slice(pieces[i].1));
         let mark = self.collection_mark()?;
-        let who = crate::remote::write::packs::Writer::Rank(rank);
-        let packed = self.pack(who, &lengths, &mut read, &mark, lock, &mut |_| Ok(()))?;
+        let packed = self.pack(&lengths, &mut read, &mark, lock, &mut |_| Ok(()))?;
         let (total, uploaded) = (
             lengths.iter().map(|(_, n)| n).sum::<u64>(),
             packed.bytes_uploaded,

@@ -8,10 +8,9 @@
 //!
 //! Deduplication asks the bucket nothing per chunk: a [`Remote`] remembers
 //! where the chunks it wrote or read lie ([`Known`]), with the bucket's
-//! collection mark at the time; after each save it keeps only each
-//! writer's last save ([`Writer`]: a rank's last shard, a push's last
-//! step), what the next one deduplicates against, so its memory is a
-//! save's per writer however long the run. A garbage collection writes a new mark
+//! collection mark at the time; after each save it keeps only that save's
+//! chunks, what the next one deduplicates against (so its memory is one
+//! save's, however long the run). A garbage collection writes a new mark
 //! before it deletes anything, so a memory whose mark is still the
 //! bucket's (read under the push lock, which no collection overlaps)
 //! names only packs that are there.
@@ -36,8 +35,6 @@ const PACKS_IN_FLIGHT: usize = 4;
 pub(crate) struct Known {
     mark: Option<Vec<u8>>,
     at: HashMap<Hash, Location>,
-    /// Each writer's last save: the chunks `at` keeps.
-    last: HashMap<Writer, std::collections::HashSet<Hash>>,
     /// The manifests (step, hash) whose chunks `at` has learned.
     learned: std::collections::HashSet<(u64, Hash)>,
 }
@@ -47,7 +44,6 @@ impl Known {
     pub(crate) fn under(&mut self, mark: &[u8]) -> &mut HashMap<Hash, Location> {
         if self.mark.as_deref() != Some(mark) {
             self.at.clear();
-            self.last.clear();
             self.learned.clear();
             self.mark = Some(mark.to_vec());
         }
@@ -67,14 +63,12 @@ impl Known {
         self.learned.contains(&(step, hash))
     }
 
-    /// Note that `saved` are `who`'s last save, and forget every chunk no
-    /// writer's last save has (and which manifests were learned): the
-    /// memory holds what each writer's next save deduplicates against,
+    /// Forget every chunk but `kept` (and which manifests were learned):
+    /// the memory holds what the last save or push deduplicates against,
     /// not every chunk a long run ever wrote.
-    pub(crate) fn keep_last(&mut self, who: Writer, saved: impl Iterator<Item = Hash>) {
-        self.last.insert(who, saved.collect());
-        let last = &self.last;
-        self.at.retain(|h, _| last.values().any(|s| s.contains(h)));
+    pub(crate) fn keep_only(&mut self, kept: impl Iterator<Item = Hash>) {
+        let kept: std::collections::HashSet<Hash> = kept.collect();
+        self.at.retain(|h, _| kept.contains(h));
         self.learned.clear();
     }
 
@@ -90,16 +84,6 @@ impl Known {
         self.at.retain(|_, loc| !gone.contains(&loc.pack));
         self.learned.clear();
     }
-}
-
-/// Who saved through a remote: what the next save of the same writer
-/// deduplicates against is its last one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum Writer {
-    /// Rank `rank` of global steps (its previous shard).
-    Rank(u32),
-    /// A push from a store (the previous step pushed).
-    Push,
 }
 
 /// A pack to upload: its name and its chunks, by their number in the
@@ -206,8 +190,7 @@ pub(crate) struct Packed {
 pub(crate) type ReadPiece<'r> = dyn FnMut(usize) -> Result<Bytes> + 'r;
 
 impl Remote {
-    /// Put `pieces` (chunks: hash, length), a save of `who`, in the
-    /// bucket's packs under the
+    /// Put `pieces` (chunks: hash, length) in the bucket's packs under the
     /// push lock `lock`, the bucket's collection mark `mark` read under it: those this remote knows are there stay where
     /// they are, the rest go into new packs, each piece read by `read`
     /// when its pack is uploaded; returns where they all lie. `landed`
@@ -218,7 +201,6 @@ impl Remote {
     /// the gone ones uploaded again.
     pub(crate) fn pack(
         &self,
-        who: Writer,
         pieces: &[(Hash, u64)],
         read: &mut ReadPiece<'_>,
         mark: &[u8],
@@ -259,7 +241,7 @@ impl Remote {
             };
             if gone.is_empty() {
                 // What the next save deduplicates against: this one.
-                self.known()?.keep_last(who, pieces.iter().map(|(h, _)| *h));
+                self.known()?.keep_only(pieces.iter().map(|(h, _)| *h));
                 return Ok(packed(packs, index));
             }
             self.known()?.forget(&gone);
@@ -426,15 +408,9 @@ mod tests {
             .under(&mark)
             .extend([([1; 32], loc(0)), ([2; 32], loc(10))]);
         known.learned(&mark, 1, [5; 32]);
-        known.keep_last(Writer::Rank(0), [[2; 32]].into_iter());
+        known.keep_only([[2; 32]].into_iter());
         assert_eq!(known.under(&mark).keys().collect::<Vec<_>>(), [&[2; 32]]);
         assert!(!known.has_learned(&mark, 1, [5; 32]));
-        // Another writer's save keeps the first one's.
-        known.under(&mark).insert([3; 32], loc(20));
-        known.keep_last(Writer::Rank(1), [[3; 32]].into_iter());
-        assert_eq!(known.under(&mark).len(), 2);
-        known.keep_last(Writer::Rank(0), std::iter::empty());
-        assert_eq!(known.under(&mark).keys().collect::<Vec<_>>(), [&[3; 32]]);
         // Another mark: nothing holds.
         assert!(known.under(b"n").is_empty());
     }

@@ -240,8 +240,7 @@ impl Remote {
         self.learn_from(newest, knowledge, mark)?;
         let mut read = |i: usize| chunks[i].read(todo.data).map(Bytes::from);
         let mut landed = report.bytes_uploaded;
-        let who = crate::remote::write::packs::Writer::Push;
-        let packed = self.pack(who, &pieces, &mut read, mark, lock, &mut |n| {
+        let packed = self.pack(&pieces, &mut read, mark, lock, &mut |n| {
             landed += n;
             progress(step, landed);
             Ok(())
