@@ -8,9 +8,7 @@
 //!
 //! Deduplication asks the bucket nothing per chunk: a [`Remote`] remembers
 //! where the chunks it wrote or read lie ([`Known`]), with the bucket's
-//! collection mark at the time; after each save it keeps only that save's
-//! chunks, what the next one deduplicates against (so its memory is one
-//! save's, however long the run). A garbage collection writes a new mark
+//! collection mark at the time. A garbage collection writes a new mark
 //! before it deletes anything, so a memory whose mark is still the
 //! bucket's (read under the push lock, which no collection overlaps)
 //! names only packs that are there.
@@ -61,15 +59,6 @@ impl Known {
     pub(crate) fn has_learned(&mut self, mark: &[u8], step: u64, hash: Hash) -> bool {
         self.under(mark);
         self.learned.contains(&(step, hash))
-    }
-
-    /// Forget every chunk but `kept` (and which manifests were learned):
-    /// the memory holds what the last save or push deduplicates against,
-    /// not every chunk a long run ever wrote.
-    pub(crate) fn keep_only(&mut self, kept: impl Iterator<Item = Hash>) {
-        let kept: std::collections::HashSet<Hash> = kept.collect();
-        self.at.retain(|h, _| kept.contains(h));
-        self.learned.clear();
     }
 
     /// Forget everything (a repair trusts nothing it did not list).
@@ -233,15 +222,12 @@ impl Remote {
                 bytes_uploaded,
                 chunks_uploaded,
             };
+            if !self.reassert(lock)? {
+                return Ok(packed(packs, index));
+            }
             let named: Vec<Hash> = packs.iter().filter_map(|p| parse_hex(&p.hash)).collect();
-            let gone = if self.reassert(lock)? {
-                self.missing_packs(&named)?
-            } else {
-                Vec::new()
-            };
+            let gone = self.missing_packs(&named)?;
             if gone.is_empty() {
-                // What the next save deduplicates against: this one.
-                self.known()?.keep_only(pieces.iter().map(|(h, _)| *h));
                 return Ok(packed(packs, index));
             }
             self.known()?.forget(&gone);
@@ -393,25 +379,5 @@ mod tests {
         assert_eq!(pack_name(&[(h(1), 40)]), packs[0].name);
         assert_ne!(pack_name(&[(h(1), 41)]), packs[0].name);
         Ok(())
-    }
-
-    #[test]
-    fn the_memory_keeps_the_last_save_only() {
-        let mark = b"m".to_vec();
-        let mut known = Known::default();
-        let loc = |at| Location {
-            pack: [9; 32],
-            pack_len: 100,
-            at,
-        };
-        known
-            .under(&mark)
-            .extend([([1; 32], loc(0)), ([2; 32], loc(10))]);
-        known.learned(&mark, 1, [5; 32]);
-        known.keep_only([[2; 32]].into_iter());
-        assert_eq!(known.under(&mark).keys().collect::<Vec<_>>(), [&[2; 32]]);
-        assert!(!known.has_learned(&mark, 1, [5; 32]));
-        // Another mark: nothing holds.
-        assert!(known.under(b"n").is_empty());
     }
 }
