@@ -11,6 +11,7 @@
 
 mod args;
 mod bench;
+mod export;
 mod output;
 mod remote;
 
@@ -84,11 +85,11 @@ fn run(command: Command) -> Result<ExitCode> {
             max_shard_size,
             dtype,
             ..
-        } => export_hf(
+        } => export::export_hf(
             &store,
             &step,
             &output,
-            &HfOptions {
+            &export::HfOptions {
                 max_shard: max_shard_size,
                 prefix: prefix.as_deref(),
                 dtype,
@@ -110,7 +111,7 @@ fn run(command: Command) -> Result<ExitCode> {
             output,
             format,
             ..
-        } => export(
+        } => export::export(
             Path::new(&store),
             &step,
             &output,
@@ -173,63 +174,6 @@ fn show(store: &Path, step: &str, json: bool) -> Result<ExitCode> {
     let info = s.info(step)?.ok_or(Error::StepNotFound { step })?;
     let pinned = s.pinned()?.contains(&step);
     output::show(&info, pinned, json)?;
-    Ok(ExitCode::SUCCESS)
-}
-
-fn export(store: &Path, step: &str, output: &Path, format: Format) -> Result<ExitCode> {
-    let s = open_read(store)?;
-    let step = resolve(&s, step)?;
-    let bar = spinner(format!("exporting step {step}"));
-    if let Some(dir) = output.parent().filter(|d| !d.as_os_str().is_empty()) {
-        if !dir.is_dir() {
-            return Err(format!(
-                "cannot export to {}: directory {} does not exist (create it first, or pick \
-                 another --output)",
-                output.display(),
-                dir.display()
-            )
-            .into());
-        }
-    }
-    match format {
-        Format::Safetensors => s.export_safetensors(step, output)?,
-        Format::Json => s
-            .get(step)?
-            .ok_or(Error::StepNotFound { step })?
-            .save(output)?,
-    }
-    bar.finish_and_clear();
-    println!("exported step {step} to {}", output.display());
-    Ok(ExitCode::SUCCESS)
-}
-
-/// The options of `ckpt export --hf`.
-pub(crate) struct HfOptions<'a> {
-    pub(crate) max_shard: u64,
-    pub(crate) prefix: Option<&'a str>,
-    pub(crate) dtype: Option<ckptstore::Dtype>,
-}
-
-/// `ckpt export STORE|URL STEP --hf -o DIR`.
-fn export_hf(store: &str, step: &str, dir: &Path, o: &HfOptions<'_>) -> Result<ExitCode> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let (step, written) = if remote::is_url(store) {
-        remote::export_hf(store, step, dir, o)?
-    } else {
-        let s = open_read(Path::new(store))?;
-        let step = resolve(&s, step)?;
-        (
-            step,
-            s.export_hf(step, dir, o.max_shard, o.prefix, o.dtype)?,
-        )
-    };
-    println!(
-        "step {step}: {} tensors ({}) in {} shards written to {}",
-        written.weight_map.len(),
-        output::bytes(written.total_size),
-        written.shards.len(),
-        dir.display()
-    );
     Ok(ExitCode::SUCCESS)
 }
 
