@@ -100,7 +100,7 @@ pub use remote::{
 };
 #[cfg(feature = "remote")]
 pub use report::ReplicationStatus;
-pub use report::{CommitInfo, StepInfo, StoreStats, TensorInfo, VerifyReport};
+pub use report::{CommitInfo, ContentDigest, StepInfo, StoreStats, TensorInfo, VerifyReport};
 pub use retention::{Goal, Retention, StepSummary};
 pub use store::{CheckpointStore, CommitHandle, StoreOptions};
 pub use tensor::{Dtype, Tensor, TensorMut, TensorRef};

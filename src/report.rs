@@ -104,6 +104,25 @@ pub struct TensorInfo {
     pub bytes: u64,
 }
 
+/// The identity of a step's content, from
+/// [`CheckpointStore::content_digest`](crate::CheckpointStore::content_digest):
+/// a BLAKE3 hash, shown as 64 lowercase hex digits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ContentDigest(pub(crate) [u8; 32]);
+
+impl ContentDigest {
+    /// The hash's 32 bytes.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for ContentDigest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(blake3::Hash::from_bytes(self.0).to_hex().as_str())
+    }
+}
+
 impl StepInfo {
     /// Total bytes of state: optimizer blobs and tensor data.
     pub fn logical_bytes(&self) -> u64 {

@@ -65,7 +65,6 @@ pub(crate) fn py_err(e: Error) -> PyErr {
     }
 }
 
-/// What `save` did, for Python.
 /// The module.
 #[pymodule]
 fn _ckptstore(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -74,6 +73,7 @@ fn _ckptstore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<handle::Handle>()?;
     m.add_class::<arrays::Buffer>()?;
     m.add_class::<global_step::RawGlobalStep>()?;
+    m.add_function(pyo3::wrap_pyfunction!(arrays::hash_arrays, m)?)?;
     results::register(m)?;
     m.add("Error", m.py().get_type::<CkptError>())?;
     m.add("MAX_WORLD_SIZE", ckptstore::MAX_WORLD_SIZE)?;

@@ -312,6 +312,13 @@ impl RawStore {
         Ok(info.map(Into::into))
     }
 
+    /// The identity of step `step`'s content (hex), from its manifest.
+    fn content_digest(&self, py: Python<'_>, step: u64) -> PyResult<Option<String>> {
+        let store = self.get()?;
+        let digest = py.detach(|| store.content_digest(step)).map_err(py_err)?;
+        Ok(digest.map(|d| d.to_string()))
+    }
+
     fn remove(&self, py: Python<'_>, step: u64) -> PyResult<bool> {
         let store = self.get()?;
         py.detach(|| store.remove(step)).map_err(py_err)

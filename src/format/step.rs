@@ -95,3 +95,53 @@ impl Manifest {
         })
     }
 }
+
+impl Manifest {
+    /// The identity of the step's content: BLAKE3 over each blob's name,
+    /// length, dtype and shape (for a tensor) and the hashes of its bytes
+    /// (its chunks', or the packed small blobs' with its offset there), in
+    /// name order. Two stores holding the same entries with the same bytes
+    /// give the same digest, whatever their step's time, metrics or where
+    /// the chunks lie; nothing is read but the manifest.
+    pub(crate) fn content_digest(&self) -> Hash {
+        let mut w = super::codec::Writer(Vec::new());
+        w.len(self.blobs.len());
+        for (name, blob) in &self.blobs {
+            w.str(name);
+            w.varint(blob.len);
+            match self.typed.get(name) {
+                None => w.u8(0),
+                Some((dtype, shape)) => {
+                    w.u8(1);
+                    w.str(dtype.name());
+                    w.len(shape.len());
+                    for &d in shape {
+                        w.varint(d);
+                    }
+                }
+            }
+            match &blob.at {
+                Placement::Packed { offset } => {
+                    w.u8(0);
+                    w.varint(*offset);
+                    w.hash(&self.packed.as_ref().map_or([0; 32], |p| p.hash));
+                }
+                Placement::Chunks(chunks) => {
+                    w.u8(1);
+                    w.len(chunks.len());
+                    for c in chunks {
+                        w.hash(&c.hash);
+                    }
+                }
+                Placement::Format1Chunks(hashes) => {
+                    w.u8(1);
+                    w.len(hashes.len());
+                    for h in hashes {
+                        w.hash(h);
+                    }
+                }
+            }
+        }
+        *blake3::hash(&w.0).as_bytes()
+    }
+}

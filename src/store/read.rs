@@ -8,8 +8,8 @@ use crate::engine::{StepData, View};
 #[cfg(doc)]
 use crate::Error;
 use crate::{
-    Goal, GradientCheckpoint, Result, Retention, StepInfo, StepSummary, StoreStats, Tensor,
-    TensorMut,
+    ContentDigest, Goal, GradientCheckpoint, Result, Retention, StepInfo, StepSummary, StoreStats,
+    Tensor, TensorMut,
 };
 
 impl CheckpointStore {
@@ -152,6 +152,35 @@ impl CheckpointStore {
     /// ```
     pub fn info(&self, step: u64) -> Result<Option<StepInfo>> {
         self.with_step(step, |_, info, _| Ok(info))
+    }
+
+    /// The identity of step `step`'s content (its entries' names, dtypes,
+    /// shapes and the hashes of their bytes), read from its manifest alone;
+    /// `None` if the step is not stored. Two stores holding the same entries
+    /// with the same bytes give the same digest, whatever the step's time or
+    /// metrics: a copy of a step kept elsewhere is told from a stale one by
+    /// it.
+    ///
+    /// ```
+    /// # use ckptstore::{CheckpointStore, ComputationGraphStore, GradientCheckpoint};
+    /// # let dir = tempfile::tempdir()?;
+    /// let a = CheckpointStore::open(dir.path().join("a.ckpt"))?;
+    /// let b = CheckpointStore::open(dir.path().join("b.ckpt"))?;
+    /// let mut ckpt = GradientCheckpoint::new(ComputationGraphStore::new(), 3);
+    /// ckpt.set_optimizer_state("adam_v", vec![7; 3_000_000]);
+    /// a.commit(&ckpt)?;
+    /// b.commit(&ckpt.clone().with_metric("loss", 0.5))?;
+    /// assert_eq!(a.content_digest(3)?, b.content_digest(3)?);
+    /// assert_eq!(a.content_digest(4)?, None);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn content_digest(&self, step: u64) -> Result<Option<ContentDigest>> {
+        let what = || format!("reading the manifest of step {step}");
+        self.db.read_retrying(&what, |view| {
+            Ok(view
+                .manifest(step)?
+                .map(|m| ContentDigest(m.content_digest())))
+        })
     }
 
     /// Run `f` on step `step`: its checkpoint without blob or tensor data,

@@ -354,6 +354,13 @@ class Store:
     def remove(self, step: int) -> bool:
         return self._raw.remove(_step(step))
 
+    def content_digest(self, step: int) -> Optional[str]:
+        """The identity of `step`'s content (hex BLAKE3 over its entries'
+        names, dtypes, shapes and chunk hashes), read from its manifest;
+        equal in two stores holding the same entries and bytes. None when
+        the step is not stored."""
+        return self._raw.content_digest(_step(step))
+
     def gc(
         self,
         keep_last: Optional[int] = None,

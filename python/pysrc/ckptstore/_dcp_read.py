@@ -189,7 +189,15 @@ class StorageReader(_SentAsUrl, _storage.StorageReader):
     ) -> None:
         if not batch:
             return
-        datas = self._fetch([piece for _, piece, _, _ in batch])
+        self._put(batch, self._fetch([piece for _, piece, _, _ in batch]), planner)
+
+    def _put(
+        self,
+        batch: List[Tuple[ReadItem, Tuple[int, str, int, int], Any, Optional[torch.Tensor]]],
+        datas: List[np.ndarray],
+        planner: LoadPlanner,
+    ) -> None:
+        """Hand each item of `batch` its bytes `datas` (read for its piece)."""
         for (item, _, box, target), data in zip(batch, datas):
             if target is None:
                 planner.load_bytes(item, io.BytesIO(data.tobytes()))

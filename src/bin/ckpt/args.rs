@@ -24,7 +24,8 @@ pub(crate) struct Cli {
 pub(crate) enum Command {
     /// List the steps: time, loss CID, metrics, size. Reads.
     Ls {
-        /// The store file, or a bucket URL.
+        /// The store file, a bucket URL, or a node's directory of a local
+        /// tier (`ckptstore.dcp.Tiers`: its steps, shards and copies).
         store: String,
         /// Print JSON instead of a table.
         #[arg(long)]

@@ -14,6 +14,7 @@ mod bench;
 mod export;
 mod output;
 mod remote;
+mod tier;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -70,6 +71,9 @@ fn run(command: Command) -> Result<ExitCode> {
         Command::Ls { store, json, all } if remote::is_url(&store) => remote::ls(&store, json, all),
         Command::Ls { all: true, .. } => {
             Err("--all lists global steps not complete, in a bucket: give a URL".into())
+        }
+        Command::Ls { store, json, .. } if tier::is_tier(Path::new(&store)) => {
+            tier::ls(Path::new(&store), json)
         }
         Command::Ls { store, json, .. } => ls(Path::new(&store), json),
         Command::Show { store, step, json } if remote::is_url(&store) => {

@@ -1,0 +1,174 @@
+"""ckptstore.dcp's StorageWriter: each rank's write items as its shard
+of a global step in a bucket (or the one process's step of a local
+store), the coordinator's commit naming exactly the shards of the save."""
+
+import dataclasses
+import io
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+from torch.distributed.checkpoint import storage as _storage
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
+from torch.futures import Future
+
+from . import StepExistsError, Tensor, _dcp_json, step_number
+from ._dcp_base import METADATA, Target, _describe, _is_step_id, _is_url, _local, _remote, _SentAsUrl
+from ._dcp_json import Where
+
+
+def _entry_name(index: MetadataIndex) -> str:
+    if index.offset is None:
+        return f"b/{index.fqn}"
+    return f"t/{index.fqn}@{','.join(str(o) for o in index.offset)}"
+
+
+def _host_bytes(t: torch.Tensor) -> Tuple[str, List[int], np.ndarray]:
+    """(store dtype, shape, uint8 array over a C-contiguous CPU copy or the
+    tensor itself)."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous()
+    name = _dcp_json.json_dtype(t.dtype)
+    flat = t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
+    if name.startswith("torch."):
+        # No safetensors name: its bytes (DCP's metadata keeps the dtype).
+        return "U8", [int(flat.numel())], flat.numpy()
+    return name, list(t.shape), flat.numpy()
+
+
+class StorageWriter(_SentAsUrl, _storage.StorageWriter):
+    """Write a DCP checkpoint as step `step` of `target`: a bucket URL (any
+    number of ranks) or a local store (a path or an open Store; one
+    process). With `overwrite` (DCP's default, as in its FileSystemWriter)
+    a save of a step already committed replaces it; without, it is refused
+    (`StepExistsError` inside DCP's `CheckpointException`) before any rank
+    writes.
+
+    The ranks are those of the save (DCP's `process_group`, or the one
+    process of `no_dist=True`): the coordinator numbers them from the plans
+    it gathers and hands each its rank and the world size in its plan."""
+
+    def __init__(self, target: Target, step: int, overwrite: bool = True) -> None:
+        super().__init__()
+        self._target = target
+        self._step = step_number(step)
+        self._overwrite = bool(overwrite)
+        self._rank, self._world = 0, 1
+        self._coordinator = True
+        self._kept: Dict[str, Any] = {}
+
+    def _arguments(self) -> Dict[str, Any]:
+        return {"target": self._target, "step": self._step, "overwrite": self._overwrite}
+
+    def reset(self, checkpoint_id: Any = None) -> None:
+        if checkpoint_id is not None:
+            self._step = step_number(checkpoint_id)
+        self._kept = {}
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
+        """A checkpoint id is a step number."""
+        return _is_step_id(checkpoint_id)
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self._coordinator = is_coordinator
+
+    def storage_meta(self) -> Optional[StorageMeta]:
+        return StorageMeta(checkpoint_id=str(self._step))
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        return plan
+
+    def prepare_global_plan(self, plans: List[SavePlan]) -> List[SavePlan]:
+        world = len(plans)
+        if not _is_url(self._target) and world > 1:
+            raise ValueError(
+                f"a local store takes one process; {world} ranks save to a bucket URL "
+                "(s3://... or file://...)"
+            )
+        if not self._overwrite and self._committed():
+            raise StepExistsError(
+                f"step {self._step} is already in {_describe(self._target)}; "
+                "StorageWriter(..., overwrite=True) replaces it"
+            )
+        # Each rank's place in this save and its size, from the plans DCP
+        # gathered (the save's group, whatever it is).
+        return [dataclasses.replace(p, storage_data=(i, world)) for i, p in enumerate(plans)]
+
+    def _committed(self) -> bool:
+        if _is_url(self._target):
+            return _remote(self._target).open_global(self._step) is not None
+        with _local(self._target) as store:
+            return self._step in store.steps()
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> "Future[List[_storage.WriteResult]]":
+        if isinstance(plan.storage_data, tuple):
+            self._rank, self._world = plan.storage_data
+        values: Dict[str, Any] = {}
+        written = [self._resolve(item, planner, values) for item in plan.items]
+        shard = ""
+        if self._coordinator:
+            # Its shard is uploaded with the metadata by finish; its data
+            # now, beside the other ranks' (finish then finds it there). A
+            # save of one rank has no one to upload beside: its data is
+            # hashed and uploaded once, by finish.
+            self._kept = values
+            if _is_url(self._target) and self._world > 1:
+                self._upload(values, chunks_only=True)
+        elif _is_url(self._target):
+            shard = self._upload(values)
+        # Every rank reports its shard, also a rank with no items.
+        written.append((MetadataIndex(fqn=f"\0ckptstore.rank.{self._rank}"), 0, ""))
+        results = [
+            _storage.WriteResult(index, size, Where(self._rank, name, shard))
+            for index, size, name in written
+        ]
+        fut: Future = Future()
+        fut.set_result(results)
+        return fut
+
+    def _resolve(
+        self, item: WriteItem, planner: SavePlanner, values: Dict[str, Any]
+    ) -> Tuple[MetadataIndex, int, str]:
+        """Put `item`'s data in `values`: (its index, its size, its entry)."""
+        data = planner.resolve_data(item)
+        name = _entry_name(item.index)
+        if item.type == WriteItemType.BYTE_IO:
+            raw = data.getvalue() if isinstance(data, io.BytesIO) else bytes(data)
+            values[name] = raw
+            return item.index, len(raw), name
+        dtype, shape, array = _host_bytes(data)
+        values[name] = Tensor(dtype, shape, array)
+        return item.index, int(array.size), name
+
+    def _upload(self, values: Dict[str, Any], chunks_only: bool = False) -> str:
+        remote = _remote(self._target)
+        info = remote.upload_shard(self._step, self._rank, self._world, values, data_only=chunks_only)
+        return info.shard
+
+    def finish(self, metadata: Metadata, results: List[List[_storage.WriteResult]]) -> None:
+        shards: List[str] = [""] * self._world
+        storage: Dict[MetadataIndex, Where] = {}
+        for per_rank in results:
+            for r in per_rank:
+                where = r.storage_data
+                if where.entry:
+                    storage[r.index] = where
+                elif 0 <= where.rank < self._world:
+                    shards[where.rank] = where.shard
+        metadata.storage_data = storage
+        values = dict(self._kept)
+        self._kept = {}
+        values[METADATA] = _dcp_json.to_json(metadata).encode()
+        if not _is_url(self._target):
+            with _local(self._target) as store:
+                store.save(self._step, values, replace=self._overwrite)
+            return
+        shards[self._rank] = self._upload(values)
+        missing = [r for r, s in enumerate(shards) if not s]
+        if missing:
+            raise ValueError(f"step {self._step}: no shard reported by ranks {missing}")
+        _remote(self._target).commit_global(self._step, shards)

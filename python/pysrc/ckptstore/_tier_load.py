@@ -1,0 +1,182 @@
+"""A load from the node-local tier (`ckptstore.dcp.Tiers.load`): what
+every rank holds, the newest save that the surviving stores can restore
+whole, and DCP's reads served from each rank's own stores or, over the
+tier's group, from the ranks that hold the shards or their copies."""
+
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+
+import numpy as np
+from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
+from torch.futures import Future
+
+from . import Error, _dcp_json
+from ._dcp_json import Where
+from ._dcp_read import StorageReader
+from ._tier_layout import Record
+from ._tier_wire import Group
+
+# (kind "own" or "copy", source rank, step, content digest)
+Holding = Tuple[str, int, int, str]
+
+
+class ShardsLost(Error):
+    """No surviving rank holds some shard of the step being loaded (or
+    every holder's copy failed its hash check)."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The save to restore and, for each of its ranks' shards, the ranks
+    of this job holding it (its own store first, then copies)."""
+
+    record: Record
+    holders: Dict[int, List[int]]
+
+
+def holders_of(record: Record, holdings: List[List[Holding]]) -> Dict[int, List[int]]:
+    """For each source rank of `record`, the ranks holding its shard of
+    that save (the digest matching): own stores first, then by rank."""
+    out: Dict[int, List[Tuple[bool, int]]] = {src: [] for src in range(record.world_size)}
+    for rank, held in enumerate(holdings):
+        for kind, src, step, digest in held:
+            if step == record.step and src in out and digest == record.digests[src]:
+                out[src].append((kind != "own", rank))
+    return {src: list(dict.fromkeys(r for _, r in sorted(hs))) for src, hs in out.items()}
+
+
+def choose(group: Group, mine: Dict[Tuple[int, int], Record], held: List[Holding], step: Optional[int]) -> Tuple[Optional[Choice], str]:
+    """The newest save (of `step`, if given) that the job can restore whole
+    from the local tier, and why a newer recorded one cannot be (or "")."""
+    holdings = group.gather(held)
+    whole, broken = [], []
+    for key, record in mine.items():
+        if step is not None and record.step != step:
+            continue
+        missing = [src for src, hs in holders_of(record, holdings).items() if not hs]
+        (broken if missing else whole).append((key, missing))
+    reports = group.gather((whole, broken))
+    best = max((key for w, _ in reports for key, _ in w), default=None)
+    newer = sorted(
+        {(key, tuple(m)) for _, b in reports for key, m in b if best is None or key > best}, reverse=True
+    )
+    why = ""
+    if newer:
+        (s, _), missing = newer[0]
+        why = f"step {s} on the local tier lacks every copy of the shards of ranks {list(missing)}"
+    if best is None:
+        return None, why
+    src = min(r for r, (w, _) in enumerate(reports) if any(k == best for k, _ in w))
+    record = group.broadcast(mine.get(best), src)
+    return Choice(record, holders_of(record, holdings)), why
+
+
+class TierReader(StorageReader):
+    """DCP's storage reader of a tiered load: the chosen save's metadata
+    from its record, every read item's bytes from `shard_of` (this rank's
+    stores) or from the rank serving that shard."""
+
+    def __init__(self, group: Group, choice: Choice, shard_of: Callable[[int, str], Dict[str, np.ndarray]]) -> None:
+        super().__init__(target="the local tier", step=choice.record.step)
+        self._group, self._choice, self._shard_of = group, choice, shard_of
+
+    def read_metadata(self) -> Metadata:
+        md = _dcp_json.from_json(self._choice.record.metadata.encode())
+        self._resolved, self._commit = self._choice.record.step, None
+        self._where, self._metadata = md.storage_data, md
+        return md
+
+    def _length(self, where: Where) -> int:
+        sizes = self._choice.record.sizes
+        if not 0 <= where.rank < len(sizes) or where.entry not in sizes[where.rank]:
+            raise ValueError(f"step {self._choice.record.step}: rank {where.rank} stored no entry {where.entry!r}")
+        return sizes[where.rank][where.entry]
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> "Future[None]":
+        self._follow(plan.storage_data)
+        batch = []
+        for item in plan.items:
+            piece, box = self._piece(item, self._where[item.storage_index])
+            target = None if item.type == LoadItemType.BYTE_IO else planner.resolve_tensor(item).detach()
+            batch.append((item, piece, box, target))
+        # One collective for all of this rank's reads: every rank joins it,
+        # also one with nothing to read.
+        self._put(batch, self._fetch([piece for _, piece, _, _ in batch]), planner)
+        fut: Future = Future()
+        fut.set_result(None)
+        return fut
+
+    def _fetch(self, pieces: Any) -> List[np.ndarray]:
+        return fetch(self._group, self._choice, self._shard_of, list(pieces))
+
+
+def fetch(
+    group: Group,
+    choice: Choice,
+    shard_of: Callable[[int, str], Dict[str, np.ndarray]],
+    pieces: List[Tuple[int, str, int, int]],
+) -> List[np.ndarray]:
+    """The bytes of each (source rank, entry, start, length) of `pieces`
+    (a collective). Each shard is served by its first holder; a holder
+    whose shard fails its checks says so, and the next one serves it."""
+    requests = group.gather(pieces)
+    needed = sorted({p[0] for reqs in requests for p in reqs if p[3] > 0})
+    failed: Set[Tuple[int, int]] = set()
+    loaded: Dict[int, Dict[str, np.ndarray]] = {}
+    while True:
+        server = {src: next((h for h in choice.holders.get(src, []) if (h, src) not in failed), None) for src in needed}
+        lost = [src for src in needed if server[src] is None]
+        if lost:
+            raise ShardsLost(
+                f"step {choice.record.step}: no surviving rank holds a sound copy of the shards of ranks {lost}"
+            )
+        mine: List[Tuple[int, str]] = []
+        for src in needed:
+            if server[src] == group.rank and src not in loaded:
+                try:
+                    loaded[src] = shard_of(src, choice.record.digests[src])
+                except (Error, OSError, ValueError) as e:
+                    mine.append((src, str(e)))
+        refused = group.gather(mine)
+        if not any(refused):
+            break
+        for rank, fails in enumerate(refused):
+            for src, why in fails:
+                failed.add((rank, src))
+                if group.rank == 0:
+                    warnings.warn(
+                        f"ckptstore.dcp.Tiers: rank {src}'s shard of step {choice.record.step} as held by "
+                        f"rank {rank} is refused ({why}); another holder serves it",
+                        stacklevel=2,
+                    )
+    sends = []
+    for q, reqs in enumerate(requests):
+        served = [_slice(loaded, p) for p in reqs if q != group.rank and p[3] > 0 and server[p[0]] == group.rank]
+        if served:
+            sends.append((q, served))
+    asked: Dict[int, List[int]] = {}
+    for i, p in enumerate(pieces):
+        if p[3] > 0 and server[p[0]] != group.rank:
+            asked.setdefault(server[p[0]], []).append(i)  # type: ignore[arg-type]
+    got = group.exchange(sends, [(s, [pieces[i][3] for i in idx]) for s, idx in asked.items()])
+    out: List[np.ndarray] = [np.empty(0, dtype=np.uint8)] * len(pieces)
+    for i, p in enumerate(pieces):
+        if p[3] > 0 and server[p[0]] == group.rank:
+            out[i] = _slice(loaded, p)
+    for s, idx in asked.items():
+        for i, data in zip(idx, got[s]):
+            out[i] = data
+    return out
+
+
+def _slice(loaded: Dict[int, Dict[str, np.ndarray]], piece: Tuple[int, str, int, int]) -> np.ndarray:
+    src, entry, start, n = piece
+    whole = loaded[src].get(entry)
+    if whole is None:
+        raise ValueError(f"rank {src}'s shard has no entry {entry!r}")
+    flat = whole.reshape(-1).view(np.uint8)
+    if start + n > flat.size:
+        raise ValueError(f"{entry!r}: bytes {start}..{start + n} are outside rank {src}'s entry of {flat.size}")
+    return flat[start : start + n]

@@ -1,0 +1,80 @@
+"""How the ranks of a tiered job talk (`ckptstore.dcp.Tiers`): small
+objects gathered by every rank, and bytes sent rank to rank in pieces of
+at most 64 MiB, over a gloo group of the tier's own (no shared file
+system is assumed). Every byte that crosses is hash-checked by its
+receiver against the sender's BLAKE3."""
+
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from . import CorruptError
+from ._ckptstore import hash_arrays
+
+PIECE = 64 << 20
+"""Bytes sent in one message."""
+
+
+class Group:
+    """The tier's ranks: a gloo group over every rank of the job, or this
+    process alone (no `torch.distributed`)."""
+
+    def __init__(self, group: Optional[Any], rank: int, world: int) -> None:
+        self.group, self.rank, self.world = group, rank, world
+
+    def gather(self, obj: Any) -> List[Any]:
+        """Every rank's `obj`, by rank (a collective)."""
+        if self.group is None:
+            return [obj]
+        out: List[Any] = [None] * self.world
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    def broadcast(self, obj: Any, src: int) -> Any:
+        """Rank `src`'s `obj` on every rank (a collective)."""
+        if self.group is None:
+            return obj
+        box = [obj if self.rank == src else None]
+        dist.broadcast_object_list(box, src=src, group=self.group)
+        return box[0]
+
+    def exchange(
+        self,
+        sends: Sequence[Tuple[int, Sequence[np.ndarray]]],
+        receives: Sequence[Tuple[int, Sequence[int]]],
+    ) -> Dict[int, List[np.ndarray]]:
+        """Send each (rank, arrays) of `sends` (1-D uint8 arrays) and
+        receive each (rank, sizes) of `receives`: the arrays received, by
+        rank, each checked against the BLAKE3 its sender computed. Every
+        rank calls it (the hashes are gathered), with its own lists; the
+        lists of two ranks must agree (what one sends, the other
+        receives, in the same order)."""
+        digests = {dst: hash_arrays([_contiguous(a) for a in arrays]) for dst, arrays in sends}
+        told = self.gather(digests)
+        got = {src: [np.empty(n, dtype=np.uint8) for n in sizes] for src, sizes in receives}
+        works = []
+        for src, arrays in got.items():
+            for a in arrays:
+                works.extend(self._pieces(torch.from_numpy(a), src, dist.irecv))
+        for dst, arrays in sends:
+            for a in arrays:
+                works.extend(self._pieces(torch.from_numpy(_contiguous(a)), dst, dist.isend))
+        for w in works:
+            w.wait()
+        for src, arrays in got.items():
+            expected = told[src].get(self.rank, [])
+            if hash_arrays(arrays) != expected:
+                raise CorruptError(f"bytes sent by rank {src} to rank {self.rank} arrived damaged (BLAKE3 differs)")
+        return got
+
+    def _pieces(self, t: torch.Tensor, peer: int, op: Any) -> List[Any]:
+        return [op(t[at : at + PIECE], peer, group=self.group) for at in range(0, int(t.numel()), PIECE)]
+
+
+def _contiguous(a: np.ndarray) -> np.ndarray:
+    a = a.reshape(-1).view(np.uint8)
+    if not a.flags.c_contiguous or not a.flags.writeable:
+        a = np.ascontiguousarray(a).copy() if not a.flags.writeable else np.ascontiguousarray(a)
+    return a

@@ -1,0 +1,388 @@
+"""`ckptstore.dcp.Tiers`: a job's checkpoints on each node's own disk,
+with copies on peer nodes, over a bucket."""
+
+import os
+import threading
+import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse, _stateful_to_state_dict
+
+from . import CorruptError, Error, Store, Tensor, step_number
+from . import open as _open_store
+from ._dcp_base import METADATA, _remote
+from ._dcp_read import StorageReader
+from ._tier_layout import (
+    Topology,
+    copy_store,
+    in_bucket,
+    mark_in_bucket,
+    node_directory,
+    own_store,
+    records_in,
+    remove_record,
+    stores_in,
+    write_record,
+)
+from ._tier_load import Holding, TierReader, choose
+from ._tier_save import ShardWriter, agree, record_of, send_copies, staged
+from ._tier_wire import Group
+
+
+class Tiers:
+    """Checkpoints of a job of many ranks on each node's own disk (`local`,
+    the same string on every node; `{node}` in it is replaced by the
+    node's index), each rank's shard copied to `peers` ranks on other
+    nodes, and every `durable_every`-th save uploaded to `bucket` (a URL;
+    None keeps only the local tier) in the background as a global step.
+    The local tier keeps the newest `keep_local` complete steps. Node `i`
+    holds ranks `i*k .. i*k+k-1`, `k` being `ranks_per_node` (default
+    `LOCAL_WORLD_SIZE`, set by torchrun, else 1).
+
+    Each rank keeps its own store in its node's directory
+    (`rank-RRRRR.ckpt`) and one per rank whose copies it keeps
+    (`copies-of-RRRRR.ckpt`); a step is complete once every rank has
+    written its record of it (`records/`), which it does only after every
+    shard and copy is durable. The constructor and `save`, `async_save`,
+    `load` are collectives: every rank calls them, in the same order. The
+    ranks talk over two gloo groups of the tier's own (made here, with
+    `timeout`), never the job's, so training's collectives and a
+    background save or upload never meet. docs/tiers.md has the details."""
+
+    def __init__(
+        self,
+        local: "str | os.PathLike[str]",
+        bucket: Optional[str] = None,
+        peers: int = 1,
+        durable_every: int = 1,
+        keep_local: int = 2,
+        ranks_per_node: Optional[int] = None,
+        *,
+        timeout: Optional[timedelta] = None,
+    ) -> None:
+        for name, value, least in (("peers", peers, 0), ("durable_every", durable_every, 1), ("keep_local", keep_local, 1)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise ValueError(f"Tiers({name}={value!r}): an integer of at least {least}")
+        if bucket is not None and str(bucket).split("://", 1)[0] not in ("s3", "file"):
+            raise ValueError(f"Tiers(bucket={bucket!r}): a bucket URL (s3://... or file://...)")
+        self._bucket = None if bucket is None else str(bucket)
+        self._peers, self._every, self._keep = peers, durable_every, keep_local
+        if dist.is_available() and dist.is_initialized():
+            rank, world = dist.get_rank(), dist.get_world_size()
+            self._group = Group(dist.new_group(backend="gloo", timeout=timeout), rank, world)
+            self._uploads = Group(dist.new_group(backend="gloo", timeout=timeout), rank, world)
+        else:
+            self._group = self._uploads = Group(None, 0, 1)
+        per_node = ranks_per_node if ranks_per_node is not None else int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        if per_node < 1:
+            raise ValueError(f"Tiers(ranks_per_node={per_node}): at least 1")
+        self._topology = Topology(self._group.world, per_node)
+        self._rank = self._group.rank
+        self._dir = node_directory(os.fspath(local), self._topology.node_of(self._rank))
+        os.makedirs(self._dir, exist_ok=True)
+        others = self._topology.nodes - 1
+        if peers > others and self._rank == 0:
+            warnings.warn(
+                f"ckptstore.dcp.Tiers: peers={peers} but the job has {others} other node(s): "
+                + ("a single node keeps no copies" if others == 0 else f"copies go to {others}"),
+                stacklevel=2,
+            )
+        self._stores: Dict[str, Store] = {}
+        self._lock = threading.Lock()
+        self._work = threading.Lock()
+        self._saver = ThreadPoolExecutor(1, thread_name_prefix="ckptstore-tiers-save")
+        self._uploader = ThreadPoolExecutor(1, thread_name_prefix="ckptstore-tiers-upload")
+        self._running: List["Future[Any]"] = []
+        self._saves = 0
+
+    @property
+    def directory(self) -> str:
+        """This node's directory of the local tier."""
+        return self._dir
+
+    def save(self, state: Dict[str, Any], step: int) -> None:
+        """Save `state` (a DCP state dict) as step `step`: returns once the
+        step is complete on the local tier (its upload, if due, goes on in
+        the background)."""
+        self._check()
+        self._submit(_stateful_to_state_dict(state), step_number(step)).result()
+
+    def async_save(self, state: Dict[str, Any], step: int) -> AsyncSaveResponse:
+        """Save `state` as step `step` in the background, as DCP's
+        `async_save` does: `staging_completion` is done when the call
+        returns (the state was copied to host memory: it may change from
+        then on), `upload_completion` when the step is complete on the
+        local tier. A failure is raised by that future and by the next
+        `save`, `async_save`, `load` or `wait`."""
+        self._check()
+        copied = staged(_stateful_to_state_dict(state))
+        staging: "Future[None]" = Future()
+        staging.set_result(None)
+        return AsyncSaveResponse(staging_completion=staging, upload_completion=self._submit(copied, step_number(step)))
+
+    def wait(self) -> None:
+        """Wait for every save and upload in flight; raise the first that
+        failed."""
+        while True:
+            with self._work:
+                first = self._running[0] if self._running else None
+            if first is None:
+                return
+            first.exception()
+            self._check()
+
+    def close(self) -> None:
+        """`wait`, then close the stores (the tier cannot be used again)."""
+        try:
+            self.wait()
+        finally:
+            self._saver.shutdown()
+            self._uploader.shutdown()
+            self._close_stores()
+
+    def __enter__(self) -> "Tiers":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _submit(self, state: Dict[str, Any], step: int) -> "Future[None]":
+        fut = self._saver.submit(self._save_now, state, step)
+        with self._work:
+            self._running.append(fut)
+        return fut
+
+    def _check(self) -> None:
+        """Forget finished work; raise the first failure among it."""
+        with self._work:
+            done = [f for f in self._running if f.done()]
+            self._running = [f for f in self._running if not f.done()]
+        for f in done:
+            e = f.exception()
+            if e is not None:
+                raise e
+
+    def _store(self, path: str) -> Store:
+        with self._lock:
+            found = self._stores.get(path)
+            if found is None:
+                found = self._stores[path] = _open_store(path)
+            return found
+
+    def _close_stores(self) -> None:
+        with self._lock:
+            stores, self._stores = self._stores, {}
+        for s in stores.values():
+            s.close()
+
+    # The save (on the save thread).
+
+    def _save_now(self, state: Dict[str, Any], step: int) -> None:
+        topo, rank, group = self._topology, self._rank, self._group
+        own = self._store(own_store(self._dir, rank))
+        # This rank vouches no more for an older save of the step.
+        remove_record(self._dir, step, rank)
+        writer = ShardWriter(own, step)
+        dcp.save(state, storage_writer=writer, process_group=group.group, no_dist=group.group is None)
+        failure, copy_digests, sizes = "", {}, []
+        try:
+            copies, sizes = send_copies(group, topo.sources(rank, self._peers), topo.holders(rank, self._peers), writer.values)
+            for src, values in copies.items():
+                store = self._store(copy_store(self._dir, src))
+                store.save(step, values, replace=True)
+                copy_digests[src] = store.content_digest(step) or ""
+        except (Error, OSError, ValueError, RuntimeError) as e:
+            failure = f"{type(e).__name__}: {e}"
+        writer.values = {}
+        digests, metadata, saved_at = agree(group, step, own.content_digest(step) or "", copy_digests, failure, writer.metadata_json)
+        self._saves += 1
+        upload = self._bucket is not None and self._saves % self._every == 0
+        holders = [topo.holders(src, self._peers) for src in range(topo.world)]
+        record = record_of(step, saved_at, topo.per_node, digests, holders, sizes, upload, metadata)
+        write_record(self._dir, rank, record)
+        self._retain()
+        if upload:
+            with self._work:
+                self._running.append(self._uploader.submit(self._upload_pending))
+
+    def _retain(self) -> None:
+        """Keep the newest `keep_local` complete steps and those still to be
+        uploaded; remove older steps from this rank's stores."""
+        records = records_in(self._dir, self._rank)
+        keep = {key[0] for key in sorted(records)[-self._keep :]}
+        keep |= {r.step for r in records.values() if r.upload and not in_bucket(self._dir, r)}
+        if not keep:
+            return
+        newest = max(keep)
+        paths = [own_store(self._dir, self._rank)]
+        paths += [copy_store(self._dir, src) for src in self._topology.sources(self._rank, self._peers)]
+        for path in paths:
+            if not os.path.exists(path):
+                continue
+            store = self._store(path)
+            for s in store.steps():
+                if s not in keep and s < newest:
+                    store.remove(s)
+        for step, _ in records:
+            if step not in keep:
+                remove_record(self._dir, step, self._rank)
+
+    # Uploads to the bucket (on the upload thread, over the upload group).
+
+    def _upload_pending(self) -> None:
+        """Upload every complete step due for the bucket and not there yet
+        that every rank still holds, oldest first."""
+        own = self._store(own_store(self._dir, self._rank))
+        records = records_in(self._dir, self._rank)
+        pending = sorted(
+            key
+            for key, r in records.items()
+            if r.upload
+            and r.world_size == self._topology.world
+            and not in_bucket(self._dir, r)
+            and own.content_digest(r.step) == r.digests[self._rank]
+        )
+        agreed = set.intersection(*(set(map(tuple, p)) for p in self._uploads.gather(pending)))
+        for key in sorted(agreed):
+            self._upload(records[key], own)  # type: ignore[index]
+
+    def _upload(self, record: Any, own: Store) -> None:
+        assert self._bucket is not None
+        remote = _remote(self._bucket)
+        shard, failure = "", ""
+        try:
+            values = _entries(own, record.step)
+            if self._rank == 0:
+                values[METADATA] = record.metadata.encode()
+            shard = remote.upload_shard(record.step, self._rank, record.world_size, values).shard
+        except (Error, OSError, ValueError) as e:
+            failure = f"rank {self._rank}: {type(e).__name__}: {e}"
+        told = self._uploads.gather((shard, failure))
+        if self._rank == 0 and not any(f for _, f in told):
+            try:
+                remote.commit_global(record.step, [s for s, _ in told])
+            except (Error, OSError, ValueError) as e:
+                failure = f"committing: {type(e).__name__}: {e}"
+        failures = [f for _, f in told if f] + [self._uploads.broadcast(failure if self._rank == 0 else "", 0)]
+        failures = [f for f in failures if f]
+        if failures:
+            raise RuntimeError(f"step {record.step} was not uploaded to {self._bucket}: " + "; ".join(dict.fromkeys(failures)))
+        mark_in_bucket(self._dir, record)
+
+    # The load.
+
+    def load(self, state: Dict[str, Any], step: Optional[int] = None) -> int:
+        """Restore `state` (a DCP state dict, loaded in place) from step
+        `step` (the newest complete one if None): from the local tier if
+        the surviving ranks' stores hold every shard of it (each rank
+        reading its own, or from the rank holding it or its copy), else
+        from the bucket, with a warning that says why. The step restored."""
+        self.wait()
+        self._close_stores()
+        wanted = None if step is None else step_number(step)
+        opened, held = self._survey()
+        try:
+            choice, why = choose(self._group, records_in(self._dir), held, wanted)
+            if choice is not None:
+                if why and self._rank == 0:
+                    warnings.warn(f"ckptstore.dcp.Tiers: {why}; restoring step {choice.record.step}", stacklevel=2)
+                try:
+                    reader = TierReader(self._group, choice, lambda src, d: _shard(opened, src, choice.record.step, d))
+                    self._dcp_load(state, reader)
+                    return choice.record.step
+                except CheckpointException as e:
+                    if self._bucket is None:
+                        raise
+                    why = f"the local tier could not serve step {choice.record.step} ({_first_line(e)})"
+        finally:
+            for _, _, store in opened:
+                store.close()
+        return self._load_bucket(state, wanted, why)
+
+    def _load_bucket(self, state: Dict[str, Any], wanted: Optional[int], why: str) -> int:
+        what = "no step" if wanted is None else f"no step {wanted}"
+        if self._bucket is None:
+            raise FileNotFoundError(f"{what} is whole on the local tier {self._dir}" + (f": {why}" if why else ""))
+        found = None
+        if self._rank == 0:
+            remote = _remote(self._bucket)
+            if wanted is None:
+                found = remote.latest_step()
+            elif remote.open_global(wanted) is not None:
+                found = wanted
+        found = self._group.broadcast(found, 0)
+        if found is None:
+            raise FileNotFoundError(f"{what} is whole on the local tier nor in {self._bucket}" + (f" ({why})" if why else ""))
+        if self._rank == 0:
+            warnings.warn(
+                f"ckptstore.dcp.Tiers: {why or what + ' is whole on the local tier'}; "
+                f"loading step {found} from {self._bucket}",
+                stacklevel=3,
+            )
+        self._dcp_load(state, StorageReader(self._bucket, found))
+        return int(found)
+
+    def _dcp_load(self, state: Dict[str, Any], reader: Any) -> None:
+        group = self._group.group
+        dcp.load(state, storage_reader=reader, process_group=group, no_dist=group is None)
+
+    def _survey(self) -> Tuple[List[Tuple[str, int, Store]], List[Holding]]:
+        """Open this rank's share of its node's stores (each store of the
+        directory goes to one rank of the node) and list what they hold."""
+        ranks = self._topology.ranks_of(self._topology.node_of(self._rank))
+        opened, held = [], []
+        for i, (kind, src, path) in enumerate(stores_in(self._dir)):
+            if ranks[i % len(ranks)] != self._rank:
+                continue
+            try:
+                store = _open_store(path)
+                for s in store.steps():
+                    held.append((kind, src, s, store.content_digest(s) or ""))
+            except (Error, OSError) as e:
+                warnings.warn(f"ckptstore.dcp.Tiers: {path} cannot be read ({e}); its shards are not used", stacklevel=3)
+                continue
+            opened.append((kind, src, store))
+        return opened, held
+
+
+def _shard(opened: List[Tuple[str, int, Store]], src: int, step: int, digest: str) -> Dict[str, np.ndarray]:
+    """Rank `src`'s shard of `step` (content `digest`) from this rank's
+    stores, its own store first, every chunk hash-checked."""
+    problems = []
+    for kind, held, store in sorted(opened, key=lambda o: o[0] != "own"):
+        if held != src or store.content_digest(step) != digest:
+            continue
+        try:
+            return {name: np.asarray(v).reshape(-1).view(np.uint8) for name, v in _raw_entries(store, step).items()}
+        except CorruptError as e:
+            problems.append(str(e))
+    raise CorruptError("; ".join(problems) or f"no store here holds rank {src}'s shard of step {step}")
+
+
+def _raw_entries(store: Store, step: int) -> Dict[str, Any]:
+    got = store._raw.load(step)
+    if got is None:
+        raise FileNotFoundError(f"step {step} is gone from {store}")
+    out = {name: data for name, (_, _, data) in got["tensors"].items()}
+    out.update(got["blobs"])
+    return out
+
+
+def _entries(store: Store, step: int) -> Dict[str, Any]:
+    """A step of a store as values to upload (tensors typed, blobs bytes)."""
+    got = store._raw.load(step)
+    if got is None:
+        raise FileNotFoundError(f"step {step} is gone from the local store")
+    values: Dict[str, Any] = {name: Tensor(dt, shape, np.asarray(data)) for name, (dt, shape, data) in got["tensors"].items()}
+    values.update({name: bytes(np.asarray(data)) for name, data in got["blobs"].items()})
+    return values
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

@@ -1,0 +1,218 @@
+"""Benchmark: `python -m ckptstore.bench_tiers` (torch; gloo on CPU).
+
+Saves and restores of the same sharded state (~--mib MiB of f32
+DTensors, 4 MiB each, Shard(0)) through `ckptstore.dcp.Tiers` against
+DCP's FileSystemWriter/FileSystemReader (its default `sync_files=True`)
+and `ckptstore.dcp` straight into a directory bucket, all on the same
+disk, at 1 rank and at 4 ranks as 2 nodes of 2 (one directory per node),
+in one job per world size; medians of --reps rounds. The state changes
+between rounds (nothing for dedup to find); each save starts from a
+synced disk. Each time is the slowest rank's, between barriers.
+
+Saves: the time the caller is blocked and the time until the step is
+complete on the local tier (for DCP and the bucket, the same); `peers=0`
+and `peers=1` (on one machine a copy is a second write to the same disk),
+`async_save` with `peers=1`. Restores, with the page cache dropped first
+for the files read (cold, `posix_fadvise(DONTNEED)` after a sync) and
+again at once (warm): from the ranks' own stores, from peers (node 1's
+directory moved away: its ranks read node 0's copies), from the bucket
+(an empty local tier), against FileSystemReader. Ratio = DCP's time /
+ckptstore's (above 1: ckptstore is faster).
+"""
+
+import argparse
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+
+SAVES = ("fs", "bucket", "tiers-p0", "tiers-p1", "tiers-async")
+LOADS = ("fs", "tiers-own", "tiers-peers", "tiers-bucket")
+
+
+def _port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _evict(root):
+    """Drop the page cache of every file under `root` (after a sync)."""
+    os.sync()
+    for folder, _, names in os.walk(root):
+        for name in names:
+            try:
+                fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def worker(base, world, rank, port, mib, reps):
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from ckptstore.dcp import StorageReader, StorageWriter, Tiers
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    mesh = init_device_mesh("cpu", (world,))
+    n = 1024 * 1024
+    state = {
+        f"w{i}": distribute_tensor((torch.arange(n, dtype=torch.float32) + i * n).reshape(1024, 1024), mesh, [Shard(0)])
+        for i in range(max(1, mib // 4))
+    }
+    bucket = f"file://{base}/bucket"
+    tiers = {
+        "tiers-p0": Tiers(f"{base}/p0/node{{node}}", peers=0, ranks_per_node=2),
+        "tiers-p1": Tiers(f"{base}/p1/node{{node}}", bucket=None, peers=1, ranks_per_node=2),
+    }
+
+    def timed(fn):
+        dist.barrier()
+        start = time.perf_counter()
+        out = fn()
+        blocked = time.perf_counter() - start
+        if callable(out):
+            out()
+        took = time.perf_counter() - start
+        dist.barrier()
+        both = torch.tensor([blocked, took], dtype=torch.float64)
+        dist.all_reduce(both, op=dist.ReduceOp.MAX)
+        return float(both[0]), float(both[1])
+
+    def results(what, kind, blocked, took):
+        if rank == 0:
+            print(f"RESULT {what} {kind} {blocked:.6f} {took:.6f}", flush=True)
+
+    def step_of(rep):
+        return 10 * (rep + 1)
+
+    for rep in range(reps):
+        step = step_of(rep)
+        for t in state.values():
+            t.to_local().add_(1)
+        for kind in SAVES:
+            if rank == 0:
+                os.sync()
+            if kind == "fs":
+                fn = lambda: dcp.save(state, storage_writer=dcp.FileSystemWriter(f"{base}/fs/{step}"))  # noqa: E731
+            elif kind == "bucket":
+                fn = lambda: dcp.save(state, storage_writer=StorageWriter(bucket, step))  # noqa: E731
+            elif kind == "tiers-async":
+                fn = lambda: tiers["tiers-p1"].async_save(state, step + 1).upload_completion.result  # noqa: E731
+            else:
+                fn = lambda: tiers[kind].save(state, step)  # noqa: E731, B023
+            results("save", kind, *timed(fn))
+        # Restores of this round's step.
+        for kind in LOADS:
+            if kind == "tiers-peers" and world == 1:
+                continue
+            for cache in ("cold", "warm"):
+                if cache == "cold" and rank == 0:
+                    _evict(base)
+                moved = f"{base}/p1/node1"
+                if kind == "tiers-peers" and world > 1 and rank == 2:
+                    os.rename(moved, moved + ".away")
+                if kind == "fs":
+                    fn = lambda: dcp.load(state, storage_reader=dcp.FileSystemReader(f"{base}/fs/{step}"))  # noqa: E731
+                elif kind == "tiers-bucket":
+                    empty = Tiers(f"{base}/empty-{rep}-{cache}/node{{node}}", bucket, ranks_per_node=2)
+                    fn = lambda: empty.load(state, step)  # noqa: E731
+                else:
+                    fn = lambda: tiers["tiers-p1"].load(state, step)  # noqa: E731
+                if kind == "tiers-bucket":
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore")
+                        results("load-" + cache, kind, *timed(fn))
+                    empty.close()
+                else:
+                    results("load-" + cache, kind, *timed(fn))
+                dist.barrier()
+                if kind == "tiers-peers" and world > 1 and rank == 2:
+                    shutil.rmtree(moved)
+                    os.rename(moved + ".away", moved)
+                dist.barrier()
+        if rank == 0:
+            shutil.rmtree(f"{base}/fs/{step}", ignore_errors=True)
+    for t in tiers.values():
+        t.close()
+    dist.destroy_process_group()
+
+
+def run(base, world, mib, reps):
+    port = _port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "ckptstore.bench_tiers", "--worker", base, str(world), str(r), str(port),
+             str(mib), str(reps)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+        for r in range(world)
+    ]
+    found = {}
+    for p in procs:
+        out, err = p.communicate(timeout=3600)
+        if p.returncode != 0:
+            raise RuntimeError(f"the job of {world} ranks failed:\n{err[-3000:]}")
+        for line in out.splitlines():
+            if line.startswith("RESULT"):
+                _, what, kind, blocked, took = line.split()
+                found.setdefault((what, kind), []).append((float(blocked), float(took)))
+    return found
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mib", type=int, default=1024)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
+    ap.add_argument("--ranks", default="1,4", help="the world sizes to run, comma-separated (default 1,4)")
+    ap.add_argument("--worker", nargs=6, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        base, world, rank, port, mib, reps = args.worker
+        worker(base, int(world), int(rank), int(port), int(mib), int(reps))
+        return
+    print(f"state: {args.mib} MiB of f32 DTensors (4 MiB each, Shard(0)); medians of {args.reps}; "
+          "4 ranks are 2 nodes of 2 on one disk")
+    for world in [int(r) for r in args.ranks.split(",")]:
+        base = tempfile.mkdtemp(prefix="ckpt-bench-tiers-", dir=args.dir)
+        try:
+            found = run(base, world, args.mib, args.reps)
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+
+        def median(what, kind, i):
+            return statistics.median(v[i] for v in found[(what, kind)])
+
+        fs = median("save", "fs", 1)
+        print(f"\n{world} rank(s): saves       blocked s   local commit s   FileSystemWriter / this")
+        for kind in SAVES:
+            took = median("save", kind, 1)
+            print(f"  {kind:<14} {median('save', kind, 0):>10.3f} {took:>16.3f} {fs / took:>10.2f}")
+        for cache in ("cold", "warm"):
+            what = "load-" + cache
+            fs = median(what, "fs", 1)
+            own = median(what, "tiers-own", 1)
+            print(f"{world} rank(s): restores ({cache})     s   FileSystemReader / this   own / this")
+            for kind in LOADS:
+                if (what, kind) not in found:
+                    continue
+                took = median(what, kind, 1)
+                print(f"  {kind:<14} {took:>10.3f} {fs / took:>14.2f} {own / took:>12.2f}")
+
+
+if __name__ == "__main__":
+    main()

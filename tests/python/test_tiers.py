@@ -1,0 +1,205 @@
+"""ckptstore.dcp.Tiers with real processes: gloo on 127.0.0.1, 4 ranks as
+2 nodes of 2 ranks with a local directory each (`node{node}`), a
+directory bucket and the Garage server. Saves and loads bit-identical at
+4 and 2 ranks; one node's processes killed in each phase of a save and the
+job relaunched; a node's directory lost; a shard and its copy lost (the
+bucket serves); an upload killed midway; a flipped byte; async_save."""
+
+import json
+import os
+import pathlib
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+import ckptstore
+
+WORKER = pathlib.Path(__file__).parent / "tiers" / "worker.py"
+
+
+def _port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def job(tmp, actions, world=4, bucket=None, env=None, expect_ok=True, per_node=2):
+    """Run `world` ranks of the worker doing `actions`: (returncode, output)
+    by rank."""
+    port = _port() if world > 1 else 0
+    local = f"{tmp}/node{{node}}"
+    environ = {**os.environ, "CKPT_TIERS_PER_NODE": str(per_node), **(env or {})}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), local, bucket or "-", str(r), str(world), str(port), *actions],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=environ,
+        )
+        for r in range(world)
+    ]
+    out = []
+    for p in procs:
+        try:
+            text, _ = p.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        out.append((p.returncode, text))
+    if expect_ok:
+        for rank, (code, text) in enumerate(out):
+            assert code == 0 and "done" in text.splitlines(), f"rank {rank} of {world} failed ({code}):\n{text[-3000:]}"
+    return out
+
+
+def said(out, line):
+    return all(line in text.splitlines() for _, text in out)
+
+
+@pytest.fixture(params=["dir", "garage"])
+def bucket(request, tmp_path):
+    if request.param == "dir":
+        return f"file://{tmp_path}/bucket"
+    name = os.environ.get("CKPT_TEST_BUCKET")
+    if not name:
+        pytest.skip("no Garage (CKPT_TEST_BUCKET unset)")
+    return f"s3://{name}/tiers-{uuid.uuid4().hex}"
+
+
+def test_saved_at_4_loads_at_4_and_2_bit_identical(tmp_path):
+    out = job(tmp_path, ["save:1", "save:2", "save:3", "load:3"])
+    assert said(out, "ok 3")
+    # Each node holds its ranks' stores and its peers' copies; the newest
+    # keep_local=2 steps are kept.
+    names = sorted(os.listdir(tmp_path / "node0"))
+    assert [n for n in names if n.endswith(".ckpt")] == [
+        "copies-of-00002.ckpt", "copies-of-00003.ckpt", "rank-00000.ckpt", "rank-00001.ckpt"
+    ]
+    with ckptstore.open(tmp_path / "node1" / "copies-of-00001.ckpt") as s:
+        assert s.steps() == [2, 3]
+    records = sorted(os.listdir(tmp_path / "node1" / "records"))
+    assert records == [f"step-{s:020}.rank-{r:05}.json" for s in (2, 3) for r in (2, 3)]
+    # At 2 ranks (a node of one rank each), resharded by DCP; and step 2.
+    out = job(tmp_path, ["load:3", "load:2"], world=2, per_node=1)
+    assert said(out, "ok 3") and said(out, "ok 2")
+
+
+def test_one_process_keeps_no_copies_and_says_so(tmp_path):
+    out = job(tmp_path, ["save:1", "load:1"], world=1, per_node=1)
+    assert said(out, "ok 1")
+    assert "a single node keeps no copies" in out[0][1]
+    assert not [n for n in os.listdir(tmp_path / "node0") if n.startswith("copies-of")]
+
+
+@pytest.mark.parametrize("phase", ["commit", "copy", "record"])
+def test_a_node_killed_in_any_phase_of_a_save_leaves_a_whole_step(tmp_path, phase):
+    job(tmp_path, ["save:1"])
+    out = job(tmp_path, ["save:2"], env={"CKPT_TIERS_DIE": f"{phase}:2:1"}, expect_ok=False)
+    assert all(code == -9 for code, _ in out[2:]), [code for code, _ in out]
+    assert not any("saved 2" in text for _, text in out[:2]) or phase == "record"
+    # The job relaunched: the newest complete step is step 1, or, killed
+    # while the other node wrote its records (every shard and copy was
+    # durable), step 2; either is whole and bit-identical.
+    out = job(tmp_path, ["load:any"])
+    got = {text.split("ok ")[1].split()[0] for _, text in out}
+    assert len(got) == 1
+    if phase != "record":
+        assert got == {"1"}
+    out = job(tmp_path, ["save:2", "load:2"])
+    assert said(out, "ok 2")
+
+
+def test_a_node_killed_at_random_moments_never_leaves_a_mixed_step(tmp_path):
+    # CKPT_LONG=1: more rounds.
+    rounds = 12 if os.environ.get("CKPT_LONG") == "1" else 2
+    job(tmp_path, ["save:1"])
+    rng = random.Random(40)
+    for i in range(rounds):
+        phase = rng.choice(["commit", "copy", "record"])
+        job(tmp_path, [f"save:{i + 2}"], env={"CKPT_TIERS_DIE": f"{phase}:{i + 2}:{rng.randrange(2)}"}, expect_ok=False)
+        out = job(tmp_path, ["load:any"])
+        got = {int(text.split("ok ")[1].split()[0]) for _, text in out}
+        assert len(got) == 1 and got <= {i + 1, i + 2}, (phase, got)
+        job(tmp_path, [f"save:{i + 2}"])
+
+
+def test_a_lost_node_directory_is_restored_from_peer_copies(tmp_path):
+    job(tmp_path, ["save:1", "save:2"])
+    shutil.rmtree(tmp_path / "node1")
+    out = job(tmp_path, ["load:2", "save:3", "load:3"])
+    assert said(out, "ok 2") and said(out, "ok 3")
+    # The fresh node holds its shards again, and its peers' copies.
+    with ckptstore.open(tmp_path / "node1" / "rank-00002.ckpt") as s:
+        assert s.steps() == [3]
+
+
+def test_a_shard_and_its_copies_lost_falls_back_to_the_bucket(tmp_path, bucket):
+    # Every second save is uploaded: the bucket holds step 2, the local
+    # tier steps 2 and 3.
+    job(tmp_path, ["save:1", "save:2", "save:3"], bucket=bucket, env={"CKPT_TIERS_EVERY": "2"})
+    assert ckptstore.Remote(bucket).steps() == [2]
+    ckptstore.remove_store(tmp_path / "node0" / "rank-00001.ckpt")
+    ckptstore.remove_store(tmp_path / "node1" / "copies-of-00001.ckpt")
+    out = job(tmp_path, ["load:2"], bucket=bucket)
+    assert said(out, "ok 2")
+    assert "lacks every copy of the shards of ranks [1]" in out[0][1]
+    assert f"loading step 2 from {bucket}" in out[0][1]
+    # Without a bucket, the load says what is missing.
+    out = job(tmp_path, ["load:any"], expect_ok=False)
+    assert all(code != 0 for code, _ in out)
+    assert "no step is whole on the local tier" in out[0][1]
+
+
+def test_an_upload_killed_midway_is_finished_by_a_later_save(tmp_path, bucket):
+    job(tmp_path, ["save:1", "close"], bucket=bucket)
+    out = job(tmp_path, ["save:2", "close"], bucket=bucket, env={"CKPT_TIERS_DIE": "upload:2:1"}, expect_ok=False)
+    assert all(code == -9 for code, _ in out[2:])
+    remote = ckptstore.Remote(bucket)
+    assert remote.steps() == [1]
+    out = job(tmp_path, ["load:2", "save:3", "close"], bucket=bucket)
+    assert said(out, "ok 2")
+    assert remote.steps() == [1, 2, 3]
+    # Restored from the bucket alone, bit-identical.
+    shutil.rmtree(tmp_path / "node0")
+    shutil.rmtree(tmp_path / "node1")
+    out = job(tmp_path, ["load:2", "load:3"], bucket=bucket)
+    assert said(out, "ok 2") and said(out, "ok 3")
+
+
+def test_a_flipped_byte_in_a_local_shard_is_refused_and_the_copy_serves(tmp_path):
+    job(tmp_path, ["save:1"])
+    packs = tmp_path / "node0" / "rank-00000.ckpt.packs"
+    pack = max(packs.iterdir(), key=lambda p: p.stat().st_size)
+    with open(pack, "r+b") as f:
+        f.seek(pack.stat().st_size // 2)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0x40]))
+    out = job(tmp_path, ["load:1"])
+    assert said(out, "ok 1")
+    assert "rank 0's shard of step 1 as held by rank 0 is refused" in out[0][1]
+
+
+def test_async_save_saves_the_state_at_the_call(tmp_path):
+    out = job(tmp_path, ["async:1", "async:2", "load:2", "load:1"])
+    assert said(out, "ok 2") and said(out, "ok 1")
+
+
+def test_ckpt_ls_lists_a_tier_directory(tmp_path, bucket):
+    job(tmp_path, ["save:1", "save:2", "close"], bucket=bucket)
+    ckpt = os.environ.get("CKPT_BIN")
+    if not ckpt:
+        pytest.skip("CKPT_BIN unset")
+    shown = subprocess.run([ckpt, "ls", str(tmp_path / "node0"), "--json"], check=True, capture_output=True, text=True)
+    steps = json.loads(shown.stdout)
+    assert [s["step"] for s in steps] == [1, 2]
+    assert steps[1]["ranks"] == [0, 1] and steps[1]["copies_of"] == [2, 3] and steps[1]["in_bucket"]
+    text = subprocess.run([ckpt, "ls", str(tmp_path / "node0")], check=True, capture_output=True, text=True).stdout
+    assert "in bucket" in text

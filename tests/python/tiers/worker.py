@@ -1,0 +1,199 @@
+"""One rank of a job checkpointing through ckptstore.dcp.Tiers (run by
+test_tiers.py as WORLD processes over gloo on 127.0.0.1).
+
+    python worker.py LOCAL BUCKET|- RANK WORLD PORT ACTION...
+
+Actions, in order: `save:S` (a save of the state of step S), `async:S`
+(async_save, then the state is changed at once: the saved step must hold
+the state at the call), `load:S` (a load, which must restore step S,
+bit-identical; `load:any` takes any), `close` (wait for uploads).
+Each prints what it did: "saved S", "ok S".
+
+Options from the environment: CKPT_TIERS_PEERS (1), CKPT_TIERS_PER_NODE
+(2), CKPT_TIERS_EVERY (durable_every, 1), CKPT_TIERS_KEEP (2), and
+CKPT_TIERS_DIE=PHASE:STEP:NODE, which kills this process (SIGKILL) if it
+is on node NODE, during the save of STEP, in PHASE: "commit" (the shard's
+commit into its own store), "copy" (sending and committing copies),
+"record" (writing the step's record) or "upload" (the shard's upload to
+the bucket), each after a random delay within the phase.
+"""
+
+import datetime
+import os
+import random
+import signal
+import sys
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+import ckptstore
+import ckptstore._tiers as tiers_module
+from ckptstore.dcp import Tiers
+
+TIMEOUT = datetime.timedelta(seconds=30)
+
+# (global shape, dtype, placement); "big" is a few MiB per rank, so that a
+# kill within a phase lands in the middle of its work.
+SPECS = {
+    "model.a": ((10, 6), torch.float32, "shard0"),
+    "model.b": ((5, 9), torch.bfloat16, "shard1"),
+    "model.c": ((7,), torch.int64, "replicate"),
+    "model.big": ((4096, 1030), torch.float32, "shard0"),
+    "optim.step": ((), torch.float32, "plain"),
+}
+
+
+def full(name, salt):
+    shape, dtype, _ = SPECS[name]
+    n = 1
+    for d in shape:
+        n *= d
+    base = torch.arange(n, dtype=torch.float64) * 0.25 + salt * 7 + len(name)
+    return base.reshape(shape).to(dtype)
+
+
+def state(mesh, salt, empty):
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    out = {}
+    for name, (shape, dtype, how) in SPECS.items():
+        t = torch.zeros(shape, dtype=dtype) if empty else full(name, salt)
+        if mesh is None or how == "plain":
+            out[name] = t
+        else:
+            placement = {"shard0": Shard(0), "shard1": Shard(1), "replicate": Replicate()}[how]
+            out[name] = distribute_tensor(t, mesh, [placement])
+    out["extra"] = {"epoch": None if empty else salt, "name": None if empty else f"run-{salt}"}
+    return out
+
+
+def check(loaded, salt):
+    for name in SPECS:
+        t = loaded[name]
+        got = t.full_tensor() if hasattr(t, "full_tensor") else t
+        want = full(name, salt)
+        if got.dtype != want.dtype or not torch.equal(got.reshape(-1).view(torch.uint8), want.reshape(-1).view(torch.uint8)):
+            return f"MISMATCH {name}"
+    if loaded["extra"] != {"epoch": salt, "name": f"run-{salt}"}:
+        return f"MISMATCH extra {loaded['extra']}"
+    return None
+
+
+def kill_later(spread):
+    """SIGKILL this process after a random delay of up to `spread` s."""
+    delay = random.uniform(0, spread)
+    threading.Timer(delay, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+
+
+def arm(die, node):
+    """Patch the phase CKPT_TIERS_DIE names to kill this process in it."""
+    phase, step, at = die.split(":")
+    if int(at) != node:
+        return
+    step = int(step)
+    if phase == "commit":
+        original = tiers_module.ShardWriter.write_data
+
+        def write_data(self, plan, planner):
+            if self._step == step:
+                kill_later(0.03)
+            return original(self, plan, planner)
+
+        tiers_module.ShardWriter.write_data = write_data
+    elif phase == "copy":
+        original_send = tiers_module.send_copies
+
+        def send_copies(group, sources, holders, values):
+            if step == current[0]:
+                kill_later(0.05)
+            return original_send(group, sources, holders, values)
+
+        tiers_module.send_copies = send_copies
+    elif phase == "record":
+        original_write = tiers_module.write_record
+
+        def write_record(directory, rank, record):
+            if record.step == step:
+                time.sleep(random.uniform(0, 0.02))
+                os.kill(os.getpid(), signal.SIGKILL)
+            return original_write(directory, rank, record)
+
+        tiers_module.write_record = write_record
+    elif phase == "upload":
+        original_upload = ckptstore.Remote.upload_shard
+
+        def upload_shard(self, s, *args, **kwargs):
+            if s == step:
+                kill_later(0.05)
+            return original_upload(self, s, *args, **kwargs)
+
+        ckptstore.Remote.upload_shard = upload_shard
+
+
+current = [None]
+
+
+def main():
+    local, bucket, rank, world, port = sys.argv[1:6]
+    rank, world, port = int(rank), int(world), int(port)
+    bucket = None if bucket == "-" else bucket
+    mesh = None
+    if port:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=TIMEOUT)
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh("cpu", (world,))
+    per_node = int(os.environ.get("CKPT_TIERS_PER_NODE", "2"))
+    tiers = Tiers(
+        local,
+        bucket,
+        peers=int(os.environ.get("CKPT_TIERS_PEERS", "1")),
+        durable_every=int(os.environ.get("CKPT_TIERS_EVERY", "1")),
+        keep_local=int(os.environ.get("CKPT_TIERS_KEEP", "2")),
+        ranks_per_node=per_node,
+        timeout=TIMEOUT,
+    )
+    die = os.environ.get("CKPT_TIERS_DIE")
+    if die:
+        arm(die, rank // per_node)
+    for action in sys.argv[6:]:
+        what, _, arg = action.partition(":")
+        if what == "save":
+            current[0] = int(arg)
+            tiers.save(state(mesh, int(arg), empty=False), int(arg))
+            print(f"saved {arg}", flush=True)
+        elif what == "async":
+            current[0] = int(arg)
+            live = state(mesh, int(arg), empty=False)
+            response = tiers.async_save(live, int(arg))
+            assert response.staging_completion.done()
+            for value in live.values():
+                if isinstance(value, torch.Tensor):
+                    local_t = value.to_local() if hasattr(value, "to_local") else value
+                    local_t.add_(1000)
+            response.upload_completion.result()
+            print(f"saved {arg}", flush=True)
+        elif what == "load":
+            loaded = state(mesh, 0, empty=True)
+            got = tiers.load(loaded, None if arg == "any" else int(arg))
+            problem = check(loaded, got)
+            if problem or (arg != "any" and got != int(arg)):
+                print(problem or f"MISMATCH step {got}", flush=True)
+                sys.exit(3)
+            print(f"ok {got}", flush=True)
+        elif what == "close":
+            tiers.close()
+            print("closed", flush=True)
+        else:
+            raise SystemExit(f"unknown action {action}")
+    tiers.close()
+    print("done", flush=True)
+    if port:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
