@@ -188,8 +188,11 @@ def test_a_flipped_byte_in_a_local_shard_is_refused_and_the_copy_serves(tmp_path
 
 
 def test_async_save_saves_the_state_at_the_call(tmp_path):
-    out = job(tmp_path, ["async:1", "async:2", "load:2", "load:1"])
-    assert said(out, "ok 2") and said(out, "ok 1")
+    # Each later save reuses the staged copy of the one before it (done),
+    # and a save still in flight keeps its own.
+    out = job(tmp_path, ["async:1", "async:2", "load:2", "load:1", "asyncpair:3", "load:3", "load:4"],
+              env={"CKPT_TIERS_KEEP": "4"})
+    assert said(out, "ok 2") and said(out, "ok 1") and said(out, "ok 3") and said(out, "ok 4")
 
 
 def test_ckpt_ls_lists_a_tier_directory(tmp_path, bucket):

@@ -206,7 +206,9 @@ class StorageReader(_SentAsUrl, _storage.StorageReader):
             source = _view(data, dtype, lengths, strides)
             if target.size() != source.size():
                 raise ValueError(f"{item.storage_index.fqn}: sizes {target.size()} and {source.size()} differ")
-            target.copy_(source)
+            # Bytes read straight into the target's memory need no copy.
+            if source.data_ptr() != target.data_ptr() or source.stride() != target.stride():
+                target.copy_(source)
             planner.commit_tensor(item, target)
 
     def _shard_entries(self, rank: int) -> Dict[str, Tuple[Optional[str], Optional[List[int]], int]]:

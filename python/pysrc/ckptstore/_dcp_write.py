@@ -4,6 +4,7 @@ store), the coordinator's commit naming exactly the shards of the save."""
 
 import dataclasses
 import io
+import os
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -13,9 +14,14 @@ from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, Stora
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
 from torch.futures import Future
 
-from . import StepExistsError, Tensor, _dcp_json, step_number
+from . import StepExistsError, Store, Tensor, _dcp_json, step_number
 from ._dcp_base import METADATA, Target, _describe, _is_step_id, _is_url, _local, _remote, _SentAsUrl
 from ._dcp_json import Where
+from ._staging import Pool
+
+# The staged copies of async saves, reused by the next save to the same
+# target once the one that used it is done (`StorageWriter.stage`).
+_POOL = Pool()
 
 
 def _entry_name(index: MetadataIndex) -> str:
@@ -59,6 +65,7 @@ class StorageWriter(_SentAsUrl, _storage.StorageWriter):
         self._rank, self._world = 0, 1
         self._coordinator = True
         self._kept: Dict[str, Any] = {}
+        self._lent: Optional[Tuple[Any, Any]] = None
 
     def _arguments(self) -> Dict[str, Any]:
         return {"target": self._target, "step": self._step, "overwrite": self._overwrite}
@@ -72,6 +79,39 @@ class StorageWriter(_SentAsUrl, _storage.StorageWriter):
     def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
         """A checkpoint id is a step number."""
         return _is_step_id(checkpoint_id)
+
+    # DCP's AsyncStager: `dcp.async_save(state, storage_writer=...)` stages
+    # through the writer.
+
+    _synchronize_after_execute = True
+
+    @property
+    def should_synchronize_after_execute(self) -> bool:
+        return True
+
+    def stage(self, state_dict: Dict[str, Any]) -> Dict[str, Any]:
+        """A copy of `state_dict` in host memory that changes to the state
+        leave alone, made into the memory of the copy an earlier async save
+        to the same target (in this process) used, once that save is done
+        with it: a state of the same layout needs no new memory, and the
+        process keeps one staged copy per target between saves. In DCP's
+        process mode the copy is not reused (the save runs elsewhere)."""
+        key = (os.getpid(), id(self._target) if isinstance(self._target, Store) else os.fspath(self._target))
+        copied = _POOL.stage(key, state_dict)
+        self._lent = (key, copied)
+        return copied
+
+    def synchronize_staging(self) -> None:
+        """Nothing to wait for: `stage` copies before it returns."""
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+    def _give_back(self) -> None:
+        """This save is done with its staged copy: the next may reuse it."""
+        if self._lent is not None:
+            _POOL.give_back(*self._lent)
+            self._lent = None
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self._coordinator = is_coordinator
@@ -120,6 +160,7 @@ class StorageWriter(_SentAsUrl, _storage.StorageWriter):
                 self._upload(values, chunks_only=True)
         elif _is_url(self._target):
             shard = self._upload(values)
+            self._give_back()
         # Every rank reports its shard, also a rank with no items.
         written.append((MetadataIndex(fqn=f"\0ckptstore.rank.{self._rank}"), 0, ""))
         results = [
@@ -166,8 +207,10 @@ class StorageWriter(_SentAsUrl, _storage.StorageWriter):
         if not _is_url(self._target):
             with _local(self._target) as store:
                 store.save(self._step, values, replace=self._overwrite)
+            self._give_back()
             return
         shards[self._rank] = self._upload(values)
+        self._give_back()
         missing = [r for r, s in enumerate(shards) if not s]
         if missing:
             raise ValueError(f"step {self._step}: no shard reported by ranks {missing}")

@@ -5,21 +5,25 @@ tier's group, from the ranks that hold the shards or their copies."""
 
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
 from torch.futures import Future
 
-from . import Error, _dcp_json
+from . import Error, Tensor, _dcp_json
 from ._dcp_json import Where
-from ._dcp_read import StorageReader
+from ._dcp_read import StorageReader, _memory_of
 from ._tier_layout import Record
 from ._tier_wire import Group
 
 # (kind "own" or "copy", source rank, step, content digest)
 Holding = Tuple[str, int, int, str]
+
+# Rank `src`'s shard (content digest given) from this rank's stores, by
+# entry, the entries named in the mapping read into those Tensors' memory.
+ShardOf = Callable[[int, str, Dict[str, Tensor]], Dict[str, np.ndarray]]
 
 
 class ShardsLost(Error):
@@ -78,7 +82,7 @@ class TierReader(StorageReader):
     from its record, every read item's bytes from `shard_of` (this rank's
     stores) or from the rank serving that shard."""
 
-    def __init__(self, group: Group, choice: Choice, shard_of: Callable[[int, str], Dict[str, np.ndarray]]) -> None:
+    def __init__(self, group: Group, choice: Choice, shard_of: ShardOf) -> None:
         super().__init__(target="the local tier", step=choice.record.step)
         self._group, self._choice, self._shard_of = group, choice, shard_of
 
@@ -97,30 +101,38 @@ class TierReader(StorageReader):
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> "Future[None]":
         self._follow(plan.storage_data)
         batch = []
-        for item in plan.items:
+        # Whole stored entries whose target is a plain tensor of the same
+        # dtype and size are read into its memory when this rank serves them.
+        into: Dict[int, Tuple[str, Tensor]] = {}
+        for i, item in enumerate(plan.items):
             piece, box = self._piece(item, self._where[item.storage_index])
             target = None if item.type == LoadItemType.BYTE_IO else planner.resolve_tensor(item).detach()
             batch.append((item, piece, box, target))
+            dest = None if target is None else _memory_of(target, piece, box)
+            whole = piece[2] == 0 and piece[3] == self._length(self._where[item.storage_index])
+            if dest is not None and whole and not _dcp_json.json_dtype(target.dtype).startswith("torch."):  # type: ignore[union-attr]
+                into[i] = (piece[1], Tensor(_dcp_json.json_dtype(target.dtype), list(target.shape), dest))  # type: ignore[union-attr]
         # One collective for all of this rank's reads: every rank joins it,
         # also one with nothing to read.
-        self._put(batch, self._fetch([piece for _, piece, _, _ in batch]), planner)
+        pieces = [piece for _, piece, _, _ in batch]
+        self._put(batch, fetch(self._group, self._choice, self._shard_of, pieces, into), planner)
         fut: Future = Future()
         fut.set_result(None)
         return fut
-
-    def _fetch(self, pieces: Any) -> List[np.ndarray]:
-        return fetch(self._group, self._choice, self._shard_of, list(pieces))
 
 
 def fetch(
     group: Group,
     choice: Choice,
-    shard_of: Callable[[int, str], Dict[str, np.ndarray]],
+    shard_of: ShardOf,
     pieces: List[Tuple[int, str, int, int]],
+    into: Dict[int, Tuple[str, Tensor]],
 ) -> List[np.ndarray]:
     """The bytes of each (source rank, entry, start, length) of `pieces`
     (a collective). Each shard is served by its first holder; a holder
-    whose shard fails its checks says so, and the next one serves it."""
+    whose shard fails its checks says so, and the next one serves it. A
+    piece `into` names (a whole entry) is read into that Tensor's memory
+    when this rank serves its shard."""
     requests = group.gather(pieces)
     needed = sorted({p[0] for reqs in requests for p in reqs if p[3] > 0})
     failed: Set[Tuple[int, int]] = set()
@@ -135,8 +147,9 @@ def fetch(
         mine: List[Tuple[int, str]] = []
         for src in needed:
             if server[src] == group.rank and src not in loaded:
+                mine_into = {entry: t for i, (entry, t) in into.items() if pieces[i][0] == src}
                 try:
-                    loaded[src] = shard_of(src, choice.record.digests[src])
+                    loaded[src] = shard_of(src, choice.record.digests[src], mine_into)
                 except (Error, OSError, ValueError) as e:
                     mine.append((src, str(e)))
         refused = group.gather(mine)
@@ -160,7 +173,13 @@ def fetch(
     for i, p in enumerate(pieces):
         if p[3] > 0 and server[p[0]] != group.rank:
             asked.setdefault(server[p[0]], []).append(i)  # type: ignore[arg-type]
-    got = group.exchange(sends, [(s, [pieces[i][3] for i in idx]) for s, idx in asked.items()])
+    # A whole entry asked of another rank arrives in its target's memory.
+    def buffer(i: int) -> np.ndarray:
+        if i in into:
+            return np.asarray(into[i][1].data).reshape(-1).view(np.uint8)
+        return np.empty(pieces[i][3], dtype=np.uint8)
+
+    got = group.exchange(sends, [(s, [buffer(i) for i in idx]) for s, idx in asked.items()])
     out: List[np.ndarray] = [np.empty(0, dtype=np.uint8)] * len(pieces)
     for i, p in enumerate(pieces):
         if p[3] > 0 and server[p[0]] == group.rank:

@@ -3,13 +3,11 @@ commits its shard into its own store, sends copies to its peers, who
 commit them, and once every shard and copy is durable every rank writes
 the step's record."""
 
-import copy
 import dataclasses
 import time
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
-import torch
 from torch.distributed.checkpoint import storage as _storage
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
@@ -81,7 +79,7 @@ def header(values: Values) -> List[Tuple[str, str, List[int], int]]:
     return out
 
 
-def rebuilt(head: List[Tuple[str, str, List[int], int]], arrays: List[np.ndarray]) -> Values:
+def rebuilt(head: List[Tuple[str, str, List[int], int]], arrays: Sequence[np.ndarray]) -> Values:
     """The entries a header and its received bytes describe."""
     out: Values = {}
     for (name, dtype, shape, _), data in zip(head, arrays):
@@ -100,7 +98,7 @@ def send_copies(
     mine = [entry_bytes(values[name]) for name, _, _, _ in head]
     got = group.exchange(
         [(h, mine) for h in holders],
-        [(src, [n for _, _, _, n in heads[src]]) for src in sources],
+        [(src, [np.empty(n, dtype=np.uint8) for _, _, _, n in heads[src]]) for src in sources],
     )
     copies = {src: rebuilt(heads[src], got[src]) for src in sources}
     sizes = [{name: n for name, _, _, n in h} for h in heads]
@@ -139,21 +137,3 @@ def record_of(
         upload=upload,
         metadata=metadata,
     )
-
-
-def staged(value: Any) -> Any:
-    """A copy of a state's value that later changes to the state leave
-    alone: tensors copied to host memory, containers rebuilt, other values
-    deep-copied (or as they are, if they cannot be)."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, dict):
-        return {k: staged(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [staged(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(staged(v) for v in value)
-    try:
-        return copy.deepcopy(value)
-    except Exception:  # noqa: BLE001 - an object that cannot be copied is saved as it is
-        return value

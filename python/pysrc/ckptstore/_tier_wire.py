@@ -43,17 +43,18 @@ class Group:
     def exchange(
         self,
         sends: Sequence[Tuple[int, Sequence[np.ndarray]]],
-        receives: Sequence[Tuple[int, Sequence[int]]],
-    ) -> Dict[int, List[np.ndarray]]:
-        """Send each (rank, arrays) of `sends` (1-D uint8 arrays) and
-        receive each (rank, sizes) of `receives`: the arrays received, by
+        receives: Sequence[Tuple[int, Sequence[np.ndarray]]],
+    ) -> Dict[int, Sequence[np.ndarray]]:
+        """Send each (rank, arrays) of `sends` (1-D uint8 arrays) and fill
+        each (rank, arrays) of `receives` (writable C-contiguous 1-D uint8
+        arrays of the sizes sent) from that rank: the arrays filled, by
         rank, each checked against the BLAKE3 its sender computed. Every
         rank calls it (the hashes are gathered), with its own lists; the
         lists of two ranks must agree (what one sends, the other
         receives, in the same order)."""
         digests = {dst: hash_arrays([_contiguous(a) for a in arrays]) for dst, arrays in sends}
         told = self.gather(digests)
-        got = {src: [np.empty(n, dtype=np.uint8) for n in sizes] for src, sizes in receives}
+        got = dict(receives)
         works = []
         for src, arrays in got.items():
             for a in arrays:

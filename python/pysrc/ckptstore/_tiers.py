@@ -31,7 +31,8 @@ from ._tier_layout import (
     write_record,
 )
 from ._tier_load import Holding, TierReader, choose
-from ._tier_save import ShardWriter, agree, record_of, send_copies, staged
+from ._staging import Pool
+from ._tier_save import ShardWriter, agree, record_of, send_copies
 from ._tier_wire import Group
 
 
@@ -100,6 +101,7 @@ class Tiers:
         self._uploader = ThreadPoolExecutor(1, thread_name_prefix="ckptstore-tiers-upload")
         self._running: List["Future[Any]"] = []
         self._saves = 0
+        self._pool = Pool()
 
     @property
     def directory(self) -> str:
@@ -119,12 +121,18 @@ class Tiers:
         returns (the state was copied to host memory: it may change from
         then on), `upload_completion` when the step is complete on the
         local tier. A failure is raised by that future and by the next
-        `save`, `async_save`, `load` or `wait`."""
+        `save`, `async_save`, `load` or `wait`. The host copy is kept and
+        reused by the next `async_save` once this save is done (no new
+        memory for a state of the same layout): a tier holds one staged
+        copy of the state between saves (`close` frees it)."""
         self._check()
-        copied = staged(_stateful_to_state_dict(state))
+        copied = self._pool.stage(None, _stateful_to_state_dict(state))
         staging: "Future[None]" = Future()
         staging.set_result(None)
-        return AsyncSaveResponse(staging_completion=staging, upload_completion=self._submit(copied, step_number(step)))
+        durable = self._submit(copied, step_number(step))
+        # Free for the next async_save once this save is done with it.
+        durable.add_done_callback(lambda _: self._pool.give_back(None, copied))
+        return AsyncSaveResponse(staging_completion=staging, upload_completion=durable)
 
     def wait(self) -> None:
         """Wait for every save and upload in flight; raise the first that
@@ -145,6 +153,7 @@ class Tiers:
             self._saver.shutdown()
             self._uploader.shutdown()
             self._close_stores()
+            self._pool.clear(None)
 
     def __enter__(self) -> "Tiers":
         return self
@@ -185,6 +194,7 @@ class Tiers:
 
     def _save_now(self, state: Dict[str, Any], step: int) -> None:
         topo, rank, group = self._topology, self._rank, self._group
+        os.makedirs(self._dir, exist_ok=True)  # a node's disk may have been replaced
         own = self._store(own_store(self._dir, rank))
         # This rank vouches no more for an older save of the step.
         remove_record(self._dir, step, rank)
@@ -293,7 +303,7 @@ class Tiers:
                 if why and self._rank == 0:
                     warnings.warn(f"ckptstore.dcp.Tiers: {why}; restoring step {choice.record.step}", stacklevel=2)
                 try:
-                    reader = TierReader(self._group, choice, lambda src, d: _shard(opened, src, choice.record.step, d))
+                    reader = TierReader(self._group, choice, lambda src, d, into: _shard(opened, src, choice.record.step, d, into))
                     self._dcp_load(state, reader)
                     return choice.record.step
                 except CheckpointException as e:
@@ -351,27 +361,26 @@ class Tiers:
         return opened, held
 
 
-def _shard(opened: List[Tuple[str, int, Store]], src: int, step: int, digest: str) -> Dict[str, np.ndarray]:
+def _shard(
+    opened: List[Tuple[str, int, Store]], src: int, step: int, digest: str, into: Dict[str, Tensor]
+) -> Dict[str, np.ndarray]:
     """Rank `src`'s shard of `step` (content `digest`) from this rank's
-    stores, its own store first, every chunk hash-checked."""
+    stores, its own store first, every chunk hash-checked; the entries of
+    `into` read into those Tensors' memory."""
     problems = []
-    for kind, held, store in sorted(opened, key=lambda o: o[0] != "own"):
+    for _, held, store in sorted(opened, key=lambda o: o[0] != "own"):
         if held != src or store.content_digest(step) != digest:
             continue
         try:
-            return {name: np.asarray(v).reshape(-1).view(np.uint8) for name, v in _raw_entries(store, step).items()}
+            ck = store.load(step, into=into) if into else store.load(step)
         except CorruptError as e:
             problems.append(str(e))
+            continue
+        if ck is None:
+            problems.append(f"step {step} is gone from a store of rank {src}'s shards")
+            continue
+        return {name: np.asarray(v.data if isinstance(v, Tensor) else v).reshape(-1).view(np.uint8) for name, v in ck.tensors.items()}
     raise CorruptError("; ".join(problems) or f"no store here holds rank {src}'s shard of step {step}")
-
-
-def _raw_entries(store: Store, step: int) -> Dict[str, Any]:
-    got = store._raw.load(step)
-    if got is None:
-        raise FileNotFoundError(f"step {step} is gone from {store}")
-    out = {name: data for name, (_, _, data) in got["tensors"].items()}
-    out.update(got["blobs"])
-    return out
 
 
 def _entries(store: Store, step: int) -> Dict[str, Any]:

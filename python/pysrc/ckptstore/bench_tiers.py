@@ -140,7 +140,7 @@ def worker(base, world, rank, port, mib, reps):
                     results("load-" + cache, kind, *timed(fn))
                 dist.barrier()
                 if kind == "tiers-peers" and world > 1 and rank == 2:
-                    shutil.rmtree(moved)
+                    shutil.rmtree(moved, ignore_errors=True)
                     os.rename(moved + ".away", moved)
                 dist.barrier()
         if rank == 0:
@@ -162,10 +162,11 @@ def run(base, world, mib, reps):
         for r in range(world)
     ]
     found = {}
-    for p in procs:
-        out, err = p.communicate(timeout=3600)
-        if p.returncode != 0:
-            raise RuntimeError(f"the job of {world} ranks failed:\n{err[-3000:]}")
+    done = [p.communicate(timeout=3600) for p in procs]
+    failed = [f"rank {r}:\n{err[-1500:]}" for r, (p, (_, err)) in enumerate(zip(procs, done)) if p.returncode != 0]
+    if failed:
+        raise RuntimeError(f"the job of {world} ranks failed:\n" + "\n".join(failed))
+    for out, _ in done:
         for line in out.splitlines():
             if line.startswith("RESULT"):
                 _, what, kind, blocked, took = line.split()

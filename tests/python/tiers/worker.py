@@ -5,7 +5,8 @@ test_tiers.py as WORLD processes over gloo on 127.0.0.1).
 
 Actions, in order: `save:S` (a save of the state of step S), `async:S`
 (async_save, then the state is changed at once: the saved step must hold
-the state at the call), `load:S` (a load, which must restore step S,
+the state at the call), `asyncpair:S` (async saves of S and S+1 back to back, the state changed
+after each call), `load:S` (a load, which must restore step S,
 bit-identical; `load:any` takes any), `close` (wait for uploads).
 Each prints what it did: "saved S", "ok S".
 
@@ -176,6 +177,30 @@ def main():
                     local_t.add_(1000)
             response.upload_completion.result()
             print(f"saved {arg}", flush=True)
+        elif what == "asyncpair":
+            # Two async saves back to back, the state changed after each
+            # call: the second call comes while the first save may still
+            # run, whose staged copy must not be reused under it.
+            first = int(arg)
+            slow = tiers_module.ShardWriter.write_data
+
+            def write_later(self, plan, planner):
+                if self._step == first:
+                    time.sleep(0.5)  # still in flight at the second call
+                return slow(self, plan, planner)
+
+            tiers_module.ShardWriter.write_data = write_later
+            responses = []
+            for step in (first, first + 1):
+                current[0] = step
+                live = state(mesh, step, empty=False)
+                responses.append(tiers.async_save(live, step))
+                for value in live.values():
+                    if isinstance(value, torch.Tensor):
+                        (value.to_local() if hasattr(value, "to_local") else value).mul_(-3)
+            for r in responses:
+                r.upload_completion.result()
+            print(f"saved {first} {first + 1}", flush=True)
         elif what == "load":
             loaded = state(mesh, 0, empty=True)
             got = tiers.load(loaded, None if arg == "any" else int(arg))

@@ -1,0 +1,195 @@
+"""The bucket as Python sees it: `ckptstore.Remote` (steps pushed from
+stores, global steps of multi-rank jobs) and `ckptstore.Shard` (one
+rank's side of them)."""
+
+import os
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+
+from . import (
+    MAX_WORLD_SIZE,
+    Checkpoint,
+    CommitInfo,
+    Handle,
+    HfExport,
+    RawGlobalStep,
+    RawRemote,
+    ShardInfo,
+    ShardStatus,
+    Store,
+    Value,
+    VerifyReport,
+    _checkpoint,
+    _hf,
+    _metrics,
+    _optional_step,
+    _split,
+    _step,
+)
+
+
+class Remote:
+    """A bucket: `s3://BUCKET/PREFIX` (AWS_* variables for credentials,
+    endpoint, region) or `file:///DIR`. Lists, loads and pulls the steps
+    stores pushed there, every chunk hash-checked; holds global steps of
+    multi-rank jobs (`shard`)."""
+
+    def __init__(self, url: str, grace_period: Optional[float] = None) -> None:
+        self._raw = RawRemote(str(url), grace_period)
+
+    @property
+    def url(self) -> str:
+        return self._raw.url()
+
+    def steps(self) -> List[int]:
+        """The complete steps, ascending."""
+        return self._raw.steps()
+
+    def latest_step(self) -> Optional[int]:
+        return self._raw.latest_step()
+
+    def load(self, step: Optional[int] = None) -> Optional[Checkpoint]:
+        """A step pushed from one store (the latest if None), or None."""
+        return _checkpoint(self._raw.load(_optional_step(step)))
+
+    def pull(self, step: int, store: Store) -> CommitInfo:
+        """Copy `step` into a local store."""
+        return self._raw.pull(_step(step), store._raw)
+
+    def verify(self) -> VerifyReport:
+        """Hash-check every step in the bucket."""
+        return self._raw.verify()
+
+    def gc(
+        self,
+        keep_last: Optional[int] = None,
+        keep_every: Optional[int] = None,
+        allow_deleting_all: bool = False,
+    ) -> List[int]:
+        """Apply a retention policy in the bucket; the steps removed. A
+        policy that keeps nothing (`keep_last=0`) needs
+        `allow_deleting_all=True`."""
+        return self._raw.gc(keep_last, keep_every, allow_deleting_all)
+
+    def shards(self, step: int) -> ShardStatus:
+        """Which ranks of global step `step` have landed."""
+        return self._raw.shards(_step(step))
+
+    def owner(self) -> Optional[str]:
+        """The id of the store whose run this prefix holds, or None."""
+        return self._raw.owner()
+
+    def adopt(self, store: "Store") -> None:
+        """Make this prefix hold `store`'s run from now on (a store restored
+        from a backup, or a run continued by a new store)."""
+        self._raw.adopt(store._raw)
+
+    # Global steps a coordinator completes (what ckptstore.dcp stands on).
+
+    def upload_shard(
+        self, step: int, rank: int, world_size: int, state: Mapping[str, Value], data_only: bool = False
+    ) -> ShardInfo:
+        """Upload rank `rank`'s shard of global step `step` without completing
+        the step; `info.shard` names it for `commit_global`. Its new chunks
+        go into pack objects; chunks this Remote uploaded or loaded before
+        are not uploaded again (nothing is asked of the bucket per chunk).
+        With `data_only`, only its chunks (no shard yet: a later
+        upload_shard of the same data through this Remote finds them)."""
+        tensors, blobs = _split(state)
+        raw = self._raw.upload_shard_data if data_only else self._raw.upload_shard
+        return raw((_step(step), int(rank), int(world_size)), tensors, blobs, {})
+
+    def commit_global(self, step: int, shards: List[str]) -> None:
+        """Complete global step `step` with exactly `shards` (each rank's
+        `info.shard`, by rank), after checking each is there and hashes
+        right (a request per rank)."""
+        self._raw.commit_global(_step(step), [str(s) for s in shards])
+
+    def open_global(self, step: int, commit: Optional[str] = None) -> Optional[RawGlobalStep]:
+        """Step `step` opened for reading parts of its entries (its
+        commit's manifest checked; each shard's when first read): its
+        newest commit whose manifest checks out, or exactly
+        `commit` (an opened step's `.commit`, so that readers read one
+        save); None if there is none."""
+        return self._raw.open_global(_step(step), commit)
+
+    def entries(self, opened: RawGlobalStep, rank: int) -> Dict[str, Tuple[Optional[str], Optional[List[int]], int]]:
+        """Rank `rank`'s entries of `opened` by name: (dtype name or None,
+        shape or None, length in bytes). Its shard's manifest is read (and
+        checked) the first time: a step opens on one object, and a reader
+        reads the shards it uses."""
+        return self._raw.entries(opened, int(rank))
+
+    def read_pieces(self, opened: RawGlobalStep, pieces: List[Tuple[int, str, int, int]]) -> List[np.ndarray]:
+        """The bytes of each (rank, entry, offset, length) of `opened`, as
+        uint8 arrays; only the chunks they overlap are fetched, each
+        hash-checked."""
+        return [np.asarray(b) for b in self._raw.read_pieces(opened, pieces)]
+
+    def read_pieces_into(
+        self, opened: RawGlobalStep, pieces: List[Tuple[int, str, int, int]], arrays: List[np.ndarray]
+    ) -> None:
+        """Like `read_pieces`, into `arrays` (writable, C-contiguous, one per
+        piece and of its length in bytes, none sharing memory): each chunk's
+        bytes are copied straight into place once checked. On an error an
+        array may hold part of its piece, never bytes that failed a check."""
+        self._raw.read_pieces_into(opened, list(pieces), list(arrays))
+
+    def consolidate(self, step: int, path: "os.PathLike[str] | str", prefix: Optional[str] = None) -> List[str]:
+        """Write DCP step `step` as one safetensors file of whole tensors
+        (see `ckptstore.dcp.consolidate`); the names written."""
+        return self._raw.consolidate(_step(step), os.fspath(path), prefix)
+
+    def export_hf(
+        self,
+        step: int,
+        directory: "os.PathLike[str] | str",
+        max_shard_size: "int | str" = "5GB",
+        prefix: Optional[str] = None,
+        dtype: Any = None,
+    ) -> HfExport:
+        """Write DCP step `step` into `directory` as a Hugging Face
+        checkpoint (see `ckptstore.dcp.export_hf`)."""
+        return _hf.export(self._raw, _step(step), directory, max_shard_size, prefix, dtype)
+
+    def shard(self, rank: int, world_size: int) -> "Shard":
+        """Rank `rank`'s side of global steps of `world_size` ranks
+        (1 to MAX_WORLD_SIZE)."""
+        rank, world_size = int(rank), int(world_size)
+        if not 0 < world_size <= MAX_WORLD_SIZE or not 0 <= rank < world_size:
+            raise ValueError(
+                f"rank {rank} of {world_size} ranks: ranks are 0..world_size, "
+                f"and a world size is 1 to {MAX_WORLD_SIZE}"
+            )
+        return Shard(self, rank, world_size)
+
+
+class Shard:
+    """One rank's side of a multi-rank job's global steps in a bucket. Saves
+    and loads like a Store (also with `ckptstore.torch`); a step becomes
+    visible (`Remote.steps`, `latest_step`) once every rank saved it."""
+
+    def __init__(self, remote: Remote, rank: int, world_size: int) -> None:
+        self.remote, self.rank, self.world_size = remote, rank, world_size
+
+    def save(
+        self, step: int, state: Mapping[str, Value], metrics: Optional[Mapping[str, float]] = None
+    ) -> ShardInfo:
+        """Upload this rank's shard of `step`; the arrays are copied."""
+        tensors, blobs = _split(state)
+        shard = (_step(step), self.rank, self.world_size)
+        return self.remote._raw.save_shard(shard, tensors, blobs, _metrics(metrics))
+
+    def save_async(
+        self, step: int, state: Mapping[str, Value], metrics: Optional[Mapping[str, float]] = None
+    ) -> Handle:
+        """Not offered: a shard is saved blocking (ValueError)."""
+        raise ValueError("a shard is saved blocking: pass blocking=True")
+
+    def load(self, step: Optional[int] = None) -> Optional[Checkpoint]:
+        """This rank's shard of `step` (the latest complete step if None)."""
+        return _checkpoint(self.remote._raw.load_shard(self.rank, _optional_step(step)))
+
+    def latest_step(self) -> Optional[int]:
+        return self.remote.latest_step()
