@@ -113,11 +113,32 @@ def pytorch(dir: Path) -> None:
         assert ct.load_extra(store, step=10) == {"epoch": 3}
 
 
+def tiers(dir: Path) -> None:
+    # One process: a single node, no copies (with a warning).
+    import warnings
+
+    from ckptstore.dcp import SaveCost, Tiers
+
+    state = {"w": torch.arange(6, dtype=torch.float32), "epoch": 3}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tier = Tiers(str(dir / "tier-{node}"), f"file://{dir}/tier-bucket", keep_local=1)
+    cost: SaveCost = tier.save(state, 1)
+    assert cost.step == 1 and cost.bytes_new > 0
+    response = tier.async_save(state, 2)
+    response.upload_completion.result()
+    tier.wait()
+    into = {"w": torch.zeros(6), "epoch": 0}
+    assert tier.load(into) == 2 and into["epoch"] == 3
+    tier.close()
+
+
 def main(dir: Path) -> None:
     store = local(dir)
     remote(dir, store)
     store.close()
     pytorch(dir)
+    tiers(dir)
     try:
         ckptstore.open(dir / "run.ckpt", read_only=True).save(3, {})
     except ckptstore.Error as e:

@@ -5,7 +5,8 @@ the step's record."""
 
 import dataclasses
 import time
-from typing import Any, Dict, List, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from torch.distributed.checkpoint import storage as _storage
@@ -13,13 +14,30 @@ from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.futures import Future
 
-from . import Store, Tensor, _dcp_json
+from . import CommitInfo, Store, Tensor, _dcp_json
 from ._dcp_json import Where
 from ._tier_layout import Record
 from ._tier_wire import Group
 from ._dcp_write import StorageWriter
 
 Values = Dict[str, Any]
+
+
+@dataclass(frozen=True)
+class SaveCost:
+    """What one rank's tiered save of `step` cost: seconds the caller was
+    blocked (`save`: until the step was complete; `async_save`: staging),
+    seconds staging took (0 for `save`), seconds from the call until the
+    step was complete on the local tier, and the bytes this rank's commits
+    (its shard and the copies it keeps) wrote new and referenced from
+    earlier steps instead (deduplicated)."""
+
+    step: int
+    blocked_seconds: float
+    staging_seconds: float
+    durable_seconds: float
+    bytes_new: int
+    bytes_deduplicated: int
 
 
 class ShardWriter(StorageWriter):
@@ -33,6 +51,7 @@ class ShardWriter(StorageWriter):
         self.store = store
         self.values: Values = {}
         self.metadata_json = ""
+        self.info: Optional[CommitInfo] = None
 
     def prepare_global_plan(self, plans: List[SavePlan]) -> List[SavePlan]:
         world = len(plans)
@@ -43,7 +62,7 @@ class ShardWriter(StorageWriter):
             self._rank, self._world = plan.storage_data
         values: Values = {}
         written = [self._resolve(item, planner, values) for item in plan.items]
-        self.store.save(self._step, values, replace=True)
+        self.info = self.store.save(self._step, values, replace=True)
         self.values = values
         results = [_storage.WriteResult(index, size, Where(self._rank, name)) for index, size, name in written]
         fut: Future = Future()

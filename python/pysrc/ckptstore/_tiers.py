@@ -1,8 +1,10 @@
 """`ckptstore.dcp.Tiers`: a job's checkpoints on each node's own disk,
 with copies on peer nodes, over a bucket."""
 
+import dataclasses
 import os
 import threading
+import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
@@ -32,7 +34,7 @@ from ._tier_layout import (
 )
 from ._tier_load import Holding, TierReader, choose
 from ._staging import Pool
-from ._tier_save import ShardWriter, agree, record_of, send_copies
+from ._tier_save import SaveCost, ShardWriter, agree, record_of, send_copies
 from ._tier_wire import Group
 
 
@@ -108,28 +110,32 @@ class Tiers:
         """This node's directory of the local tier."""
         return self._dir
 
-    def save(self, state: Dict[str, Any], step: int) -> None:
+    def save(self, state: Dict[str, Any], step: int) -> SaveCost:
         """Save `state` (a DCP state dict) as step `step`: returns once the
         step is complete on the local tier (its upload, if due, goes on in
-        the background)."""
+        the background), with what the save cost this rank."""
         self._check()
-        self._submit(_stateful_to_state_dict(state), step_number(step)).result()
+        started = time.perf_counter()
+        cost = self._submit(_stateful_to_state_dict(state), step_number(step), started, None).result()
+        return dataclasses.replace(cost, blocked_seconds=cost.durable_seconds)
 
     def async_save(self, state: Dict[str, Any], step: int) -> AsyncSaveResponse:
         """Save `state` as step `step` in the background, as DCP's
         `async_save` does: `staging_completion` is done when the call
         returns (the state was copied to host memory: it may change from
         then on), `upload_completion` when the step is complete on the
-        local tier. A failure is raised by that future and by the next
-        `save`, `async_save`, `load` or `wait`. The host copy is kept and
-        reused by the next `async_save` once this save is done (no new
-        memory for a state of the same layout): a tier holds one staged
-        copy of the state between saves (`close` frees it)."""
+        local tier; its result is the save's `SaveCost`. A failure is
+        raised by that future and by the next `save`, `async_save`, `load`
+        or `wait`. The host copy is kept and reused by the next
+        `async_save` once this save is done (no new memory for a state of
+        the same layout): a tier holds one staged copy of the state
+        between saves (`close` frees it)."""
         self._check()
+        started = time.perf_counter()
         copied = self._pool.stage(None, _stateful_to_state_dict(state))
         staging: "Future[None]" = Future()
         staging.set_result(None)
-        durable = self._submit(copied, step_number(step))
+        durable = self._submit(copied, step_number(step), started, time.perf_counter() - started)
         # Free for the next async_save once this save is done with it.
         durable.add_done_callback(lambda _: self._pool.give_back(None, copied))
         return AsyncSaveResponse(staging_completion=staging, upload_completion=durable)
@@ -161,8 +167,8 @@ class Tiers:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _submit(self, state: Dict[str, Any], step: int) -> "Future[None]":
-        fut = self._saver.submit(self._save_now, state, step)
+    def _submit(self, state: Dict[str, Any], step: int, started: float, staging: Optional[float]) -> "Future[SaveCost]":
+        fut = self._saver.submit(self._save_now, state, step, started, staging)
         with self._work:
             self._running.append(fut)
         return fut
@@ -192,7 +198,7 @@ class Tiers:
 
     # The save (on the save thread).
 
-    def _save_now(self, state: Dict[str, Any], step: int) -> None:
+    def _save_now(self, state: Dict[str, Any], step: int, started: float, staging: Optional[float]) -> SaveCost:
         topo, rank, group = self._topology, self._rank, self._group
         os.makedirs(self._dir, exist_ok=True)  # a node's disk may have been replaced
         own = self._store(own_store(self._dir, rank))
@@ -201,11 +207,12 @@ class Tiers:
         writer = ShardWriter(own, step)
         dcp.save(state, storage_writer=writer, process_group=group.group, no_dist=group.group is None)
         failure, copy_digests, sizes = "", {}, []
+        infos = [writer.info] if writer.info is not None else []
         try:
             copies, sizes = send_copies(group, topo.sources(rank, self._peers), topo.holders(rank, self._peers), writer.values)
             for src, values in copies.items():
                 store = self._store(copy_store(self._dir, src))
-                store.save(step, values, replace=True)
+                infos.append(store.save(step, values, replace=True))
                 copy_digests[src] = store.content_digest(step) or ""
         except (Error, OSError, ValueError, RuntimeError) as e:
             failure = f"{type(e).__name__}: {e}"
@@ -216,10 +223,19 @@ class Tiers:
         holders = [topo.holders(src, self._peers) for src in range(topo.world)]
         record = record_of(step, saved_at, topo.per_node, digests, holders, sizes, upload, metadata)
         write_record(self._dir, rank, record)
+        durable = time.perf_counter() - started
         self._retain()
         if upload:
             with self._work:
                 self._running.append(self._uploader.submit(self._upload_pending))
+        return SaveCost(
+            step=step,
+            blocked_seconds=staging or 0.0,
+            staging_seconds=staging or 0.0,
+            durable_seconds=durable,
+            bytes_new=sum(i.bytes_written for i in infos),
+            bytes_deduplicated=sum(i.bytes_reused for i in infos),
+        )
 
     def _retain(self) -> None:
         """Keep the newest `keep_local` complete steps and those still to be

@@ -164,8 +164,10 @@ def main():
         what, _, arg = action.partition(":")
         if what == "save":
             current[0] = int(arg)
-            tiers.save(state(mesh, int(arg), empty=False), int(arg))
+            cost = tiers.save(state(mesh, int(arg), empty=False), int(arg))
             print(f"saved {arg}", flush=True)
+            print(f"cost {cost.step} {cost.blocked_seconds} {cost.staging_seconds} {cost.durable_seconds} "
+                  f"{cost.bytes_new} {cost.bytes_deduplicated}", flush=True)
         elif what == "async":
             current[0] = int(arg)
             live = state(mesh, int(arg), empty=False)
@@ -175,8 +177,10 @@ def main():
                 if isinstance(value, torch.Tensor):
                     local_t = value.to_local() if hasattr(value, "to_local") else value
                     local_t.add_(1000)
-            response.upload_completion.result()
+            cost = response.upload_completion.result()
             print(f"saved {arg}", flush=True)
+            print(f"cost {cost.step} {cost.blocked_seconds} {cost.staging_seconds} {cost.durable_seconds} "
+                  f"{cost.bytes_new} {cost.bytes_deduplicated}", flush=True)
         elif what == "asyncpair":
             # Two async saves back to back, the state changed after each
             # call: the second call comes while the first save may still
