@@ -116,7 +116,13 @@ class Tiers:
         the background), with what the save cost this rank."""
         self._check()
         started = time.perf_counter()
-        cost = self._submit(_stateful_to_state_dict(state), step_number(step), started, None).result()
+        fut = self._submit(_stateful_to_state_dict(state), step_number(step), started, None)
+        try:
+            cost = fut.result()
+        finally:
+            # Its failure is raised here, not again by the next call.
+            with self._work:
+                self._running = [f for f in self._running if f is not fut]
         return dataclasses.replace(cost, blocked_seconds=cost.durable_seconds)
 
     def async_save(self, state: Dict[str, Any], step: int) -> AsyncSaveResponse:
@@ -184,8 +190,13 @@ class Tiers:
                 raise e
 
     def _store(self, path: str) -> Store:
+        """The store at `path`, kept open; opened again if its file is gone
+        (a node's directory emptied under the job)."""
         with self._lock:
             found = self._stores.get(path)
+            if found is not None and not os.path.exists(path):
+                found.close()
+                found = None
             if found is None:
                 found = self._stores[path] = _open_store(path)
             return found
