@@ -242,8 +242,11 @@ def test_ckpt_ls_lists_a_tier_directory(tmp_path, bucket):
     steps = json.loads(shown.stdout)
     assert [s["step"] for s in steps] == [1, 2]
     assert steps[1]["ranks"] == [0, 1] and steps[1]["copies_of"] == [2, 3] and steps[1]["in_bucket"]
+    # The cost of each save, over node 0's two ranks.
+    cost = steps[1]["cost"]
+    assert 0 < cost["blocked_seconds"] == cost["durable_seconds"] and cost["bytes_new"] > 8 << 20
     text = subprocess.run([ckpt, "ls", str(tmp_path / "node0")], check=True, capture_output=True, text=True).stdout
-    assert "in bucket" in text
+    assert "in bucket" in text and "durable s" in text
 
 
 def test_a_failed_save_is_raised_once_and_a_failed_async_save_by_the_next_call(tmp_path):

@@ -108,6 +108,9 @@ class Record:
     sizes: Tuple[Dict[str, int], ...]
     upload: bool
     metadata: str
+    # What the save cost the rank that wrote this record (SaveCost's
+    # fields), if it says.
+    cost: Optional[Dict[str, float]] = None
 
     @property
     def world_size(self) -> int:
@@ -119,6 +122,7 @@ class Record:
         return (self.step, self.saved_at)
 
     def encode(self) -> bytes:
+        extra = {} if self.cost is None else {"cost": self.cost}
         return json.dumps(
             {
                 "format": RECORD_FORMAT,
@@ -130,6 +134,7 @@ class Record:
                 "sizes": list(self.sizes),
                 "upload": self.upload,
                 "metadata": self.metadata,
+                **extra,
             },
             separators=(",", ":"),
         ).encode()
@@ -149,6 +154,7 @@ class Record:
                 sizes=tuple({str(k): int(v) for k, v in s.items()} for s in js["sizes"]),
                 upload=bool(js["upload"]),
                 metadata=str(js["metadata"]),
+                cost=None if js.get("cost") is None else {str(k): float(v) for k, v in js["cost"].items()},
             )
         except (KeyError, TypeError, AttributeError, ValueError) as e:
             raise ValueError(f"{path}: damaged tier record: {e}") from None

@@ -144,7 +144,7 @@ def agree(
 
 def record_of(
     step: int, saved_at: int, per_node: int, digests: List[str], copies: List[List[int]],
-    sizes: List[Dict[str, int]], upload: bool, metadata: str,
+    sizes: List[Dict[str, int]], upload: bool, metadata: str, cost: SaveCost,
 ) -> Record:
     return Record(
         step=step,
@@ -155,4 +155,5 @@ def record_of(
         sizes=tuple(sizes),
         upload=upload,
         metadata=metadata,
+        cost={k: v for k, v in dataclasses.asdict(cost).items() if k != "step"},
     )

@@ -1,7 +1,6 @@
 """`ckptstore.dcp.Tiers`: a job's checkpoints on each node's own disk,
 with copies on peer nodes, over a bucket."""
 
-import dataclasses
 import os
 import threading
 import time
@@ -123,7 +122,7 @@ class Tiers:
             # Its failure is raised here, not again by the next call.
             with self._work:
                 self._running = [f for f in self._running if f is not fut]
-        return dataclasses.replace(cost, blocked_seconds=cost.durable_seconds)
+        return cost
 
     def async_save(self, state: Dict[str, Any], step: int) -> AsyncSaveResponse:
         """Save `state` as step `step` in the background, as DCP's
@@ -231,22 +230,24 @@ class Tiers:
         digests, metadata, saved_at = agree(group, step, own.content_digest(step) or "", copy_digests, failure, writer.metadata_json)
         self._saves += 1
         upload = self._bucket is not None and self._saves % self._every == 0
-        holders = [topo.holders(src, self._peers) for src in range(topo.world)]
-        record = record_of(step, saved_at, topo.per_node, digests, holders, sizes, upload, metadata)
-        write_record(self._dir, rank, record)
+        # Every shard and copy is durable: the save's cost, kept in the record.
         durable = time.perf_counter() - started
-        self._retain()
-        if upload:
-            with self._work:
-                self._running.append(self._uploader.submit(self._upload_pending))
-        return SaveCost(
+        cost = SaveCost(
             step=step,
-            blocked_seconds=staging or 0.0,
+            blocked_seconds=durable if staging is None else staging,
             staging_seconds=staging or 0.0,
             durable_seconds=durable,
             bytes_new=sum(i.bytes_written for i in infos),
             bytes_deduplicated=sum(i.bytes_reused for i in infos),
         )
+        holders = [topo.holders(src, self._peers) for src in range(topo.world)]
+        record = record_of(step, saved_at, topo.per_node, digests, holders, sizes, upload, metadata, cost)
+        write_record(self._dir, rank, record)
+        self._retain()
+        if upload:
+            with self._work:
+                self._running.append(self._uploader.submit(self._upload_pending))
+        return cost
 
     def _retain(self) -> None:
         """Keep the newest `keep_local` complete steps and those still to be

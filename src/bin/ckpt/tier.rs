@@ -11,13 +11,25 @@ use std::process::ExitCode;
 use super::{open_read, Result};
 
 /// The fields of a record `ckpt ls` shows (the rest is DCP's metadata).
-#[derive(serde::Deserialize)]
+#[derive(Clone, serde::Deserialize)]
 struct Record {
     format: u32,
     step: u64,
     saved_at: u64,
     digests: Vec<String>,
     upload: bool,
+    #[serde(default)]
+    cost: Option<Cost>,
+}
+
+/// What a save cost one rank (the record's `cost`), or, as listed, the
+/// ranks recorded in the directory: the longest times, the bytes summed.
+#[derive(Clone, Copy, Default, serde::Deserialize, serde::Serialize)]
+struct Cost {
+    blocked_seconds: f64,
+    durable_seconds: f64,
+    bytes_new: u64,
+    bytes_deduplicated: u64,
 }
 
 /// A recorded step as listed.
@@ -29,6 +41,8 @@ struct Listed {
     copies_of: Vec<usize>,
     upload: bool,
     in_bucket: bool,
+    /// The cost of the save for the ranks whose records are here.
+    cost: Option<Cost>,
 }
 
 /// Whether `path` is taken for a node's directory of a local tier: a
@@ -41,7 +55,7 @@ pub(crate) fn ls(dir: &Path, json: bool) -> Result<ExitCode> {
     let records = records(dir)?;
     let held = held(dir)?;
     let mut listed = Vec::new();
-    for r in records.values() {
+    for (r, cost) in records.values() {
         let has = |kind: &str| -> Vec<usize> {
             (0..r.digests.len())
                 .filter(|&src| held.get(&(kind.to_owned(), src, r.step)) == Some(&r.digests[src]))
@@ -59,6 +73,7 @@ pub(crate) fn ls(dir: &Path, json: bool) -> Result<ExitCode> {
             copies_of: has("copies-of"),
             upload: r.upload,
             in_bucket,
+            cost: *cost,
         });
     }
     if json {
@@ -66,8 +81,8 @@ pub(crate) fn ls(dir: &Path, json: bool) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     println!(
-        "{:>10}  {:>5}  {:<16}  {:<16}  bucket",
-        "step", "world", "ranks held", "copies of"
+        "{:>10}  {:>5}  {:<16}  {:<16}  {:>9}  {:>9}  {:>10}  bucket",
+        "step", "world", "ranks held", "copies of", "blocked s", "durable s", "new"
     );
     for l in &listed {
         let bucket = match (l.upload, l.in_bucket) {
@@ -75,8 +90,18 @@ pub(crate) fn ls(dir: &Path, json: bool) -> Result<ExitCode> {
             (true, false) => "upload pending",
             (false, false) => "-",
         };
+        let (blocked, durable, new) = l.cost.map_or_else(
+            || ("-".to_owned(), "-".to_owned(), "-".to_owned()),
+            |c| {
+                (
+                    format!("{:.3}", c.blocked_seconds),
+                    format!("{:.3}", c.durable_seconds),
+                    format!("{:.1} MiB", mib(c.bytes_new)),
+                )
+            },
+        );
         println!(
-            "{:>10}  {:>5}  {:<16}  {:<16}  {bucket}",
+            "{:>10}  {:>5}  {:<16}  {:<16}  {blocked:>9}  {durable:>9}  {new:>10}  {bucket}",
             l.step,
             l.world_size,
             list(&l.ranks),
@@ -85,6 +110,12 @@ pub(crate) fn ls(dir: &Path, json: bool) -> Result<ExitCode> {
     }
     println!("{} complete steps", listed.len());
     Ok(ExitCode::SUCCESS)
+}
+
+/// Bytes in MiB, for the table (the precision of a float is plenty there).
+#[allow(clippy::cast_precision_loss)]
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / f64::from(1u32 << 20)
 }
 
 fn list(ranks: &[usize]) -> String {
@@ -98,16 +129,17 @@ fn list(ranks: &[usize]) -> String {
         .join(",")
 }
 
-/// The newest record of each step in `dir/records`.
-fn records(dir: &Path) -> Result<BTreeMap<u64, Record>> {
-    let mut out: BTreeMap<u64, Record> = BTreeMap::new();
+/// The newest record of each step in `dir/records`, with the cost of that
+/// save over the ranks whose records of it are here.
+fn records(dir: &Path) -> Result<BTreeMap<u64, (Record, Option<Cost>)>> {
+    let mut all: Vec<Record> = Vec::new();
     let folder = dir.join("records");
     if !folder.is_dir() {
         eprintln!(
             "ckpt: {} has no records/: no step of a local tier was completed here",
             dir.display()
         );
-        return Ok(out);
+        return Ok(BTreeMap::new());
     }
     for entry in
         std::fs::read_dir(&folder).map_err(|e| format!("reading {}: {e}", folder.display()))?
@@ -117,26 +149,31 @@ fn records(dir: &Path) -> Result<BTreeMap<u64, Record>> {
             continue;
         }
         let text = std::fs::read(&path)?;
-        let record: Record = match serde_json::from_slice(&text) {
-            Ok(r) => r,
-            Err(e) => {
-                eprintln!("ckpt: {}: damaged record ({e}); skipped", path.display());
-                continue;
-            }
-        };
-        if record.format != 1 {
-            eprintln!(
+        match serde_json::from_slice::<Record>(&text) {
+            Ok(r) if r.format == 1 => all.push(r),
+            Ok(r) => eprintln!(
                 "ckpt: {}: record format {} is unknown; skipped",
                 path.display(),
-                record.format
-            );
-            continue;
+                r.format
+            ),
+            Err(e) => eprintln!("ckpt: {}: damaged record ({e}); skipped", path.display()),
         }
-        let newer = out
-            .get(&record.step)
-            .is_none_or(|r| r.saved_at < record.saved_at);
-        if newer {
-            out.insert(record.step, record);
+    }
+    let mut out: BTreeMap<u64, (Record, Option<Cost>)> = BTreeMap::new();
+    for r in all {
+        let cost = r.cost;
+        let slot = out.entry(r.step).or_insert_with(|| (r.clone(), None));
+        if slot.0.saved_at < r.saved_at {
+            *slot = (r.clone(), None);
+        }
+        if slot.0.saved_at == r.saved_at {
+            if let Some(c) = cost {
+                let sum = slot.1.get_or_insert_with(Cost::default);
+                sum.blocked_seconds = sum.blocked_seconds.max(c.blocked_seconds);
+                sum.durable_seconds = sum.durable_seconds.max(c.durable_seconds);
+                sum.bytes_new += c.bytes_new;
+                sum.bytes_deduplicated += c.bytes_deduplicated;
+            }
         }
     }
     Ok(out)
