@@ -52,7 +52,8 @@ class Group:
         rank calls it (the hashes are gathered), with its own lists; the
         lists of two ranks must agree (what one sends, the other
         receives, in the same order)."""
-        digests = {dst: hash_arrays([_contiguous(a) for a in arrays]) for dst, arrays in sends}
+        sends = [(dst, [_contiguous(a) for a in arrays]) for dst, arrays in sends]
+        digests = {dst: hash_arrays(list(arrays)) for dst, arrays in sends}
         told = self.gather(digests)
         got = dict(receives)
         works = []
@@ -61,7 +62,7 @@ class Group:
                 works.extend(self._pieces(torch.from_numpy(a), src, dist.irecv))
         for dst, arrays in sends:
             for a in arrays:
-                works.extend(self._pieces(torch.from_numpy(_contiguous(a)), dst, dist.isend))
+                works.extend(self._pieces(torch.from_numpy(a), dst, dist.isend))
         for w in works:
             w.wait()
         for src, arrays in got.items():
@@ -75,7 +76,9 @@ class Group:
 
 
 def _contiguous(a: np.ndarray) -> np.ndarray:
-    a = a.reshape(-1).view(np.uint8)
-    if not a.flags.c_contiguous or not a.flags.writeable:
-        a = np.ascontiguousarray(a).copy() if not a.flags.writeable else np.ascontiguousarray(a)
-    return a
+    """`a`'s bytes as a 1-D array torch can send: itself, or a copy if it
+    is not C-contiguous or not writable."""
+    flat = a.reshape(-1).view(np.uint8)
+    if flat.flags.c_contiguous and flat.flags.writeable:
+        return flat
+    return np.array(flat, dtype=np.uint8, copy=True)
