@@ -103,4 +103,4 @@ pub use report::ReplicationStatus;
 pub use report::{CommitInfo, ContentDigest, StepInfo, StoreStats, TensorInfo, VerifyReport};
 pub use retention::{Goal, Retention, StepSummary};
 pub use store::{CheckpointStore, CommitHandle, StoreOptions};
-pub use tensor::{Dtype, Tensor, TensorMut, TensorRef};
+pub use tensor::{ChunkHashes, Dtype, Tensor, TensorMut, TensorRef};

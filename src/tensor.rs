@@ -263,6 +263,8 @@ pub struct TensorRef<'a> {
     dtype: Dtype,
     shape: Vec<u64>,
     data: &'a [u8],
+    /// The hashes of `data`'s chunks, taken as it was copied.
+    hashes: Option<&'a [[u8; 32]]>,
 }
 
 impl<'a> TensorRef<'a> {
@@ -274,7 +276,43 @@ impl<'a> TensorRef<'a> {
     pub fn new(dtype: Dtype, shape: Vec<u64>, data: &'a [u8]) -> Result<Self> {
         Tensor::check_len(dtype, &shape, data.len())
             .map_err(|reason| Error::InvalidTensor { name: None, reason })?;
-        Ok(TensorRef { dtype, shape, data })
+        Ok(TensorRef {
+            dtype,
+            shape,
+            data,
+            hashes: None,
+        })
+    }
+
+    /// This tensor with the hashes of its chunks taken as its bytes were
+    /// copied to where they lie ([`ChunkHashes::copy_all`]): a commit
+    /// records them and writes the bytes without reading them again to
+    /// hash them. The bytes must not change between the copy and the
+    /// commit; if they do, no read returns them (every read checks each
+    /// chunk against its hash, and reports the step damaged).
+    ///
+    /// # Errors
+    /// [`Error::InvalidTensor`] when the hashes are of another number of
+    /// bytes than the tensor's.
+    pub fn with_hashes(mut self, hashes: &'a ChunkHashes) -> Result<Self> {
+        if hashes.len != self.data.len() as u64 {
+            return Err(Error::InvalidTensor {
+                name: None,
+                reason: format!(
+                    "chunk hashes of {} bytes for a tensor of {}",
+                    hashes.len,
+                    self.data.len()
+                ),
+            });
+        }
+        self.hashes = Some(&hashes.hashes);
+        Ok(self)
+    }
+
+    /// The hashes of the chunks, when [`with_hashes`](Self::with_hashes)
+    /// gave them.
+    pub(crate) fn known_hashes(&self) -> Option<&'a [[u8; 32]]> {
+        self.hashes
     }
 
     /// The element type.
@@ -291,6 +329,19 @@ impl<'a> TensorRef<'a> {
     pub fn data(&self) -> &'a [u8] {
         self.data
     }
+}
+
+/// The BLAKE3 hash of each chunk of some bytes, in the store's chunk
+/// layout, taken as they were copied ([`ChunkHashes::copy_all`]): given
+/// to a commit with the bytes ([`TensorRef::with_hashes`]), they spare it
+/// a second pass over the bytes. Bytes small enough to be packed with a
+/// step's small blobs have no chunk hashes (the pack is hashed whole).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChunkHashes {
+    /// How many bytes were hashed.
+    pub(crate) len: u64,
+    /// Each chunk's hash, in order; none for bytes that are packed.
+    pub(crate) hashes: Vec<[u8; 32]>,
 }
 
 /// A caller's buffer for one tensor of a step, by name, dtype and shape:

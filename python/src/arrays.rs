@@ -168,3 +168,85 @@ pub(crate) fn hash_arrays(py: Python<'_>, arrays: Vec<Bound<'_, PyAny>>) -> PyRe
         out
     }))
 }
+
+/// The BLAKE3 hashes of an array's chunks, taken as it was copied
+/// (`copy_hashed`): given with the array to a save (`Tensor(..., hashes=)`),
+/// they spare the save a second pass over its bytes. Pickled as its bytes,
+/// to go with the array to another process.
+#[pyclass(frozen, module = "ckptstore._ckptstore", name = "ChunkHashes")]
+pub(crate) struct ChunkHashes(pub(crate) ckptstore::ChunkHashes);
+
+/// What `ChunkHashes.__reduce__` returns: `from_bytes` and its arguments.
+type Reduced<'py> = (Bound<'py, PyAny>, (u64, Bound<'py, pyo3::types::PyBytes>));
+
+#[pymethods]
+impl ChunkHashes {
+    /// The hashes of `nbytes` bytes from `to_bytes()`.
+    #[staticmethod]
+    fn from_bytes(nbytes: u64, hashes: &[u8]) -> PyResult<Self> {
+        ckptstore::ChunkHashes::from_bytes(nbytes, hashes)
+            .map(ChunkHashes)
+            .map_err(crate::py_err)
+    }
+
+    fn to_bytes<'py>(&self, py: Python<'py>) -> Bound<'py, pyo3::types::PyBytes> {
+        pyo3::types::PyBytes::new(py, &self.0.to_bytes())
+    }
+
+    /// How many bytes were hashed.
+    #[getter]
+    fn nbytes(&self) -> u64 {
+        self.0.bytes()
+    }
+
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Reduced<'py>> {
+        let py = slf.py();
+        let this = slf.get();
+        let rebuild = py.get_type::<ChunkHashes>().getattr("from_bytes")?;
+        Ok((rebuild, (this.0.bytes(), this.to_bytes(py))))
+    }
+
+    fn __eq__(&self, other: &Self) -> bool {
+        self.0 == other.0
+    }
+
+    fn __repr__(&self) -> String {
+        format!("ChunkHashes(nbytes={})", self.0.bytes())
+    }
+}
+
+/// Copy each `(source, destination)` pair of C-contiguous arrays (the
+/// same number of bytes; the destinations writable and apart from every
+/// other array given) on every core, the GIL released, hashing each chunk
+/// of each destination in the same pass: the destinations' hashes.
+#[pyfunction]
+pub(crate) fn copy_hashed(
+    py: Python<'_>,
+    pairs: Vec<(Bound<'_, PyAny>, Bound<'_, PyAny>)>,
+) -> PyResult<Vec<ChunkHashes>> {
+    let sources = pairs
+        .iter()
+        .map(|(s, _)| borrow_bytes(s))
+        .collect::<PyResult<Vec<&[u8]>>>()?;
+    let dst_arrays: Vec<&Bound<'_, PyAny>> = pairs.iter().map(|(_, d)| d).collect();
+    let destinations = borrow_disjoint_mut(&dst_arrays)?;
+    let spans = |v: &[&[u8]]| -> Vec<(usize, usize)> {
+        v.iter().map(|s| (s.as_ptr() as usize, s.len())).collect()
+    };
+    let dst_spans: Vec<&[u8]> = destinations.iter().map(|d| &d[..]).collect();
+    let (src, dst) = (spans(&sources), spans(&dst_spans));
+    if src.iter().any(|&(a, n)| {
+        dst.iter()
+            .any(|&(b, m)| n > 0 && m > 0 && a < b + m && b < a + n)
+    }) {
+        return Err(PyValueError::new_err(
+            "a destination of copy_hashed shares memory with a source",
+        ));
+    }
+    let threads = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    let pairs: Vec<(&[u8], &mut [u8])> = sources.into_iter().zip(destinations).collect();
+    let hashes = py
+        .detach(|| ckptstore::ChunkHashes::copy_all(pairs, threads))
+        .map_err(crate::py_err)?;
+    Ok(hashes.into_iter().map(ChunkHashes).collect())
+}

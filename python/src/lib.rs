@@ -73,7 +73,9 @@ fn _ckptstore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<handle::Handle>()?;
     m.add_class::<arrays::Buffer>()?;
     m.add_class::<global_step::RawGlobalStep>()?;
+    m.add_class::<arrays::ChunkHashes>()?;
     m.add_function(pyo3::wrap_pyfunction!(arrays::hash_arrays, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(arrays::copy_hashed, m)?)?;
     results::register(m)?;
     m.add("Error", m.py().get_type::<CkptError>())?;
     m.add("MAX_WORLD_SIZE", ckptstore::MAX_WORLD_SIZE)?;

@@ -15,7 +15,7 @@ use crate::results;
 
 /// An entry: (dtype name or None, shape or None, length in bytes).
 type Entry = (Option<String>, Option<Vec<u64>>, u64);
-use crate::store::{borrowed, checkpoint, ckpt_dict, policy, PyTensor, RawStore};
+use crate::store::{borrowed, checkpoint, ckpt_dict, policy, PySaved, RawStore};
 
 /// A bucket (`s3://BUCKET/PREFIX` or `file:///DIR`).
 #[pyclass(module = "ckptstore._ckptstore", name = "RawRemote")]
@@ -30,7 +30,7 @@ impl RawRemote {
         &self,
         py: Python<'_>,
         shard: (u64, u32, u32),
-        tensors: &[PyTensor<'_>],
+        tensors: &[PySaved<'_>],
         blobs: Vec<(String, Vec<u8>)>,
         metrics: BTreeMap<String, f64>,
         how: ShardUpload,
@@ -128,7 +128,7 @@ impl RawRemote {
         &self,
         py: Python<'_>,
         shard: (u64, u32, u32),
-        tensors: Vec<PyTensor<'_>>,
+        tensors: Vec<PySaved<'_>>,
         blobs: Vec<(String, Vec<u8>)>,
         metrics: BTreeMap<String, f64>,
     ) -> PyResult<results::ShardInfo> {
@@ -141,7 +141,7 @@ impl RawRemote {
         &self,
         py: Python<'_>,
         shard: (u64, u32, u32),
-        tensors: Vec<PyTensor<'_>>,
+        tensors: Vec<PySaved<'_>>,
         blobs: Vec<(String, Vec<u8>)>,
         metrics: BTreeMap<String, f64>,
     ) -> PyResult<results::ShardInfo> {
@@ -153,7 +153,7 @@ impl RawRemote {
         &self,
         py: Python<'_>,
         shard: (u64, u32, u32),
-        tensors: Vec<PyTensor<'_>>,
+        tensors: Vec<PySaved<'_>>,
         blobs: Vec<(String, Vec<u8>)>,
         metrics: BTreeMap<String, f64>,
     ) -> PyResult<results::ShardInfo> {

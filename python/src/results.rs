@@ -314,18 +314,27 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 
 /// A tensor given as its bytes, for a dtype numpy may lack (`BF16`
 /// without ml_dtypes, the `F8_*` types): a value of a saved state, like a
-/// numpy array. `data` is any C-contiguous buffer of dtype x shape bytes.
+/// numpy array. `data` is any C-contiguous buffer of dtype x shape bytes;
+/// `hashes`, the hashes of its chunks `copy_hashed` took as it copied
+/// them there (a save then does not read the bytes again to hash them).
 #[pyclass(frozen, get_all, module = "ckptstore")]
 pub(crate) struct Tensor {
     dtype: String,
     shape: Vec<u64>,
     data: Py<PyAny>,
+    hashes: Option<Py<crate::arrays::ChunkHashes>>,
 }
 
 #[pymethods]
 impl Tensor {
     #[new]
-    fn new(dtype: String, shape: Vec<u64>, data: Bound<'_, PyAny>) -> PyResult<Self> {
+    #[pyo3(signature = (dtype, shape, data, hashes=None))]
+    fn new(
+        dtype: String,
+        shape: Vec<u64>,
+        data: Bound<'_, PyAny>,
+        hashes: Option<Py<crate::arrays::ChunkHashes>>,
+    ) -> PyResult<Self> {
         if ckptstore::Dtype::from_name(&dtype).is_none() {
             return Err(pyo3::exceptions::PyTypeError::new_err(format!(
                 "unknown dtype {dtype:?}: a safetensors dtype name such as \"BF16\""
@@ -335,6 +344,7 @@ impl Tensor {
             dtype,
             shape,
             data: data.unbind(),
+            hashes,
         })
     }
 

@@ -10,7 +10,7 @@ use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::arrays::{borrow_bytes, borrow_disjoint_mut, Buffer};
+use crate::arrays::{borrow_bytes, borrow_disjoint_mut, Buffer, ChunkHashes};
 use crate::handle::Handle;
 use crate::results;
 use crate::{py_err, CkptError};
@@ -19,20 +19,33 @@ use crate::{py_err, CkptError};
 /// memory holds the elements.
 pub(crate) type PyTensor<'py> = (String, String, Vec<u64>, Bound<'py, PyAny>);
 
+/// A tensor to save: a [`PyTensor`] and the hashes of its chunks when they
+/// were taken as it was copied.
+pub(crate) type PySaved<'py> = (
+    String,
+    String,
+    Vec<u64>,
+    Bound<'py, PyAny>,
+    Option<PyRef<'py, ChunkHashes>>,
+);
+
 fn dtype(name: &str, dtype: &str) -> PyResult<Dtype> {
     Dtype::from_name(dtype)
         .ok_or_else(|| PyTypeError::new_err(format!("{name:?}: unknown dtype {dtype}")))
 }
 
-/// The tensors of a save, borrowing the arrays' memory.
+/// The tensors of a save, borrowing the arrays' memory (and their hashes).
 pub(crate) fn borrowed<'a>(
-    tensors: &'a [PyTensor<'_>],
+    tensors: &'a [PySaved<'_>],
 ) -> PyResult<BTreeMap<String, TensorRef<'a>>> {
     let mut out = BTreeMap::new();
-    for (name, dt, shape, array) in tensors {
+    for (name, dt, shape, array, hashes) in tensors {
         let data = borrow_bytes(array)?;
-        let t = TensorRef::new(dtype(name, dt)?, shape.clone(), data)
-            .map_err(|e| PyValueError::new_err(format!("{name:?}: {e}")))?;
+        let mut t = TensorRef::new(dtype(name, dt)?, shape.clone(), data);
+        if let Some(h) = hashes {
+            t = t.and_then(|t| t.with_hashes(&h.0));
+        }
+        let t = t.map_err(|e| PyValueError::new_err(format!("{name:?}: {e}")))?;
         if out.insert(name.clone(), t).is_some() {
             return Err(PyValueError::new_err(format!("{name:?} is given twice")));
         }
@@ -57,7 +70,7 @@ pub(crate) fn checkpoint(
 /// A checkpoint of `step` holding copies of the arrays.
 fn owned(
     step: u64,
-    tensors: &[PyTensor<'_>],
+    tensors: &[PySaved<'_>],
     blobs: Vec<(String, Vec<u8>)>,
     metrics: BTreeMap<String, f64>,
 ) -> PyResult<GradientCheckpoint> {
@@ -197,7 +210,7 @@ impl RawStore {
         &self,
         py: Python<'py>,
         step: u64,
-        tensors: Vec<PyTensor<'py>>,
+        tensors: Vec<PySaved<'py>>,
         blobs: Vec<(String, Vec<u8>)>,
         metrics: BTreeMap<String, f64>,
         replace: bool,
@@ -221,7 +234,7 @@ impl RawStore {
     fn save_async(
         &self,
         step: u64,
-        tensors: Vec<PyTensor<'_>>,
+        tensors: Vec<PySaved<'_>>,
         blobs: Vec<(String, Vec<u8>)>,
         metrics: BTreeMap<String, f64>,
     ) -> PyResult<Handle> {

@@ -5,8 +5,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::thread;
 
+use crate::format::layout::{chunk_count, chunk_lengths, split, PACK_BELOW};
 use crate::format::manifest::Hash;
-use crate::Result;
+use crate::{ChunkHashes, Error, Result};
 
 /// Bytes read and hashed at a time by [`read_hashed`]: within a core's L2
 /// cache, and a multiple of BLAKE3's 1 KiB chunks.
@@ -45,29 +46,48 @@ const PARALLEL_MIN_BYTES: usize = 4 << 20;
 const PIPELINE_DEPTH: usize = 256;
 
 /// Run `f` with an iterator over the hashes of `pieces`, in order.
-///
-/// With `threads` above 1 and a large input, `threads - 1` other threads
-/// hash ahead (piece `i` on thread `i % (threads - 1)`) while `f`
-/// consumes on this one, so hashing overlaps the caller's writes and runs
-/// on every core it is given; they stop when `f` returns.
 pub(crate) fn with_hashes<T>(
     pieces: &[&[u8]],
     threads: usize,
     f: impl FnOnce(&mut dyn Iterator<Item = Hash>) -> T,
 ) -> T {
-    let total: usize = pieces.iter().map(|p| p.len()).sum();
+    with_known_hashes(pieces, &[], threads, f)
+}
+
+/// [`with_hashes`], where `known[i]`, when there is one, is the hash of
+/// piece `i` already (taken as it was copied): it is not hashed again.
+///
+/// With `threads` above 1 and a large input, `threads - 1` other threads
+/// hash ahead (piece `i` on thread `i % (threads - 1)`) while `f`
+/// consumes on this one, so hashing overlaps the caller's writes and runs
+/// on every core it is given; they stop when `f` returns.
+pub(crate) fn with_known_hashes<T>(
+    pieces: &[&[u8]],
+    known: &[Option<Hash>],
+    threads: usize,
+    f: impl FnOnce(&mut dyn Iterator<Item = Hash>) -> T,
+) -> T {
+    let hash = |i: usize, piece: &[u8]| match known.get(i).copied().flatten() {
+        Some(h) => h,
+        None => *blake3::hash(piece).as_bytes(),
+    };
+    let unknown: usize = (0..pieces.len())
+        .filter(|&i| known.get(i).copied().flatten().is_none())
+        .map(|i| pieces[i].len())
+        .sum();
     let hashers = threads.saturating_sub(1).min(pieces.len());
-    if hashers == 0 || total < PARALLEL_MIN_BYTES || pieces.len() < 2 {
-        return f(&mut pieces.iter().map(|p| *blake3::hash(p).as_bytes()));
+    if hashers == 0 || unknown < PARALLEL_MIN_BYTES || pieces.len() < 2 {
+        return f(&mut pieces.iter().enumerate().map(|(i, p)| hash(i, p)));
     }
     thread::scope(|s| {
         let depth = (PIPELINE_DEPTH / hashers).max(2);
+        let hash = &hash;
         let receivers: Vec<Receiver<Hash>> = (0..hashers)
             .map(|w| {
                 let (tx, rx) = sync_channel::<Hash>(depth);
                 s.spawn(move || {
-                    for piece in pieces.iter().skip(w).step_by(hashers) {
-                        if tx.send(*blake3::hash(piece).as_bytes()).is_err() {
+                    for (i, piece) in pieces.iter().enumerate().skip(w).step_by(hashers) {
+                        if tx.send(hash(i, piece)).is_err() {
                             break; // the consumer stopped early
                         }
                     }
@@ -80,6 +100,142 @@ pub(crate) fn with_hashes<T>(
         let mut ordered = (0..pieces.len()).map_while(|i| receivers[i % hashers].recv().ok());
         f(&mut ordered)
     })
+}
+
+/// One piece of a [`ChunkHashes::copy_all`]: its source, its destination,
+/// and where its hash goes (none for bytes that are packed).
+type CopyJob<'a> = (&'a [u8], &'a mut [u8], Option<&'a mut Hash>);
+
+impl ChunkHashes {
+    /// Copy each `(source, destination)` pair (of equal lengths) on up to
+    /// `threads` threads, hashing each chunk of each destination in the
+    /// same pass, a cache-sized slice at a time right after it is copied:
+    /// the hashes of the bytes as they now lie in the destinations.
+    ///
+    /// ```
+    /// use ckptstore::ChunkHashes;
+    /// let state = vec![7u8; 3 << 20];
+    /// let mut staged = vec![0u8; state.len()];
+    /// let hashes = ChunkHashes::copy_all(vec![(&state[..], &mut staged[..])], 2)?;
+    /// assert!(staged == state);
+    /// assert_eq!(hashes[0], ChunkHashes::of(&state));
+    /// # Ok::<(), ckptstore::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidTensor`] when a pair's lengths differ (nothing is
+    /// copied).
+    pub fn copy_all(pairs: Vec<(&[u8], &mut [u8])>, threads: usize) -> Result<Vec<ChunkHashes>> {
+        if let Some((s, d)) = pairs.iter().find(|(s, d)| s.len() != d.len()) {
+            return Err(Error::InvalidTensor {
+                name: None,
+                reason: format!("a copy of {} bytes into {}", s.len(), d.len()),
+            });
+        }
+        let mut out: Vec<ChunkHashes> = pairs
+            .iter()
+            .map(|(s, _)| ChunkHashes {
+                len: s.len() as u64,
+                hashes: vec![[0; 32]; hashed_chunks(s.len())],
+            })
+            .collect();
+        let mut jobs: Vec<CopyJob<'_>> = Vec::new();
+        for ((src, dst), hashes) in pairs.into_iter().zip(out.iter_mut()) {
+            if hashes.hashes.is_empty() {
+                jobs.push((src, dst, None));
+                continue;
+            }
+            let (mut src, mut dst) = (src, dst);
+            for (n, slot) in chunk_lengths(src.len()).zip(hashes.hashes.iter_mut()) {
+                let (s, rest_s) = src.split_at(n);
+                let (d, rest_d) = std::mem::take(&mut dst).split_at_mut(n);
+                jobs.push((s, d, Some(slot)));
+                (src, dst) = (rest_s, rest_d);
+            }
+        }
+        let total: usize = jobs.iter().map(|(s, _, _)| s.len()).sum();
+        let threads = if total < PARALLEL_MIN_BYTES {
+            1
+        } else {
+            threads
+        };
+        run_parallel(jobs, threads, &|_, (src, dst, slot)| {
+            copy_hashed(src, dst, slot);
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// The hashes of `data`'s chunks, on this thread.
+    pub fn of(data: &[u8]) -> ChunkHashes {
+        let hashes = if hashed_chunks(data.len()) == 0 {
+            Vec::new()
+        } else {
+            split(data).map(|p| *blake3::hash(p).as_bytes()).collect()
+        };
+        ChunkHashes {
+            len: data.len() as u64,
+            hashes,
+        }
+    }
+
+    /// Hashes of `len` bytes as [`to_bytes`](Self::to_bytes) gave them
+    /// (sent to another process with the bytes they are of).
+    ///
+    /// # Errors
+    /// [`Error::InvalidTensor`] when `bytes` is not one hash per chunk of
+    /// `len` bytes.
+    pub fn from_bytes(len: u64, bytes: &[u8]) -> Result<ChunkHashes> {
+        let want = usize::try_from(len).map_or(usize::MAX, hashed_chunks);
+        if bytes.len() != want.saturating_mul(32) {
+            return Err(Error::InvalidTensor {
+                name: None,
+                reason: format!(
+                    "{} bytes of chunk hashes for {len} bytes, which have {want}",
+                    bytes.len()
+                ),
+            });
+        }
+        let hashes = bytes
+            .chunks_exact(32)
+            .map(|h| h.try_into().unwrap_or([0; 32]))
+            .collect();
+        Ok(ChunkHashes { len, hashes })
+    }
+
+    /// The hashes, 32 bytes each, in order.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        self.hashes.concat()
+    }
+
+    /// How many bytes were hashed.
+    pub fn bytes(&self) -> u64 {
+        self.len
+    }
+}
+
+/// How many chunk hashes bytes of `len` have: none when they are packed.
+fn hashed_chunks(len: usize) -> usize {
+    if len < PACK_BELOW {
+        0
+    } else {
+        chunk_count(len)
+    }
+}
+
+/// Copy `src` into `dst` a slice at a time, hashing each slice of `dst`
+/// while it is in the cache, into `slot` when there is one.
+fn copy_hashed(src: &[u8], dst: &mut [u8], slot: Option<&mut Hash>) {
+    let Some(slot) = slot else {
+        dst.copy_from_slice(src);
+        return;
+    };
+    let mut hasher = blake3::Hasher::new();
+    for (s, d) in src.chunks(READ_SLICE).zip(dst.chunks_mut(READ_SLICE)) {
+        d.copy_from_slice(s);
+        hasher.update(d);
+    }
+    *slot = *hasher.finalize().as_bytes();
 }
 
 /// Run `each(i, piece)` for every `(i, piece)` of `pieces` (a partition of
@@ -161,8 +317,6 @@ pub(crate) fn run_parallel<T: Send>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::layout::split;
-    use crate::Error;
 
     fn data(len: usize) -> Vec<u8> {
         (0..len)

@@ -40,11 +40,17 @@ pub(crate) struct Streamed {
     pub(crate) typed: bool,
 }
 
+/// A blob to cut: its name, bytes, and its chunks' hashes when known.
+type Named<'a> = (&'a String, &'a [u8], Option<&'a [Hash]>);
+
 /// A checkpoint cut up for storing.
 pub(crate) struct Plan<'a> {
     pub(crate) ckpt: &'a GradientCheckpoint,
     /// Every chunk of every chunked blob, blobs in name order.
     pub(crate) pieces: Vec<&'a [u8]>,
+    /// The hash of each piece when it is known already (a borrowed tensor
+    /// whose chunks were hashed as it was copied); empty when none is.
+    pub(crate) known: Vec<Option<Hash>>,
     /// Each chunked blob: its name, length, and its range of `pieces`.
     chunked: Vec<(&'a str, u64, Range<usize>)>,
     /// Each packed blob: its name, length, and offset in `packed`.
@@ -90,15 +96,23 @@ impl<'a> Plan<'a> {
         let elsewhere = |name: &String| streamed_names.contains(name.as_str());
         let borrowed = borrowed.into_iter().flatten();
         // Tensors' data is stored as blobs are; the manifest types them.
-        let mut named: Vec<(&'a String, &'a [u8])> = ckpt
+        let mut named: Vec<Named<'a>> = ckpt
             .optimizer_state
             .iter()
-            .map(|(n, b)| (n, b.as_slice()))
-            .chain(ckpt.tensors.iter().map(|(n, t)| (n, t.data.as_slice())))
-            .filter(|(n, _)| !elsewhere(n))
-            .chain(borrowed.clone().map(|(n, t)| (n, t.data())))
+            .map(|(n, b)| (n, b.as_slice(), None))
+            .chain(
+                ckpt.tensors
+                    .iter()
+                    .map(|(n, t)| (n, t.data.as_slice(), None)),
+            )
+            .filter(|(n, _, _)| !elsewhere(n))
+            .chain(
+                borrowed
+                    .clone()
+                    .map(|(n, t)| (n, t.data(), t.known_hashes())),
+            )
             .collect();
-        named.sort_unstable_by_key(|(n, _)| *n);
+        named.sort_unstable_by_key(|(n, _, _)| *n);
         let mut typed: Vec<TypedRef<'a>> = ckpt
             .tensors
             .iter()
@@ -113,6 +127,7 @@ impl<'a> Plan<'a> {
         let mut plan = Plan {
             ckpt,
             pieces: Vec::new(),
+            known: Vec::new(),
             chunked: Vec::new(),
             packed_at: Vec::new(),
             packed: Vec::new(),
@@ -120,7 +135,7 @@ impl<'a> Plan<'a> {
             typed,
             borrowed_bytes: borrowed.map(|(_, t)| t.data().len() as u64).sum(),
         };
-        for (name, blob) in named {
+        for (name, blob, hashes) in named {
             let len = blob.len() as u64;
             if blob.len() < PACK_BELOW {
                 plan.packed_at.push((name, len, plan.packed.len() as u64));
@@ -128,6 +143,11 @@ impl<'a> Plan<'a> {
             } else {
                 let first = plan.pieces.len();
                 plan.pieces.extend(split(blob));
+                if let Some(hashes) = hashes {
+                    // One per piece (`ChunkHashes` is of this many bytes).
+                    plan.known.resize(first, None);
+                    plan.known.extend(hashes.iter().copied().map(Some));
+                }
                 plan.chunked.push((name, len, first..plan.pieces.len()));
             }
         }

@@ -48,7 +48,6 @@ pub(crate) fn chunk_lengths(len: usize) -> impl Iterator<Item = usize> {
 
 /// How many chunks [`chunk_lengths`] cuts a blob of `len` bytes into,
 /// without walking them (a bucket's manifest may claim any length).
-#[cfg_attr(not(feature = "remote"), allow(dead_code))]
 pub(crate) fn chunk_count(len: usize) -> usize {
     let rem = len % CHUNK_SIZE;
     len / CHUNK_SIZE + chunk_lengths(rem).count()

@@ -7,7 +7,7 @@ use std::time::Instant;
 use super::CheckpointStore;
 use crate::checkpoint::Incoming;
 use crate::db::{Db, TxnKind};
-use crate::engine::hashing::with_hashes;
+use crate::engine::hashing::{with_hashes, with_known_hashes};
 use crate::engine::plan::{Borrowed, Plan, Streamed};
 use crate::format::layout::{split, PACK_BELOW};
 use crate::format::manifest::Hash;
@@ -154,7 +154,7 @@ pub(crate) fn put(
     // no staging is needed.
     let chunk_bytes = plan.chunk_bytes();
     let packs = db.packs(chunk_bytes);
-    let mut info = with_hashes(&plan.pieces, threads, |hashes| {
+    let mut info = with_known_hashes(&plan.pieces, &plan.known, threads, |hashes| {
         if chunk_bytes > stage_above && !packs {
             commit_staged(db, &plan, replace, hashes, stage_above)
         } else {

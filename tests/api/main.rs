@@ -13,6 +13,7 @@ mod create_is_atomic;
 mod dedup_accounting;
 mod duplicate_step_is_refused;
 mod graph_model;
+mod hashed_copies;
 mod large_commits_stage_their_chunks;
 mod latest_and_listing;
 mod pack_files;

@@ -75,3 +75,97 @@ def test_the_next_async_save_reuses_the_staged_copy_once_the_save_before_is_done
     a.result()
     b.result()
     assert same(loaded(url, 3), state(3)) and same(loaded(url, 4), state(4))
+
+
+def test_background_staging_returns_before_the_copy_and_says_when_it_is_done(tmp_path, monkeypatch):
+    from ckptstore import _staging
+
+    url = f"file://{tmp_path}/bucket"
+    gate = threading.Event()
+    real = _staging.copy_hashed
+
+    def held(pairs):
+        assert gate.wait(30)
+        return real(pairs)
+
+    monkeypatch.setattr(_staging, "copy_hashed", held)
+    live = state(1)
+    response = dcp.async_save(live, storage_writer=StorageWriter(url, 1, background_staging=True), no_dist=True)
+    # Returned with the copy not made: the state must stay until it is.
+    assert not response.staging_completion.done()
+    gate.set()
+    response.staging_completion.result(timeout=30)
+    live["w"].add_(1000)
+    live["b"].mul_(-2)
+    live["extra"]["epoch"] = 99
+    response.upload_completion.result(timeout=60)
+    assert same(loaded(url, 1), state(1))
+
+
+def test_the_save_writes_the_hashes_its_staging_took(tmp_path, monkeypatch):
+    url = f"file://{tmp_path}/bucket"
+    used = []
+    real = _dcp_write.hashes_of
+
+    def spy(known, t):
+        found = real(known, t)
+        used.append(found is not None)
+        return found
+
+    monkeypatch.setattr(_dcp_write, "hashes_of", spy)
+    dcp.async_save(state(1), storage_writer=StorageWriter(url, 1), no_dist=True).result()
+    assert used == [True, True], used  # "w" and "b"; a load checks every hash
+    assert same(loaded(url, 1), state(1))
+    used.clear()
+    dcp.save(state(2), storage_writer=StorageWriter(url, 2), no_dist=True)
+    assert used == [False, False], "a save not staged hashes its bytes itself"
+    assert same(loaded(url, 2), state(2))
+
+
+def test_staged_hashes_go_with_the_state_to_dcps_process(tmp_path):
+    import io
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    from ckptstore._staging import hashes_of
+
+    writer = StorageWriter(f"file://{tmp_path}/b", 1, shared_memory=True)
+    staged = writer.stage(state(1))
+    assert staged["w"].is_shared()
+    buf = io.BytesIO()
+    ForkingPickler(buf).dump((staged, writer))  # as DCP sends them, in one message
+    there, sent = pickle.loads(buf.getvalue())
+    assert hashes_of(sent._hashes, there["w"]) is not None
+    assert hashes_of(sent._hashes, there["b"]) is not None
+    assert hashes_of(sent._hashes, there["w"][1:]) is None, "a part of a staged tensor has no hashes"
+
+
+def test_process_mode_stages_into_shared_memory_reused_and_saves_the_state_at_the_call(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(__file__), "dcp", "process_mode.py")
+    done = subprocess.run(
+        [sys.executable, script, f"file://{tmp_path}/bucket"],
+        capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "OK" in done.stdout and "REUSED" in done.stdout, done.stdout
+
+
+def test_a_failed_background_save_reaches_the_caller(tmp_path):
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    url = f"file://{tmp_path}/bucket"
+    dcp.save(state(1), storage_writer=StorageWriter(url, 1), no_dist=True)
+    writer = StorageWriter(url, 1, overwrite=False, background_staging=True)
+    response = dcp.async_save(state(2), storage_writer=writer, no_dist=True)
+    response.staging_completion.result(timeout=30)
+    try:
+        response.upload_completion.result(timeout=60)
+    except CheckpointException as e:
+        assert "already" in str(e), e
+    else:
+        raise AssertionError("a save of a committed step without overwrite must fail")
+    assert same(loaded(url, 1), state(1))

@@ -67,6 +67,8 @@ for _error in (Error, StepExistsError, CorruptError, LockedError):
 # Tensor given by its bytes.
 Value = Union[np.ndarray, bytes, bytearray, memoryview, Tensor]
 _RawTensor = Tuple[str, str, List[int], Any]
+# A tensor to save: as _RawTensor, with its chunks' hashes if known.
+_RawSaved = Tuple[str, str, List[int], Any, Optional[Any]]
 
 __all__ = [
     "__version__",
@@ -133,7 +135,7 @@ class Checkpoint:
     tensors: Dict[str, np.ndarray] = field(default_factory=dict)
 
 
-def _split(state: Mapping[str, Value]) -> Tuple[List[_RawTensor], List[Tuple[str, bytes]]]:
+def _split(state: Mapping[str, Value]) -> Tuple[List[_RawSaved], List[Tuple[str, bytes]]]:
     if not isinstance(state, Mapping):
         raise TypeError(f"state must be a dict of name -> array or bytes, not {type(state).__name__}")
     tensors: List[_RawTensor] = []
@@ -145,14 +147,14 @@ def _split(state: Mapping[str, Value]) -> Tuple[List[_RawTensor], List[Tuple[str
             blobs.append((name, bytes(value)))
             continue
         if isinstance(value, Tensor):
-            tensors.append((name, value.dtype, list(value.shape), value.data))
+            tensors.append((name, value.dtype, list(value.shape), value.data, value.hashes))
             continue
         if not isinstance(value, np.ndarray):
             raise TypeError(f"{name!r}: expected a numpy array or bytes, not {type(value).__name__}")
         dtype = DTYPE_NAMES.get(value.dtype.name)
         if dtype is None:
             raise TypeError(f"{name!r}: dtype {value.dtype} is not supported")
-        tensors.append((name, dtype, list(value.shape), _contiguous_le(value)))
+        tensors.append((name, dtype, list(value.shape), _contiguous_le(value), None))
     return tensors, blobs
 
 

@@ -8,6 +8,7 @@ __all__ = [
     "MAX_WORLD_SIZE",
     "__version__",
     "Buffer",
+    "ChunkHashes",
     "CommitInfo",
     "CorruptError",
     "Error",
@@ -26,6 +27,7 @@ __all__ = [
     "StoreStats",
     "Tensor",
     "VerifyReport",
+    "copy_hashed",
     "hash_arrays",
 ]
 
@@ -39,6 +41,7 @@ class LockedError(Error): ...
 
 # (name, store dtype name, shape, C-contiguous array)
 _Tensor = Tuple[str, str, Sequence[int], Any]
+_Saved = Tuple[str, str, Sequence[int], Any, Optional["ChunkHashes"]]
 _Blob = Tuple[str, bytes]
 
 # The frozen result classes; each also reads by key (`r["steps_pushed"]`).
@@ -215,13 +218,29 @@ class ShardStatus:
 class Tensor:
     """A tensor given as its bytes, for a dtype numpy may lack."""
 
-    def __new__(cls, dtype: str, shape: Sequence[int], data: Any) -> "Tensor": ...
+    def __new__(
+        cls, dtype: str, shape: Sequence[int], data: Any, hashes: Optional["ChunkHashes"] = None
+    ) -> "Tensor": ...
     @property
     def dtype(self) -> str: ...
     @property
     def shape(self) -> List[int]: ...
     @property
     def data(self) -> Any: ...
+    @property
+    def hashes(self) -> Optional["ChunkHashes"]: ...
+
+@final
+class ChunkHashes:
+    """The hashes of an array's chunks, taken as copy_hashed copied it."""
+
+    @staticmethod
+    def from_bytes(nbytes: int, hashes: bytes) -> "ChunkHashes": ...
+    def to_bytes(self) -> bytes: ...
+    @property
+    def nbytes(self) -> int: ...
+    def __reduce__(self) -> Tuple[Any, Tuple[int, bytes]]: ...
+    def __eq__(self, other: object) -> bool: ...
 
 @final
 class Buffer:
@@ -237,6 +256,7 @@ class Handle:
     def result(self) -> CommitInfo: ...
 
 def hash_arrays(arrays: List[Any]) -> List[str]: ...
+def copy_hashed(pairs: List[Tuple[Any, Any]]) -> List[ChunkHashes]: ...
 
 @final
 class RawStore:
@@ -253,13 +273,13 @@ class RawStore:
     def save(
         self,
         step: int,
-        tensors: List[_Tensor],
+        tensors: List[_Saved],
         blobs: List[_Blob],
         metrics: Dict[str, float],
         replace: bool = False,
     ) -> CommitInfo: ...
     def save_async(
-        self, step: int, tensors: List[_Tensor], blobs: List[_Blob], metrics: Dict[str, float]
+        self, step: int, tensors: List[_Saved], blobs: List[_Blob], metrics: Dict[str, float]
     ) -> Handle: ...
     def flush(self) -> None: ...
     def load(self, step: Optional[int] = None) -> Optional[Dict[str, Any]]: ...
@@ -320,7 +340,7 @@ class RawRemote:
     def save_shard(
         self,
         shard: Tuple[int, int, int],
-        tensors: List[_Tensor],
+        tensors: List[_Saved],
         blobs: List[_Blob],
         metrics: Dict[str, float],
     ) -> ShardInfo: ...
@@ -336,14 +356,14 @@ class RawRemote:
     def upload_shard(
         self,
         shard: Tuple[int, int, int],
-        tensors: List[_Tensor],
+        tensors: List[_Saved],
         blobs: List[_Blob],
         metrics: Dict[str, float],
     ) -> ShardInfo: ...
     def upload_shard_data(
         self,
         shard: Tuple[int, int, int],
-        tensors: List[_Tensor],
+        tensors: List[_Saved],
         blobs: List[_Blob],
         metrics: Dict[str, float],
     ) -> ShardInfo: ...

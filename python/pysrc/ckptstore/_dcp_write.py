@@ -5,7 +5,11 @@ store), the coordinator's commit naming exactly the shards of the save."""
 import dataclasses
 import io
 import os
-from typing import Any, Dict, List, Optional, Tuple
+import threading
+import weakref
+from concurrent.futures import Future as _Staging
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Dict, Hashable, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -17,11 +21,34 @@ from torch.futures import Future
 from . import StepExistsError, Store, Tensor, _dcp_json, step_number
 from ._dcp_base import METADATA, Target, _describe, _is_step_id, _is_url, _local, _remote, _SentAsUrl
 from ._dcp_json import Where
-from ._staging import Pool
+from ._staging import Hashes, Pool, Staged, hashes_of
 
 # The staged copies of async saves, reused by the next save to the same
 # target once the one that used it is done (`StorageWriter.stage`).
 _POOL = Pool()
+# The thread that stages in the background (`background_staging=True`).
+_STAGER = ThreadPoolExecutor(1, thread_name_prefix="ckptstore-dcp-stage")
+
+
+class _StagedState(dict):  # type: ignore[type-arg]
+    """The staged state DCP saves: a dict, that can be watched for when
+    DCP lets go of it (a weak reference)."""
+
+
+class _Lent:
+    """A staged copy lent to one save, given back to the pool once: when
+    the save finishes in this process, or when DCP lets go of the staged
+    state (in process mode the save finishes in DCP's process)."""
+
+    def __init__(self, key: Hashable, copied: Any) -> None:
+        self._key, self._copied = key, copied
+        self._lock = threading.Lock()
+
+    def give_back(self) -> None:
+        with self._lock:
+            copied, self._copied = self._copied, None
+        if copied is not None:
+            _POOL.give_back(self._key, copied)
 
 
 def _entry_name(index: MetadataIndex) -> str:
@@ -55,20 +82,55 @@ class StorageWriter(_SentAsUrl, _storage.StorageWriter):
 
     The ranks are those of the save (DCP's `process_group`, or the one
     process of `no_dist=True`): the coordinator numbers them from the plans
-    it gathers and hands each its rank and the world size in its plan."""
+    it gathers and hands each its rank and the world size in its plan.
 
-    def __init__(self, target: Target, step: int, overwrite: bool = True) -> None:
+    Through `dcp.async_save(state, storage_writer=StorageWriter(...))`,
+    the writer stages (see `stage`): with `background_staging` the copy
+    runs on a thread of its own and `async_save` returns at once, an
+    `AsyncSaveResponse` whose `staging_completion` says when the state may
+    change again; with `shared_memory` new staged copies are made in shared
+    memory, so that in DCP's process mode they reach its process without
+    a copy."""
+
+    def __init__(
+        self,
+        target: Target,
+        step: int,
+        overwrite: bool = True,
+        *,
+        background_staging: bool = False,
+        shared_memory: bool = False,
+    ) -> None:
         super().__init__()
         self._target = target
         self._step = step_number(step)
         self._overwrite = bool(overwrite)
+        self._background = bool(background_staging)
+        self._shared = bool(shared_memory)
         self._rank, self._world = 0, 1
         self._coordinator = True
         self._kept: Dict[str, Any] = {}
-        self._lent: Optional[Tuple[Any, Any]] = None
+        self._lent: Optional[_Lent] = None
+        self._hashes: Hashes = {}
 
     def _arguments(self) -> Dict[str, Any]:
-        return {"target": self._target, "step": self._step, "overwrite": self._overwrite}
+        return {
+            "target": self._target, "step": self._step, "overwrite": self._overwrite,
+            "background_staging": self._background, "shared_memory": self._shared,
+        }
+
+    def __getstate__(self) -> Dict[str, Any]:
+        # The staged tensors go with their hashes; DCP sends this writer in
+        # the same message as the staged state, so they are the same
+        # objects there (pickle keeps shared references).
+        state = super().__getstate__()
+        state["hashes"] = list(self._hashes.values())
+        return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        hashes = state.pop("hashes", [])
+        super().__setstate__(state)
+        self._hashes = {t.data_ptr(): (t, h) for t, h in hashes}
 
     def reset(self, checkpoint_id: Any = None) -> None:
         if checkpoint_id is not None:
@@ -89,17 +151,29 @@ class StorageWriter(_SentAsUrl, _storage.StorageWriter):
     def should_synchronize_after_execute(self) -> bool:
         return True
 
-    def stage(self, state_dict: Dict[str, Any]) -> Dict[str, Any]:
+    def stage(self, state_dict: Dict[str, Any]) -> Union[Dict[str, Any], "_Staging[Dict[str, Any]]"]:
         """A copy of `state_dict` in host memory that changes to the state
         leave alone, made into the memory of the copy an earlier async save
         to the same target (in this process) used, once that save is done
         with it: a state of the same layout needs no new memory, and the
-        process keeps one staged copy per target between saves. In DCP's
-        process mode the copy is not reused (the save runs elsewhere)."""
+        process keeps one staged copy per target between saves (in DCP's
+        process mode too: a copy is free again once DCP's process has
+        saved it). The bytes of host tensors are copied on every core and
+        hashed in the same pass; the save writes them without reading them
+        again. With `background_staging`, a future of the copy: the caller
+        may change the state once it is done."""
+        if self._background:
+            return _STAGER.submit(self._stage_now, state_dict)
+        return self._stage_now(state_dict)
+
+    def _stage_now(self, state_dict: Dict[str, Any]) -> Dict[str, Any]:
         key = (os.getpid(), id(self._target) if isinstance(self._target, Store) else os.fspath(self._target))
-        copied = _POOL.stage(key, state_dict)
-        self._lent = (key, copied)
-        return copied
+        copy: Staged = _POOL.stage(key, state_dict, shared=self._shared)
+        out = _StagedState(copy.state)
+        self._lent = _Lent(key, copy.state)
+        weakref.finalize(out, self._lent.give_back)
+        self._hashes = copy.hashes
+        return out
 
     def synchronize_staging(self) -> None:
         """Nothing to wait for: `stage` copies before it returns."""
@@ -110,8 +184,9 @@ class StorageWriter(_SentAsUrl, _storage.StorageWriter):
     def _give_back(self) -> None:
         """This save is done with its staged copy: the next may reuse it."""
         if self._lent is not None:
-            _POOL.give_back(*self._lent)
+            self._lent.give_back()
             self._lent = None
+        self._hashes = {}
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self._coordinator = is_coordinator
@@ -182,7 +257,7 @@ class StorageWriter(_SentAsUrl, _storage.StorageWriter):
             values[name] = raw
             return item.index, len(raw), name
         dtype, shape, array = _host_bytes(data)
-        values[name] = Tensor(dtype, shape, array)
+        values[name] = Tensor(dtype, shape, array, hashes_of(self._hashes, data))
         return item.index, int(array.size), name
 
     def _upload(self, values: Dict[str, Any], chunks_only: bool = False) -> str:

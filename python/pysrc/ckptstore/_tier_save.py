@@ -15,6 +15,7 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.futures import Future
 
 from . import CommitInfo, Store, Tensor, _dcp_json
+from ._staging import Hashes
 from ._dcp_json import Where
 from ._tier_layout import Record
 from ._tier_wire import Group
@@ -46,8 +47,9 @@ class ShardWriter(StorageWriter):
     too, DCP's metadata going into the step's record instead). Not sent to
     other processes (thread mode only)."""
 
-    def __init__(self, store: Store, step: int) -> None:
+    def __init__(self, store: Store, step: int, hashes: Optional[Hashes] = None) -> None:
         super().__init__(target=store, step=step)
+        self._hashes = dict(hashes or {})  # of a staged state's tensors
         self.store = store
         self.values: Values = {}
         self.metadata_json = ""

@@ -32,7 +32,7 @@ from ._tier_layout import (
     write_record,
 )
 from ._tier_load import Holding, TierReader, choose
-from ._staging import Pool
+from ._staging import Hashes, Pool
 from ._tier_save import SaveCost, ShardWriter, agree, record_of, send_copies
 from ._tier_wire import Group
 
@@ -140,9 +140,9 @@ class Tiers:
         copied = self._pool.stage(None, _stateful_to_state_dict(state))
         staging: "Future[None]" = Future()
         staging.set_result(None)
-        durable = self._submit(copied, step_number(step), started, time.perf_counter() - started)
+        durable = self._submit(copied.state, step_number(step), started, time.perf_counter() - started, copied.hashes)
         # Free for the next async_save once this save is done with it.
-        durable.add_done_callback(lambda _: self._pool.give_back(None, copied))
+        durable.add_done_callback(lambda _: self._pool.give_back(None, copied.state))
         return AsyncSaveResponse(staging_completion=staging, upload_completion=durable)
 
     def wait(self) -> None:
@@ -172,8 +172,10 @@ class Tiers:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _submit(self, state: Dict[str, Any], step: int, started: float, staging: Optional[float]) -> "Future[SaveCost]":
-        fut = self._saver.submit(self._save_now, state, step, started, staging)
+    def _submit(
+        self, state: Dict[str, Any], step: int, started: float, staging: Optional[float], hashes: Optional[Hashes] = None
+    ) -> "Future[SaveCost]":
+        fut = self._saver.submit(self._save_now, state, step, started, staging, hashes)
         with self._work:
             self._running.append(fut)
         return fut
@@ -208,13 +210,15 @@ class Tiers:
 
     # The save (on the save thread).
 
-    def _save_now(self, state: Dict[str, Any], step: int, started: float, staging: Optional[float]) -> SaveCost:
+    def _save_now(
+        self, state: Dict[str, Any], step: int, started: float, staging: Optional[float], hashes: Optional[Hashes]
+    ) -> SaveCost:
         topo, rank, group = self._topology, self._rank, self._group
         os.makedirs(self._dir, exist_ok=True)  # a node's disk may have been replaced
         own = self._store(own_store(self._dir, rank))
         # This rank vouches no more for an older save of the step.
         remove_record(self._dir, step, rank)
-        writer = ShardWriter(own, step)
+        writer = ShardWriter(own, step, hashes)
         dcp.save(state, storage_writer=writer, process_group=group.group, no_dist=group.group is None)
         failure, copy_digests, sizes = "", {}, []
         infos = [writer.info] if writer.info is not None else []

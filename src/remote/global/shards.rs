@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use crate::engine::hashing::with_hashes;
+use crate::engine::hashing::with_known_hashes;
 use crate::engine::plan::Plan;
 use crate::format::layout::small_tail;
 use crate::format::manifest::{hex, ChunkRef, Hash};
@@ -432,7 +432,8 @@ fn shard_manifest<'a>(plan: &Plan<'a>) -> Result<ShardData<'a>> {
     let ckpt = plan.ckpt;
     // Hashed on every core (the caller waits; the hashers do it all).
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
-    let hashes: Vec<Hash> = with_hashes(&plan.pieces, cores + 1, |h| h.collect());
+    let hashes: Vec<Hash> =
+        with_known_hashes(&plan.pieces, &plan.known, cores + 1, |h| h.collect());
     let pieces: Vec<(Hash, &[u8])> = hashes
         .into_iter()
         .zip(plan.pieces.iter().copied())
