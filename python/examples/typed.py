@@ -131,6 +131,31 @@ def tiers(dir: Path) -> None:
     into = {"w": torch.zeros(6), "epoch": 0}
     assert tier.load(into) == 2 and into["epoch"] == 3
     tier.close()
+    assert cost.as_metrics()["checkpoint/durable_s"] == cost.durable_seconds
+    assert ckptstore.SaveCost is SaveCost
+
+
+def staging(dir: Path) -> None:
+    # DCP's async_save staging through ckptstore's writer, in the background.
+    from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+    from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse, async_save
+
+    from ckptstore._ckptstore import ChunkHashes, copy_hashed
+    from ckptstore.dcp import StorageReader, StorageWriter
+
+    src, dst = np.arange(1 << 17, dtype=np.uint8), np.zeros(1 << 17, dtype=np.uint8)
+    (hashes,) = copy_hashed([(src, dst)])
+    assert isinstance(hashes, ChunkHashes) and hashes.nbytes == src.nbytes and (dst == src).all()
+    state = {"w": torch.arange(1 << 16, dtype=torch.float32)}
+    writer = StorageWriter(f"file://{dir}/staging-bucket", 1, background_staging=True)
+    response = async_save(state, storage_writer=writer, no_dist=True)
+    assert isinstance(response, AsyncSaveResponse)  # the staging is a future of its own
+    response.staging_completion.result()
+    state["w"].add_(1)  # staged: the save keeps the values of the call
+    response.upload_completion.result()
+    back = {"w": torch.zeros(1 << 16)}
+    dcp_load(back, storage_reader=StorageReader(f"file://{dir}/staging-bucket", 1), no_dist=True)
+    assert torch.equal(back["w"], torch.arange(1 << 16, dtype=torch.float32))
 
 
 def main(dir: Path) -> None:
@@ -139,6 +164,7 @@ def main(dir: Path) -> None:
     store.close()
     pytorch(dir)
     tiers(dir)
+    staging(dir)
     try:
         ckptstore.open(dir / "run.ckpt", read_only=True).save(3, {})
     except ckptstore.Error as e:

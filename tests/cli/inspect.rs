@@ -45,12 +45,23 @@ fn ls_show_and_stats_describe_the_store() -> Result {
         "{out}"
     );
     assert!(out.contains("1 nodes"), "{out}");
+    // What the commit wrote: "frozen" is the same in every step.
+    assert!(
+        out.contains("written:   ") && out.contains("shared with earlier steps"),
+        "{out}"
+    );
+    assert!(!out.contains("save:"), "no cost recorded: {out}");
     let (_, out, _) = common::ckpt(&["show", p, "10"])?;
     assert!(out.contains("(pinned)"), "{out}");
     let (code, out, _) = common::ckpt(&["show", p, "10", "--json"])?;
     assert_eq!(code, 0);
     let info: serde_json::Value = serde_json::from_str(&out)?;
     assert_eq!(info["blobs"]["frozen"].as_u64(), Some(300_000));
+    let (written, logical) = (
+        info["bytes_written"].as_u64(),
+        info["logical_bytes"].as_u64(),
+    );
+    assert!(written.zip(logical).is_some_and(|(w, l)| w < l), "{info}");
 
     let (code, out, _) = common::ckpt(&["stats", p, "--json"])?;
     assert_eq!(code, 0);

@@ -28,18 +28,21 @@ def uninterrupted(tmp_path_factory):
     return d
 
 
-def test_killed_run_resumes_from_last_bit_identical(tmp_path, uninterrupted):
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_killed_run_resumes_from_last_bit_identical(tmp_path, uninterrupted, mode):
+    # Async: the kill may land while a save commits in the background.
     kill_at, seed = common.kill_point(11, 59)  # after the first checkpoint (step 10)
     store, dirpath = tmp_path / "run.ckpt", tmp_path / "checkpoints"
-    run(store, dirpath, tmp_path / "params.pt", "--kill-at", kill_at, expect_kill=True)
-    run(store, dirpath, tmp_path / "params.pt", "--resume")
+    extra = ["--async"] if mode == "async" else []
+    run(store, dirpath, tmp_path / "params.pt", "--kill-at", kill_at, *extra, expect_kill=True)
+    run(store, dirpath, tmp_path / "params.pt", "--resume", *extra)
 
     common.assert_same_params(uninterrupted / "params.pt", tmp_path / "params.pt",
                               f"kill at step {kill_at}, seed {seed}")
 
     with ckptstore.open(store, read_only=True) as s:
         steps = s.steps()
-        names = {n for step in steps for n in s.info(step).metrics}
+        names = {n for step in steps for n in s.info(step).metrics if n.startswith("lightning:")}
     assert 1 <= len(steps) <= 3, steps
     # Every file left in the directory is a marker, and the markers are
     # exactly the names the store holds.
@@ -139,3 +142,81 @@ def test_loads_a_regular_checkpoint_file_and_reports_missing_names(tmp_path):
     with pytest.raises(FileNotFoundError, match="b.ckpt"):
         io.load_checkpoint(tmp_path / "b.ckpt")
     io.teardown()
+
+
+def test_async_saves_the_state_as_staged_and_returns_before_the_commit(tmp_path, monkeypatch):
+    import threading
+
+    io = cl.CheckpointIO(tmp_path / "run.ckpt", asynchronous=True)
+    gate = threading.Event()
+    commit = cl.CheckpointIO._commit
+
+    def held(self, *args):
+        assert gate.wait(30)
+        return commit(self, *args)
+
+    monkeypatch.setattr(cl.CheckpointIO, "_commit", held)
+    w = torch.randn(256, 1024)
+    want = w.clone()
+    io.save_checkpoint(_checkpoint(3, "last", w), tmp_path / "last.ckpt")
+    # Returned with nothing committed; the trainer changes the weights.
+    assert not (tmp_path / "last.ckpt").exists()
+    w.add_(1)
+    gate.set()
+    ck = io.load_checkpoint(tmp_path / "last.ckpt")  # waits for the save
+    assert torch.equal(ck["state_dict"]["w"], want)
+    cost = io.last_cost
+    assert cost is not None and cost.step == 3
+    assert 0 < cost.staging_seconds <= cost.blocked_seconds + 1e-3 < cost.durable_seconds
+    assert cost.bytes_new >= w.nbytes and cost.bytes_deduplicated == 0
+    # The next save of the same layout stages into the same memory, and
+    # the top-k rotation queued behind it leaves only the new name.
+    io.save_checkpoint(_checkpoint(4, "topk", w), tmp_path / "epoch=0.ckpt")
+    io.save_checkpoint(_checkpoint(5, "last", w), tmp_path / "last.ckpt")
+    io.remove_checkpoint(tmp_path / "epoch=0.ckpt")
+    assert io.names() == {str(tmp_path / "last.ckpt"): 5}
+    assert io.last_cost.bytes_deduplicated >= w.nbytes  # w as at step 4
+    io.teardown()
+    with ckptstore.open(tmp_path / "run.ckpt", read_only=True) as s:
+        assert s.steps() == [5]
+        metrics = s.info(5).metrics
+        assert metrics["ckptstore.staging_s"] > 0 and metrics["ckptstore.blocked_s"] > 0
+    import os
+    import subprocess
+
+    ckpt = os.environ.get("CKPT_BIN", "ckpt")
+    shown = subprocess.run([ckpt, "show", str(tmp_path / "run.ckpt"), "5"], capture_output=True, text=True)
+    assert shown.returncode == 0, shown.stderr
+    assert "save:      blocked " in shown.stdout and "shared with earlier steps" in shown.stdout, shown.stdout
+
+
+def test_a_failed_async_save_is_raised_by_the_next_save_and_by_teardown(tmp_path, monkeypatch):
+    io = cl.CheckpointIO(tmp_path / "run.ckpt", asynchronous=True)
+    io.save_checkpoint(_checkpoint(1, "last", torch.ones(4)), tmp_path / "last.ckpt")
+    assert io.names() == {str(tmp_path / "last.ckpt"): 1}  # waits for it
+
+    def full(*_):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(cl, "_write_marker", full)
+    io.save_checkpoint(_checkpoint(2, "last", torch.ones(4)), tmp_path / "last.ckpt")  # fails behind
+    with pytest.raises(OSError, match="No space"):
+        io.save_checkpoint(_checkpoint(3, "last", torch.ones(4)), tmp_path / "last.ckpt")
+    io.save_checkpoint(_checkpoint(4, "last", torch.ones(4)), tmp_path / "last.ckpt")  # raised once
+    with pytest.raises(OSError, match="No space"):
+        io.teardown()
+
+
+def test_save_costs_are_logged_with_the_trainers_logger(tmp_path):
+    import csv
+
+    store, dirpath = tmp_path / "run.ckpt", tmp_path / "checkpoints"
+    run(store, dirpath, tmp_path / "params.pt", "--async", "--costs", tmp_path / "logs")
+    (metrics,) = (tmp_path / "logs").rglob("metrics.csv")
+    rows = [r for r in csv.DictReader(metrics.open()) if r.get("checkpoint/durable_s")]
+    # A checkpoint each epoch: the last may still be in flight at the end.
+    assert len(rows) >= 5, rows
+    for r in rows:
+        assert float(r["checkpoint/durable_s"]) >= float(r["checkpoint/blocked_s"]) > 0
+        assert float(r["checkpoint/new_mib"]) > 0
+    assert sorted(int(r["step"]) for r in rows)[:2] == [10, 20]

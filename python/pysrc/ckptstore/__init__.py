@@ -81,6 +81,7 @@ __all__ = [
     "ShardStatus",
     "Checkpoint",
     "CommitInfo",
+    "SaveCost",
     "DTYPE_NAMES",
     "HfExport",
     "step_number",
@@ -479,4 +480,5 @@ def open(  # noqa: A001
 
 
 # The bucket's classes build on the helpers above.
+from ._cost import SaveCost  # noqa: E402
 from ._remote import Remote, Shard  # noqa: E402

@@ -134,15 +134,21 @@ class Rebuilder:
         raise ValueError(f"unknown structure entry {sorted(obj)}")
 
 
-def arrays(tensors):
+def arrays(tensors, hashes=None):
     """name -> ckptstore.Tensor over each tensor's bytes (a dtype the store
-    does not know is stored as its raw bytes, U8)."""
+    does not know is stored as its raw bytes, U8), with the hashes of a
+    staged tensor's chunks when `hashes` (a `Staged`'s) has them."""
     out = {}
     for name, t in tensors.items():
         data = host_bytes(t)
+        known = None
+        if hashes:
+            from ._staging import hashes_of
+
+            known = hashes_of(hashes, t)
         dtype = DTYPE_NAMES.get(dtype_name(t.dtype))
         if dtype is None:
-            out[name] = Tensor("U8", [data.size], data)
+            out[name] = Tensor("U8", [data.size], data, known)
         else:
-            out[name] = Tensor(dtype, list(t.shape), data)
+            out[name] = Tensor(dtype, list(t.shape), data, known)
     return out

@@ -5,7 +5,6 @@ the step's record."""
 
 import dataclasses
 import time
-from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -15,6 +14,7 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.futures import Future
 
 from . import CommitInfo, Store, Tensor, _dcp_json
+from ._cost import SaveCost
 from ._staging import Hashes
 from ._dcp_json import Where
 from ._tier_layout import Record
@@ -22,23 +22,6 @@ from ._tier_wire import Group
 from ._dcp_write import StorageWriter
 
 Values = Dict[str, Any]
-
-
-@dataclass(frozen=True)
-class SaveCost:
-    """What one rank's tiered save of `step` cost: seconds the caller was
-    blocked (`save`: until the step was complete; `async_save`: staging),
-    seconds staging took (0 for `save`), seconds from the call until the
-    step was complete on the local tier, and the bytes this rank's commits
-    (its shard and the copies it keeps) wrote new and referenced from
-    earlier steps instead (deduplicated)."""
-
-    step: int
-    blocked_seconds: float
-    staging_seconds: float
-    durable_seconds: float
-    bytes_new: int
-    bytes_deduplicated: int
 
 
 class ShardWriter(StorageWriter):

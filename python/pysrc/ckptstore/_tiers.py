@@ -33,7 +33,8 @@ from ._tier_layout import (
 )
 from ._tier_load import Holding, TierReader, choose
 from ._staging import Hashes, Pool
-from ._tier_save import SaveCost, ShardWriter, agree, record_of, send_copies
+from ._cost import SaveCost
+from ._tier_save import ShardWriter, agree, record_of, send_copies
 from ._tier_wire import Group
 
 

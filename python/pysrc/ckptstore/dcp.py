@@ -53,7 +53,7 @@ from ._dcp_base import METADATA, Target, _describe, _is_url, _local, _remote
 from ._dcp_read import StorageReader
 from ._dcp_write import StorageWriter
 from ._tier_layout import durable_write
-from ._tier_save import SaveCost
+from ._cost import SaveCost
 from ._tiers import Tiers
 
 __all__ = ["StorageWriter", "StorageReader", "Tiers", "SaveCost", "METADATA", "consolidate", "export_hf"]

@@ -44,6 +44,16 @@ TypeError naming its key: convert it to plain data, or save the module's
 checkpoint (one written before switching) hands it to Lightning's own
 `TorchCheckpointIO`.
 
+With `asynchronous=True` a save returns once the checkpoint's tensors
+are copied (into host memory kept for the next save, hashed as they are
+copied), and the commit and the marker are written on a thread of the
+plugin's; a save still in flight when the next one starts, a load, a
+removal or the end of the fit (`teardown`) waits for it and raises its
+failure. Each save's cost (`ckptstore.SaveCost`) is `last_cost` once it
+is durable; `ckptstore.lightning.SaveCosts()`, a callback, logs it with
+the trainer's logger (a `CheckpointIO` has no trainer to log with). The
+step's metrics keep `ckptstore.blocked_s` and `ckptstore.staging_s`.
+
 What it cannot do: Lightning strategies that save sharded state
 (FSDP with `state_dict_type="sharded"`, DeepSpeed, ModelParallelStrategy)
 bypass `CheckpointIO` or hand it per-rank shards; use
@@ -53,23 +63,28 @@ loaded on the CPU (`map_location` may name a device).
 
 import json
 import os
+import time
 from typing import Any, Dict, List, Optional, Set, Tuple, Union
 
 import numpy as np
 import torch
 
-from . import Store, Tensor
+from . import SaveCost, Store, Tensor
 from . import open as open_store
+from ._background import Background
+from ._staging import Pool
 from ._structure import Flattener, Rebuilder, arrays
 
 try:
+    from lightning.pytorch.callbacks import Callback as _Callback
     from lightning.pytorch.plugins.io import CheckpointIO as _CheckpointIO
     from lightning.pytorch.plugins.io import TorchCheckpointIO as _TorchCheckpointIO
 except ImportError:  # the standalone package
+    from pytorch_lightning.callbacks import Callback as _Callback  # type: ignore[no-redef]
     from pytorch_lightning.plugins.io import CheckpointIO as _CheckpointIO  # type: ignore[no-redef]
     from pytorch_lightning.plugins.io import TorchCheckpointIO as _TorchCheckpointIO  # type: ignore[no-redef]
 
-__all__ = ["CheckpointIO"]
+__all__ = ["CheckpointIO", "SaveCosts"]
 
 # A path's structure is the blob "lightning:<path>"; its tensors are named
 # "lightning:<path>/<key>/<key>...". Each name is also a metric of its
@@ -90,7 +105,8 @@ class CheckpointIO(_CheckpointIO):
     `target` is a store path (opened on first use, in each process that
     uses it, closed by `teardown`) or an open `ckptstore.Store` (used as
     it is, never closed here). `replicate_to` and `threads` are passed to
-    `ckptstore.open`.
+    `ckptstore.open`. With `asynchronous`, saves commit in the background
+    (see the module's text).
     """
 
     def __init__(
@@ -99,8 +115,13 @@ class CheckpointIO(_CheckpointIO):
         *,
         replicate_to: Optional[str] = None,
         threads: Optional[int] = None,
+        asynchronous: bool = False,
     ) -> None:
         super().__init__()
+        self._async = bool(asynchronous)
+        self._background = Background("ckptstore-lightning-save")
+        self._pool = Pool()
+        self.last_cost: Optional[SaveCost] = None
         self._given: Optional[Store] = target if isinstance(target, Store) else None
         self._path: Optional[str] = None if self._given else os.path.abspath(os.fspath(target))
         if self._path is not None:
@@ -121,7 +142,13 @@ class CheckpointIO(_CheckpointIO):
                             "give it the store's path")
         state = dict(self.__dict__)
         state["_store"] = None
+        state["_background"] = state["_pool"] = None  # threads and copies stay here
         return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._background = Background("ckptstore-lightning-save")
+        self._pool = Pool()
 
     # --- Lightning's interface -------------------------------------------
 
@@ -129,26 +156,53 @@ class CheckpointIO(_CheckpointIO):
         self, checkpoint: Dict[str, Any], path: Any, storage_options: Optional[Any] = None
     ) -> None:
         """Store `checkpoint` as step `checkpoint["global_step"]` under the
-        name `path`, then write `path`'s marker file."""
+        name `path`, then write `path`'s marker file (with `asynchronous`:
+        once its tensors are staged, in the background)."""
+        started = time.perf_counter()
         if storage_options is not None:
             raise TypeError(f"ckptstore.lightning.CheckpointIO takes no storage_options, got {storage_options!r}")
+        self._background.wait()  # the save before: done, or its failure raised
         file = _name(path)
-        name = self._key(file)
         step = _global_step(checkpoint, file)
         flat = Flattener()
-        structure = flat.walk(checkpoint, _PREFIX + name)
+        structure = flat.walk(checkpoint, _PREFIX + self._key(file))
         blob = json.dumps({"format": _FORMAT, "checkpoint": structure}, separators=(",", ":")).encode()
+        if not self._async:
+            self._commit(file, step, arrays(flat.tensors), blob, started, 0.0)
+            return
+        staged = self._pool.stage(None, flat.tensors)
+        staging = time.perf_counter() - started
+        values = arrays(staged.state, staged.hashes)
+
+        def commit() -> None:
+            try:
+                self._commit(file, step, values, blob, started, staging)
+            finally:
+                self._pool.give_back(None, staged.state)
+
+        self._background.submit(commit)
+
+    def _commit(self, file: str, step: int, tensors: Dict[str, Any], blob: bytes, started: float,
+                staging: float) -> None:
+        """Commit a checkpoint's tensors and structure under `file`'s name
+        (with the other names' entries at `step`), then its marker."""
+        name = self._key(file)
         store = self._open(write=True)
         self._sweep(store, os.path.dirname(file))
         values: Dict[str, Any] = self._others_at(store, step, name)
-        values.update(arrays(flat.tensors))
+        values.update(tensors)
         values[_PREFIX + name] = blob
-        store.save(step, values, _metrics(values), replace=True)
+        blocked = staging if self._async else time.perf_counter() - started
+        costs = {"ckptstore.staging_s": staging, "ckptstore.blocked_s": blocked}
+        info = store.save(step, values, {**_metrics(values), **costs}, replace=True)
         self._drop(store, name, keep=step)
         if name != file:
             self._drop(store, file, keep=None)  # its name in a store of marker format 1
         where = None if self._path is None else os.path.relpath(self._path, os.path.dirname(file))
         _write_marker(file, {"format": _MARKER_FORMAT, _MARKER: where, "name": name, "step": step})
+        durable = time.perf_counter() - started
+        self.last_cost = SaveCost(step, blocked if self._async else durable, staging, durable,
+                                  info.bytes_written, info.bytes_reused)
 
     def load_checkpoint(
         self, path: Any, map_location: Optional[Any] = None, weights_only: Optional[bool] = None
@@ -156,6 +210,7 @@ class CheckpointIO(_CheckpointIO):
         """The checkpoint saved under `path` (a marker file or the name a
         checkpoint was saved under). Nothing loaded runs code, whatever
         `weights_only` says."""
+        self._background.wait()
         file = _name(path)
         marker = _read_marker(file)
         if marker is None and os.path.isfile(file):
@@ -175,7 +230,14 @@ class CheckpointIO(_CheckpointIO):
 
     def remove_checkpoint(self, path: Any) -> None:
         """Remove `path`'s marker, then its name from the store: its step
-        goes (one transaction) once no name refers to it."""
+        goes (one transaction) once no name refers to it. With
+        `asynchronous`, behind the saves in flight, in the background."""
+        if self._async:
+            self._background.then(self._remove, path)
+        else:
+            self._remove(path)
+
+    def _remove(self, path: Any) -> None:
         file = _name(path)
         marker = _read_marker(file)
         if marker is None and os.path.isfile(file):
@@ -191,17 +253,23 @@ class CheckpointIO(_CheckpointIO):
         self._drop(store, name, keep=None)
 
     def teardown(self) -> None:
-        """Close the store this plugin opened (waiting for replication),
-        unless another plugin of this process uses it too."""
-        store, self._store = self._store, None
-        if store is not None and self._given is None:
-            _release(self, store)
+        """Wait for the saves in flight (raising a failure), then close the
+        store this plugin opened (waiting for replication), unless another
+        plugin of this process uses it too."""
+        try:
+            self._background.close()
+        finally:
+            store, self._store = self._store, None
+            if store is not None and self._given is None:
+                _release(self, store)
+            self._pool.clear(None)
 
     # --- queries ---------------------------------------------------------
 
     def names(self) -> Dict[str, int]:
         """Each checkpoint the store holds, by its file's absolute path,
         and its step."""
+        self._background.wait()
         store = self._open(write=False)
         out: Dict[str, int] = {}
         for step in store.steps():
@@ -288,7 +356,9 @@ class CheckpointIO(_CheckpointIO):
                 continue
             rest = self._others_at(store, step, name)
             if rest:
-                store.save(step, rest, _metrics(rest), replace=True)
+                info = store.info(step)
+                kept = {k: v for k, v in (info.metrics if info else {}).items() if k.startswith("ckptstore.")}
+                store.save(step, rest, {**_metrics(rest), **kept}, replace=True)
             else:
                 store.remove(step)
 
@@ -311,6 +381,36 @@ class CheckpointIO(_CheckpointIO):
 # which no teardown follows) writes through the same handle instead of
 # finding the store locked.
 _WRITERS: Dict[str, Tuple[Store, Set[int]]] = {}
+
+
+class SaveCosts(_Callback):
+    """Logs the cost of each save of a `ckptstore.lightning.CheckpointIO`
+    (`SaveCost.as_metrics(prefix)`: blocked, staging and durable seconds,
+    MiB new and deduplicated) with the trainer's loggers at its step, once
+    the save is durable: at the next training batch's end, or at the end
+    of training (an async save still in flight then is logged by the next
+    fit)."""
+
+    def __init__(self, prefix: str = "checkpoint/") -> None:
+        self._prefix = prefix
+        self._logged: Optional[SaveCost] = None
+
+    def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+        self._log(trainer)
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self._log(trainer)
+
+    def _log(self, trainer: Any) -> None:
+        io = getattr(trainer.strategy, "checkpoint_io", None)
+        while io is not None and not isinstance(io, CheckpointIO):
+            io = getattr(io, "checkpoint_io", None)  # under a wrapping plugin
+        cost = io.last_cost if io is not None else None
+        if cost is None or cost is self._logged:
+            return
+        self._logged = cost
+        for logger in trainer.loggers:
+            logger.log_metrics(cost.as_metrics(self._prefix), step=cost.step)
 
 
 def _acquire(user: object, path: str, replicate_to: Optional[str], threads: Optional[int]) -> Store:

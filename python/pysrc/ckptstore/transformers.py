@@ -29,6 +29,16 @@ Restored into `output_dir`, the callback deletes it; restored elsewhere
 `train` returns (the Trainer reads its RNG state when the first epoch
 begins, after `on_train_begin`).
 
+With `asynchronous=True`, `on_save` returns once it has opened (mapped)
+the directory's files: reading them, committing, deleting the directory
+and the rotation run on a thread of the callback's; the next save, and
+the end of training, wait for that and raise its failure. The directory's
+mapped files stay readable if the Trainer's own rotation deletes it
+meanwhile. Each save's cost (`ckptstore.SaveCost`) is `last_cost` once
+it is durable, and is appended to the Trainer's `state.log_history` (as
+`checkpoint/blocked_s`, `checkpoint/durable_s`, ... at its step, kept in
+`trainer_state.json`); the step's metrics keep `ckptstore.blocked_s`.
+
 What it cannot do: `load_best_model_at_end=True` reloads the best
 checkpoint from its directory at the end of training, which is no longer
 on disk: refused with a ValueError when the Trainer is built. Only the
@@ -44,13 +54,15 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from typing import Any, Dict, Optional, Union
 
 import numpy as np
 from transformers import TrainerCallback
 
-from . import Store, Tensor
+from . import SaveCost, Store, Tensor
 from . import open as open_store
+from ._background import Background
 
 __all__ = ["CheckpointCallback", "restore"]
 
@@ -62,9 +74,19 @@ class CheckpointCallback(TrainerCallback):
     """Moves each checkpoint directory the Trainer writes into a store
     (see the module's text). `target` is a store path (opened on the
     first save, closed at the end of training) or an open `Store`;
-    `replicate_to` is passed to `ckptstore.open`."""
+    `replicate_to` is passed to `ckptstore.open`. With `asynchronous`, the
+    work after the files are opened runs in the background."""
 
-    def __init__(self, target: Union[Store, "os.PathLike[str]", str], *, replicate_to: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        target: Union[Store, "os.PathLike[str]", str],
+        *,
+        replicate_to: Optional[str] = None,
+        asynchronous: bool = False,
+    ) -> None:
+        self._async = bool(asynchronous)
+        self._background = Background("ckptstore-transformers-save")
+        self.last_cost: Optional[SaveCost] = None
         self._given = target if isinstance(target, Store) else None
         self._path = None if self._given else os.path.abspath(os.fspath(target))
         if self._path is not None:
@@ -86,24 +108,49 @@ class CheckpointCallback(TrainerCallback):
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not state.is_world_process_zero:
             return
+        started = time.perf_counter()
+        self._background.wait()  # the save before: done, or its failure raised
         step = state.global_step
         folder = os.path.join(args.output_dir, f"checkpoint-{step}")
         if not os.path.isdir(folder):
             raise FileNotFoundError(f"on_save: the Trainer wrote no {folder}")
+        # Directories left by a killed run or by `restore` (none of a save
+        # of this process: each is gone once stored).
+        self._sweep(args.output_dir, keep=step)
+        values = _files(folder)  # mapped: readable even if the folder goes
+        metrics = _metrics(state.log_history)
+        if self._async:
+            staged = time.perf_counter() - started
+            self._background.submit(self._commit, step, folder, values, metrics, args, state, started, staged)
+        else:
+            self._commit(step, folder, values, metrics, args, state, started, None)
+
+    def _commit(self, step: int, folder: str, values: Dict[str, Any], metrics: Dict[str, float], args: Any,
+                state: Any, started: float, staged: Optional[float]) -> None:
+        """Store `folder`'s files as `step`, delete it, keep the newest
+        steps; record what it cost."""
         store = self._open()
-        values = _files(folder)
-        store.save(step, values, _metrics(state.log_history), replace=True)
-        shutil.rmtree(folder)
+        blocked = staged if staged is not None else 0.0
+        metrics = {**metrics, "ckptstore.blocked_s": blocked, "ckptstore.staging_s": blocked}
+        info = store.save(step, values, metrics, replace=True)
+        shutil.rmtree(folder, ignore_errors=True)
         self._retain(store, args, state)
-        self._sweep(args.output_dir, keep=None)
+        durable = time.perf_counter() - started
+        cost = SaveCost(step, blocked if staged is not None else durable, blocked, durable,
+                        info.bytes_written, info.bytes_reused)
+        self.last_cost = cost
+        state.log_history.append({**cost.as_metrics(), "step": step})
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not state.is_world_process_zero:
             return
-        self._sweep(args.output_dir, keep=None)
-        store, self._store = self._store, None
-        if store is not None and self._given is None:
-            store.close()
+        try:
+            self._background.close()  # raises a failed save's error
+        finally:
+            self._sweep(args.output_dir, keep=None)
+            store, self._store = self._store, None
+            if store is not None and self._given is None:
+                store.close()
 
     def _open(self) -> Store:
         if self._given is not None:

@@ -177,7 +177,8 @@ fn show(store: &Path, step: &str, json: bool) -> Result<ExitCode> {
     let step = resolve(&s, step)?;
     let info = s.info(step)?.ok_or(Error::StepNotFound { step })?;
     let pinned = s.pinned()?.contains(&step);
-    output::show(&info, pinned, json)?;
+    let summary = s.summaries(step..=step)?.into_iter().next();
+    output::show(&info, summary.as_ref(), pinned, json)?;
     Ok(ExitCode::SUCCESS)
 }
 

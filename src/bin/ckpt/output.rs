@@ -151,9 +151,17 @@ pub fn incomplete(steps: &[ShardStatus]) -> Result {
     Ok(())
 }
 
-pub fn show(info: &StepInfo, pinned: bool, json: bool) -> Result {
+/// A step's manifest; with its summary, what its commit wrote new and
+/// what it shared with earlier steps, and what its save cost the caller
+/// when the saver recorded it (`ckptstore.*_s` metrics).
+pub fn show(info: &StepInfo, summary: Option<&StepSummary>, pinned: bool, json: bool) -> Result {
     if json {
-        outln!("{}", serde_json::to_string_pretty(info)?);
+        let mut value = serde_json::to_value(info)?;
+        if let (Some(s), Some(map)) = (summary, value.as_object_mut()) {
+            map.insert("logical_bytes".into(), s.logical_bytes.into());
+            map.insert("bytes_written".into(), s.bytes_written.into());
+        }
+        outln!("{}", serde_json::to_string_pretty(&value)?);
         return Ok(());
     }
     outln!(
@@ -168,6 +176,20 @@ pub fn show(info: &StepInfo, pinned: bool, json: bool) -> Result {
     );
     outln!("loss_cid:  {}", info.loss_cid.as_deref().unwrap_or("-"));
     outln!("metrics:   {}", metrics(&info.metrics));
+    if let Some(s) = summary {
+        let shared = s.logical_bytes.saturating_sub(s.bytes_written);
+        outln!(
+            "written:   {} new, {} shared with earlier steps",
+            bytes(s.bytes_written),
+            bytes(shared)
+        );
+    }
+    let cost = |key: &str| info.metrics.get(key).copied();
+    if let (Some(blocked), Some(staging)) =
+        (cost("ckptstore.blocked_s"), cost("ckptstore.staging_s"))
+    {
+        outln!("save:      blocked {blocked:.3} s, staging {staging:.3} s");
+    }
     outln!(
         "graph:     {} nodes, {} edges",
         info.node_count,

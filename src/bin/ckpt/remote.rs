@@ -108,7 +108,8 @@ pub(crate) fn show(url: &str, step: &str, json: bool) -> Result<ExitCode> {
     let info = remote
         .info(step)?
         .ok_or_else(|| format!("step {step} is not in {url} (`ckpt ls {url}` lists its steps)"))?;
-    output::show(&info, false, json)?;
+    let summary = remote.summaries()?.into_iter().find(|s| s.step == step);
+    output::show(&info, summary.as_ref(), false, json)?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -1,11 +1,12 @@
 """A 2-layer GPT-2 (built from a config, nothing downloaded) trained by
 the Hugging Face Trainer with ckptstore.transformers.CheckpointCallback.
 
-    python hf_run.py STORE OUTPUT_DIR OUT [--kill-at STEP] [--resume]
+    python hf_run.py STORE OUTPUT_DIR OUT [--kill-at STEP] [--resume] [--async]
 
 24 optimizer steps, a checkpoint every 4, save_total_limit=2; with
 --kill-at, SIGKILLs itself after that step; with --resume, restores the
-store's latest step into OUTPUT_DIR and resumes from it. Writes the final
+store's latest step into OUTPUT_DIR and resumes from it; with --async, the
+callback stores in the background. Writes the final
 parameters to OUT (torch.save) and prints "done".
 """
 
@@ -47,6 +48,7 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--kill-at", type=int, default=None)
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--async", dest="asynchronous", action="store_true")
     args = ap.parse_args()
     torch.manual_seed(0)
     config = GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=64, n_positions=16,
@@ -57,13 +59,15 @@ def main() -> None:
         learning_rate=1e-3, logging_steps=4, report_to=[], use_cpu=True, seed=0, data_seed=0,
         dataloader_num_workers=0, disable_tqdm=True,
     )
-    callbacks = [ckt.CheckpointCallback(args.store)]
+    callbacks = [ckt.CheckpointCallback(args.store, asynchronous=args.asynchronous)]
     if args.kill_at is not None:
         callbacks.append(KillAt(args.kill_at))
     trainer = Trainer(model=model, args=training, train_dataset=Tokens(), callbacks=callbacks)
     resume = ckt.restore(args.store, dir=args.output_dir) if args.resume else None
     trainer.train(resume_from_checkpoint=resume)
     torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, args.out)
+    costs = [e for e in trainer.state.log_history if "checkpoint/durable_s" in e]
+    print("costs", ",".join(str(e["step"]) for e in costs), flush=True)
     print("done", trainer.state.global_step, resume, flush=True)
 
 

@@ -1,10 +1,13 @@
 """A small LightningModule trained through ckptstore.lightning.CheckpointIO.
 
     python lightning_run.py STORE DIRPATH OUT [--kill-at STEP] [--resume]
+        [--async] [--costs CSV_DIR]
 
 Trains 6 epochs of 10 batches (no shuffle) with ModelCheckpoint(every
 epoch, top 2 by val_loss, save_last); with --kill-at, SIGKILLs itself after
-that optimizer step; with --resume, fits from ckpt_path="last". Writes the
+that optimizer step; with --resume, fits from ckpt_path="last"; with
+--async, the plugin commits in the background; with --costs, SaveCosts
+logs each save's cost to a CSVLogger in CSV_DIR. Writes the
 final parameters to OUT (torch.save) and prints "done".
 """
 
@@ -64,6 +67,8 @@ def main() -> None:
     ap.add_argument("out")
     ap.add_argument("--kill-at", type=int, default=None)
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--async", dest="asynchronous", action="store_true")
+    ap.add_argument("--costs", default=None)
     args = ap.parse_args()
     pl.seed_everything(0, verbose=False)
     callbacks = [
@@ -72,9 +77,16 @@ def main() -> None:
     ]
     if args.kill_at is not None:
         callbacks.append(KillAt(args.kill_at))
+    logger = False
+    if args.costs is not None:
+        from lightning.pytorch.loggers import CSVLogger
+
+        callbacks.append(ckptstore.lightning.SaveCosts())
+        logger = CSVLogger(args.costs, name="costs")
+    plugin = ckptstore.lightning.CheckpointIO(args.store, asynchronous=args.asynchronous)
     trainer = pl.Trainer(
-        max_epochs=6, plugins=[ckptstore.lightning.CheckpointIO(args.store)], callbacks=callbacks,
-        logger=False, enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
+        max_epochs=6, plugins=[plugin], callbacks=callbacks,
+        logger=logger, enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
         deterministic=True,
     )
     model = Model()
