@@ -5,6 +5,8 @@ as the call returns. One process (DCP's no_dist), a directory bucket."""
 
 import threading
 
+import pytest
+
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.staging import AsyncStager
@@ -169,3 +171,30 @@ def test_a_failed_background_save_reaches_the_caller(tmp_path):
     else:
         raise AssertionError("a save of a committed step without overwrite must fail")
     assert same(loaded(url, 1), state(1))
+
+
+def test_each_save_reports_its_cost_and_the_step_keeps_its_staging(tmp_path):
+    import json
+    import os
+    import subprocess
+
+    url = f"file://{tmp_path}/bucket"
+    writer = StorageWriter(url, 1, background_staging=True)
+    response = dcp.async_save(state(1), storage_writer=writer, no_dist=True)
+    response.upload_completion.result(timeout=60)
+    cost = writer.cost
+    assert cost is not None and cost.step == 1
+    assert 0 < cost.staging_seconds < cost.durable_seconds and cost.blocked_seconds == 0
+    assert cost.bytes_new >= 1_200_000 and cost.bytes_deduplicated == 0
+    # The same state again: nothing new to write.
+    again = StorageWriter(url, 2)
+    dcp.save(state(1), storage_writer=again, no_dist=True)
+    assert again.cost.bytes_deduplicated >= 1_200_000 and again.cost.staging_seconds == 0
+    assert again.cost.blocked_seconds == again.cost.durable_seconds > 0
+
+    ckpt = os.environ.get("CKPT_BIN", "ckpt")
+    listed = subprocess.run([ckpt, "ls", url, "--json"], capture_output=True, text=True)
+    assert listed.returncode == 0, listed.stderr
+    rows = {r["step"]: r for r in json.loads(listed.stdout)}
+    assert rows[1]["metrics"]["ckptstore.staging_s"] == pytest.approx(cost.staging_seconds)
+    assert "ckptstore.staging_s" not in rows[2]["metrics"]  # not staged

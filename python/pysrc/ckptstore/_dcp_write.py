@@ -6,6 +6,7 @@ import dataclasses
 import io
 import os
 import threading
+import time
 import weakref
 from concurrent.futures import Future as _Staging
 from concurrent.futures import ThreadPoolExecutor
@@ -18,7 +19,7 @@ from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, Stora
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
 from torch.futures import Future
 
-from . import StepExistsError, Store, Tensor, _dcp_json, step_number
+from . import SaveCost, StepExistsError, Store, Tensor, _dcp_json, step_number
 from ._dcp_base import METADATA, Target, _describe, _is_step_id, _is_url, _local, _remote, _SentAsUrl
 from ._dcp_json import Where
 from ._staging import Hashes, Pool, Staged, hashes_of
@@ -112,6 +113,13 @@ class StorageWriter(_SentAsUrl, _storage.StorageWriter):
         self._kept: Dict[str, Any] = {}
         self._lent: Optional[_Lent] = None
         self._hashes: Hashes = {}
+        # What this save costs (`cost`): when it began (its staging, or
+        # its first write), seconds staging and blocking the caller took
+        # (staged saves only), and bytes (new, deduplicated) it wrote.
+        self._began: Optional[float] = None
+        self._staged: Optional[Tuple[float, float]] = None
+        self._bytes = [0, 0]
+        self.cost: Optional[SaveCost] = None
 
     def _arguments(self) -> Dict[str, Any]:
         return {
@@ -125,12 +133,15 @@ class StorageWriter(_SentAsUrl, _storage.StorageWriter):
         # objects there (pickle keeps shared references).
         state = super().__getstate__()
         state["hashes"] = list(self._hashes.values())
+        state["staged"] = self._staged
         return state
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         hashes = state.pop("hashes", [])
+        staged = state.pop("staged", None)
         super().__setstate__(state)
         self._hashes = {t.data_ptr(): (t, h) for t, h in hashes}
+        self._staged = staged
 
     def reset(self, checkpoint_id: Any = None) -> None:
         if checkpoint_id is not None:
@@ -162,17 +173,23 @@ class StorageWriter(_SentAsUrl, _storage.StorageWriter):
         hashed in the same pass; the save writes them without reading them
         again. With `background_staging`, a future of the copy: the caller
         may change the state once it is done."""
+        self._began = time.perf_counter()
         if self._background:
-            return _STAGER.submit(self._stage_now, state_dict)
-        return self._stage_now(state_dict)
+            return _STAGER.submit(self._stage_now, state_dict, True)
+        return self._stage_now(state_dict, False)
 
-    def _stage_now(self, state_dict: Dict[str, Any]) -> Dict[str, Any]:
+    def _stage_now(self, state_dict: Dict[str, Any], background: bool) -> Dict[str, Any]:
+        started = time.perf_counter()
         key = (os.getpid(), id(self._target) if isinstance(self._target, Store) else os.fspath(self._target))
         copy: Staged = _POOL.stage(key, state_dict, shared=self._shared)
         out = _StagedState(copy.state)
         self._lent = _Lent(key, copy.state)
         weakref.finalize(out, self._lent.give_back)
         self._hashes = copy.hashes
+        staging = time.perf_counter() - started
+        # Blocked: the call alone with a background copy (a few
+        # microseconds, taken as none), else the copy.
+        self._staged = (staging, 0.0 if background else staging)
         return out
 
     def synchronize_staging(self) -> None:
@@ -222,6 +239,8 @@ class StorageWriter(_SentAsUrl, _storage.StorageWriter):
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> "Future[List[_storage.WriteResult]]":
         if isinstance(plan.storage_data, tuple):
             self._rank, self._world = plan.storage_data
+        if self._began is None:
+            self._began = time.perf_counter()
         values: Dict[str, Any] = {}
         written = [self._resolve(item, planner, values) for item in plan.items]
         shard = ""
@@ -236,6 +255,7 @@ class StorageWriter(_SentAsUrl, _storage.StorageWriter):
         elif _is_url(self._target):
             shard = self._upload(values)
             self._give_back()
+            self._done()
         # Every rank reports its shard, also a rank with no items.
         written.append((MetadataIndex(fqn=f"\0ckptstore.rank.{self._rank}"), 0, ""))
         results = [
@@ -260,10 +280,27 @@ class StorageWriter(_SentAsUrl, _storage.StorageWriter):
         values[name] = Tensor(dtype, shape, array, hashes_of(self._hashes, data))
         return item.index, int(array.size), name
 
-    def _upload(self, values: Dict[str, Any], chunks_only: bool = False) -> str:
+    def _upload(self, values: Dict[str, Any], chunks_only: bool = False, metrics: Optional[Dict[str, float]] = None) -> str:
         remote = _remote(self._target)
-        info = remote.upload_shard(self._step, self._rank, self._world, values, data_only=chunks_only)
+        info = remote.upload_shard(self._step, self._rank, self._world, values, data_only=chunks_only,
+                                   metrics=metrics)
+        self._bytes[0] += info.bytes_uploaded
+        self._bytes[1] += info.bytes_skipped
         return info.shard
+
+    def _cost_metrics(self) -> Dict[str, float]:
+        """The step's record of its staging: `ckptstore.staging_s` and
+        `ckptstore.blocked_s` (`ckpt ls` shows them), for a staged save."""
+        if self._staged is None:
+            return {}
+        return {"ckptstore.staging_s": self._staged[0], "ckptstore.blocked_s": self._staged[1]}
+
+    def _done(self) -> None:
+        """This rank's part is durable: its `cost`."""
+        now = time.perf_counter()
+        durable = now - (self._began if self._began is not None else now)
+        staging, blocked = self._staged if self._staged is not None else (0.0, durable)
+        self.cost = SaveCost(self._step, blocked, staging, durable, self._bytes[0], self._bytes[1])
 
     def finish(self, metadata: Metadata, results: List[List[_storage.WriteResult]]) -> None:
         shards: List[str] = [""] * self._world
@@ -281,12 +318,15 @@ class StorageWriter(_SentAsUrl, _storage.StorageWriter):
         values[METADATA] = _dcp_json.to_json(metadata).encode()
         if not _is_url(self._target):
             with _local(self._target) as store:
-                store.save(self._step, values, replace=self._overwrite)
+                info = store.save(self._step, values, self._cost_metrics(), replace=self._overwrite)
+            self._bytes = [info.bytes_written, info.bytes_reused]
             self._give_back()
+            self._done()
             return
-        shards[self._rank] = self._upload(values)
+        shards[self._rank] = self._upload(values, metrics=self._cost_metrics())
         self._give_back()
         missing = [r for r, s in enumerate(shards) if not s]
         if missing:
             raise ValueError(f"step {self._step}: no shard reported by ranks {missing}")
         _remote(self._target).commit_global(self._step, shards)
+        self._done()

@@ -88,17 +88,24 @@ class Remote:
     # Global steps a coordinator completes (what ckptstore.dcp stands on).
 
     def upload_shard(
-        self, step: int, rank: int, world_size: int, state: Mapping[str, Value], data_only: bool = False
+        self,
+        step: int,
+        rank: int,
+        world_size: int,
+        state: Mapping[str, Value],
+        data_only: bool = False,
+        metrics: Optional[Mapping[str, float]] = None,
     ) -> ShardInfo:
         """Upload rank `rank`'s shard of global step `step` without completing
         the step; `info.shard` names it for `commit_global`. Its new chunks
         go into pack objects; chunks this Remote uploaded or loaded before
         are not uploaded again (nothing is asked of the bucket per chunk).
         With `data_only`, only its chunks (no shard yet: a later
-        upload_shard of the same data through this Remote finds them)."""
+        upload_shard of the same data through this Remote finds them).
+        `metrics` are the shard's (rank 0's are the step's, `ckpt ls`)."""
         tensors, blobs = _split(state)
         raw = self._raw.upload_shard_data if data_only else self._raw.upload_shard
-        return raw((_step(step), int(rank), int(world_size)), tensors, blobs, {})
+        return raw((_step(step), int(rank), int(world_size)), tensors, blobs, _metrics(metrics))
 
     def commit_global(self, step: int, shards: List[str]) -> None:
         """Complete global step `step` with exactly `shards` (each rank's
