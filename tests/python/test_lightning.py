@@ -145,17 +145,8 @@ def test_loads_a_regular_checkpoint_file_and_reports_missing_names(tmp_path):
 
 
 def test_async_saves_the_state_as_staged_and_returns_before_the_commit(tmp_path, monkeypatch):
-    import threading
-
     io = cl.CheckpointIO(tmp_path / "run.ckpt", asynchronous=True)
-    gate = threading.Event()
-    commit = cl.CheckpointIO._commit
-
-    def held(self, *args):
-        assert gate.wait(30)
-        return commit(self, *args)
-
-    monkeypatch.setattr(cl.CheckpointIO, "_commit", held)
+    gate = common.held(monkeypatch, cl.CheckpointIO, "_commit")
     w = torch.randn(256, 1024)
     want = w.clone()
     io.save_checkpoint(_checkpoint(3, "last", w), tmp_path / "last.ckpt")

@@ -101,18 +101,9 @@ def _written(out, step, payload):
 
 
 def test_async_on_save_returns_before_storing_and_keeps_the_files_as_written(tmp_path, monkeypatch):
-    import threading
-
     out, store = tmp_path / "out", tmp_path / "run.ckpt"
     cb = ckt.CheckpointCallback(store, asynchronous=True)
-    gate = threading.Event()
-    commit = ckt.CheckpointCallback._commit
-
-    def held(self, *args):
-        assert gate.wait(30)
-        return commit(self, *args)
-
-    monkeypatch.setattr(ckt.CheckpointCallback, "_commit", held)
+    gate = common.held(monkeypatch, ckt.CheckpointCallback, "_commit")
     payload = os.urandom(3 << 20)
     folder = _written(out, 4, payload)
     state = _State(4)

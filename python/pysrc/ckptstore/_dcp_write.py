@@ -193,7 +193,8 @@ class StorageWriter(_SentAsUrl, _storage.StorageWriter):
         return out
 
     def synchronize_staging(self) -> None:
-        """Nothing to wait for: `stage` copies before it returns."""
+        """Nothing to wait for here: `stage` copies before it returns, or
+        (`background_staging`) returns the future of its copy."""
 
     def close(self) -> None:
         """Nothing to release."""
@@ -280,7 +281,9 @@ class StorageWriter(_SentAsUrl, _storage.StorageWriter):
         values[name] = Tensor(dtype, shape, array, hashes_of(self._hashes, data))
         return item.index, int(array.size), name
 
-    def _upload(self, values: Dict[str, Any], chunks_only: bool = False, metrics: Optional[Dict[str, float]] = None) -> str:
+    def _upload(
+        self, values: Dict[str, Any], chunks_only: bool = False, metrics: Optional[Dict[str, float]] = None
+    ) -> str:
         remote = _remote(self._target)
         info = remote.upload_shard(self._step, self._rank, self._world, values, data_only=chunks_only,
                                    metrics=metrics)

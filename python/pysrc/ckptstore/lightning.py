@@ -52,7 +52,8 @@ removal or the end of the fit (`teardown`) waits for it and raises its
 failure. Each save's cost (`ckptstore.SaveCost`) is `last_cost` once it
 is durable; `ckptstore.lightning.SaveCosts()`, a callback, logs it with
 the trainer's logger (a `CheckpointIO` has no trainer to log with). The
-step's metrics keep `ckptstore.blocked_s` and `ckptstore.staging_s`.
+step of an async save keeps `ckptstore.blocked_s` and
+`ckptstore.staging_s` among its metrics.
 
 What it cannot do: Lightning strategies that save sharded state
 (FSDP with `state_dict_type="sharded"`, DeepSpeed, ModelParallelStrategy)
@@ -192,8 +193,8 @@ class CheckpointIO(_CheckpointIO):
         values: Dict[str, Any] = self._others_at(store, step, name)
         values.update(tensors)
         values[_PREFIX + name] = blob
-        blocked = staging if self._async else time.perf_counter() - started
-        costs = {"ckptstore.staging_s": staging, "ckptstore.blocked_s": blocked}
+        # An async save's staging is over: the step records it.
+        costs = {"ckptstore.staging_s": staging, "ckptstore.blocked_s": staging} if self._async else {}
         info = store.save(step, values, {**_metrics(values), **costs}, replace=True)
         self._drop(store, name, keep=step)
         if name != file:
@@ -201,7 +202,7 @@ class CheckpointIO(_CheckpointIO):
         where = None if self._path is None else os.path.relpath(self._path, os.path.dirname(file))
         _write_marker(file, {"format": _MARKER_FORMAT, _MARKER: where, "name": name, "step": step})
         durable = time.perf_counter() - started
-        self.last_cost = SaveCost(step, blocked if self._async else durable, staging, durable,
+        self.last_cost = SaveCost(step, staging if self._async else durable, staging, durable,
                                   info.bytes_written, info.bytes_reused)
 
     def load_checkpoint(

@@ -37,7 +37,8 @@ mapped files stay readable if the Trainer's own rotation deletes it
 meanwhile. Each save's cost (`ckptstore.SaveCost`) is `last_cost` once
 it is durable, and is appended to the Trainer's `state.log_history` (as
 `checkpoint/blocked_s`, `checkpoint/durable_s`, ... at its step, kept in
-`trainer_state.json`); the step's metrics keep `ckptstore.blocked_s`.
+`trainer_state.json`); an async save's step keeps `ckptstore.blocked_s`
+among its metrics.
 
 What it cannot do: `load_best_model_at_end=True` reloads the best
 checkpoint from its directory at the end of training, which is no longer
@@ -128,16 +129,17 @@ class CheckpointCallback(TrainerCallback):
     def _commit(self, step: int, folder: str, values: Dict[str, Any], metrics: Dict[str, float], args: Any,
                 state: Any, started: float, staged: Optional[float]) -> None:
         """Store `folder`'s files as `step`, delete it, keep the newest
-        steps; record what it cost."""
+        steps; record what it cost (`staged`: the seconds an async save
+        blocked the Trainer, opening the files; None for a sync save)."""
         store = self._open()
-        blocked = staged if staged is not None else 0.0
-        metrics = {**metrics, "ckptstore.blocked_s": blocked, "ckptstore.staging_s": blocked}
+        if staged is not None:
+            metrics = {**metrics, "ckptstore.blocked_s": staged, "ckptstore.staging_s": staged}
         info = store.save(step, values, metrics, replace=True)
         shutil.rmtree(folder, ignore_errors=True)
         self._retain(store, args, state)
         durable = time.perf_counter() - started
-        cost = SaveCost(step, blocked if staged is not None else durable, blocked, durable,
-                        info.bytes_written, info.bytes_reused)
+        blocked = staged if staged is not None else durable
+        cost = SaveCost(step, blocked, staged or 0.0, durable, info.bytes_written, info.bytes_reused)
         self.last_cost = cost
         state.log_history.append({**cost.as_metrics(), "step": step})
 

@@ -1,10 +1,12 @@
 """What the Lightning and Trainer tests share: running a training script
-in a process of its own, and comparing final parameters bit for bit."""
+in a process of its own, comparing final parameters bit for bit, and
+holding a background save back."""
 
 import os
 import random
 import subprocess
 import sys
+import threading
 
 import torch
 
@@ -34,3 +36,18 @@ def assert_same_params(want_path, got_path, context):
     assert want.keys() == got.keys()
     for k in want:
         assert torch.equal(want[k], got[k]), f"{k} differs ({context})"
+
+
+def held(monkeypatch, owner, name):
+    """Make method `name` of class `owner` wait until the returned event is
+    set (a background save held back, so the caller's next move lands
+    first)."""
+    gate = threading.Event()
+    real = getattr(owner, name)
+
+    def wait_then(self, *args, **kwargs):
+        assert gate.wait(30), "never released"
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(owner, name, wait_then)
+    return gate
