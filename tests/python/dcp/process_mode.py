@@ -6,6 +6,7 @@ done; each saved step must be the state as it was at its call. Prints
 
 import socket
 import sys
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -30,7 +31,8 @@ def main(url):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1,
+                            timeout=timedelta(seconds=30))
     mesh = init_device_mesh("cpu", (1,))
     live = state(mesh, 1)
     first = None
