@@ -205,9 +205,11 @@ def test_save_costs_are_logged_with_the_trainers_logger(tmp_path):
     run(store, dirpath, tmp_path / "params.pt", "--async", "--costs", tmp_path / "logs")
     (metrics,) = (tmp_path / "logs").rglob("metrics.csv")
     rows = [r for r in csv.DictReader(metrics.open()) if r.get("checkpoint/durable_s")]
-    # A checkpoint each epoch: the last may still be in flight at the end.
+    # Checkpoints each epoch: the last epoch's may be in flight at the end.
     assert len(rows) >= 5, rows
     for r in rows:
         assert float(r["checkpoint/durable_s"]) >= float(r["checkpoint/blocked_s"]) > 0
         assert float(r["checkpoint/new_mib"]) > 0
-    assert sorted(int(r["step"]) for r in rows)[:2] == [10, 20]
+    # Two saves each epoch end (top-k and last): one or both logged.
+    steps = {int(r["step"]) for r in rows}
+    assert {10, 20, 30, 40, 50} <= steps <= {10, 20, 30, 40, 50, 60}, steps
