@@ -277,3 +277,32 @@ def test_a_failed_save_is_raised_once_and_a_failed_async_save_by_the_next_call(t
         into = {"w": torch.zeros(10)}
         assert tiers.load(into) == 5 and torch.equal(into["w"], state["w"])
         tiers.close()
+
+
+FIXTURE = pathlib.Path(__file__).parent.parent / "fixtures" / "tier-0.4.0"
+MAKER = pathlib.Path(__file__).parent / "tiers" / "fixture.py"
+
+
+def test_a_tier_directory_written_by_0_4_0_is_read(tmp_path):
+    # Made by 0.4.0's Tiers (tiers/fixture.py make): 2 ranks as 2 nodes of
+    # one, steps 2 and 3, step 3 marked in-bucket. Loaded at 2 ranks and at
+    # one, bit-identical.
+    shutil.copytree(FIXTURE, tmp_path / "tier")
+    local = f"{tmp_path}/tier/node{{node}}"
+    port = _port()
+    procs = [
+        subprocess.Popen([sys.executable, str(MAKER), "check", local, str(r), "2", str(port), "3", "2"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for r in range(2)
+    ]
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+    for p, text in zip(procs, outs):
+        assert p.returncode == 0 and text.splitlines()[:2] == ["ok 3", "ok 2"], text[-3000:]
+    one = subprocess.run([sys.executable, str(MAKER), "check", local, "0", "1", "0", "3"], capture_output=True, text=True)
+    assert one.returncode == 0 and one.stdout.splitlines() == ["ok 3"], one.stdout + one.stderr
+    ckpt = os.environ.get("CKPT_BIN")
+    if not ckpt:
+        pytest.skip("CKPT_BIN unset")
+    shown = subprocess.run([ckpt, "ls", str(FIXTURE / "node1"), "--json"], check=True, capture_output=True, text=True)
+    steps = json.loads(shown.stdout)
+    assert [(s["step"], s["ranks"], s["copies_of"], s["in_bucket"]) for s in steps] == [(2, [1], [0], False), (3, [1], [0], True)]
