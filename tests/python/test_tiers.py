@@ -306,3 +306,50 @@ def test_a_tier_directory_written_by_0_4_0_is_read(tmp_path):
     shown = subprocess.run([ckpt, "ls", str(FIXTURE / "node1"), "--json"], check=True, capture_output=True, text=True)
     steps = json.loads(shown.stdout)
     assert [(s["step"], s["ranks"], s["copies_of"], s["in_bucket"]) for s in steps] == [(2, [1], [0], False), (3, [1], [0], True)]
+
+
+def oks(text):
+    return [line for line in text.splitlines() if line.startswith("ok ")]
+
+
+def test_a_save_that_returned_is_never_deleted_by_its_own_retention(tmp_path):
+    # An old run saved steps 100-300; a new run in the same directory that
+    # does not resume saves step 10: the saves made last are kept
+    # (keep_local=2), whatever their step numbers, and load() takes the
+    # save made last.
+    job(tmp_path, ["save:100", "save:200", "save:300"])
+    out = job(tmp_path, ["save:10", "load:10", "load:any", "save:20", "load:any", "load:10"])
+    for _, text in out:
+        assert oks(text) == ["ok 10", "ok 10", "ok 20", "ok 10"], text[-3000:]
+    with ckptstore.open(tmp_path / "node1" / "rank-00003.ckpt") as s:
+        assert s.steps() == [10, 20]
+    with ckptstore.open(tmp_path / "node0" / "copies-of-00003.ckpt") as s:
+        assert s.steps() == [10, 20]
+
+
+def test_the_bucket_holds_a_newer_step_than_the_local_tier_can_restore(tmp_path, one_bucket):
+    # An elastic job: steps 1-2 at 2 nodes, step 3 at 4 nodes (uploaded);
+    # nodes 2 and 3 are lost, and with them every copy of rank 2's shard of
+    # step 3. At 2 nodes the bucket's step 3 is restored, not step 2.
+    job(tmp_path, ["save:1", "save:2", "close"], world=2, per_node=1, bucket=one_bucket)
+    job(tmp_path, ["save:3", "close"], world=4, per_node=1, bucket=one_bucket)
+    shutil.rmtree(tmp_path / "node2")
+    shutil.rmtree(tmp_path / "node3")
+    out = job(tmp_path, ["load:any", "load:2"], world=2, per_node=1, bucket=one_bucket)
+    assert newest(out) == 3 and said(out, "ok 2")
+    assert "step 3 on the local tier lacks every copy of the shards of ranks [2]" in out[0][1]
+    assert f"loading step 3 from {one_bucket}" in out[0][1]
+
+
+def test_any_exception_on_one_rank_fails_the_call_on_every_rank_and_the_tier_keeps_working(tmp_path):
+    # A MemoryError on rank 1 while it reads the shard it serves, then while
+    # it prepares the copies it sends: every rank's call raises at once (not
+    # a gloo timeout nor a garbled collective), and the same Tiers object
+    # loads and saves again.
+    out = job(tmp_path, ["save:1", "fault:load:1", "loadfails:1", "load:1",
+                         "fault:save:1", "savefails:2", "save:2", "load:2"])
+    for rank, (_, text) in enumerate(out):
+        failed = [line for line in text.splitlines() if line.startswith("failed ")]
+        assert [f.split()[1] for f in failed] == ["1", "2"], text[-3000:]
+        assert text.count("injected on rank 1") >= 2, text[-3000:]
+        assert oks(text) == ["ok 1", "ok 2"], text[-3000:]

@@ -111,6 +111,10 @@ class Record:
     # What the save cost the rank that wrote this record (SaveCost's
     # fields), if it says.
     cost: Optional[Dict[str, float]] = None
+    # The save's place in the order of saves on the tier: one more than
+    # the newest any rank had recorded (0 in records of 0.4.0, which come
+    # before every later save and among themselves by `saved_at`).
+    seq: int = 0
 
     @property
     def world_size(self) -> int:
@@ -118,11 +122,19 @@ class Record:
 
     @property
     def key(self) -> Tuple[int, int]:
-        """Which save of which step: newer saves sort last."""
+        """Which save of which step."""
         return (self.step, self.saved_at)
 
+    @property
+    def order(self) -> Tuple[int, int, int]:
+        """The order of saves: later saves sort last, whatever their step
+        numbers (a run that starts again at step 0 saves newer steps)."""
+        return (self.seq, self.saved_at, self.step)
+
     def encode(self) -> bytes:
-        extra = {} if self.cost is None else {"cost": self.cost}
+        extra: Dict[str, object] = {} if self.cost is None else {"cost": self.cost}
+        if self.seq:
+            extra["seq"] = self.seq
         return json.dumps(
             {
                 "format": RECORD_FORMAT,
@@ -155,6 +167,7 @@ class Record:
                 upload=bool(js["upload"]),
                 metadata=str(js["metadata"]),
                 cost=None if js.get("cost") is None else {str(k): float(v) for k, v in js["cost"].items()},
+                seq=int(js.get("seq", 0)),
             )
         except (KeyError, TypeError, AttributeError, ValueError) as e:
             raise ValueError(f"{path}: damaged tier record: {e}") from None

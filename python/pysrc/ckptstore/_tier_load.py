@@ -5,7 +5,7 @@ tier's group, from the ranks that hold the shards or their copies."""
 
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 from torch.distributed.checkpoint.metadata import Metadata
@@ -16,7 +16,7 @@ from . import Error, Tensor, _dcp_json
 from ._dcp_json import Where
 from ._dcp_read import StorageReader, _memory_of
 from ._tier_layout import Record
-from ._tier_wire import Group
+from ._tier_wire import Group, attempt
 
 # (kind "own" or "copy", source rank, step, content digest)
 Holding = Tuple[str, int, int, str]
@@ -51,30 +51,41 @@ def holders_of(record: Record, holdings: List[List[Holding]]) -> Dict[int, List[
     return {src: list(dict.fromkeys(r for _, r in sorted(hs))) for src, hs in out.items()}
 
 
-def choose(group: Group, mine: Dict[Tuple[int, int], Record], held: List[Holding], step: Optional[int]) -> Tuple[Optional[Choice], str]:
-    """The newest save (of `step`, if given) that the job can restore whole
-    from the local tier, and why a newer recorded one cannot be (or "")."""
+def choose(
+    group: Group,
+    mine: Dict[Tuple[int, int], Record],
+    held: List[Holding],
+    step: Optional[int],
+    failure: Optional[BaseException] = None,
+) -> Tuple[Optional[Choice], str, List[int]]:
+    """The save made last (of `step`, if given) that the job can restore
+    whole from the local tier; why a save made after it cannot be (or "");
+    and the steps of those saves, the last made first. `failure`: this
+    rank could not survey its stores (raised on every rank)."""
+    group.check(failure, "loading from the local tier")
     holdings = group.gather(held)
     whole, broken = [], []
     for key, record in mine.items():
         if step is not None and record.step != step:
             continue
         missing = [src for src, hs in holders_of(record, holdings).items() if not hs]
-        (broken if missing else whole).append((key, missing))
+        (broken if missing else whole).append((record.order, key, missing))
     reports = group.gather((whole, broken))
-    best = max((key for w, _ in reports for key, _ in w), default=None)
+    best = max(((order, key) for w, _ in reports for order, key, _ in w), default=None)
     newer = sorted(
-        {(key, tuple(m)) for _, b in reports for key, m in b if best is None or key > best}, reverse=True
+        {(order, key, tuple(m)) for _, b in reports for order, key, m in b if best is None or order > best[0]},
+        reverse=True,
     )
     why = ""
     if newer:
-        (s, _), missing = newer[0]
+        _, (s, _), missing = newer[0]
         why = f"step {s} on the local tier lacks every copy of the shards of ranks {list(missing)}"
+    steps = list(dict.fromkeys(key[0] for _, key, _ in newer))
     if best is None:
-        return None, why
-    src = min(r for r, (w, _) in enumerate(reports) if any(k == best for k, _ in w))
-    record = group.broadcast(mine.get(best), src)
-    return Choice(record, holders_of(record, holdings)), why
+        return None, why, steps
+    src = min(r for r, (w, _) in enumerate(reports) if any(k == best[1] for _, k, _ in w))
+    record = group.broadcast(mine.get(best[1]), src)
+    return Choice(record, holders_of(record, holdings)), why, steps
 
 
 class TierReader(StorageReader):
@@ -99,10 +110,23 @@ class TierReader(StorageReader):
         return sizes[where.rank][where.entry]
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> "Future[None]":
+        # This rank's reads are planned before the collectives of `fetch`,
+        # which every rank joins (also one with nothing to read, or one
+        # whose planning failed: its failure is raised on every rank).
+        planned, failed = attempt(lambda: self._plan(plan, planner))
+        batch, into = ([], {}) if planned is None else planned
+        pieces = [piece for _, piece, _, _ in batch]
+        self._put(batch, fetch(self._group, self._choice, self._shard_of, pieces, into, failed), planner)
+        fut: Future = Future()
+        fut.set_result(None)
+        return fut
+
+    def _plan(self, plan: LoadPlan, planner: LoadPlanner) -> Tuple[List[Any], Dict[int, Tuple[str, Tensor]]]:
+        """(item, piece, box, target) of each read item; and the whole
+        stored entries whose target is a plain tensor of the same dtype and
+        size, read into its memory when this rank serves them."""
         self._follow(plan.storage_data)
         batch = []
-        # Whole stored entries whose target is a plain tensor of the same
-        # dtype and size are read into its memory when this rank serves them.
         into: Dict[int, Tuple[str, Tensor]] = {}
         for i, item in enumerate(plan.items):
             piece, box = self._piece(item, self._where[item.storage_index])
@@ -112,13 +136,7 @@ class TierReader(StorageReader):
             whole = piece[2] == 0 and piece[3] == self._length(self._where[item.storage_index])
             if dest is not None and whole and not _dcp_json.json_dtype(target.dtype).startswith("torch."):  # type: ignore[union-attr]
                 into[i] = (piece[1], Tensor(_dcp_json.json_dtype(target.dtype), list(target.shape), dest))  # type: ignore[union-attr]
-        # One collective for all of this rank's reads: every rank joins it,
-        # also one with nothing to read.
-        pieces = [piece for _, piece, _, _ in batch]
-        self._put(batch, fetch(self._group, self._choice, self._shard_of, pieces, into), planner)
-        fut: Future = Future()
-        fut.set_result(None)
-        return fut
+        return batch, into
 
 
 def fetch(
@@ -127,12 +145,16 @@ def fetch(
     shard_of: ShardOf,
     pieces: List[Tuple[int, str, int, int]],
     into: Dict[int, Tuple[str, Tensor]],
+    failure: Optional[BaseException] = None,
 ) -> List[np.ndarray]:
     """The bytes of each (source rank, entry, start, length) of `pieces`
     (a collective). Each shard is served by its first holder; a holder
-    whose shard fails its checks says so, and the next one serves it. A
-    piece `into` names (a whole entry) is read into that Tensor's memory
-    when this rank serves its shard."""
+    whose shard fails its checks (damaged, gone, unreadable) says so, and
+    the next one serves it; any other failure on any rank (`failure`, this
+    rank's planning; a `MemoryError` reading a shard) fails the call on
+    every rank. A piece `into` names (a whole entry) is read into that
+    Tensor's memory when this rank serves its shard."""
+    group.check(failure, f"loading step {choice.record.step} from the local tier")
     requests = group.gather(pieces)
     needed = sorted({p[0] for reqs in requests for p in reqs if p[3] > 0})
     failed: Set[Tuple[int, int]] = set()
@@ -145,13 +167,17 @@ def fetch(
                 f"step {choice.record.step}: no surviving rank holds a sound copy of the shards of ranks {lost}"
             )
         mine: List[Tuple[int, str]] = []
+        fatal: Optional[BaseException] = None
         for src in needed:
-            if server[src] == group.rank and src not in loaded:
+            if fatal is None and server[src] == group.rank and src not in loaded:
                 mine_into = {entry: t for i, (entry, t) in into.items() if pieces[i][0] == src}
                 try:
                     loaded[src] = shard_of(src, choice.record.digests[src], mine_into)
                 except (Error, OSError, ValueError) as e:
                     mine.append((src, str(e)))
+                except Exception as e:  # noqa: BLE001 - raised on every rank
+                    fatal = e
+        group.check(fatal, f"loading step {choice.record.step} from the local tier")
         refused = group.gather(mine)
         if not any(refused):
             break
@@ -164,22 +190,28 @@ def fetch(
                         f"rank {rank} is refused ({why}); another holder serves it",
                         stacklevel=2,
                     )
-    sends = []
-    for q, reqs in enumerate(requests):
-        served = [_slice(loaded, p) for p in reqs if q != group.rank and p[3] > 0 and server[p[0]] == group.rank]
-        if served:
-            sends.append((q, served))
+    def to_send() -> List[Tuple[int, List[np.ndarray]]]:
+        sends = []
+        for q, reqs in enumerate(requests):
+            served = [_slice(loaded, p) for p in reqs if q != group.rank and p[3] > 0 and server[p[0]] == group.rank]
+            if served:
+                sends.append((q, served))
+        return sends
+
     asked: Dict[int, List[int]] = {}
     for i, p in enumerate(pieces):
         if p[3] > 0 and server[p[0]] != group.rank:
             asked.setdefault(server[p[0]], []).append(i)  # type: ignore[arg-type]
+
     # A whole entry asked of another rank arrives in its target's memory.
     def buffer(i: int) -> np.ndarray:
         if i in into:
             return np.asarray(into[i][1].data).reshape(-1).view(np.uint8)
         return np.empty(pieces[i][3], dtype=np.uint8)
 
-    got = group.exchange(sends, [(s, [buffer(i) for i in idx]) for s, idx in asked.items()])
+    sends, cannot_send = attempt(to_send)
+    receives, cannot_receive = attempt(lambda: [(s, [buffer(i) for i in idx]) for s, idx in asked.items()])
+    got = group.exchange(sends or [], receives or [], cannot_send or cannot_receive)
     out: List[np.ndarray] = [np.empty(0, dtype=np.uint8)] * len(pieces)
     for i, p in enumerate(pieces):
         if p[3] > 0 and server[p[0]] == group.rank:

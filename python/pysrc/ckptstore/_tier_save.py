@@ -18,7 +18,7 @@ from ._cost import SaveCost
 from ._staging import Hashes
 from ._dcp_json import Where
 from ._tier_layout import Record
-from ._tier_wire import Group
+from ._tier_wire import Group, TierFailure, attempt
 from ._dcp_write import StorageWriter
 
 Values = Dict[str, Any]
@@ -96,13 +96,18 @@ def send_copies(
 ) -> Tuple[Dict[int, Values], List[Dict[str, int]]]:
     """Send this rank's shard `values` to `holders` and receive the shards
     of `sources`: (the shards received by source rank, every rank's entry
-    sizes)."""
-    head = header(values)
+    sizes). A failure on any rank (before a byte is sent) is raised on
+    every rank."""
+    head, failure = attempt(lambda: header(values))
     heads = group.gather(head)
-    mine = [entry_bytes(values[name]) for name, _, _, _ in head]
+    if head is None or any(h is None for h in heads):
+        group.check(failure, "sending copies")
+    mine, failure = attempt(lambda: [entry_bytes(values[name]) for name, _, _, _ in head or []])
+    buffers, failed = attempt(lambda: [(src, [np.empty(n, dtype=np.uint8) for _, _, _, n in heads[src]]) for src in sources])
     got = group.exchange(
-        [(h, mine) for h in holders],
-        [(src, [np.empty(n, dtype=np.uint8) for _, _, _, n in heads[src]]) for src in sources],
+        [] if mine is None else [(h, mine) for h in holders],
+        [] if buffers is None else buffers,
+        failure or failed,
     )
     copies = {src: rebuilt(heads[src], got[src]) for src in sources}
     sizes = [{name: n for name, _, _, n in h} for h in heads]
@@ -110,12 +115,14 @@ def send_copies(
 
 
 def agree(
-    group: Group, step: int, digest: str, copy_digests: Dict[int, str], failure: str, metadata: str
-) -> Tuple[List[str], str, int]:
-    """The collective after the commits: every rank's shard digest, and the
-    coordinator's metadata and clock; raises on every rank if any rank
-    failed or a copy differs from its shard."""
-    told = group.gather((digest, copy_digests, failure, metadata, time.time_ns()))
+    group: Group, step: int, digest: str, copy_digests: Dict[int, str], failure: str, metadata: str, seq: int
+) -> Tuple[List[str], str, int, int]:
+    """The collective after the commits: every rank's shard digest, the
+    coordinator's metadata and clock, and the save's place in the order of
+    saves (one more than the newest any rank recorded, `seq` being this
+    rank's); raises on every rank if any rank failed or a copy differs
+    from its shard."""
+    told = group.gather((digest, copy_digests, failure, metadata, time.time_ns(), seq))
     problems = [f"rank {r}: {t[2]}" for r, t in enumerate(told) if t[2]]
     digests = [t[0] for t in told]
     for holder, t in enumerate(told):
@@ -123,17 +130,18 @@ def agree(
             if d != digests[src]:
                 problems.append(f"rank {holder}'s copy of rank {src}'s shard differs from it")
     if problems:
-        raise RuntimeError(f"step {step} was not committed on the local tier: " + "; ".join(problems))
-    return digests, told[0][3], told[0][4]
+        raise TierFailure(f"step {step} was not committed on the local tier: " + "; ".join(problems))
+    return digests, told[0][3], told[0][4], max(t[5] for t in told) + 1
 
 
 def record_of(
     step: int, saved_at: int, per_node: int, digests: List[str], copies: List[List[int]],
-    sizes: List[Dict[str, int]], upload: bool, metadata: str, cost: SaveCost,
+    sizes: List[Dict[str, int]], upload: bool, metadata: str, cost: SaveCost, seq: int,
 ) -> Record:
     return Record(
         step=step,
         saved_at=saved_at,
+        seq=seq,
         ranks_per_node=per_node,
         digests=tuple(digests),
         copies=tuple(tuple(c) for c in copies),

@@ -35,7 +35,15 @@ from ._tier_load import Holding, TierReader, choose
 from ._staging import Hashes, Pool
 from ._cost import SaveCost
 from ._tier_save import ShardWriter, agree, record_of, send_copies
-from ._tier_wire import Group
+from ._tier_wire import Group, TierFailure, attempt, described
+
+DEFAULT_TIMEOUT = timedelta(minutes=10)
+"""The tier's collectives' timeout when `Tiers(timeout=None)`: how long a
+rank waits at one of them for a rank that stopped answering (one that
+fails tells the others at once). Long enough for the slowest rank's
+commit of its shard and copies at disk speed; torch's default for
+NCCL groups. gloo's own default, 30 minutes, would hold a job whose
+rank died for half an hour."""
 
 
 class Tiers:
@@ -78,8 +86,9 @@ class Tiers:
         self._peers, self._every, self._keep = peers, durable_every, keep_local
         if dist.is_available() and dist.is_initialized():
             rank, world = dist.get_rank(), dist.get_world_size()
-            self._group = Group(dist.new_group(backend="gloo", timeout=timeout), rank, world)
-            self._uploads = Group(dist.new_group(backend="gloo", timeout=timeout), rank, world)
+            wait = DEFAULT_TIMEOUT if timeout is None else timeout
+            self._group = Group(dist.new_group(backend="gloo", timeout=wait), rank, world)
+            self._uploads = Group(dist.new_group(backend="gloo", timeout=wait), rank, world)
         else:
             self._group = self._uploads = Group(None, 0, 1)
         per_node = ranks_per_node if ranks_per_node is not None else int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
@@ -215,24 +224,41 @@ class Tiers:
         self, state: Dict[str, Any], step: int, started: float, staging: Optional[float], hashes: Optional[Hashes]
     ) -> SaveCost:
         topo, rank, group = self._topology, self._rank, self._group
-        os.makedirs(self._dir, exist_ok=True)  # a node's disk may have been replaced
-        own = self._store(own_store(self._dir, rank))
-        # This rank vouches no more for an older save of the step.
-        remove_record(self._dir, step, rank)
+
+        def prepare() -> Tuple[Store, int]:
+            os.makedirs(self._dir, exist_ok=True)  # a node's disk may have been replaced
+            own = self._store(own_store(self._dir, rank))
+            # This rank vouches no more for an older save of the step.
+            remove_record(self._dir, step, rank)
+            return own, max((r.seq for r in records_in(self._dir, rank).values()), default=0)
+
+        # A failure on any rank fails the save on every rank, here or in
+        # DCP's exchange or in `agree`, never leaving the others waiting.
+        prepared, failed = attempt(prepare)
+        group.check(failed, f"step {step} was not saved on the local tier")
+        assert prepared is not None
+        own, newest = prepared
         writer = ShardWriter(own, step, hashes)
         dcp.save(state, storage_writer=writer, process_group=group.group, no_dist=group.group is None)
-        failure, copy_digests, sizes = "", {}, []
+        copy_digests: Dict[int, str] = {}
+        sizes: List[Dict[str, int]] = []
         infos = [writer.info] if writer.info is not None else []
-        try:
+
+        def copy() -> None:
+            nonlocal sizes
             copies, sizes = send_copies(group, topo.sources(rank, self._peers), topo.holders(rank, self._peers), writer.values)
             for src, values in copies.items():
                 store = self._store(copy_store(self._dir, src))
                 infos.append(store.save(step, values, replace=True))
                 copy_digests[src] = store.content_digest(step) or ""
-        except (Error, OSError, ValueError, RuntimeError) as e:
-            failure = f"{type(e).__name__}: {e}"
+
+        _, failed = attempt(copy)
         writer.values = {}
-        digests, metadata, saved_at = agree(group, step, own.content_digest(step) or "", copy_digests, failure, writer.metadata_json)
+        digest, failure = "", "" if failed is None else described(failed)
+        if failed is None:
+            found, failed = attempt(lambda: own.content_digest(step) or "")
+            digest, failure = found or "", "" if failed is None else described(failed)
+        digests, metadata, saved_at, seq = agree(group, step, digest, copy_digests, failure, writer.metadata_json, newest)
         self._saves += 1
         upload = self._bucket is not None and self._saves % self._every == 0
         # Every shard and copy is durable: the save's cost, kept in the record.
@@ -246,7 +272,7 @@ class Tiers:
             bytes_deduplicated=sum(i.bytes_reused for i in infos),
         )
         holders = [topo.holders(src, self._peers) for src in range(topo.world)]
-        record = record_of(step, saved_at, topo.per_node, digests, holders, sizes, upload, metadata, cost)
+        record = record_of(step, saved_at, topo.per_node, digests, holders, sizes, upload, metadata, cost, seq)
         write_record(self._dir, rank, record)
         self._retain()
         if upload:
@@ -255,14 +281,16 @@ class Tiers:
         return cost
 
     def _retain(self) -> None:
-        """Keep the newest `keep_local` complete steps and those still to be
-        uploaded; remove older steps from this rank's stores."""
+        """Keep the `keep_local` complete saves made last (in the order of
+        saves, not of step numbers: the save that just completed is always
+        kept) and those still to be uploaded; remove every other step from
+        this rank's stores."""
         records = records_in(self._dir, self._rank)
-        keep = {key[0] for key in sorted(records)[-self._keep :]}
-        keep |= {r.step for r in records.values() if r.upload and not in_bucket(self._dir, r)}
-        if not keep:
+        if not records:
             return
-        newest = max(keep)
+        latest = sorted(records.values(), key=lambda r: r.order)[-self._keep :]
+        keep = {r.step for r in latest}
+        keep |= {r.step for r in records.values() if r.upload and not in_bucket(self._dir, r)}
         paths = [own_store(self._dir, self._rank)]
         paths += [copy_store(self._dir, src) for src in self._topology.sources(self._rank, self._peers)]
         for path in paths:
@@ -270,7 +298,7 @@ class Tiers:
                 continue
             store = self._store(path)
             for s in store.steps():
-                if s not in keep and s < newest:
+                if s not in keep:
                     store.remove(s)
         for step, _ in records:
             if step not in keep:
@@ -281,37 +309,45 @@ class Tiers:
     def _upload_pending(self) -> None:
         """Upload every complete step due for the bucket and not there yet
         that every rank still holds, oldest first."""
-        own = self._store(own_store(self._dir, self._rank))
-        records = records_in(self._dir, self._rank)
-        pending = sorted(
-            key
-            for key, r in records.items()
-            if r.upload
-            and r.world_size == self._topology.world
-            and not in_bucket(self._dir, r)
-            and own.content_digest(r.step) == r.digests[self._rank]
-        )
-        agreed = set.intersection(*(set(map(tuple, p)) for p in self._uploads.gather(pending)))
+        def pending() -> Tuple[Store, Dict[Tuple[int, int], Any], List[Tuple[int, int]]]:
+            own = self._store(own_store(self._dir, self._rank))
+            records = records_in(self._dir, self._rank)
+            keys = sorted(
+                key
+                for key, r in records.items()
+                if r.upload
+                and r.world_size == self._topology.world
+                and not in_bucket(self._dir, r)
+                and own.content_digest(r.step) == r.digests[self._rank]
+            )
+            return own, records, keys
+
+        found, failed = attempt(pending)
+        self._uploads.check(failed, "uploading to the bucket")
+        assert found is not None
+        own, records, keys = found
+        agreed = set.intersection(*(set(map(tuple, p)) for p in self._uploads.gather(keys)))
         for key in sorted(agreed):
             self._upload(records[key], own)  # type: ignore[index]
 
     def _upload(self, record: Any, own: Store) -> None:
         assert self._bucket is not None
-        remote = _remote(self._bucket)
+        remote = None
         shard, failure = "", ""
         try:
+            remote = _remote(self._bucket)
             values = _entries(own, record.step)
             if self._rank == 0:
                 values[METADATA] = record.metadata.encode()
             shard = remote.upload_shard(record.step, self._rank, record.world_size, values).shard
-        except (Error, OSError, ValueError) as e:
-            failure = f"rank {self._rank}: {type(e).__name__}: {e}"
+        except Exception as e:  # noqa: BLE001 - told to every rank
+            failure = f"rank {self._rank}: {described(e)}"
         told = self._uploads.gather((shard, failure))
-        if self._rank == 0 and not any(f for _, f in told):
+        if remote is not None and self._rank == 0 and not any(f for _, f in told):
             try:
                 remote.commit_global(record.step, [s for s, _ in told])
-            except (Error, OSError, ValueError) as e:
-                failure = f"committing: {type(e).__name__}: {e}"
+            except Exception as e:  # noqa: BLE001 - told to every rank
+                failure = f"committing: {described(e)}"
         failures = [f for _, f in told if f] + [self._uploads.broadcast(failure if self._rank == 0 else "", 0)]
         failures = [f for f in failures if f]
         if failures:
@@ -329,9 +365,18 @@ class Tiers:
         self.wait()
         self._close_stores()
         wanted = None if step is None else step_number(step)
-        opened, held = self._survey()
+        surveyed, failed = attempt(self._survey)
+        opened = [] if surveyed is None else surveyed[0]
         try:
-            choice, why = choose(self._group, records_in(self._dir), held, wanted)
+            # A rank that could not survey its stores fails the load on
+            # every rank (choose's first collective).
+            mine, held = ({}, []) if surveyed is None else surveyed[1:]
+            choice, why, newer = choose(self._group, mine, held, wanted, failed)
+            if choice is not None and newer and self._bucket is not None:
+                # A newer save is broken here: the bucket may hold it whole.
+                whole = self._in_bucket(newer)
+                if whole is not None:
+                    return self._load_bucket(state, whole, why)
             if choice is not None:
                 if why and self._rank == 0:
                     warnings.warn(f"ckptstore.dcp.Tiers: {why}; restoring step {choice.record.step}", stacklevel=2)
@@ -352,14 +397,20 @@ class Tiers:
         what = "no step" if wanted is None else f"no step {wanted}"
         if self._bucket is None:
             raise FileNotFoundError(f"{what} is whole on the local tier {self._dir}" + (f": {why}" if why else ""))
-        found = None
-        if self._rank == 0:
-            remote = _remote(self._bucket)
+        bucket = self._bucket
+
+        def find() -> Optional[int]:
+            remote = _remote(bucket)
             if wanted is None:
-                found = remote.latest_step()
-            elif remote.open_global(wanted) is not None:
-                found = wanted
-        found = self._group.broadcast(found, 0)
+                return remote.latest_step()
+            return wanted if remote.open_global(wanted) is not None else None
+
+        found, failed = attempt(find) if self._rank == 0 else (None, None)
+        found, failure = self._group.broadcast((found, None if failed is None else described(failed)), 0)
+        if failure is not None:
+            if failed is not None:
+                raise failed
+            raise TierFailure(f"rank 0 could not read {bucket}: {failure}")
         if found is None:
             raise FileNotFoundError(f"{what} is whole on the local tier nor in {self._bucket}" + (f" ({why})" if why else ""))
         if self._rank == 0:
@@ -371,27 +422,51 @@ class Tiers:
         self._dcp_load(state, StorageReader(self._bucket, found))
         return int(found)
 
+    def _in_bucket(self, steps: List[int]) -> Optional[int]:
+        """The first of `steps` that the bucket holds whole (rank 0 asks,
+        every rank is told; a bucket that cannot be read holds none, with
+        a warning)."""
+        bucket = self._bucket
+        assert bucket is not None
+
+        def find() -> Optional[int]:
+            remote = _remote(bucket)
+            return next((s for s in steps if remote.open_global(s) is not None), None)
+
+        found, failed = attempt(find) if self._rank == 0 else (None, None)
+        if failed is not None:
+            warnings.warn(f"ckptstore.dcp.Tiers: {bucket} cannot be read ({described(failed)})", stacklevel=3)
+        return self._group.broadcast(found, 0)
+
     def _dcp_load(self, state: Dict[str, Any], reader: Any) -> None:
         group = self._group.group
         dcp.load(state, storage_reader=reader, process_group=group, no_dist=group is None)
 
-    def _survey(self) -> Tuple[List[Tuple[str, int, Store]], List[Holding]]:
-        """Open this rank's share of its node's stores (each store of the
-        directory goes to one rank of the node) and list what they hold."""
+    def _survey(self) -> Tuple[List[Tuple[str, int, Store]], Dict[Tuple[int, int], Any], List[Holding]]:
+        """The records of this node's directory; and this rank's share of
+        its stores (each store of the directory goes to one rank of the
+        node), opened, and what they hold."""
+        records = records_in(self._dir)
         ranks = self._topology.ranks_of(self._topology.node_of(self._rank))
-        opened, held = [], []
-        for i, (kind, src, path) in enumerate(stores_in(self._dir)):
-            if ranks[i % len(ranks)] != self._rank:
-                continue
-            try:
-                store = _open_store(path)
-                for s in store.steps():
-                    held.append((kind, src, s, store.content_digest(s) or ""))
-            except (Error, OSError) as e:
-                warnings.warn(f"ckptstore.dcp.Tiers: {path} cannot be read ({e}); its shards are not used", stacklevel=3)
-                continue
-            opened.append((kind, src, store))
-        return opened, held
+        opened: List[Tuple[str, int, Store]] = []
+        held: List[Holding] = []
+        try:
+            for i, (kind, src, path) in enumerate(stores_in(self._dir)):
+                if ranks[i % len(ranks)] != self._rank:
+                    continue
+                try:
+                    store = _open_store(path)
+                    for s in store.steps():
+                        held.append((kind, src, s, store.content_digest(s) or ""))
+                except (Error, OSError) as e:
+                    warnings.warn(f"ckptstore.dcp.Tiers: {path} cannot be read ({e}); its shards are not used", stacklevel=3)
+                    continue
+                opened.append((kind, src, store))
+        except BaseException:
+            for _, _, store in opened:
+                store.close()
+            raise
+        return opened, records, held
 
 
 def _shard(

@@ -7,7 +7,11 @@ Actions, in order: `save:S` (a save of the state of step S), `async:S`
 (async_save, then the state is changed at once: the saved step must hold
 the state at the call), `asyncpair:S` (async saves of S and S+1 back to back, the state changed
 after each call), `load:S` (a load, which must restore step S,
-bit-identical; `load:any` takes any), `close` (wait for uploads).
+bit-identical; `load:any` takes any), `close` (wait for uploads),
+`fault:save:R` / `fault:load:R` (rank R's next save fails with a
+MemoryError while it prepares the copies it sends, or its next load while
+it reads a shard it serves), `savefails:S` / `loadfails:S` (a save or load
+that must raise: prints "failed S TYPE").
 Each prints what it did: "saved S", "ok S".
 
 Options from the environment: CKPT_TIERS_PEERS (1), CKPT_TIERS_PER_NODE
@@ -137,6 +141,20 @@ def arm(die, node):
 current = [None]
 
 
+def fault(where, rank):
+    """Make this rank's next save or load fail with a MemoryError (once)."""
+    import ckptstore._tier_save as save_module
+
+    module, name = (save_module, "header") if where == "save" else (tiers_module, "_shard")
+    original = getattr(module, name)
+
+    def failing(*args, **kwargs):
+        setattr(module, name, original)
+        raise MemoryError(f"injected on rank {rank}")
+
+    setattr(module, name, failing)
+
+
 def main():
     local, bucket, rank, world, port = sys.argv[1:6]
     rank, world, port = int(rank), int(world), int(port)
@@ -213,6 +231,22 @@ def main():
                 print(problem or f"MISMATCH step {got}", flush=True)
                 sys.exit(3)
             print(f"ok {got}", flush=True)
+        elif what == "fault":
+            where, at = arg.split(":")
+            if int(at) == rank:
+                fault(where, rank)
+        elif what in ("savefails", "loadfails"):
+            try:
+                if what == "savefails":
+                    tiers.save(state(mesh, int(arg), empty=False), int(arg))
+                else:
+                    tiers.load(state(mesh, 0, empty=True), int(arg))
+            except BaseException as e:  # DCP's CheckpointException is a BaseException
+                print(f"failed {arg} {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", flush=True)
+                print(f"failure text: {e}", flush=True)
+            else:
+                print(f"MISMATCH {what} {arg} did not fail", flush=True)
+                sys.exit(3)
         elif what == "close":
             tiers.close()
             print("closed", flush=True)
