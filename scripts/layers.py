@@ -11,6 +11,7 @@ own layer and the ones below it, never one above.
     db       src/db/
     store    src/store/ (the local public API)
     remote   src/remote/ (over the store's step reader and commit API)
+    tier     src/tier/ (a node's directory of the local tier, over the store)
 
 Every `crate::...` path is read (grouped `use crate::{a, b::{c, d}}` too),
 and a name the crate root re-exports (`crate::CheckpointStore`) is resolved
@@ -31,7 +32,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"
 KNOWN = ROOT / "scripts" / "layers-known.txt"
 
-RANK = {"model": 0, "format": 1, "engine": 2, "exchange": 3, "db": 4, "store": 5, "remote": 6}
+RANK = {"model": 0, "format": 1, "engine": 2, "exchange": 3, "db": 4, "store": 5, "remote": 6, "tier": 7}
 
 
 def layer_of_module(first: str) -> str:

@@ -85,6 +85,7 @@ mod report;
 mod retention;
 mod store;
 mod tensor;
+pub mod tier;
 
 pub use checkpoint::{GradientCheckpoint, MAX_TEXT_BYTES};
 pub use error::{Cause, Error, Result};

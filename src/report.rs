@@ -115,6 +115,16 @@ impl ContentDigest {
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0
     }
+
+    /// The digest that `Display` shows as `hex`: 64 lowercase hex digits,
+    /// or None.
+    pub fn from_hex(hex: &str) -> Option<Self> {
+        let lower = hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+        lower
+            .then(|| blake3::Hash::from_hex(hex).ok())
+            .flatten()
+            .map(|h| Self(*h.as_bytes()))
+    }
 }
 
 impl std::fmt::Display for ContentDigest {

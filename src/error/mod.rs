@@ -311,6 +311,18 @@ pub enum Error {
         detail: String,
     },
 
+    /// A file of a node's directory of the local tier (a record, an
+    /// in-bucket mark) is not what the tier writes (damaged, of another
+    /// format, not matching its name), or a record given to be written is
+    /// not one a reader would take.
+    #[error("{path}: {reason}")]
+    TierFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+
     /// A redb operation failed.
     #[error("storage error while {context}: {source}")]
     Storage {
