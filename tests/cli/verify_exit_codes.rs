@@ -95,3 +95,53 @@ fn verify_and_stats_report_pack_files_and_their_damage() -> Result {
     assert!(!out.contains("DAMAGED step 0"), "{out}");
     Ok(())
 }
+
+/// A node's directory of the local tier (the fixture 0.4.0 wrote).
+fn tier_copy(dir: &std::path::Path) -> Result<std::path::PathBuf> {
+    let from =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tier-0.4.0/node0");
+    let to = dir.join("node0");
+    std::fs::create_dir_all(to.join("records"))?;
+    for entry in std::fs::read_dir(&from)?.chain(std::fs::read_dir(from.join("records"))?) {
+        let path = entry?.path();
+        if path.is_file() {
+            let rel = path.strip_prefix(&from)?;
+            std::fs::copy(&path, to.join(rel))?;
+        }
+    }
+    Ok(to)
+}
+
+#[test]
+fn verify_checks_a_tier_directory_against_its_records() -> Result {
+    let dir = tempfile::tempdir()?;
+    let node = tier_copy(dir.path())?;
+    let p = node.to_str().ok_or("path")?;
+    let (code, out, err) = common::ckpt(&["verify", p])?;
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("2 saves recorded, 4 shards and copies of them checked against their records, 4 store steps read, 0 damaged"), "{out}");
+
+    // The record of step 3 names another shard of rank 1 than the copy
+    // this node keeps: the copy is reported, exit 3.
+    let record = node.join("records/step-00000000000000000003.rank-00000.json");
+    let text = std::fs::read_to_string(&record)?;
+    let js: serde_json::Value = serde_json::from_str(&text)?;
+    let digest = js["digests"][1].as_str().ok_or("digest")?;
+    std::fs::write(&record, text.replace(digest, &"ab".repeat(32)))?;
+    let (code, out, _) = common::ckpt(&["verify", p])?;
+    assert_eq!(code, 3, "{out}");
+    assert!(out.contains("DIFFERS copies-of-00001.ckpt step 3"), "{out}");
+
+    // A damaged record is named and counted.
+    std::fs::write(&record, &text[..text.len() / 2])?;
+    let (code, out, err) = common::ckpt(&["verify", p])?;
+    assert_eq!(code, 3, "{out}");
+    assert!(
+        err.contains("step-00000000000000000003.rank-00000.json: damaged tier record"),
+        "{err}"
+    );
+    assert!(out.contains("1 saves recorded"), "{out}");
+    let (code, out, _) = common::ckpt(&["verify", p, "--pages"])?;
+    assert_eq!(code, 1, "{out}");
+    Ok(())
+}

@@ -100,7 +100,9 @@ pub(crate) enum Command {
     },
     /// Check every hash and reference count; exit 3 on any damage. Reads.
     Verify {
-        /// The store file, or a bucket URL.
+        /// The store file, a bucket URL, or a node's directory of a local
+        /// tier (every shard and copy read, hash-checked and compared with
+        /// the records).
         store: String,
         /// Also check redb's page checksums (reads the whole file; changes
         /// nothing).

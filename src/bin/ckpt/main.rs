@@ -129,6 +129,9 @@ fn run(command: Command) -> Result<ExitCode> {
             format,
         } => import(&store, &files, replace, step, format),
         Command::Verify { store, pages } if remote::is_url(&store) => remote::verify(&store, pages),
+        Command::Verify { store, pages } if tier::is_tier(Path::new(&store)) => {
+            tier::verify(Path::new(&store), pages)
+        }
         Command::Verify { store, pages } => verify(Path::new(&store), pages),
         Command::Rm { store, steps } => rm(&store, &steps),
         Command::Gc {

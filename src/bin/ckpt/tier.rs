@@ -1,44 +1,26 @@
-//! `ckpt ls DIR` for a node's directory of a local tier
-//! (`ckptstore.dcp.Tiers`): each step recorded there, with the ranks whose
-//! shards the directory holds, the ranks whose copies it keeps, and
-//! whether the bucket holds it. The records are written by the Python
-//! package; their format is in docs/design.md ("The local tier").
+//! `ckpt ls DIR` and `ckpt verify DIR` for a node's directory of a local
+//! tier (`ckptstore.dcp.Tiers`): each save recorded there, with the ranks
+//! whose shards the directory holds, the ranks whose copies it keeps, and
+//! whether the bucket holds it; `verify` checks every shard and copy
+//! against the records. Every rule about the directory is the library's
+//! (`ckptstore::tier`).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::ExitCode;
 
-use super::{open_read, Result};
+use ckptstore::tier::{Cost, Record, StoreKind, StoreName, TierDir};
+use ckptstore::{CheckpointStore, ContentDigest};
 
-/// The fields of a record `ckpt ls` shows (the rest is DCP's metadata).
-#[derive(Clone, serde::Deserialize)]
-struct Record {
-    format: u32,
-    step: u64,
-    saved_at: u64,
-    digests: Vec<String>,
-    upload: bool,
-    #[serde(default)]
-    cost: Option<Cost>,
-}
-
-/// What a save cost one rank (the record's `cost`), or, as listed, the
-/// ranks recorded in the directory: the longest times, the bytes summed.
-#[derive(Clone, Copy, Default, serde::Deserialize, serde::Serialize)]
-struct Cost {
-    blocked_seconds: f64,
-    durable_seconds: f64,
-    bytes_new: u64,
-    bytes_deduplicated: u64,
-}
+use super::{one_line, open_read, Result};
 
 /// A recorded step as listed.
 #[derive(serde::Serialize)]
 struct Listed {
     step: u64,
-    world_size: usize,
-    ranks: Vec<usize>,
-    copies_of: Vec<usize>,
+    world_size: u32,
+    ranks: Vec<u32>,
+    copies_of: Vec<u32>,
     upload: bool,
     in_bucket: bool,
     /// The cost of the save for the ranks whose records are here.
@@ -52,27 +34,26 @@ pub(crate) fn is_tier(path: &Path) -> bool {
 }
 
 pub(crate) fn ls(dir: &Path, json: bool) -> Result<ExitCode> {
-    let records = records(dir)?;
-    let held = held(dir)?;
+    let tier = TierDir::new(dir);
+    let (saves, _) = saves(&tier)?;
+    let held = held(&tier, &mut |_, _, _| Ok(()))?;
     let mut listed = Vec::new();
-    for (r, cost) in records.values() {
-        let has = |kind: &str| -> Vec<usize> {
-            (0..r.digests.len())
-                .filter(|&src| held.get(&(kind.to_owned(), src, r.step)) == Some(&r.digests[src]))
+    for (r, cost) in saves.values() {
+        let has = |kind| -> Vec<u32> {
+            (0..r.world_size())
+                .filter(|&src| {
+                    held.get(&(StoreName { kind, rank: src }, r.step))
+                        == Some(&r.digests[src as usize])
+                })
                 .collect()
         };
-        let marker = dir
-            .join("records")
-            .join(format!("step-{:020}.in-bucket", r.step));
-        let in_bucket =
-            std::fs::read_to_string(marker).is_ok_and(|text| text.trim() == r.saved_at.to_string());
         listed.push(Listed {
             step: r.step,
-            world_size: r.digests.len(),
-            ranks: has("rank"),
-            copies_of: has("copies-of"),
+            world_size: r.world_size(),
+            ranks: has(StoreKind::Own),
+            copies_of: has(StoreKind::Copies),
             upload: r.upload,
-            in_bucket,
+            in_bucket: tier.in_bucket(r)?,
             cost: *cost,
         });
     }
@@ -112,13 +93,62 @@ pub(crate) fn ls(dir: &Path, json: bool) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `ckpt verify DIR`: every step of every store of the directory read and
+/// hash-checked, and every shard and copy of a recorded save compared
+/// with the digest its record gives. Exit 3 on damage (a refused record
+/// too). `--pages` checks a store file, not a directory.
+pub(crate) fn verify(dir: &Path, pages: bool) -> Result<ExitCode> {
+    if pages {
+        return Err("--pages checks a store file: give one of the directory's stores".into());
+    }
+    let tier = TierDir::new(dir);
+    let (saves, refused) = saves(&tier)?;
+    let mut damaged = refused;
+    let mut checked = 0usize;
+    let held = held(&tier, &mut |name, store, steps| {
+        let report = store.verify()?;
+        for (step, e) in &report.damaged {
+            println!("DAMAGED {name} step {step}: {}", one_line(e));
+        }
+        damaged += report.damaged.len();
+        checked += steps;
+        Ok(())
+    })?;
+    let mut shards = 0usize;
+    for (r, _) in saves.values() {
+        for ((name, step), digest) in &held {
+            if *step != r.step || name.rank >= r.world_size() {
+                continue;
+            }
+            shards += 1;
+            if *digest != r.digests[name.rank as usize] {
+                damaged += 1;
+                println!(
+                    "DIFFERS {name} step {step}: not the shard the record of step {step} names \
+                     (another save of the step); a load does not use it"
+                );
+            }
+        }
+    }
+    println!(
+        "{} saves recorded, {shards} shards and copies of them checked against their records, \
+         {checked} store steps read, {damaged} damaged",
+        saves.len()
+    );
+    Ok(if damaged == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(3)
+    })
+}
+
 /// Bytes in MiB, for the table (the precision of a float is plenty there).
 #[allow(clippy::cast_precision_loss)]
 fn mib(bytes: u64) -> f64 {
     bytes as f64 / f64::from(1u32 << 20)
 }
 
-fn list(ranks: &[usize]) -> String {
+fn list(ranks: &[u32]) -> String {
     if ranks.is_empty() {
         return "-".to_owned();
     }
@@ -129,38 +159,26 @@ fn list(ranks: &[usize]) -> String {
         .join(",")
 }
 
-/// The newest record of each step in `dir/records`, with the cost of that
-/// save over the ranks whose records of it are here.
-fn records(dir: &Path) -> Result<BTreeMap<u64, (Record, Option<Cost>)>> {
-    let mut all: Vec<Record> = Vec::new();
-    let folder = dir.join("records");
-    if !folder.is_dir() {
+/// The newest save of each step, with its cost over the node's ranks.
+type Saves = BTreeMap<u64, (Record, Option<Cost>)>;
+
+/// The newest save of each step recorded in the directory, with its cost
+/// over the ranks whose records of it are here (the longest times, the
+/// bytes summed); and the number of records refused (each named on
+/// stderr, and skipped).
+fn saves(tier: &TierDir) -> Result<(Saves, usize)> {
+    let (records, refused) = tier.records(None)?;
+    for e in &refused {
+        eprintln!("ckpt: {}; skipped", one_line(e));
+    }
+    if records.is_empty() && refused.is_empty() {
         eprintln!(
-            "ckpt: {} has no records/: no step of a local tier was completed here",
-            dir.display()
+            "ckpt: {} has no records: no step of a local tier was completed here",
+            tier.path().display()
         );
-        return Ok(BTreeMap::new());
     }
-    for entry in
-        std::fs::read_dir(&folder).map_err(|e| format!("reading {}: {e}", folder.display()))?
-    {
-        let path = entry?.path();
-        if path.extension().and_then(|e| e.to_str()) != Some("json") {
-            continue;
-        }
-        let text = std::fs::read(&path)?;
-        match serde_json::from_slice::<Record>(&text) {
-            Ok(r) if r.format == 1 => all.push(r),
-            Ok(r) => eprintln!(
-                "ckpt: {}: record format {} is unknown; skipped",
-                path.display(),
-                r.format
-            ),
-            Err(e) => eprintln!("ckpt: {}: damaged record ({e}); skipped", path.display()),
-        }
-    }
-    let mut out: BTreeMap<u64, (Record, Option<Cost>)> = BTreeMap::new();
-    for r in all {
+    let mut out = Saves::new();
+    for (_, r) in records {
         let cost = r.cost;
         let slot = out.entry(r.step).or_insert_with(|| (r.clone(), None));
         if slot.0.saved_at < r.saved_at {
@@ -176,35 +194,23 @@ fn records(dir: &Path) -> Result<BTreeMap<u64, (Record, Option<Cost>)>> {
             }
         }
     }
-    Ok(out)
+    Ok((out, refused.len()))
 }
 
-/// The content digest of each (kind, rank, step) the stores of `dir` hold:
-/// kind "rank" for a rank's own store, "copies-of" for copies.
-fn held(dir: &Path) -> Result<BTreeMap<(String, usize, u64), String>> {
+/// The content digest of each step of each store of the directory, after
+/// `each` saw the store (opened read-only) and its number of steps.
+fn held(
+    tier: &TierDir,
+    each: &mut dyn FnMut(StoreName, &CheckpointStore, usize) -> Result<()>,
+) -> Result<BTreeMap<(StoreName, u64), ContentDigest>> {
     let mut out = BTreeMap::new();
-    let mut names = BTreeSet::new();
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        if entry.file_type()?.is_file() {
-            names.insert(entry.file_name().to_string_lossy().into_owned());
-        }
-    }
-    for name in names {
-        let Some(stem) = name.strip_suffix(".ckpt") else {
-            continue;
-        };
-        let Some((kind, rank)) = stem.rsplit_once('-') else {
-            continue;
-        };
-        let (Ok(rank), true) = (rank.parse::<usize>(), kind == "rank" || kind == "copies-of")
-        else {
-            continue;
-        };
-        let store = open_read(&dir.join(&name))?;
-        for step in store.steps()? {
+    for name in tier.stores()? {
+        let store = open_read(&tier.store_path(name))?;
+        let steps = store.steps()?;
+        each(name, &store, steps.len())?;
+        for step in steps {
             if let Some(d) = store.content_digest(step)? {
-                out.insert((kind.to_owned(), rank, step), d.to_string());
+                out.insert((name, step), d);
             }
         }
     }
