@@ -10,6 +10,7 @@ mod handle;
 mod remote;
 mod results;
 mod store;
+mod tier;
 
 use ckptstore::Error;
 use pyo3::exceptions::{PyOSError, PyValueError};
@@ -77,6 +78,7 @@ fn _ckptstore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(pyo3::wrap_pyfunction!(arrays::hash_arrays, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(arrays::copy_hashed, m)?)?;
     results::register(m)?;
+    tier::register(m)?;
     m.add("Error", m.py().get_type::<CkptError>())?;
     m.add("MAX_WORLD_SIZE", ckptstore::MAX_WORLD_SIZE)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -29,6 +29,17 @@ __all__ = [
     "VerifyReport",
     "copy_hashed",
     "hash_arrays",
+    "tier_evaluate",
+    "tier_holders",
+    "tier_in_bucket",
+    "tier_mark_in_bucket",
+    "tier_pick",
+    "tier_records",
+    "tier_remove_record",
+    "tier_retain",
+    "tier_store_path",
+    "tier_stores",
+    "tier_write_record",
 ]
 
 MAX_WORLD_SIZE: int
@@ -257,6 +268,31 @@ class Handle:
 
 def hash_arrays(arrays: List[Any]) -> List[str]: ...
 def copy_hashed(pairs: List[Tuple[Any, Any]]) -> List[ChunkHashes]: ...
+
+# The local tier's directory (ckptstore::tier). A record as the tuple of
+# its fields: step, saved_at, seq, ranks_per_node, digests, copies, sizes,
+# upload, metadata, cost.
+_Record = Tuple[
+    int, int, int, int, List[str], List[List[int]], List[Dict[str, int]], bool, str, Optional[Dict[str, float]]
+]
+# (holder, "own" or "copy", source rank, step, digest)
+_Holding = Tuple[int, str, int, int, str]
+# (order, (step, saved_at), missing ranks)
+_Evaluation = Tuple[Tuple[int, int, int], Tuple[int, int], List[int]]
+
+def tier_records(directory: str, rank: Optional[int] = None) -> Tuple[List[_Record], List[str]]: ...
+def tier_write_record(directory: str, rank: int, record: _Record) -> None: ...
+def tier_remove_record(directory: str, step: int, rank: int) -> None: ...
+def tier_mark_in_bucket(directory: str, record: _Record) -> None: ...
+def tier_in_bucket(directory: str, record: _Record) -> bool: ...
+def tier_store_path(directory: str, kind: str, rank: int) -> str: ...
+def tier_stores(directory: str) -> List[Tuple[str, int, str]]: ...
+def tier_retain(directory: str, rank: int, keep: int) -> List[int]: ...
+def tier_evaluate(directory: str, held: List[_Holding]) -> List[_Evaluation]: ...
+def tier_pick(
+    evaluations: List[_Evaluation], step: Optional[int] = None
+) -> Tuple[Optional[_Evaluation], List[_Evaluation]]: ...
+def tier_holders(record: _Record, held: List[_Holding]) -> List[List[int]]: ...
 
 @final
 class RawStore:

@@ -1,8 +1,6 @@
 """The node-local tier on disk (`ckptstore.dcp.Tiers`): which node holds
-which ranks and whose copies, the stores in a node's directory, and the
-records that say a step is complete.
-
-A node's directory (`local` with `{node}` replaced by the node's index):
+which ranks and whose copies; and a node's directory, whose every byte
+and rule is Rust's (`ckptstore::tier`, through `_ckptstore.tier_*`):
 
     rank-RRRRR.ckpt            rank R's own shards, one store step per step
     copies-of-RRRRR.ckpt       copies of rank R's shards kept on this node
@@ -18,18 +16,20 @@ shards' content digests in it tell a shard or copy of that save from one
 of another save of the same step. The format is in docs/design.md.
 """
 
-import json
-import os
-import re
 import warnings
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
-RECORD_FORMAT = 1
-_RECORDS = "records"
-_RECORD = re.compile(r"^step-(\d{20})\.rank-(\d{5})\.json$")
-_IN_BUCKET = re.compile(r"^step-(\d{20})\.in-bucket$")
-_STORE = re.compile(r"^(rank|copies-of)-(\d{5})\.ckpt$")
+from ._ckptstore import (
+    tier_in_bucket,
+    tier_mark_in_bucket,
+    tier_records,
+    tier_remove_record,
+    tier_retain,
+    tier_store_path,
+    tier_stores,
+    tier_write_record,
+)
 
 
 @dataclass(frozen=True)
@@ -71,26 +71,17 @@ def node_directory(local: str, node: int) -> str:
 
 
 def own_store(directory: str, rank: int) -> str:
-    return os.path.join(directory, f"rank-{rank:05}.ckpt")
+    return tier_store_path(directory, "own", rank)
 
 
 def copy_store(directory: str, src: int) -> str:
-    return os.path.join(directory, f"copies-of-{src:05}.ckpt")
+    return tier_store_path(directory, "copy", src)
 
 
 def stores_in(directory: str) -> List[Tuple[str, int, str]]:
     """The stores in a node's directory: (kind "own" or "copy", the rank
     whose shards it holds, path), in name order."""
-    try:
-        names = sorted(os.listdir(directory))
-    except FileNotFoundError:
-        return []
-    out = []
-    for name in names:
-        m = _STORE.match(name)
-        if m and os.path.isfile(os.path.join(directory, name)):
-            out.append(("own" if m.group(1) == "rank" else "copy", int(m.group(2)), os.path.join(directory, name)))
-    return out
+    return tier_stores(directory)
 
 
 @dataclass(frozen=True)
@@ -98,7 +89,8 @@ class Record:
     """That save `saved_at` of `step` is complete on the local tier: every
     rank's shard (content digest `digests[r]`, entry sizes `sizes[r]`) and
     every copy (`copies[r]`: the ranks keeping rank r's) was durable. DCP's
-    metadata (ckptstore.dcp's JSON) is kept with it."""
+    metadata (ckptstore.dcp's JSON) is kept with it. Read and written by
+    `ckptstore::tier`, which checks it."""
 
     step: int
     saved_at: int
@@ -111,9 +103,7 @@ class Record:
     # What the save cost the rank that wrote this record (SaveCost's
     # fields), if it says.
     cost: Optional[Dict[str, float]] = None
-    # The save's place in the order of saves on the tier: one more than
-    # the newest any rank had recorded (0 in records of 0.4.0, which come
-    # before every later save and among themselves by `saved_at`).
+    # The save's place in the order of saves (0 in records of 0.4.0).
     seq: int = 0
 
     @property
@@ -125,138 +115,55 @@ class Record:
         """Which save of which step."""
         return (self.step, self.saved_at)
 
-    @property
-    def order(self) -> Tuple[int, int, int]:
-        """The order of saves: later saves sort last, whatever their step
-        numbers (a run that starts again at step 0 saves newer steps)."""
-        return (self.seq, self.saved_at, self.step)
-
-    def encode(self) -> bytes:
-        extra: Dict[str, object] = {} if self.cost is None else {"cost": self.cost}
-        if self.seq:
-            extra["seq"] = self.seq
-        return json.dumps(
-            {
-                "format": RECORD_FORMAT,
-                "step": self.step,
-                "saved_at": self.saved_at,
-                "ranks_per_node": self.ranks_per_node,
-                "digests": list(self.digests),
-                "copies": [list(c) for c in self.copies],
-                "sizes": list(self.sizes),
-                "upload": self.upload,
-                "metadata": self.metadata,
-                **extra,
-            },
-            separators=(",", ":"),
-        ).encode()
+    def fields(self) -> Tuple[Any, ...]:
+        """The record as `_ckptstore.tier_*` takes it."""
+        return (
+            self.step, self.saved_at, self.seq, self.ranks_per_node, list(self.digests),
+            [list(c) for c in self.copies], list(self.sizes), self.upload, self.metadata, self.cost,
+        )
 
     @staticmethod
-    def decode(data: bytes, path: str) -> "Record":
-        try:
-            js = json.loads(data)
-            if js.get("format") != RECORD_FORMAT:
-                raise ValueError(f"unknown record format {js.get('format')!r}")
-            record = Record(
-                step=int(js["step"]),
-                saved_at=int(js["saved_at"]),
-                ranks_per_node=int(js["ranks_per_node"]),
-                digests=tuple(str(d) for d in js["digests"]),
-                copies=tuple(tuple(int(r) for r in c) for c in js["copies"]),
-                sizes=tuple({str(k): int(v) for k, v in s.items()} for s in js["sizes"]),
-                upload=bool(js["upload"]),
-                metadata=str(js["metadata"]),
-                cost=None if js.get("cost") is None else {str(k): float(v) for k, v in js["cost"].items()},
-                seq=int(js.get("seq", 0)),
-            )
-        except (KeyError, TypeError, AttributeError, ValueError) as e:
-            raise ValueError(f"{path}: damaged tier record: {e}") from None
-        if not (len(record.digests) == len(record.copies) == len(record.sizes)):
-            raise ValueError(f"{path}: damaged tier record: lists of different lengths")
-        return record
-
-
-def durable_write(path: str, chunks: Iterable[bytes]) -> None:
-    """Write `chunks` to `path` durably and atomically: a temporary file,
-    fsynced, renamed over `path`, the directory fsynced. A crash leaves the
-    old file or the new one, whole."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        for chunk in chunks:
-            f.write(chunk)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    sync_directory(os.path.dirname(path) or ".")
-
-
-def sync_directory(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _record_path(directory: str, step: int, rank: int) -> str:
-    return os.path.join(directory, _RECORDS, f"step-{step:020}.rank-{rank:05}.json")
-
-
-def _in_bucket_path(directory: str, step: int) -> str:
-    return os.path.join(directory, _RECORDS, f"step-{step:020}.in-bucket")
+    def of(fields: Tuple[Any, ...]) -> "Record":
+        step, saved_at, seq, per_node, digests, copies, sizes, upload, metadata, cost = fields
+        return Record(
+            step=step, saved_at=saved_at, ranks_per_node=per_node, digests=tuple(digests),
+            copies=tuple(tuple(c) for c in copies), sizes=tuple(sizes), upload=upload,
+            metadata=metadata, cost=cost, seq=seq,
+        )
 
 
 def write_record(directory: str, rank: int, record: Record) -> None:
-    os.makedirs(os.path.join(directory, _RECORDS), exist_ok=True)
-    durable_write(_record_path(directory, record.step, rank), [record.encode()])
+    """Rank `rank`'s record, written durably and atomically."""
+    tier_write_record(directory, rank, record.fields())
 
 
 def remove_record(directory: str, step: int, rank: int) -> None:
-    for path in (_record_path(directory, step, rank), _in_bucket_path(directory, step)):
-        try:
-            os.remove(path)
-        except FileNotFoundError:
-            pass
+    """Remove rank `rank`'s record of `step` (and the step's in-bucket mark)."""
+    tier_remove_record(directory, step, rank)
 
 
 def mark_in_bucket(directory: str, record: Record) -> None:
-    os.makedirs(os.path.join(directory, _RECORDS), exist_ok=True)
-    durable_write(_in_bucket_path(directory, record.step), [str(record.saved_at).encode()])
+    tier_mark_in_bucket(directory, record.fields())
 
 
 def in_bucket(directory: str, record: Record) -> bool:
     """Whether the bucket holds this save of the step whole (as far as this
     node was told)."""
-    try:
-        with open(_in_bucket_path(directory, record.step), "rb") as f:
-            return f.read().strip() == str(record.saved_at).encode()
-    except FileNotFoundError:
-        return False
+    return bool(tier_in_bucket(directory, record.fields()))
+
+
+def kept_steps(directory: str, rank: int, keep: int) -> Set[int]:
+    """The steps rank `rank` keeps after a save: those of its `keep` saves
+    made last and of those still to be uploaded."""
+    return set(tier_retain(directory, rank, keep))
 
 
 def records_in(directory: str, rank: Optional[int] = None) -> Dict[Tuple[int, int], Record]:
     """The records in a node's directory (of rank `rank` only, if given),
-    by save; a damaged one is skipped with a warning (another rank's copy
+    by save; a refused one is skipped with a warning (another rank's copy
     of the same record, or an older step, serves)."""
-    folder = os.path.join(directory, _RECORDS)
-    try:
-        names = sorted(os.listdir(folder))
-    except FileNotFoundError:
-        return {}
-    out: Dict[Tuple[int, int], Record] = {}
-    for name in names:
-        m = _RECORD.match(name)
-        if not m or (rank is not None and int(m.group(2)) != rank):
-            continue
-        path = os.path.join(folder, name)
-        try:
-            with open(path, "rb") as f:
-                record = Record.decode(f.read(), path)
-        except (OSError, ValueError) as e:
-            warnings.warn(f"ckptstore.dcp.Tiers: {e}; skipped", stacklevel=2)
-            continue
-        if record.step != int(m.group(1)):
-            warnings.warn(f"ckptstore.dcp.Tiers: {path} records step {record.step}; skipped", stacklevel=2)
-            continue
-        out[record.key] = record
-    return out
+    found, refused = tier_records(directory, rank)
+    for why in refused:
+        warnings.warn(f"ckptstore.dcp.Tiers: {why}; skipped", stacklevel=2)
+    records = [Record.of(f) for f in found]
+    return {r.key: r for r in records}

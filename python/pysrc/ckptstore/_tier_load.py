@@ -15,7 +15,8 @@ from torch.futures import Future
 from . import Error, Tensor, _dcp_json
 from ._dcp_json import Where
 from ._dcp_read import StorageReader, _memory_of
-from ._tier_layout import Record
+from ._ckptstore import tier_evaluate, tier_holders, tier_pick
+from ._tier_layout import Record, records_in
 from ._tier_wire import Group, attempt
 
 # (kind "own" or "copy", source rank, step, content digest)
@@ -40,42 +41,23 @@ class Choice:
     holders: Dict[int, List[int]]
 
 
-def holders_of(record: Record, holdings: List[List[Holding]]) -> Dict[int, List[int]]:
-    """For each source rank of `record`, the ranks holding its shard of
-    that save (the digest matching): own stores first, then by rank."""
-    out: Dict[int, List[Tuple[bool, int]]] = {src: [] for src in range(record.world_size)}
-    for rank, held in enumerate(holdings):
-        for kind, src, step, digest in held:
-            if step == record.step and src in out and digest == record.digests[src]:
-                out[src].append((kind != "own", rank))
-    return {src: list(dict.fromkeys(r for _, r in sorted(hs))) for src, hs in out.items()}
-
-
 def choose(
     group: Group,
-    mine: Dict[Tuple[int, int], Record],
+    directory: str,
     held: List[Holding],
     step: Optional[int],
     failure: Optional[BaseException] = None,
 ) -> Tuple[Optional[Choice], str, List[int]]:
     """The save made last (of `step`, if given) that the job can restore
-    whole from the local tier; why a save made after it cannot be (or "");
-    and the steps of those saves, the last made first. `failure`: this
-    rank could not survey its stores (raised on every rank)."""
+    whole from the local tier, by the records of every node's `directory`
+    (`ckptstore::tier` evaluates and picks); why a save made after it
+    cannot be (or ""); and the steps of those saves, the last made first.
+    `failure`: this rank could not survey its stores (raised on every
+    rank)."""
     group.check(failure, "loading from the local tier")
-    holdings = group.gather(held)
-    whole, broken = [], []
-    for key, record in mine.items():
-        if step is not None and record.step != step:
-            continue
-        missing = [src for src, hs in holders_of(record, holdings).items() if not hs]
-        (broken if missing else whole).append((record.order, key, missing))
-    reports = group.gather((whole, broken))
-    best = max(((order, key) for w, _ in reports for order, key, _ in w), default=None)
-    newer = sorted(
-        {(order, key, tuple(m)) for _, b in reports for order, key, m in b if best is None or order > best[0]},
-        reverse=True,
-    )
+    holdings = [(rank, kind, src, s, d) for rank, hs in enumerate(group.gather(held)) for kind, src, s, d in hs]
+    reports = group.gather(tier_evaluate(directory, holdings))
+    best, newer = tier_pick([e for r in reports for e in r], step)
     why = ""
     if newer:
         _, (s, _), missing = newer[0]
@@ -83,9 +65,11 @@ def choose(
     steps = list(dict.fromkeys(key[0] for _, key, _ in newer))
     if best is None:
         return None, why, steps
-    src = min(r for r, (w, _) in enumerate(reports) if any(k == best[1] for _, k, _ in w))
-    record = group.broadcast(mine.get(best[1]), src)
-    return Choice(record, holders_of(record, holdings)), why, steps
+    key = tuple(best[1])
+    src = min(r for r, evals in enumerate(reports) if any(tuple(e[1]) == key and not e[2] for e in evals))
+    record = group.broadcast(records_in(directory).get(key) if group.rank == src else None, src)  # type: ignore[arg-type]
+    holders = tier_holders(record.fields(), holdings)
+    return Choice(record, dict(enumerate(holders))), why, steps
 
 
 class TierReader(StorageReader):

@@ -23,6 +23,7 @@ from ._tier_layout import (
     Topology,
     copy_store,
     in_bucket,
+    kept_steps,
     mark_in_bucket,
     node_directory,
     own_store,
@@ -288,9 +289,7 @@ class Tiers:
         records = records_in(self._dir, self._rank)
         if not records:
             return
-        latest = sorted(records.values(), key=lambda r: r.order)[-self._keep :]
-        keep = {r.step for r in latest}
-        keep |= {r.step for r in records.values() if r.upload and not in_bucket(self._dir, r)}
+        keep = kept_steps(self._dir, self._rank, self._keep)
         paths = [own_store(self._dir, self._rank)]
         paths += [copy_store(self._dir, src) for src in self._topology.sources(self._rank, self._peers)]
         for path in paths:
@@ -370,8 +369,8 @@ class Tiers:
         try:
             # A rank that could not survey its stores fails the load on
             # every rank (choose's first collective).
-            mine, held = ({}, []) if surveyed is None else surveyed[1:]
-            choice, why, newer = choose(self._group, mine, held, wanted, failed)
+            held = [] if surveyed is None else surveyed[1]
+            choice, why, newer = choose(self._group, self._dir, held, wanted, failed)
             if choice is not None and newer and self._bucket is not None:
                 # A newer save is broken here: the bucket may hold it whole.
                 whole = self._in_bucket(newer)
@@ -442,11 +441,10 @@ class Tiers:
         group = self._group.group
         dcp.load(state, storage_reader=reader, process_group=group, no_dist=group is None)
 
-    def _survey(self) -> Tuple[List[Tuple[str, int, Store]], Dict[Tuple[int, int], Any], List[Holding]]:
-        """The records of this node's directory; and this rank's share of
-        its stores (each store of the directory goes to one rank of the
-        node), opened, and what they hold."""
-        records = records_in(self._dir)
+    def _survey(self) -> Tuple[List[Tuple[str, int, Store]], List[Holding]]:
+        """This rank's share of its node's stores (each store of the
+        directory goes to one rank of the node), opened, and what they
+        hold."""
         ranks = self._topology.ranks_of(self._topology.node_of(self._rank))
         opened: List[Tuple[str, int, Store]] = []
         held: List[Holding] = []
@@ -457,7 +455,9 @@ class Tiers:
                 try:
                     store = _open_store(path)
                     for s in store.steps():
-                        held.append((kind, src, s, store.content_digest(s) or ""))
+                        digest = store.content_digest(s)
+                        if digest:
+                            held.append((kind, src, s, digest))
                 except (Error, OSError) as e:
                     warnings.warn(f"ckptstore.dcp.Tiers: {path} cannot be read ({e}); its shards are not used", stacklevel=3)
                     continue
@@ -466,7 +466,7 @@ class Tiers:
             for _, _, store in opened:
                 store.close()
             raise
-        return opened, records, held
+        return opened, held
 
 
 def _shard(

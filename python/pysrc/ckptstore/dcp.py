@@ -52,7 +52,6 @@ from . import DTYPE_NAMES, HfExport
 from ._dcp_base import METADATA, Target, _describe, _is_url, _local, _remote
 from ._dcp_read import StorageReader
 from ._dcp_write import StorageWriter
-from ._tier_layout import durable_write
 from ._cost import SaveCost
 from ._tiers import Tiers
 
@@ -154,5 +153,22 @@ def consolidate(
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
     prefix_bytes = len(text).to_bytes(8, "little") + text
-    durable_write(os.fspath(path), [prefix_bytes, *blobs])
+    _durable_write(os.fspath(path), [prefix_bytes, *blobs])
     return names
+
+
+def _durable_write(path: str, chunks: List[bytes]) -> None:
+    """Write `chunks` to `path` durably and atomically: a temporary file,
+    fsynced, renamed over `path`, the directory fsynced."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        for chunk in chunks:
+            f.write(chunk)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
