@@ -148,6 +148,37 @@ impl RawRemote {
         self.shard_call(py, shard, &tensors, blobs, metrics, ShardUpload::Manifest)
     }
 
+    /// Upload step `step` of `store` as rank `rank`'s shard of global step
+    /// `step` of `world` ranks, read and hashed in Rust (its bytes never
+    /// reach Python), less the blobs named in `drop`, with `blobs` added;
+    /// without completing the step (`commit_global` does).
+    fn upload_shard_from_store(
+        &self,
+        py: Python<'_>,
+        store: PyRef<'_, crate::store::RawStore>,
+        shard: (u64, u32, u32),
+        drop: Vec<String>,
+        blobs: Vec<(String, Vec<u8>)>,
+    ) -> PyResult<results::ShardInfo> {
+        let store = store.get()?;
+        let (step, rank, world) = shard;
+        let info = py
+            .detach(|| {
+                let mut ckpt = store
+                    .get(step)?
+                    .ok_or_else(|| ckptstore::Error::StepNotFound { step })?;
+                for name in &drop {
+                    ckpt.optimizer_state.remove(name);
+                }
+                for (name, bytes) in blobs {
+                    ckpt.set_optimizer_state(name, bytes);
+                }
+                self.remote.upload_shard(step, rank, world, &ckpt)
+            })
+            .map_err(py_err)?;
+        Ok((&info).into())
+    }
+
     /// Upload only the chunks of rank `rank`'s shard of `step`.
     fn upload_shard_data(
         &self,

@@ -332,6 +332,19 @@ impl RawStore {
         Ok(digest.map(|d| d.to_string()))
     }
 
+    /// The bytes of blob `name` of step `step` (hash-checked), without
+    /// reading the step's other entries; None if either is not stored.
+    fn get_blob<'py>(
+        &self,
+        py: Python<'py>,
+        step: u64,
+        name: &str,
+    ) -> PyResult<Option<Bound<'py, pyo3::types::PyBytes>>> {
+        let store = self.get()?;
+        let got = py.detach(|| store.get_blob(step, name)).map_err(py_err)?;
+        Ok(got.map(|b| pyo3::types::PyBytes::new(py, &b)))
+    }
+
     fn remove(&self, py: Python<'_>, step: u64) -> PyResult<bool> {
         let store = self.get()?;
         py.detach(|| store.remove(step)).map_err(py_err)

@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use ckptstore::tier::{
-    self, Cost, Evaluation, Held, Holding, Record, StoreKind, StoreName, TierDir,
+    self, Cost, Evaluation, Held, Holding, Legacy, Record, StoreKind, StoreName, TierDir,
 };
 use ckptstore::ContentDigest;
 use pyo3::exceptions::PyValueError;
@@ -15,7 +15,8 @@ use pyo3::prelude::*;
 use crate::py_err;
 
 /// A record's fields: step, saved_at, seq, ranks_per_node, digests,
-/// copies, sizes, upload, metadata, cost.
+/// copies, sizes, upload, metadata, cost (sizes and metadata: None but in
+/// a record of format 1).
 type RecordFields = (
     u64,
     u64,
@@ -23,9 +24,9 @@ type RecordFields = (
     u32,
     Vec<String>,
     Vec<Vec<u32>>,
-    Vec<BTreeMap<String, u64>>,
+    Option<Vec<BTreeMap<String, u64>>>,
     bool,
-    String,
+    Option<String>,
     Option<HashMap<String, f64>>,
 );
 
@@ -54,9 +55,9 @@ fn fields(r: &Record) -> RecordFields {
         r.ranks_per_node,
         r.digests.iter().map(ToString::to_string).collect(),
         r.copies.clone(),
-        r.sizes.clone(),
+        r.legacy.as_ref().map(|l| l.sizes.clone()),
         r.upload,
-        r.metadata.clone(),
+        r.legacy.as_ref().map(|l| l.metadata.clone()),
         cost,
     )
 }
@@ -79,6 +80,15 @@ fn record(f: RecordFields) -> PyResult<Record> {
             bytes_deduplicated: get("bytes_deduplicated") as u64,
         }
     });
+    let legacy = match (sizes, metadata) {
+        (Some(sizes), Some(metadata)) => Some(Legacy { sizes, metadata }),
+        (None, None) => None,
+        _ => {
+            return Err(PyValueError::new_err(
+                "a record has both sizes and metadata (format 1) or neither",
+            ))
+        }
+    };
     Ok(Record {
         step,
         saved_at,
@@ -86,10 +96,9 @@ fn record(f: RecordFields) -> PyResult<Record> {
         ranks_per_node,
         digests: digests.iter().map(|d| digest(d)).collect::<PyResult<_>>()?,
         copies,
-        sizes,
         upload,
-        metadata,
         cost,
+        legacy,
     })
 }
 

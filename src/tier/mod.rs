@@ -35,4 +35,4 @@ mod tests;
 pub use choice::{pick, retain, Evaluation, Held, Holding};
 pub use dir::{Records, TierDir};
 pub use names::{MarkName, NotOurs, RecordName, StoreKind, StoreName, MAX_RANKS, RECORDS};
-pub use record::{Cost, Record, SaveKey, MAX_RECORD_BYTES, RECORD_FORMAT};
+pub use record::{Cost, Legacy, Record, SaveKey, MAX_RECORD_BYTES, RECORD_FORMAT};

@@ -7,10 +7,12 @@ use std::path::Path;
 use super::names::{RecordName, MAX_RANKS};
 use crate::{ContentDigest, Error, Result};
 
-/// The record format this build writes (and the newest it reads).
-pub const RECORD_FORMAT: u32 = 1;
+/// The record format this build writes (and the newest it reads): 2, a
+/// record of fixed fields per rank. Format 1 (0.4.0) also carried every
+/// rank's entry sizes and DCP's metadata ([`Legacy`]); it is still read.
+pub const RECORD_FORMAT: u32 = 2;
 
-/// The largest record read: a record of format 1 embeds DCP's metadata.
+/// The largest record read (one of format 1 embeds DCP's metadata).
 pub const MAX_RECORD_BYTES: u64 = 256 << 20;
 
 /// A save of step `step` is complete on the local tier: every rank's shard
@@ -32,14 +34,23 @@ pub struct Record {
     pub digests: Vec<ContentDigest>,
     /// The ranks that keep copies of each rank's shard.
     pub copies: Vec<Vec<u32>>,
-    /// Each rank's entries and their sizes in bytes.
-    pub sizes: Vec<BTreeMap<String, u64>>,
     /// The save is due for the bucket.
     pub upload: bool,
-    /// ckptstore.dcp's DCP metadata (JSON) of the save.
-    pub metadata: String,
     /// What the save cost the rank that wrote the record.
     pub cost: Option<Cost>,
+    /// What a record of format 1 also carried (None: format 2, whose
+    /// metadata and sizes are in the coordinator's shard).
+    pub legacy: Option<Legacy>,
+}
+
+/// The fields of a record of format 1 (0.4.0) that format 2 leaves to
+/// the coordinator's shard.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Legacy {
+    /// Each rank's entries and their sizes in bytes.
+    pub sizes: Vec<BTreeMap<String, u64>>,
+    /// ckptstore.dcp's DCP metadata (JSON) of the save.
+    pub metadata: String,
 }
 
 /// What a save cost one rank (`ckptstore.dcp.SaveCost`'s fields).
@@ -70,9 +81,11 @@ struct Body {
     ranks_per_node: u32,
     digests: Vec<String>,
     copies: Vec<Vec<u32>>,
-    sizes: Vec<BTreeMap<String, u64>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    sizes: Option<Vec<BTreeMap<String, u64>>>,
     upload: bool,
-    metadata: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    metadata: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     cost: Option<Cost>,
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -110,15 +123,19 @@ impl Record {
             reason: format!("not a record to write: {reason}"),
         })?;
         let body = Body {
-            format: RECORD_FORMAT,
+            format: if self.legacy.is_some() {
+                1
+            } else {
+                RECORD_FORMAT
+            },
             step: self.step,
             saved_at: self.saved_at,
             ranks_per_node: self.ranks_per_node,
             digests: self.digests.iter().map(ToString::to_string).collect(),
             copies: self.copies.clone(),
-            sizes: self.sizes.clone(),
+            sizes: self.legacy.as_ref().map(|l| l.sizes.clone()),
             upload: self.upload,
-            metadata: self.metadata.clone(),
+            metadata: self.legacy.as_ref().map(|l| l.metadata.clone()),
             cost: self.cost,
             seq: self.seq,
         };
@@ -144,12 +161,22 @@ impl Record {
         }
         let body: Body =
             serde_json::from_slice(bytes).map_err(|e| damaged(format!("not a record ({e})")))?;
-        if body.format != RECORD_FORMAT {
-            return Err(damaged(format!(
-                "record format {}; this build reads format {RECORD_FORMAT}",
-                body.format
-            )));
-        }
+        let legacy = match (body.format, body.sizes, body.metadata) {
+            (1, Some(sizes), Some(metadata)) => Some(Legacy { sizes, metadata }),
+            (2, None, None) => None,
+            (1 | 2, _, _) => {
+                return Err(damaged(format!(
+                    "a record of format {} {} sizes and metadata",
+                    body.format,
+                    if body.format == 1 { "without" } else { "with" }
+                )))
+            }
+            (found, _, _) => {
+                return Err(damaged(format!(
+                    "record format {found}; this build reads formats 1 to {RECORD_FORMAT}"
+                )))
+            }
+        };
         let mut digests = Vec::with_capacity(body.digests.len());
         for (rank, hex) in body.digests.iter().enumerate() {
             digests.push(ContentDigest::from_hex(hex).ok_or_else(|| {
@@ -163,10 +190,9 @@ impl Record {
             ranks_per_node: body.ranks_per_node,
             digests,
             copies: body.copies,
-            sizes: body.sizes,
             upload: body.upload,
-            metadata: body.metadata,
             cost: body.cost,
+            legacy,
         };
         record.check(name).map_err(damaged)?;
         Ok(record)
@@ -190,11 +216,11 @@ impl Record {
                 name.rank
             ));
         }
-        if self.copies.len() != world || self.sizes.len() != world {
+        let sizes = self.legacy.as_ref().map_or(world, |l| l.sizes.len());
+        if self.copies.len() != world || sizes != world {
             return Err(format!(
-                "{world} digests but {} lists of copies and {} of sizes",
+                "{world} digests but {} lists of copies and {sizes} of sizes",
                 self.copies.len(),
-                self.sizes.len()
             ));
         }
         if self.ranks_per_node == 0 {

@@ -31,10 +31,9 @@ fn save(step: u64, seq: u64, world: u32, k: u32) -> Record {
         copies: (0..world)
             .map(|src| vec![copy_holder(src, k, nodes, world)])
             .collect(),
-        sizes: vec![BTreeMap::new(); world as usize],
         upload: false,
-        metadata: "{}".into(),
         cost: None,
+        legacy: None,
     }
 }
 
@@ -208,7 +207,23 @@ fn a_record_is_read_back_and_a_wrong_one_refused() {
     let text = String::from_utf8(bytes).expect("UTF-8");
     let edited = |from: &str, to: &str| text.replacen(from, to, 1).into_bytes();
     assert!(
-        refused(&edited("\"format\":1", "\"format\":9"), name(7, 0)).contains("record format 9")
+        refused(&edited("\"format\":2", "\"format\":9"), name(7, 0)).contains("record format 9")
+    );
+    assert!(refused(&edited("\"format\":2", "\"format\":1"), name(7, 0))
+        .contains("format 1 without sizes"));
+    // Format 1 (0.4.0's) carries sizes and DCP's metadata.
+    let old = Record {
+        legacy: Some(Legacy {
+            sizes: vec![BTreeMap::from([("t/w@0".to_owned(), 8)]); 4],
+            metadata: "{}".into(),
+        }),
+        ..r.clone()
+    };
+    let bytes = old.encode(&name(7, 0), path).expect("encodes");
+    assert!(bytes.starts_with(b"{\"format\":1,"));
+    assert_eq!(
+        Record::decode(&bytes, &name(7, 0), path).expect("decodes"),
+        old
     );
     let hex = r.digests[1].to_string();
     assert!(refused(&edited(&hex, &hex.to_uppercase()), name(7, 0)).contains("rank 1's digest"));
@@ -247,6 +262,8 @@ fn a_directory_written_by_0_4_0_is_read() {
     assert!(!node1.in_bucket(&records[0].1).expect("read"));
     assert!(node1.in_bucket(&records[1].1).expect("read"));
     assert_eq!(records[1].1.copies, [vec![1], vec![0]]);
+    let legacy = records[1].1.legacy.as_ref().expect("format 1");
+    assert!(legacy.metadata.contains("state_dict") && legacy.sizes[1].contains_key("t/b@0"));
     let stores: Vec<String> = node1
         .stores()
         .expect("list")

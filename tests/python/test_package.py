@@ -295,3 +295,12 @@ def test_copy_to_takes_the_pack_files_with_the_store(tmp_path):
             ckptstore.remove_store(copy)
     assert ckptstore.remove_store(copy) and not ckptstore.remove_store(copy)
     assert sorted(os.listdir(tmp_path)) == ["alone.ckpt", "run.ckpt", "run.ckpt.packs"]
+
+
+def test_get_blob_reads_one_blob_of_a_step(tmp_path):
+    with ckptstore.open(tmp_path / "run.ckpt") as store:
+        big = bytes(range(256)) * 1024  # chunked
+        store.save(3, {"w": np.ones((4, 4), np.float32), "meta": b"{}", "big": big})
+        assert store.get_blob(3, "meta") == b"{}"
+        assert store.get_blob(3, "big") == big
+        assert store.get_blob(3, "nope") is None and store.get_blob(4, "meta") is None

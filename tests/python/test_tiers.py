@@ -234,7 +234,10 @@ def test_every_save_reports_its_cost(tmp_path):
 
 
 def test_ckpt_ls_lists_a_tier_directory(tmp_path, bucket):
-    job(tmp_path, ["save:1", "save:2", "close"], bucket=bucket)
+    # Uploaded from each rank's store in Rust (Remote.upload_shard, which
+    # takes values from Python, refuses).
+    job(tmp_path, ["save:1", "save:2", "close"], bucket=bucket, env={"CKPT_TIERS_RUST_UPLOAD": "1"})
+    assert ckptstore.Remote(bucket).steps() == [1, 2]
     ckpt = os.environ.get("CKPT_BIN")
     if not ckpt:
         pytest.skip("CKPT_BIN unset")
@@ -353,3 +356,49 @@ def test_any_exception_on_one_rank_fails_the_call_on_every_rank_and_the_tier_kee
         assert [f.split()[1] for f in failed] == ["1", "2"], text[-3000:]
         assert text.count("injected on rank 1") >= 2, text[-3000:]
         assert oks(text) == ["ok 1", "ok 2"], text[-3000:]
+
+
+def collective_bytes(tmp, world, tensors):
+    """Bytes received through the tier's collectives: by rank 0 in the
+    second save of the job (the one shard it copies is a plain rank's: the
+    coordinator's holds DCP's metadata), and by rank 1 in its load (less
+    DCP's metadata)."""
+    out = job(tmp / f"w{world}-t{tensors}", ["save:1", "save:2", "load:2"], world=world, per_node=1,
+              env={"CKPT_TIERS_TENSORS": str(tensors), "CKPT_TIERS_COUNT": "1"})
+    counted = {}
+    for rank in (0, 1):
+        for line in out[rank][1].splitlines():
+            if line.startswith("collective "):
+                what, step, n = line.split()[1:4]
+                counted[(rank, what, int(step))] = int(n)
+    return counted[(0, "save", 2)], counted[(1, "load", 2)]
+
+
+def test_collectives_carry_a_constant_per_rank_whatever_the_tensors(tmp_path):
+    # Counted by wrapping torch.distributed in each rank (the tier's own
+    # collectives, not DCP's planning nor the shards' bytes), at 2, 4 and
+    # 8 ranks (nodes of one) with 48 and 480 sharded tensors of a constant
+    # share per rank (and 16 ranks under CKPT_LONG=1). What a rank
+    # receives per added rank is the same with
+    # 10x the tensors: in a save a fixed 49-byte entry, in a load (beyond
+    # DCP's metadata, which every rank's planner needs) a few bytes per
+    # peer and what it holds.
+    sizes = [2, 4, 8, 16] if os.environ.get("CKPT_LONG") == "1" else [2, 4, 8]
+    counted = {t: [collective_bytes(tmp_path, w, t) for w in sizes] for t in (48, 480)}
+    for i, what in enumerate(("save", "load")):
+        got = {t: [c[i] for c in cs] for t, cs in counted.items()}
+        per_rank = {t: (b[-1] - b[0]) / (sizes[-1] - sizes[0]) for t, b in got.items()}
+        print(what, "bytes by world size", got, "per added rank", per_rank)
+        assert per_rank[48] == per_rank[480] and 0 < per_rank[48] <= 1024, (what, got, per_rank)
+        # What grows with the tensors (the header of the one shard a rank
+        # copies) does not grow with the world.
+        assert len({got[480][j] - got[48][j] for j in range(len(sizes))}) == 1, (what, got)
+
+
+@pytest.mark.skipif(os.environ.get("CKPT_LONG") != "1", reason="16 processes: CKPT_LONG=1")
+def test_16_ranks_as_8_nodes_of_2_save_lose_a_node_and_load(tmp_path):
+    out = job(tmp_path, ["save:1", "save:2", "load:2"], world=16, per_node=2)
+    assert said(out, "ok 2")
+    shutil.rmtree(tmp_path / "node5")
+    out = job(tmp_path, ["load:2", "save:3", "load:3"], world=16, per_node=2)
+    assert said(out, "ok 2") and said(out, "ok 3")

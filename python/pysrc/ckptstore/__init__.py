@@ -364,6 +364,11 @@ class Store:
         the step is not stored."""
         return self._raw.content_digest(_step(step))
 
+    def get_blob(self, step: int, name: str) -> Optional[bytes]:
+        """The bytes of blob `name` of step `step`, hash-checked, without
+        reading the step's other entries; None if either is not stored."""
+        return self._raw.get_blob(_step(step), name)
+
     def gc(
         self,
         keep_last: Optional[int] = None,

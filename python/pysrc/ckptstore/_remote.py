@@ -3,7 +3,7 @@ stores, global steps of multi-rank jobs) and `ckptstore.Shard` (one
 rank's side of them)."""
 
 import os
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -106,6 +106,23 @@ class Remote:
         tensors, blobs = _split(state)
         raw = self._raw.upload_shard_data if data_only else self._raw.upload_shard
         return raw((_step(step), int(rank), int(world_size)), tensors, blobs, _metrics(metrics))
+
+    def upload_shard_from(
+        self,
+        store: "Store",
+        step: int,
+        rank: int,
+        world_size: int,
+        drop: Sequence[str] = (),
+        blobs: Optional[Mapping[str, bytes]] = None,
+    ) -> ShardInfo:
+        """`upload_shard` of step `step` of `store` as it is stored (less
+        the blobs named in `drop`, with `blobs` added): read, hashed and
+        uploaded in Rust, its bytes never brought into Python."""
+        extra = [(str(k), bytes(v)) for k, v in (blobs or {}).items()]
+        return self._raw.upload_shard_from_store(
+            store._raw, (_step(step), int(rank), int(world_size)), [str(d) for d in drop], extra
+        )
 
     def commit_global(self, step: int, shards: List[str]) -> None:
         """Complete global step `step` with exactly `shards` (each rank's

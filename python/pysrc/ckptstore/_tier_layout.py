@@ -87,19 +87,20 @@ def stores_in(directory: str) -> List[Tuple[str, int, str]]:
 @dataclass(frozen=True)
 class Record:
     """That save `saved_at` of `step` is complete on the local tier: every
-    rank's shard (content digest `digests[r]`, entry sizes `sizes[r]`) and
-    every copy (`copies[r]`: the ranks keeping rank r's) was durable. DCP's
-    metadata (ckptstore.dcp's JSON) is kept with it. Read and written by
-    `ckptstore::tier`, which checks it."""
+    rank's shard (content digest `digests[r]`) and every copy (`copies[r]`:
+    the ranks keeping rank r's) was durable. Read and written by
+    `ckptstore::tier`, which checks it. DCP's metadata and the entries'
+    sizes are in the coordinator's shard; a record of 0.4.0 (format 1)
+    carries them (`metadata`, `sizes[r]`)."""
 
     step: int
     saved_at: int
     ranks_per_node: int
     digests: Tuple[str, ...]
     copies: Tuple[Tuple[int, ...], ...]
-    sizes: Tuple[Dict[str, int], ...]
     upload: bool
-    metadata: str
+    sizes: Optional[Tuple[Dict[str, int], ...]] = None
+    metadata: Optional[str] = None
     # What the save cost the rank that wrote this record (SaveCost's
     # fields), if it says.
     cost: Optional[Dict[str, float]] = None
@@ -119,7 +120,8 @@ class Record:
         """The record as `_ckptstore.tier_*` takes it."""
         return (
             self.step, self.saved_at, self.seq, self.ranks_per_node, list(self.digests),
-            [list(c) for c in self.copies], list(self.sizes), self.upload, self.metadata, self.cost,
+            [list(c) for c in self.copies], None if self.sizes is None else list(self.sizes), self.upload,
+            self.metadata, self.cost,
         )
 
     @staticmethod
@@ -127,7 +129,7 @@ class Record:
         step, saved_at, seq, per_node, digests, copies, sizes, upload, metadata, cost = fields
         return Record(
             step=step, saved_at=saved_at, ranks_per_node=per_node, digests=tuple(digests),
-            copies=tuple(tuple(c) for c in copies), sizes=tuple(sizes), upload=upload,
+            copies=tuple(tuple(c) for c in copies), sizes=None if sizes is None else tuple(sizes), upload=upload,
             metadata=metadata, cost=cost, seq=seq,
         )
 

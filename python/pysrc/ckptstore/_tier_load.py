@@ -56,7 +56,8 @@ def choose(
     rank)."""
     group.check(failure, "loading from the local tier")
     holdings = [(rank, kind, src, s, d) for rank, hs in enumerate(group.gather(held)) for kind, src, s, d in hs]
-    reports = group.gather(tier_evaluate(directory, holdings))
+    # The ranks of a node read the same records: each save once per rank.
+    reports = group.gather(list({tuple(e[1]): e for e in tier_evaluate(directory, holdings)}.values()))
     best, newer = tier_pick([e for r in reports for e in r], step)
     why = ""
     if newer:
@@ -74,21 +75,24 @@ def choose(
 
 class TierReader(StorageReader):
     """DCP's storage reader of a tiered load: the chosen save's metadata
-    from its record, every read item's bytes from `shard_of` (this rank's
-    stores) or from the rank serving that shard."""
+    and entry sizes as given, every read item's bytes from `shard_of`
+    (this rank's stores) or from the rank serving that shard."""
 
-    def __init__(self, group: Group, choice: Choice, shard_of: ShardOf) -> None:
+    def __init__(
+        self, group: Group, choice: Choice, shard_of: ShardOf, metadata: str, sizes: List[Dict[str, int]]
+    ) -> None:
         super().__init__(target="the local tier", step=choice.record.step)
         self._group, self._choice, self._shard_of = group, choice, shard_of
+        self._metadata_json, self._sizes = metadata, sizes
 
     def read_metadata(self) -> Metadata:
-        md = _dcp_json.from_json(self._choice.record.metadata.encode())
+        md = _dcp_json.from_json(self._metadata_json.encode())
         self._resolved, self._commit = self._choice.record.step, None
         self._where, self._metadata = md.storage_data, md
         return md
 
     def _length(self, where: Where) -> int:
-        sizes = self._choice.record.sizes
+        sizes = self._sizes
         if not 0 <= where.rank < len(sizes) or where.entry not in sizes[where.rank]:
             raise ValueError(f"step {self._choice.record.step}: rank {where.rank} stored no entry {where.entry!r}")
         return sizes[where.rank][where.entry]
@@ -132,28 +136,38 @@ def fetch(
     failure: Optional[BaseException] = None,
 ) -> List[np.ndarray]:
     """The bytes of each (source rank, entry, start, length) of `pieces`
-    (a collective). Each shard is served by its first holder; a holder
-    whose shard fails its checks (damaged, gone, unreadable) says so, and
-    the next one serves it; any other failure on any rank (`failure`, this
+    (a collective). Each shard is served by its first holder, which learns
+    only the requests addressed to it (point to point); a holder whose
+    shard fails its checks (damaged, gone, unreadable) says so, and the
+    next one serves it; any other failure on any rank (`failure`, this
     rank's planning; a `MemoryError` reading a shard) fails the call on
     every rank. A piece `into` names (a whole entry) is read into that
     Tensor's memory when this rank serves its shard."""
-    group.check(failure, f"loading step {choice.record.step} from the local tier")
-    requests = group.gather(pieces)
-    needed = sorted({p[0] for reqs in requests for p in reqs if p[3] > 0})
-    failed: Set[Tuple[int, int]] = set()
+    step = choice.record.step
+    group.check(failure, f"loading step {step} from the local tier")
+    wanted = sorted({p[0] for p in pieces if p[3] > 0})
+    refused: Set[Tuple[int, int]] = set()  # (holder, source rank), known to every rank
     loaded: Dict[int, Dict[str, np.ndarray]] = {}
     while True:
-        server = {src: next((h for h in choice.holders.get(src, []) if (h, src) not in failed), None) for src in needed}
-        lost = [src for src in needed if server[src] is None]
-        if lost:
-            raise ShardsLost(
-                f"step {choice.record.step}: no surviving rank holds a sound copy of the shards of ranks {lost}"
-            )
+        server = {src: next((h for h in choice.holders.get(src, []) if (h, src) not in refused), None) for src in wanted}
+        lost = [src for src in wanted if server[src] is None]
+        group.check(
+            ShardsLost(f"step {step}: no surviving rank holds a sound copy of the shards of ranks {lost}") if lost else None,
+            f"loading step {step} from the local tier",
+        )
+        asked: Dict[int, List[int]] = {}
+        for i, p in enumerate(pieces):
+            if p[3] > 0 and server[p[0]] != group.rank:
+                asked.setdefault(server[p[0]], []).append(i)  # type: ignore[arg-type]
+        requests: Dict[int, List[Tuple[int, str, int, int]]] = group.send_to_some(
+            {s: [pieces[i] for i in idx] for s, idx in asked.items()}
+        )
+        serving = {p[0] for p in pieces if p[3] > 0 and server[p[0]] == group.rank}
+        serving |= {p[0] for reqs in requests.values() for p in reqs}
         mine: List[Tuple[int, str]] = []
         fatal: Optional[BaseException] = None
-        for src in needed:
-            if fatal is None and server[src] == group.rank and src not in loaded:
+        for src in sorted(serving):
+            if fatal is None and src not in loaded:
                 mine_into = {entry: t for i, (entry, t) in into.items() if pieces[i][0] == src}
                 try:
                     loaded[src] = shard_of(src, choice.record.digests[src], mine_into)
@@ -161,31 +175,19 @@ def fetch(
                     mine.append((src, str(e)))
                 except Exception as e:  # noqa: BLE001 - raised on every rank
                     fatal = e
-        group.check(fatal, f"loading step {choice.record.step} from the local tier")
-        refused = group.gather(mine)
-        if not any(refused):
+        group.check(fatal, f"loading step {step} from the local tier")
+        told = group.gather_if_any(mine or None)
+        if not told:
             break
-        for rank, fails in enumerate(refused):
+        for rank, fails in told:
             for src, why in fails:
-                failed.add((rank, src))
+                refused.add((rank, src))
                 if group.rank == 0:
                     warnings.warn(
-                        f"ckptstore.dcp.Tiers: rank {src}'s shard of step {choice.record.step} as held by "
+                        f"ckptstore.dcp.Tiers: rank {src}'s shard of step {step} as held by "
                         f"rank {rank} is refused ({why}); another holder serves it",
                         stacklevel=2,
                     )
-    def to_send() -> List[Tuple[int, List[np.ndarray]]]:
-        sends = []
-        for q, reqs in enumerate(requests):
-            served = [_slice(loaded, p) for p in reqs if q != group.rank and p[3] > 0 and server[p[0]] == group.rank]
-            if served:
-                sends.append((q, served))
-        return sends
-
-    asked: Dict[int, List[int]] = {}
-    for i, p in enumerate(pieces):
-        if p[3] > 0 and server[p[0]] != group.rank:
-            asked.setdefault(server[p[0]], []).append(i)  # type: ignore[arg-type]
 
     # A whole entry asked of another rank arrives in its target's memory.
     def buffer(i: int) -> np.ndarray:
@@ -193,7 +195,7 @@ def fetch(
             return np.asarray(into[i][1].data).reshape(-1).view(np.uint8)
         return np.empty(pieces[i][3], dtype=np.uint8)
 
-    sends, cannot_send = attempt(to_send)
+    sends, cannot_send = attempt(lambda: [(q, [_slice(loaded, p) for p in reqs]) for q, reqs in requests.items()])
     receives, cannot_receive = attempt(lambda: [(s, [buffer(i) for i in idx]) for s, idx in asked.items()])
     got = group.exchange(sends or [], receives or [], cannot_send or cannot_receive)
     out: List[np.ndarray] = [np.empty(0, dtype=np.uint8)] * len(pieces)

@@ -1,9 +1,13 @@
 """A save on the node-local tier (`ckptstore.dcp.Tiers.save`): each rank
-commits its shard into its own store, sends copies to its peers, who
+commits its shard into its own store (the coordinator's with DCP's
+metadata and every rank's entry sizes), sends copies to its peers, who
 commit them, and once every shard and copy is durable every rank writes
-the step's record."""
+the step's record. What a rank receives from the tier's collectives is a
+fixed-size entry per rank of the job; headers and bytes go point to
+point to the ranks that keep the copies."""
 
 import dataclasses
+import json
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -14,6 +18,7 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.futures import Future
 
 from . import CommitInfo, Store, Tensor, _dcp_json
+from ._dcp_base import METADATA
 from ._cost import SaveCost
 from ._staging import Hashes
 from ._dcp_json import Where
@@ -24,18 +29,24 @@ from ._dcp_write import StorageWriter
 Values = Dict[str, Any]
 
 
+SIZES = ".tier/sizes.json"
+"""The entry of the coordinator's shard that holds every rank's entry
+sizes (JSON: a list by rank of {entry: bytes}); not uploaded."""
+
+
 class ShardWriter(StorageWriter):
     """DCP's storage writer of a tiered save: each rank's write items go
-    into `store` as step `step` (a store of its own: the coordinator's
-    too, DCP's metadata going into the step's record instead). Not sent to
-    other processes (thread mode only)."""
+    into `store` as step `step` (a store of its own). The coordinator's
+    commit waits for `finish`, which adds DCP's metadata (`METADATA`, as a
+    bucket save has it) and every rank's entry sizes (`SIZES`) to its
+    shard: written once, in one shard. Not sent to other processes (thread
+    mode only)."""
 
     def __init__(self, store: Store, step: int, hashes: Optional[Hashes] = None) -> None:
         super().__init__(target=store, step=step)
         self._hashes = dict(hashes or {})  # of a staged state's tensors
         self.store = store
         self.values: Values = {}
-        self.metadata_json = ""
         self.info: Optional[CommitInfo] = None
 
     def prepare_global_plan(self, plans: List[SavePlan]) -> List[SavePlan]:
@@ -47,8 +58,9 @@ class ShardWriter(StorageWriter):
             self._rank, self._world = plan.storage_data
         values: Values = {}
         written = [self._resolve(item, planner, values) for item in plan.items]
-        self.info = self.store.save(self._step, values, replace=True)
         self.values = values
+        if not self._coordinator:
+            self.info = self.store.save(self._step, values, replace=True)
         results = [_storage.WriteResult(index, size, Where(self._rank, name)) for index, size, name in written]
         fut: Future = Future()
         fut.set_result(results)
@@ -56,11 +68,15 @@ class ShardWriter(StorageWriter):
 
     def finish(self, metadata: Metadata, results: List[List[_storage.WriteResult]]) -> None:
         storage: Dict[MetadataIndex, Where] = {}
+        sizes: List[Dict[str, int]] = [{} for _ in results]
         for per_rank in results:
             for r in per_rank:
                 storage[r.index] = r.storage_data
+                sizes[r.storage_data.rank][r.storage_data.entry] = int(r.size_in_bytes)
         metadata.storage_data = storage
-        self.metadata_json = _dcp_json.to_json(metadata)
+        self.values[METADATA] = _dcp_json.to_json(metadata).encode()
+        self.values[SIZES] = json.dumps(sizes, separators=(",", ":")).encode()
+        self.info = self.store.save(self._step, self.values, replace=True)
 
 
 def entry_bytes(value: Any) -> np.ndarray:
@@ -91,17 +107,14 @@ def rebuilt(head: List[Tuple[str, str, List[int], int]], arrays: Sequence[np.nda
     return out
 
 
-def send_copies(
-    group: Group, sources: List[int], holders: List[int], values: Values
-) -> Tuple[Dict[int, Values], List[Dict[str, int]]]:
+def send_copies(group: Group, sources: List[int], holders: List[int], values: Values) -> Dict[int, Values]:
     """Send this rank's shard `values` to `holders` and receive the shards
-    of `sources`: (the shards received by source rank, every rank's entry
-    sizes). A failure on any rank (before a byte is sent) is raised on
-    every rank."""
+    of `sources` (headers and bytes point to point): the shards received,
+    by source rank. A failure on any rank (before a byte is sent) is
+    raised on every rank."""
     head, failure = attempt(lambda: header(values))
-    heads = group.gather(head)
-    if head is None or any(h is None for h in heads):
-        group.check(failure, "sending copies")
+    group.check(failure, "sending copies")
+    heads = group.send_objects([(h, head) for h in holders], sources)
     mine, failure = attempt(lambda: [entry_bytes(values[name]) for name, _, _, _ in head or []])
     buffers, failed = attempt(lambda: [(src, [np.empty(n, dtype=np.uint8) for _, _, _, n in heads[src]]) for src in sources])
     got = group.exchange(
@@ -109,34 +122,46 @@ def send_copies(
         [] if buffers is None else buffers,
         failure or failed,
     )
-    copies = {src: rebuilt(heads[src], got[src]) for src in sources}
-    sizes = [{name: n for name, _, _, n in h} for h in heads]
-    return copies, sizes
+    return {src: rebuilt(heads[src], got[src]) for src in sources}
+
+
+# A rank's entry in `agree`: its shard's digest (32 bytes), whether it
+# failed (1 byte), the newest `seq` it recorded and its clock (8 bytes
+# each, little-endian).
+_ENTRY = 49
 
 
 def agree(
-    group: Group, step: int, digest: str, copy_digests: Dict[int, str], failure: str, metadata: str, seq: int
-) -> Tuple[List[str], str, int, int]:
-    """The collective after the commits: every rank's shard digest, the
-    coordinator's metadata and clock, and the save's place in the order of
-    saves (one more than the newest any rank recorded, `seq` being this
-    rank's); raises on every rank if any rank failed or a copy differs
-    from its shard."""
-    told = group.gather((digest, copy_digests, failure, metadata, time.time_ns(), seq))
-    problems = [f"rank {r}: {t[2]}" for r, t in enumerate(told) if t[2]]
-    digests = [t[0] for t in told]
-    for holder, t in enumerate(told):
-        for src, d in t[1].items():
-            if d != digests[src]:
-                problems.append(f"rank {holder}'s copy of rank {src}'s shard differs from it")
-    if problems:
-        raise TierFailure(f"step {step} was not committed on the local tier: " + "; ".join(problems))
-    return digests, told[0][3], told[0][4], max(t[5] for t in told) + 1
+    group: Group, step: int, digest: str, copy_digests: Dict[int, str], failure: str, seq: int
+) -> Tuple[List[str], int, int]:
+    """The collective after the commits, a fixed-size entry per rank:
+    every rank's shard digest, the coordinator's clock, and the save's
+    place in the order of saves (one more than the newest any rank
+    recorded, `seq` being this rank's). Raises on every rank if any rank
+    failed or a copy differs from its shard."""
+    entry = np.zeros(_ENTRY, dtype=np.uint8)
+    if digest and not failure:
+        entry[:32] = np.frombuffer(bytes.fromhex(digest), dtype=np.uint8)
+    entry[32] = 1 if failure else 0
+    entry[33:41] = np.frombuffer(seq.to_bytes(8, "little"), dtype=np.uint8)
+    entry[41:49] = np.frombuffer(time.time_ns().to_bytes(8, "little"), dtype=np.uint8)
+    told = group.gather_fixed(entry)
+    digests = [bytes(t[:32]).hex() for t in told]
+    problem = failure
+    if not problem and not any(t[32] for t in told):
+        differ = [src for src, d in copy_digests.items() if d != digests[src]]
+        if differ:
+            problem = f"its copies of ranks {differ}' shards differ from them"
+    failed = None if not problem else TierFailure(problem)
+    group.check(failed, f"step {step} was not committed on the local tier")
+    saved_at = int.from_bytes(bytes(told[0][41:49]), "little")
+    newest = max(int.from_bytes(bytes(t[33:41]), "little") for t in told)
+    return digests, saved_at, newest + 1
 
 
 def record_of(
     step: int, saved_at: int, per_node: int, digests: List[str], copies: List[List[int]],
-    sizes: List[Dict[str, int]], upload: bool, metadata: str, cost: SaveCost, seq: int,
+    upload: bool, cost: SaveCost, seq: int,
 ) -> Record:
     return Record(
         step=step,
@@ -145,8 +170,6 @@ def record_of(
         ranks_per_node=per_node,
         digests=tuple(digests),
         copies=tuple(tuple(c) for c in copies),
-        sizes=tuple(sizes),
         upload=upload,
-        metadata=metadata,
         cost={k: v for k, v in dataclasses.asdict(cost).items() if k != "step"},
     )

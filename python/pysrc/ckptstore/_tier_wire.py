@@ -1,8 +1,12 @@
-"""How the ranks of a tiered job talk (`ckptstore.dcp.Tiers`): small
-objects gathered by every rank, and bytes sent rank to rank in pieces of
-at most 64 MiB, over a gloo group of the tier's own (no shared file
-system is assumed). Every byte that crosses is hash-checked by its
-receiver against the sender's BLAKE3."""
+"""How the ranks of a tiered job talk (`ckptstore.dcp.Tiers`), over a
+gloo group of the tier's own (no shared file system is assumed):
+fixed-size entries gathered by every rank (a constant per rank of the
+job), objects and bytes sent point to point to the ranks that need them
+(bytes in pieces of at most 64 MiB, each array hash-checked by its
+receiver against the BLAKE3 its sender sent with it), and a failure flag
+reduced over every rank at each step where one may fail."""
+
+import pickle
 
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
@@ -55,18 +59,23 @@ class Group:
         dist.all_gather_object(out, obj, group=self.group)
         return out
 
-    def failures(self, mine: Optional[BaseException]) -> List[str]:
-        """Every rank's failure at this point ("rank R: Type: message"),
-        empty if none failed (a collective: one integer per rank, and the
-        messages gathered only when some rank failed)."""
+    def gather_if_any(self, mine: Any) -> List[Tuple[int, Any]]:
+        """(rank, object) of every rank whose `mine` is not None, by rank;
+        empty if none has one (a collective: one integer per rank, and the
+        objects gathered only when some rank has one)."""
         if self.group is None:
-            return [] if mine is None else [f"rank 0: {described(mine)}"]
+            return [] if mine is None else [(0, mine)]
         flag = torch.tensor([0 if mine is None else 1], dtype=torch.int32)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
         if not int(flag.item()):
             return []
-        told = self.gather("" if mine is None else f"rank {self.rank}: {described(mine)}")
-        return [t for t in told if t]
+        return [(r, t) for r, t in enumerate(self.gather(mine)) if t is not None]
+
+    def failures(self, mine: Optional[BaseException]) -> List[str]:
+        """Every rank's failure at this point ("rank R: Type: message"),
+        empty if none failed (see `gather_if_any`)."""
+        told = self.gather_if_any(None if mine is None else described(mine))
+        return [f"rank {r}: {t}" for r, t in told]
 
     def check(self, mine: Optional[BaseException], what: str) -> None:
         """Raise on every rank if any rank failed (a collective): this
@@ -78,6 +87,51 @@ class Group:
         if mine is not None:
             raise mine
         raise TierFailure(f"{what}: " + "; ".join(told))
+
+    def gather_fixed(self, entry: np.ndarray) -> List[np.ndarray]:
+        """Every rank's `entry` (a uint8 array of the same size on every
+        rank), by rank: the size of a rank's entry times the world, never
+        padded to another rank's."""
+        if self.group is None:
+            return [entry]
+        out = [torch.empty(entry.size, dtype=torch.uint8) for _ in range(self.world)]
+        dist.all_gather(out, torch.from_numpy(np.ascontiguousarray(entry)), group=self.group)
+        return [t.numpy() for t in out]
+
+    def send_objects(self, sends: Sequence[Tuple[int, Any]], sources: Sequence[int]) -> Dict[int, Any]:
+        """Send each (rank, object) of `sends` to that rank and receive one
+        object from each rank of `sources`, point to point: a rank learns
+        only what is sent to it. The ranks' lists must agree."""
+        if self.group is None:
+            return {}
+        payloads = [(dst, torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)) for dst, obj in sends]
+        lengths = {src: torch.zeros(1, dtype=torch.int64) for src in sources}
+        sizes = [torch.tensor([int(p.numel())], dtype=torch.int64) for _, p in payloads]
+        works = [dist.irecv(t, src, group=self.group) for src, t in lengths.items()]
+        works += [dist.isend(n, dst, group=self.group) for (dst, _), n in zip(payloads, sizes)]
+        for w in works:
+            w.wait()
+        got = {src: torch.empty(int(t.item()), dtype=torch.uint8) for src, t in lengths.items()}
+        works = [dist.irecv(t, src, group=self.group) for src, t in got.items()]
+        works += [dist.isend(p, dst, group=self.group) for dst, p in payloads]
+        for w in works:
+            w.wait()
+        return {src: pickle.loads(t.numpy().tobytes()) for src, t in got.items()}
+
+    def send_to_some(self, sends: Dict[int, Any]) -> Dict[int, Any]:
+        """Send each object of `sends` to its rank and receive those sent
+        to this rank, by sender: a rank learns only what is addressed to
+        it (a collective: one integer per peer says who sends to whom,
+        then the objects go point to point)."""
+        if self.group is None:
+            return {}
+        flags = torch.zeros(self.world, dtype=torch.int32)
+        for dst in sends:
+            flags[dst] = 1
+        told = torch.zeros(self.world, dtype=torch.int32)
+        dist.all_to_all_single(told, flags, group=self.group)
+        sources = [r for r in range(self.world) if int(told[r])]
+        return self.send_objects(list(sends.items()), sources)
 
     def broadcast(self, obj: Any, src: int) -> Any:
         """Rank `src`'s `obj` on every rank (a collective)."""
@@ -97,9 +151,10 @@ class Group:
         each (rank, arrays) of `receives` (writable C-contiguous 1-D uint8
         arrays of the sizes sent) from that rank: the arrays filled, by
         rank, each checked against the BLAKE3 its sender computed. Every
-        rank calls it (the hashes are gathered), with its own lists; the
-        lists of two ranks must agree (what one sends, the other
-        receives, in the same order). `failure`: this rank could not make
+        rank calls it, with its own lists (a failure flag is reduced over
+        every rank; the hashes go with the bytes); the lists of two ranks
+        must agree (what one sends, the other receives, in the same
+        order). `failure`: this rank could not make
         its lists; it is raised on every rank before a byte is sent, as is
         a failure to prepare the bytes to send."""
 
@@ -110,14 +165,13 @@ class Group:
             return ready, {dst: hash_arrays(list(arrays)) for dst, arrays in ready}
 
         prepared, failed = attempt(prepare)
-        told = self.gather(None if prepared is None else prepared[1])
-        if prepared is None or any(t is None for t in told):
-            # A rank could not prepare its part: nothing is sent, and every
-            # rank raises here (the check cannot pass: some rank failed).
-            self.check(failed, "sending bytes between ranks")
-            raise TierFailure("sending bytes between ranks failed")
-        ready = prepared[0]
+        # A rank that could not prepare its part: nothing is sent, and
+        # every rank raises here.
+        self.check(failed, "sending bytes between ranks")
+        assert prepared is not None
+        ready, digests = prepared
         got = dict(receives)
+        told = self.send_objects([(dst, digests[dst]) for dst, _ in ready], list(got))
         works = []
         for src, arrays in got.items():
             for a in arrays:
@@ -128,8 +182,7 @@ class Group:
         for w in works:
             w.wait()
         for src, arrays in got.items():
-            expected = told[src].get(self.rank, [])
-            if hash_arrays(arrays) != expected:
+            if hash_arrays(list(arrays)) != told.get(src):
                 raise CorruptError(f"bytes sent by rank {src} to rank {self.rank} arrived damaged (BLAKE3 differs)")
         return got
 

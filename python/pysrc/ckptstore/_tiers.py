@@ -1,6 +1,7 @@
 """`ckptstore.dcp.Tiers`: a job's checkpoints on each node's own disk,
 with copies on peer nodes, over a bucket."""
 
+import json
 import os
 import threading
 import time
@@ -32,10 +33,10 @@ from ._tier_layout import (
     stores_in,
     write_record,
 )
-from ._tier_load import Holding, TierReader, choose
+from ._tier_load import Choice, Holding, ShardOf, ShardsLost, TierReader, choose
 from ._staging import Hashes, Pool
 from ._cost import SaveCost
-from ._tier_save import ShardWriter, agree, record_of, send_copies
+from ._tier_save import SIZES, ShardWriter, agree, record_of, send_copies
 from ._tier_wire import Group, TierFailure, attempt, described
 
 DEFAULT_TIMEOUT = timedelta(minutes=10)
@@ -242,12 +243,10 @@ class Tiers:
         writer = ShardWriter(own, step, hashes)
         dcp.save(state, storage_writer=writer, process_group=group.group, no_dist=group.group is None)
         copy_digests: Dict[int, str] = {}
-        sizes: List[Dict[str, int]] = []
         infos = [writer.info] if writer.info is not None else []
 
         def copy() -> None:
-            nonlocal sizes
-            copies, sizes = send_copies(group, topo.sources(rank, self._peers), topo.holders(rank, self._peers), writer.values)
+            copies = send_copies(group, topo.sources(rank, self._peers), topo.holders(rank, self._peers), writer.values)
             for src, values in copies.items():
                 store = self._store(copy_store(self._dir, src))
                 infos.append(store.save(step, values, replace=True))
@@ -259,7 +258,7 @@ class Tiers:
         if failed is None:
             found, failed = attempt(lambda: own.content_digest(step) or "")
             digest, failure = found or "", "" if failed is None else described(failed)
-        digests, metadata, saved_at, seq = agree(group, step, digest, copy_digests, failure, writer.metadata_json, newest)
+        digests, saved_at, seq = agree(group, step, digest, copy_digests, failure, newest)
         self._saves += 1
         upload = self._bucket is not None and self._saves % self._every == 0
         # Every shard and copy is durable: the save's cost, kept in the record.
@@ -273,7 +272,7 @@ class Tiers:
             bytes_deduplicated=sum(i.bytes_reused for i in infos),
         )
         holders = [topo.holders(src, self._peers) for src in range(topo.world)]
-        record = record_of(step, saved_at, topo.per_node, digests, holders, sizes, upload, metadata, cost, seq)
+        record = record_of(step, saved_at, topo.per_node, digests, holders, upload, cost, seq)
         write_record(self._dir, rank, record)
         self._retain()
         if upload:
@@ -335,10 +334,10 @@ class Tiers:
         shard, failure = "", ""
         try:
             remote = _remote(self._bucket)
-            values = _entries(own, record.step)
-            if self._rank == 0:
-                values[METADATA] = record.metadata.encode()
-            shard = remote.upload_shard(record.step, self._rank, record.world_size, values).shard
+            # Read and uploaded in Rust, less the tier's own entry; a save
+            # of 0.4.0 has DCP's metadata in its record.
+            extra = {METADATA: record.metadata.encode()} if self._rank == 0 and record.metadata is not None else {}
+            shard = remote.upload_shard_from(own, record.step, self._rank, record.world_size, [SIZES], extra).shard
         except Exception as e:  # noqa: BLE001 - told to every rank
             failure = f"rank {self._rank}: {described(e)}"
         told = self._uploads.gather((shard, failure))
@@ -380,10 +379,11 @@ class Tiers:
                 if why and self._rank == 0:
                     warnings.warn(f"ckptstore.dcp.Tiers: {why}; restoring step {choice.record.step}", stacklevel=2)
                 try:
-                    reader = TierReader(self._group, choice, lambda src, d, into: _shard(opened, src, choice.record.step, d, into))
-                    self._dcp_load(state, reader)
+                    metadata, sizes = self._layout(choice, opened)
+                    shard_of: ShardOf = lambda src, d, into: _shard(opened, src, choice.record.step, d, into)  # noqa: E731
+                    self._dcp_load(state, TierReader(self._group, choice, shard_of, metadata, sizes))
                     return choice.record.step
-                except CheckpointException as e:
+                except (CheckpointException, ShardsLost) as e:
                     if self._bucket is None:
                         raise
                     why = f"the local tier could not serve step {choice.record.step} ({_first_line(e)})"
@@ -420,6 +420,25 @@ class Tiers:
             )
         self._dcp_load(state, StorageReader(self._bucket, found))
         return int(found)
+
+    def _layout(self, choice: Choice, opened: List[Tuple[str, int, Store]]) -> Tuple[str, List[Dict[str, int]]]:
+        """DCP's metadata and every rank's entry sizes of the save to
+        restore: from its record (0.4.0's), else read from rank 0's shard
+        by the first rank holding it that can, and broadcast (every rank's
+        DCP planner needs the metadata; nothing else goes to every rank)."""
+        record = choice.record
+        if record.metadata is not None and record.sizes is not None:
+            return record.metadata, list(record.sizes)
+        problems = []
+        for holder in choice.holders.get(0, []):
+            got, failed = attempt(lambda: _layout_of(opened, record)) if self._rank == holder else (None, None)
+            got, why = self._group.broadcast((got, None if failed is None else described(failed)), holder)
+            if got is not None:
+                return got  # type: ignore[no-any-return]
+            problems.append(f"rank {holder}: {why}")
+        raise ShardsLost(
+            f"step {record.step}: no rank could read DCP's metadata from rank 0's shard ({'; '.join(problems) or 'none holds it'})"
+        )
 
     def _in_bucket(self, steps: List[int]) -> Optional[int]:
         """The first of `steps` that the bucket holds whole (rank 0 asks,
@@ -491,14 +510,23 @@ def _shard(
     raise CorruptError("; ".join(problems) or f"no store here holds rank {src}'s shard of step {step}")
 
 
-def _entries(store: Store, step: int) -> Dict[str, Any]:
-    """A step of a store as values to upload (tensors typed, blobs bytes)."""
-    got = store._raw.load(step)
-    if got is None:
-        raise FileNotFoundError(f"step {step} is gone from the local store")
-    values: Dict[str, Any] = {name: Tensor(dt, shape, np.asarray(data)) for name, (dt, shape, data) in got["tensors"].items()}
-    values.update({name: bytes(np.asarray(data)) for name, data in got["blobs"].items()})
-    return values
+def _layout_of(opened: List[Tuple[str, int, Store]], record: Any) -> Tuple[str, List[Dict[str, int]]]:
+    """DCP's metadata and the entry sizes in rank 0's shard of `record`'s
+    save, from this rank's stores (hash-checked)."""
+    problems = []
+    for _, held, store in sorted(opened, key=lambda o: o[0] != "own"):
+        if held != 0 or store.content_digest(record.step) != record.digests[0]:
+            continue
+        try:
+            metadata, sizes = store.get_blob(record.step, METADATA), store.get_blob(record.step, SIZES)
+        except CorruptError as e:
+            problems.append(str(e))
+            continue
+        if metadata is None or sizes is None:
+            problems.append(f"rank 0's shard of step {record.step} has no DCP metadata")
+            continue
+        return metadata.decode(), [{str(k): int(v) for k, v in s.items()} for s in json.loads(sizes)]
+    raise CorruptError("; ".join(problems) or f"no store here holds rank 0's shard of step {record.step}")
 
 
 def _first_line(e: BaseException) -> str:

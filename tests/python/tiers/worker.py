@@ -15,7 +15,15 @@ that must raise: prints "failed S TYPE").
 Each prints what it did: "saved S", "ok S".
 
 Options from the environment: CKPT_TIERS_PEERS (1), CKPT_TIERS_PER_NODE
-(2), CKPT_TIERS_EVERY (durable_every, 1), CKPT_TIERS_KEEP (2), and
+(2), CKPT_TIERS_EVERY (durable_every, 1), CKPT_TIERS_KEEP (2),
+CKPT_TIERS_RUST_UPLOAD=1 (Remote.upload_shard, which takes values
+from Python, raises: uploads must go from the store in Rust),
+CKPT_TIERS_TENSORS=N (the state is N float32 tensors sharded on dim 0, a
+128x8 share per rank, instead of the usual mix), CKPT_TIERS_COUNT=1 (count
+the bytes this rank receives through the tier's own collectives, not
+DCP's nor the shards' bytes, by wrapping torch.distributed: each save and
+load prints "collective save|load S BYTES", a load also the bytes of
+DCP's metadata, which every rank's planner needs), and
 CKPT_TIERS_DIE=PHASE:STEP:NODE, which kills this process (SIGKILL) if it
 is on node NODE, during the save of STEP, in PHASE: "commit" (the shard's
 commit into its own store), "copy" (sending and committing copies),
@@ -128,17 +136,85 @@ def arm(die, node):
 
         tiers_module.write_record = write_record
     elif phase == "upload":
-        original_upload = ckptstore.Remote.upload_shard
+        original_upload = ckptstore.Remote.upload_shard_from
 
-        def upload_shard(self, s, *args, **kwargs):
+        def upload_shard_from(self, store, s, *args, **kwargs):
             if s == step:
                 kill_later(0.05)
-            return original_upload(self, s, *args, **kwargs)
+            return original_upload(self, store, s, *args, **kwargs)
 
-        ckptstore.Remote.upload_shard = upload_shard
+        ckptstore.Remote.upload_shard_from = upload_shard_from
 
 
 current = [None]
+received = [0, 0]  # bytes through the tier's collectives; of them DCP's metadata
+
+
+def count_collectives():
+    """Wrap torch.distributed's collectives to count what this rank
+    receives through those called by ckptstore's tier (`_tier_wire`),
+    leaving out DCP's own and the bytes of shards (`Group._pieces`)."""
+    import pickle
+
+    def ours():
+        """The tier's function that called torch.distributed, or None."""
+        frame = sys._getframe(2)
+        while frame.f_code.co_name.startswith("<"):  # a comprehension: its function
+            frame = frame.f_back
+        if frame.f_globals.get("__name__") != "ckptstore._tier_wire" or frame.f_code.co_name == "_pieces":
+            return None
+        return frame
+
+    def size(t):
+        return t.numel() * t.element_size()
+
+    originals = {name: getattr(dist, name) for name in
+                 ("all_gather_object", "broadcast_object_list", "all_gather", "all_reduce", "irecv",
+                  "all_to_all_single")}
+
+    def all_gather_object(*a, **k):
+        counted = ours()
+        r = originals["all_gather_object"](*a, **k)
+        if counted:  # every message is padded to the largest
+            out = a[0] if a else k["object_list"]
+            received[0] += len(out) * max(len(pickle.dumps(o)) for o in out)
+        return r
+
+    def broadcast_object_list(*a, **k):
+        counted = ours()
+        r = originals["broadcast_object_list"](*a, **k)
+        box, src = (a[0] if a else k["object_list"]), (a[1] if len(a) > 1 else k.get("src"))
+        if counted and dist.get_rank() != src:
+            n = sum(len(pickle.dumps(o)) for o in box)
+            # DCP's metadata, which every rank's planner needs once.
+            metadata = counted.f_back.f_code.co_name == "_layout"
+            received[1 if metadata else 0] += n
+        return r
+
+    def all_gather(out, t, *a, **k):
+        if ours():
+            received[0] += sum(size(o) for o in out)
+        return originals["all_gather"](out, t, *a, **k)
+
+    def all_reduce(t, *a, **k):
+        if ours():
+            received[0] += size(t)
+        return originals["all_reduce"](t, *a, **k)
+
+    def irecv(t, *a, **k):
+        if ours():
+            received[0] += size(t)
+        return originals["irecv"](t, *a, **k)
+
+    def all_to_all_single(out, t, *a, **k):
+        if ours():
+            received[0] += size(out)
+        return originals["all_to_all_single"](out, t, *a, **k)
+
+    for name, f in (("all_gather_object", all_gather_object), ("broadcast_object_list", broadcast_object_list),
+                    ("all_gather", all_gather), ("all_reduce", all_reduce), ("irecv", irecv),
+                    ("all_to_all_single", all_to_all_single)):
+        setattr(dist, name, f)
 
 
 def fault(where, rank):
@@ -165,6 +241,13 @@ def main():
         from torch.distributed.device_mesh import init_device_mesh
 
         mesh = init_device_mesh("cpu", (world,))
+    many = int(os.environ.get("CKPT_TIERS_TENSORS", "0"))
+    if many:
+        SPECS.clear()
+        SPECS.update({f"model.t{i:03}": ((128 * world, 8), torch.float32, "shard0") for i in range(many)})
+    counting = os.environ.get("CKPT_TIERS_COUNT") == "1"
+    if counting:
+        count_collectives()
     per_node = int(os.environ.get("CKPT_TIERS_PER_NODE", "2"))
     tiers = Tiers(
         local,
@@ -175,6 +258,13 @@ def main():
         ranks_per_node=per_node,
         timeout=TIMEOUT,
     )
+    if os.environ.get("CKPT_TIERS_RUST_UPLOAD") == "1":
+        # A shard's bytes go from its store to the bucket in Rust: never
+        # through Python's upload of values.
+        def refuse(*args, **kwargs):
+            raise AssertionError("a tier's upload brought a shard's bytes into Python")
+
+        ckptstore.Remote.upload_shard = refuse
     die = os.environ.get("CKPT_TIERS_DIE")
     if die:
         arm(die, rank // per_node)
@@ -182,8 +272,11 @@ def main():
         what, _, arg = action.partition(":")
         if what == "save":
             current[0] = int(arg)
+            before = received[0]
             cost = tiers.save(state(mesh, int(arg), empty=False), int(arg))
             print(f"saved {arg}", flush=True)
+            if counting:
+                print(f"collective save {arg} {received[0] - before}", flush=True)
             print(f"cost {cost.step} {cost.blocked_seconds} {cost.staging_seconds} {cost.durable_seconds} "
                   f"{cost.bytes_new} {cost.bytes_deduplicated}", flush=True)
         elif what == "async":
@@ -225,7 +318,10 @@ def main():
             print(f"saved {first} {first + 1}", flush=True)
         elif what == "load":
             loaded = state(mesh, 0, empty=True)
+            before = list(received)
             got = tiers.load(loaded, None if arg == "any" else int(arg))
+            if counting:
+                print(f"collective load {arg} {received[0] - before[0]} {received[1] - before[1]}", flush=True)
             problem = check(loaded, got)
             if problem or (arg != "any" and got != int(arg)):
                 print(problem or f"MISMATCH step {got}", flush=True)
