@@ -3,7 +3,7 @@
 //! (`_tier_layout.Record`), a holding as (holder, kind, rank, step,
 //! digest). Every check of a file is Rust's.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use ckptstore::tier::{
     self, Cost, Evaluation, Held, Holding, Legacy, Record, StoreKind, StoreName, TierDir,
@@ -163,27 +163,21 @@ pub(crate) fn tier_remove_record(
         .map_err(py_err)
 }
 
-/// Mark the save `record` whole in the bucket, durably.
+/// Mark the save `key` (step, saved_at) whole in the bucket, durably.
 #[pyfunction]
 pub(crate) fn tier_mark_in_bucket(
     py: Python<'_>,
     directory: String,
-    record: RecordFields,
+    key: (u64, u64),
 ) -> PyResult<()> {
-    let record = self::record(record)?;
-    py.detach(|| TierDir::new(directory).mark_in_bucket(&record))
+    py.detach(|| TierDir::new(directory).mark_in_bucket(key))
         .map_err(py_err)
 }
 
-/// Whether the save `record` is marked whole in the bucket.
+/// Whether the save `key` (step, saved_at) is marked whole in the bucket.
 #[pyfunction]
-pub(crate) fn tier_in_bucket(
-    py: Python<'_>,
-    directory: String,
-    record: RecordFields,
-) -> PyResult<bool> {
-    let record = self::record(record)?;
-    py.detach(|| TierDir::new(directory).in_bucket(&record))
+pub(crate) fn tier_in_bucket(py: Python<'_>, directory: String, key: (u64, u64)) -> PyResult<bool> {
+    py.detach(|| TierDir::new(directory).in_bucket(key))
         .map_err(py_err)
 }
 
@@ -236,16 +230,13 @@ pub(crate) fn tier_retain(
         let dir = TierDir::new(directory);
         let (records, _) = dir.records(Some(rank))?;
         let records: Vec<Record> = records.into_iter().map(|(_, r)| r).collect();
-        let marked: Vec<bool> = records
-            .iter()
-            .map(|r| dir.in_bucket(r))
-            .collect::<ckptstore::Result<_>>()?;
-        let kept = tier::retain(&records, keep, |r| {
-            records
-                .iter()
-                .zip(&marked)
-                .any(|(s, m)| s.key() == r.key() && *m)
-        });
+        let mut marked = BTreeSet::new();
+        for r in &records {
+            if dir.in_bucket(r.key())? {
+                marked.insert(r.key());
+            }
+        }
+        let kept = tier::retain(&records, keep, |r| marked.contains(&r.key()));
         Ok(kept.into_iter().collect())
     })
     .map_err(py_err)

@@ -8,7 +8,7 @@ use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 
 use super::names::{MarkName, RecordName, StoreName, RECORDS};
-use super::record::{Record, MAX_RECORD_BYTES};
+use super::record::{Record, SaveKey, MAX_RECORD_BYTES};
 use crate::file::{remove_durably, write_durably};
 use crate::{Error, Result};
 
@@ -118,25 +118,23 @@ impl TierDir {
         remove_durably(&self.mark_path(step))
     }
 
-    /// Mark the save `record` as whole in the bucket, durably.
-    pub fn mark_in_bucket(&self, record: &Record) -> Result<()> {
+    /// Mark the save `(step, saved_at)` as whole in the bucket, durably.
+    pub fn mark_in_bucket(&self, (step, saved_at): SaveKey) -> Result<()> {
         let folder = self.path.join(RECORDS);
         fs::create_dir_all(&folder).map_err(|e| Error::io("create", &folder, e))?;
-        write_durably(
-            &self.mark_path(record.step),
-            record.saved_at.to_string().as_bytes(),
-        )
+        write_durably(&self.mark_path(step), saved_at.to_string().as_bytes())
     }
 
-    /// Whether this node was told that the bucket holds the save `record`
-    /// whole (a mark of another save of the step, or a damaged one, is no).
-    pub fn in_bucket(&self, record: &Record) -> Result<bool> {
-        let path = self.mark_path(record.step);
+    /// Whether this node was told that the bucket holds the save `(step,
+    /// saved_at)` whole (a mark of another save of the step, or a damaged
+    /// one, is no).
+    pub fn in_bucket(&self, (step, saved_at): SaveKey) -> Result<bool> {
+        let path = self.mark_path(step);
         match read_bounded(&path, 64) {
             Ok(bytes) => Ok(std::str::from_utf8(&bytes)
                 .ok()
                 .and_then(|t| t.trim().parse::<u64>().ok())
-                == Some(record.saved_at)),
+                == Some(saved_at)),
             Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
             Err(e) if e.kind() == ErrorKind::InvalidData => Ok(false),
             Err(e) => Err(Error::io("read", &path, e)),

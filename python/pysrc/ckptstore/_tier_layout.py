@@ -145,13 +145,13 @@ def remove_record(directory: str, step: int, rank: int) -> None:
 
 
 def mark_in_bucket(directory: str, record: Record) -> None:
-    tier_mark_in_bucket(directory, record.fields())
+    tier_mark_in_bucket(directory, record.key)
 
 
 def in_bucket(directory: str, record: Record) -> bool:
     """Whether the bucket holds this save of the step whole (as far as this
     node was told)."""
-    return bool(tier_in_bucket(directory, record.fields()))
+    return bool(tier_in_bucket(directory, record.key))
 
 
 def kept_steps(directory: str, rank: int, keep: int) -> Set[int]:

@@ -53,7 +53,7 @@ pub(crate) fn ls(dir: &Path, json: bool) -> Result<ExitCode> {
             ranks: has(StoreKind::Own),
             copies_of: has(StoreKind::Copies),
             upload: r.upload,
-            in_bucket: tier.in_bucket(r)?,
+            in_bucket: tier.in_bucket(r.key())?,
             cost: *cost,
         });
     }
