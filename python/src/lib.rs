@@ -60,7 +60,8 @@ pub(crate) fn py_err(e: Error) -> PyErr {
         | Error::InvalidUrl { .. }
         | Error::ShardedStep { .. }
         | Error::WorldSizeMismatch { .. }
-        | Error::PrefixOwned { .. } => PyValueError::new_err(msg),
+        | Error::PrefixOwned { .. }
+        | Error::RangeNotStored { .. } => PyValueError::new_err(msg),
         e if e.is_io() => PyOSError::new_err(msg),
         _ => CkptError::new_err(msg),
     }

@@ -345,6 +345,35 @@ impl RawStore {
         Ok(got.map(|b| pyo3::types::PyBytes::new(py, &b)))
     }
 
+    /// Fill each (name, start, array) of `reads` with bytes `start..` of
+    /// entry `name` of step `step` (only the chunks holding them read,
+    /// each hash-checked first); False (nothing filled) if the step is not
+    /// stored or, `digest` given, is another save of it.
+    fn read_ranges<'py>(
+        &self,
+        py: Python<'py>,
+        step: u64,
+        digest: Option<&str>,
+        reads: Vec<(String, u64, Bound<'py, PyAny>)>,
+    ) -> PyResult<bool> {
+        let digest = digest
+            .map(|d| {
+                ckptstore::ContentDigest::from_hex(d)
+                    .ok_or_else(|| PyValueError::new_err(format!("{d:?} is not a content digest")))
+            })
+            .transpose()?;
+        let arrays: Vec<&Bound<'py, PyAny>> = reads.iter().map(|r| &r.2).collect();
+        let buffers = borrow_disjoint_mut(&arrays)?;
+        let mut ranges: Vec<(&str, u64, &mut [u8])> = reads
+            .iter()
+            .zip(buffers)
+            .map(|((name, start, _), out)| (name.as_str(), *start, out))
+            .collect();
+        let store = self.get()?;
+        py.detach(|| store.read_ranges(step, digest.as_ref(), &mut ranges))
+            .map_err(py_err)
+    }
+
     fn remove(&self, py: Python<'_>, step: u64) -> PyResult<bool> {
         let store = self.get()?;
         py.detach(|| store.remove(step)).map_err(py_err)

@@ -301,6 +301,16 @@ pub enum Error {
         steps: Vec<u64>,
     },
 
+    /// A ranged read asked for bytes a step does not hold: an entry it
+    /// does not store, or bytes beyond an entry's end.
+    #[error("step {step}: {detail}")]
+    RangeNotStored {
+        /// The step read.
+        step: u64,
+        /// Which entry and bytes, and what the step holds.
+        detail: String,
+    },
+
     /// Stored data failed its integrity check (hash mismatch, missing chunk,
     /// undecodable manifest).
     #[error("corrupt data{}: {detail}", step.map(|s| format!(" in step {s}")).unwrap_or_default())]

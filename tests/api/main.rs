@@ -17,6 +17,7 @@ mod hashed_copies;
 mod large_commits_stage_their_chunks;
 mod latest_and_listing;
 mod pack_files;
+mod ranged_reads;
 mod read_only_open;
 mod remove_and_rollback;
 mod retention_policies;

@@ -304,3 +304,21 @@ def test_get_blob_reads_one_blob_of_a_step(tmp_path):
         assert store.get_blob(3, "meta") == b"{}"
         assert store.get_blob(3, "big") == big
         assert store.get_blob(3, "nope") is None and store.get_blob(4, "meta") is None
+
+
+def test_read_ranges_reads_bytes_of_entries_into_arrays(tmp_path):
+    with ckptstore.open(tmp_path / "run.ckpt") as store:
+        w = np.arange(3 << 20, dtype=np.uint8)  # three chunks and more
+        store.save(3, {"w": w, "meta": b"0123456789"})
+        digest = store.content_digest(3)
+        a, b = np.zeros(1 << 20, np.uint8), np.zeros(4, np.uint8)
+        assert store.read_ranges(3, [("w", 1_000_000, a), ("meta", 3, b)], digest=digest)
+        assert np.array_equal(a, w[1_000_000 : 1_000_000 + (1 << 20)]) and b.tobytes() == b"3456"
+        # Another save of the step, or none: nothing filled.
+        assert not store.read_ranges(3, [("w", 0, b)], digest="0" * 64) and b.tobytes() == b"3456"
+        assert not store.read_ranges(4, [("w", 0, b)])
+        for reads in ([("w", (3 << 20) - 2, b)], [("nope", 0, b)]):
+            with pytest.raises(ValueError, match="step 3"):
+                store.read_ranges(3, reads)
+        with pytest.raises(ValueError, match="read-only"):
+            store.read_ranges(3, [("w", 0, np.frombuffer(b"abcd", np.uint8))])

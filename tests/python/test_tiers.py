@@ -154,6 +154,49 @@ def test_a_lost_node_directory_is_restored_from_peer_copies(tmp_path):
         assert s.steps() == [3]
 
 
+def test_a_load_holds_its_share_and_a_bounded_window_whatever_it_serves(tmp_path):
+    # 300 MiB a rank, node 1's directory lost: ranks 0 and 1 read their
+    # own shards and serve ranks 2 and 3 theirs from their copies, in
+    # pieces. Each rank's peak RSS during the load stays within what it
+    # held as the load began (its share of the state, allocated) plus
+    # 256 MiB: a shard served is never held whole.
+    env = {"CKPT_TIERS_BIG_MIB": "300"}
+    job(tmp_path, ["save:1"], env=env)
+    shutil.rmtree(tmp_path / "node1")
+    out = job(tmp_path, ["load:1"], env=env)
+    for rank, (_, text) in enumerate(out):
+        line = next(line for line in text.splitlines() if line.startswith("memory "))
+        before, peak = map(int, line.split()[2:4])
+        assert peak - before <= 256 << 20, f"rank {rank}: {(peak - before) >> 20} MiB over its share\n{text[-2000:]}"
+
+
+def test_bytes_damaged_in_flight_are_refused_and_the_next_holder_serves(tmp_path):
+    # 3 nodes of 1 rank, 2 copies of each shard; node 2's directory lost:
+    # rank 0 streams rank 2's shard from its copy to the ranks reading it,
+    # its first message damaged in flight (its BLAKE3 no longer matches);
+    # the receiver refuses it and rank 1 serves the shard from its copy.
+    env = {"CKPT_TIERS_PEERS": "2"}
+    job(tmp_path, ["save:1"], world=3, per_node=1, env=env)
+    shutil.rmtree(tmp_path / "node2")
+    out = job(tmp_path, ["fault:wire:0", "load:1"], world=3, per_node=1, env=env)
+    assert said(out, "ok 1")
+    warned = [line for line in out[0][1].splitlines() if "is refused" in line]
+    assert len(warned) == 1, out[0][1][-3000:]
+    assert "rank 2's shard of step 1 as held by rank 0 is refused (bytes sent by rank 0 to rank" in warned[0]
+    assert "arrived damaged (BLAKE3 differs)); another holder serves it" in warned[0]
+
+
+def test_streams_are_cut_in_messages_of_a_bounded_size():
+    from ckptstore._tier_fetch import LEAST, WINDOW, cut, message_size
+
+    assert list(cut([5, 0, 3, 9], 4)) == [
+        [(0, 0, 4)], [(0, 4, 1), (2, 0, 3)], [(3, 0, 4)], [(3, 4, 4)], [(3, 8, 1)]
+    ]
+    assert list(cut([], 4)) == [] and list(cut([0], 4)) == []
+    assert message_size(1, 1) == WINDOW and message_size(4, 2) == WINDOW // 4
+    assert message_size(100_000, 3) == LEAST
+
+
 def test_a_shard_and_its_copies_lost_falls_back_to_the_bucket(tmp_path, bucket):
     # Every second save is uploaded: the bucket holds step 2, the local
     # tier steps 2 and 3.

@@ -30,7 +30,7 @@ PyTorch: `ckptstore.torch`.
 import operator
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -368,6 +368,19 @@ class Store:
         """The bytes of blob `name` of step `step`, hash-checked, without
         reading the step's other entries; None if either is not stored."""
         return self._raw.get_blob(_step(step), name)
+
+    def read_ranges(
+        self, step: int, reads: Sequence[Tuple[str, int, "np.ndarray"]], *, digest: Optional[str] = None
+    ) -> bool:
+        """Fill each `(name, start, array)` of `reads` (a writable
+        C-contiguous array) with the bytes of entry `name` of step `step`
+        from byte `start` on, as many as the array holds. Only the chunks
+        holding those bytes are read, each hash-checked before its bytes
+        reach the array: a step can be read in pieces of any size without
+        holding it whole. False (nothing filled) if the step is not stored
+        or, `digest` given, if its `content_digest` is another. An entry
+        the step does not store, or bytes beyond its end: ValueError."""
+        return self._raw.read_ranges(_step(step), digest, [(n, int(s), a) for n, s, a in reads])
 
     def gc(
         self,

@@ -3,33 +3,26 @@ every rank holds, the newest save that the surviving stores can restore
 whole, and DCP's reads served from each rank's own stores or, over the
 tier's group, from the ranks that hold the shards or their copies."""
 
-import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
 from torch.futures import Future
 
-from . import Error, Tensor, _dcp_json
+from . import _dcp_json
 from ._dcp_json import Where
 from ._dcp_read import StorageReader, _memory_of
 from ._ckptstore import tier_evaluate, tier_holders, tier_pick
+from ._tier_fetch import ReadOf, ShardsLost, fetch
 from ._tier_layout import Record, records_in
 from ._tier_wire import Group, attempt
 
+__all__ = ["Choice", "Holding", "ReadOf", "ShardsLost", "TierReader", "choose"]
+
 # (kind "own" or "copy", source rank, step, content digest)
 Holding = Tuple[str, int, int, str]
-
-# Rank `src`'s shard (content digest given) from this rank's stores, by
-# entry, the entries named in the mapping read into those Tensors' memory.
-ShardOf = Callable[[int, str, Dict[str, Tensor]], Dict[str, np.ndarray]]
-
-
-class ShardsLost(Error):
-    """No surviving rank holds some shard of the step being loaded (or
-    every holder's copy failed its hash check)."""
 
 
 @dataclass(frozen=True)
@@ -75,14 +68,16 @@ def choose(
 
 class TierReader(StorageReader):
     """DCP's storage reader of a tiered load: the chosen save's metadata
-    and entry sizes as given, every read item's bytes from `shard_of`
-    (this rank's stores) or from the rank serving that shard."""
+    and entry sizes as given, every read item's bytes from `read_of`
+    (this rank's stores) or streamed from the rank serving that shard,
+    each straight into its target where the target holds the stored box
+    as it is (a plain contiguous CPU tensor of its dtype)."""
 
     def __init__(
-        self, group: Group, choice: Choice, shard_of: ShardOf, metadata: str, sizes: List[Dict[str, int]]
+        self, group: Group, choice: Choice, read_of: ReadOf, metadata: str, sizes: List[Dict[str, int]]
     ) -> None:
         super().__init__(target="the local tier", step=choice.record.step)
-        self._group, self._choice, self._shard_of = group, choice, shard_of
+        self._group, self._choice, self._read_of = group, choice, read_of
         self._metadata_json, self._sizes = metadata, sizes
 
     def read_metadata(self) -> Metadata:
@@ -102,118 +97,34 @@ class TierReader(StorageReader):
         # which every rank joins (also one with nothing to read, or one
         # whose planning failed: its failure is raised on every rank).
         planned, failed = attempt(lambda: self._plan(plan, planner))
-        batch, into = ([], {}) if planned is None else planned
-        pieces = [piece for _, piece, _, _ in batch]
-        self._put(batch, fetch(self._group, self._choice, self._shard_of, pieces, into, failed), planner)
+        batch, dest = ([], {}) if planned is None else planned
+        record = self._choice.record
+        fetch(
+            self._group,
+            self._choice.holders,
+            record.digests,
+            record.step,
+            self._read_of,
+            [piece for _, piece, _, _ in batch],
+            dest,
+            lambda i, data: self._put([batch[i]], [data], planner),
+            failed,
+        )
         fut: Future = Future()
         fut.set_result(None)
         return fut
 
-    def _plan(self, plan: LoadPlan, planner: LoadPlanner) -> Tuple[List[Any], Dict[int, Tuple[str, Tensor]]]:
-        """(item, piece, box, target) of each read item; and the whole
-        stored entries whose target is a plain tensor of the same dtype and
-        size, read into its memory when this rank serves them."""
+    def _plan(self, plan: LoadPlan, planner: LoadPlanner) -> Tuple[List[Any], Dict[int, np.ndarray]]:
+        """(item, piece, box, target) of each read item; and, by item, the
+        target's memory where its piece lands as it is stored."""
         self._follow(plan.storage_data)
         batch = []
-        into: Dict[int, Tuple[str, Tensor]] = {}
+        dest: Dict[int, np.ndarray] = {}
         for i, item in enumerate(plan.items):
             piece, box = self._piece(item, self._where[item.storage_index])
             target = None if item.type == LoadItemType.BYTE_IO else planner.resolve_tensor(item).detach()
             batch.append((item, piece, box, target))
-            dest = None if target is None else _memory_of(target, piece, box)
-            whole = piece[2] == 0 and piece[3] == self._length(self._where[item.storage_index])
-            if dest is not None and whole and not _dcp_json.json_dtype(target.dtype).startswith("torch."):  # type: ignore[union-attr]
-                into[i] = (piece[1], Tensor(_dcp_json.json_dtype(target.dtype), list(target.shape), dest))  # type: ignore[union-attr]
-        return batch, into
-
-
-def fetch(
-    group: Group,
-    choice: Choice,
-    shard_of: ShardOf,
-    pieces: List[Tuple[int, str, int, int]],
-    into: Dict[int, Tuple[str, Tensor]],
-    failure: Optional[BaseException] = None,
-) -> List[np.ndarray]:
-    """The bytes of each (source rank, entry, start, length) of `pieces`
-    (a collective). Each shard is served by its first holder, which learns
-    only the requests addressed to it (point to point); a holder whose
-    shard fails its checks (damaged, gone, unreadable) says so, and the
-    next one serves it; any other failure on any rank (`failure`, this
-    rank's planning; a `MemoryError` reading a shard) fails the call on
-    every rank. A piece `into` names (a whole entry) is read into that
-    Tensor's memory when this rank serves its shard."""
-    step = choice.record.step
-    group.check(failure, f"loading step {step} from the local tier")
-    wanted = sorted({p[0] for p in pieces if p[3] > 0})
-    refused: Set[Tuple[int, int]] = set()  # (holder, source rank), known to every rank
-    loaded: Dict[int, Dict[str, np.ndarray]] = {}
-    while True:
-        server = {src: next((h for h in choice.holders.get(src, []) if (h, src) not in refused), None) for src in wanted}
-        lost = [src for src in wanted if server[src] is None]
-        group.check(
-            ShardsLost(f"step {step}: no surviving rank holds a sound copy of the shards of ranks {lost}") if lost else None,
-            f"loading step {step} from the local tier",
-        )
-        asked: Dict[int, List[int]] = {}
-        for i, p in enumerate(pieces):
-            if p[3] > 0 and server[p[0]] != group.rank:
-                asked.setdefault(server[p[0]], []).append(i)  # type: ignore[arg-type]
-        requests: Dict[int, List[Tuple[int, str, int, int]]] = group.send_to_some(
-            {s: [pieces[i] for i in idx] for s, idx in asked.items()}
-        )
-        serving = {p[0] for p in pieces if p[3] > 0 and server[p[0]] == group.rank}
-        serving |= {p[0] for reqs in requests.values() for p in reqs}
-        mine: List[Tuple[int, str]] = []
-        fatal: Optional[BaseException] = None
-        for src in sorted(serving):
-            if fatal is None and src not in loaded:
-                mine_into = {entry: t for i, (entry, t) in into.items() if pieces[i][0] == src}
-                try:
-                    loaded[src] = shard_of(src, choice.record.digests[src], mine_into)
-                except (Error, OSError, ValueError) as e:
-                    mine.append((src, str(e)))
-                except Exception as e:  # noqa: BLE001 - raised on every rank
-                    fatal = e
-        group.check(fatal, f"loading step {step} from the local tier")
-        told = group.gather_if_any(mine or None)
-        if not told:
-            break
-        for rank, fails in told:
-            for src, why in fails:
-                refused.add((rank, src))
-                if group.rank == 0:
-                    warnings.warn(
-                        f"ckptstore.dcp.Tiers: rank {src}'s shard of step {step} as held by "
-                        f"rank {rank} is refused ({why}); another holder serves it",
-                        stacklevel=2,
-                    )
-
-    # A whole entry asked of another rank arrives in its target's memory.
-    def buffer(i: int) -> np.ndarray:
-        if i in into:
-            return np.asarray(into[i][1].data).reshape(-1).view(np.uint8)
-        return np.empty(pieces[i][3], dtype=np.uint8)
-
-    sends, cannot_send = attempt(lambda: [(q, [_slice(loaded, p) for p in reqs]) for q, reqs in requests.items()])
-    receives, cannot_receive = attempt(lambda: [(s, [buffer(i) for i in idx]) for s, idx in asked.items()])
-    got = group.exchange(sends or [], receives or [], cannot_send or cannot_receive)
-    out: List[np.ndarray] = [np.empty(0, dtype=np.uint8)] * len(pieces)
-    for i, p in enumerate(pieces):
-        if p[3] > 0 and server[p[0]] == group.rank:
-            out[i] = _slice(loaded, p)
-    for s, idx in asked.items():
-        for i, data in zip(idx, got[s]):
-            out[i] = data
-    return out
-
-
-def _slice(loaded: Dict[int, Dict[str, np.ndarray]], piece: Tuple[int, str, int, int]) -> np.ndarray:
-    src, entry, start, n = piece
-    whole = loaded[src].get(entry)
-    if whole is None:
-        raise ValueError(f"rank {src}'s shard has no entry {entry!r}")
-    flat = whole.reshape(-1).view(np.uint8)
-    if start + n > flat.size:
-        raise ValueError(f"{entry!r}: bytes {start}..{start + n} are outside rank {src}'s entry of {flat.size}")
-    return flat[start : start + n]
+            memory = None if target is None else _memory_of(target, piece, box)
+            if memory is not None:
+                dest[i] = memory
+        return batch, dest

@@ -3,12 +3,13 @@ gloo group of the tier's own (no shared file system is assumed):
 fixed-size entries gathered by every rank (a constant per rank of the
 job), objects and bytes sent point to point to the ranks that need them
 (bytes in pieces of at most 64 MiB, each array hash-checked by its
-receiver against the BLAKE3 its sender sent with it), and a failure flag
+receiver against the BLAKE3 its sender sent with it), streams of
+messages run in rounds (a load's bytes, `stream`), and a failure flag
 reduced over every rank at each step where one may fail."""
 
 import pickle
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple, TypeVar
 
 import numpy as np
 import torch
@@ -20,7 +21,41 @@ from ._ckptstore import hash_arrays
 PIECE = 64 << 20
 """Bytes sent in one message."""
 
+HEADER = 33
+"""A streamed message's header: 1 if its sender read its bytes, else 0;
+then their BLAKE3."""
+
 T = TypeVar("T")
+
+
+class Outgoing(Protocol):
+    """A stream of messages this rank sends to rank `peer`."""
+
+    peer: int
+
+    def next(self) -> Optional[Tuple[np.ndarray, bool]]:
+        """The next message (a C-contiguous 1-D uint8 array, not empty),
+        and False if its sender could not read its bytes; None after the
+        last."""
+
+
+class Incoming(Protocol):
+    """A stream of messages this rank receives from rank `peer`: the same
+    messages, of the same sizes, as its sender's `Outgoing`."""
+
+    peer: int
+
+    def next(self) -> Optional[int]:
+        """The size of the next message; None after the last."""
+
+    def buffer(self) -> np.ndarray:
+        """Where the message `next` sized lands: a writable C-contiguous
+        1-D uint8 array of its size."""
+
+    def landed(self, data: np.ndarray, why: Optional[str], unread: bool) -> None:
+        """The message landed in `data`: sound (`why` None: read by its
+        sender and hash-checked here), or not, and why; `unread`: its
+        sender could not read it (and says so itself)."""
 
 
 class TierFailure(RuntimeError):
@@ -186,6 +221,60 @@ class Group:
                 raise CorruptError(f"bytes sent by rank {src} to rank {self.rank} arrived damaged (BLAKE3 differs)")
         return got
 
+    def stream(self, outgoing: Sequence[Outgoing], incoming: Sequence[Incoming]) -> Optional[BaseException]:
+        """Run streams of messages to and from other ranks, in rounds: in
+        its n-th round a rank sends the n-th message of each outgoing
+        stream and receives the n-th of each incoming one, then waits for
+        them all. A stream's two ends agree on its messages, so each
+        round's receives meet their sends and no rank waits on one that
+        waits on it; a rank holds one message a stream in flight. Each
+        message goes with a header (its sender's verdict, its BLAKE3),
+        checked where it lands. The first exception of this rank's
+        streams' callbacks is returned once every stream is done (never
+        raised midway: the peers would wait for the rest)."""
+        sends, receives = list(outgoing), list(incoming)
+        failure: Optional[BaseException] = None
+        while sends or receives:
+            works: List[Any] = []
+            landing: List[Any] = []
+            keep: List[torch.Tensor] = []  # the headers, alive until sent
+            receives = [r for r in receives if self._post_receive(r, works, landing)]
+            for s in list(sends):
+                message = s.next()
+                if message is None:
+                    sends.remove(s)
+                    continue
+                data, sound = message
+                keep.append(_header(data, sound))
+                works.append(dist.isend(keep[-1], s.peer, group=self.group))
+                works.extend(self._pieces(torch.from_numpy(data), s.peer, dist.isend))
+            for w in works:
+                w.wait()
+            for r, header, data, lost in landing:
+                try:
+                    if lost is not None:
+                        raise lost
+                    r.landed(data, *_verdict(header, data, r.peer, self.rank))
+                except Exception as e:  # noqa: BLE001 - returned once the streams are done
+                    failure = failure or e
+        return failure
+
+    def _post_receive(self, r: Incoming, works: List[Any], landing: List[Any]) -> bool:
+        """Post the receive of `r`'s next message; False after its last.
+        A message with nowhere to land is taken all the same (into a
+        buffer of its own), and its failure kept."""
+        size = r.next()
+        if size is None:
+            return False
+        data, lost = attempt(r.buffer)
+        if data is None:
+            data = np.empty(size, dtype=np.uint8)
+        header = torch.empty(HEADER, dtype=torch.uint8)
+        works.append(dist.irecv(header, r.peer, group=self.group))
+        works.extend(self._pieces(torch.from_numpy(data), r.peer, dist.irecv))
+        landing.append((r, header, data, lost))
+        return True
+
     def _pieces(self, t: torch.Tensor, peer: int, op: Any) -> List[Any]:
         return [op(t[at : at + PIECE], peer, group=self.group) for at in range(0, int(t.numel()), PIECE)]
 
@@ -197,3 +286,19 @@ def _contiguous(a: np.ndarray) -> np.ndarray:
     if flat.flags.c_contiguous and flat.flags.writeable:
         return flat
     return np.array(flat, dtype=np.uint8, copy=True)
+
+
+def _header(data: np.ndarray, sound: bool) -> torch.Tensor:
+    digest = bytes.fromhex(hash_arrays([data])[0])
+    return torch.frombuffer(bytearray(bytes([1 if sound else 0]) + digest), dtype=torch.uint8)
+
+
+def _verdict(header: torch.Tensor, data: np.ndarray, sender: int, receiver: int) -> Tuple[Optional[str], bool]:
+    """Why a streamed message that landed in `data` is unusable (None if it
+    is sound), and whether its sender could not read it."""
+    raw = header.numpy().tobytes()
+    if raw[0] != 1:
+        return f"rank {sender} could not read them", True
+    if bytes.fromhex(hash_arrays([data])[0]) != raw[1:]:
+        return f"bytes sent by rank {sender} to rank {receiver} arrived damaged (BLAKE3 differs)", False
+    return None, False

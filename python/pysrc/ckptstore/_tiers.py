@@ -16,7 +16,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse, _stateful_to_state_dict
 
-from . import CorruptError, Error, Store, Tensor, step_number
+from . import CorruptError, Error, Store, step_number
 from . import open as _open_store
 from ._dcp_base import METADATA, _remote
 from ._dcp_read import StorageReader
@@ -33,7 +33,7 @@ from ._tier_layout import (
     stores_in,
     write_record,
 )
-from ._tier_load import Choice, Holding, ShardOf, ShardsLost, TierReader, choose
+from ._tier_load import Choice, Holding, ReadOf, ShardsLost, TierReader, choose
 from ._staging import Hashes, Pool
 from ._cost import SaveCost
 from ._tier_save import SIZES, ShardWriter, agree, record_of, send_copies
@@ -380,8 +380,8 @@ class Tiers:
                     warnings.warn(f"ckptstore.dcp.Tiers: {why}; restoring step {choice.record.step}", stacklevel=2)
                 try:
                     metadata, sizes = self._layout(choice, opened)
-                    shard_of: ShardOf = lambda src, d, into: _shard(opened, src, choice.record.step, d, into)  # noqa: E731
-                    self._dcp_load(state, TierReader(self._group, choice, shard_of, metadata, sizes))
+                    read_of: ReadOf = lambda src, d, reads: _read(opened, src, choice.record.step, d, reads)  # noqa: E731
+                    self._dcp_load(state, TierReader(self._group, choice, read_of, metadata, sizes))
                     return choice.record.step
                 except (CheckpointException, ShardsLost) as e:
                     if self._bucket is None:
@@ -488,25 +488,23 @@ class Tiers:
         return opened, held
 
 
-def _shard(
-    opened: List[Tuple[str, int, Store]], src: int, step: int, digest: str, into: Dict[str, Tensor]
-) -> Dict[str, np.ndarray]:
-    """Rank `src`'s shard of `step` (content `digest`) from this rank's
-    stores, its own store first, every chunk hash-checked; the entries of
-    `into` read into those Tensors' memory."""
+def _read(
+    opened: List[Tuple[str, int, Store]], src: int, step: int, digest: str, reads: List[Tuple[str, int, np.ndarray]]
+) -> None:
+    """Fill each (entry, start, array) of `reads` from rank `src`'s shard
+    of `step` (content `digest`) in this rank's stores, its own store
+    first, every chunk read hash-checked."""
     problems = []
     for _, held, store in sorted(opened, key=lambda o: o[0] != "own"):
-        if held != src or store.content_digest(step) != digest:
+        if held != src:
             continue
         try:
-            ck = store.load(step, into=into) if into else store.load(step)
+            if store.read_ranges(step, reads, digest=digest):
+                return
         except CorruptError as e:
             problems.append(str(e))
             continue
-        if ck is None:
-            problems.append(f"step {step} is gone from a store of rank {src}'s shards")
-            continue
-        return {name: np.asarray(v.data if isinstance(v, Tensor) else v).reshape(-1).view(np.uint8) for name, v in ck.tensors.items()}
+        problems.append(f"step {step} is gone from a store of rank {src}'s shards, or is another save")
     raise CorruptError("; ".join(problems) or f"no store here holds rank {src}'s shard of step {step}")
 
 

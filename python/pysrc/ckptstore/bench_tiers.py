@@ -17,7 +17,11 @@ for the files read (cold, `posix_fadvise(DONTNEED)` after a sync) and
 again at once (warm): from the ranks' own stores, from peers (node 1's
 directory moved away: its ranks read node 0's copies), from the bucket
 (an empty local tier), against FileSystemReader. Ratio = DCP's time /
-ckptstore's (above 1: ckptstore is faster).
+ckptstore's (above 1: ckptstore is faster). Beside each: the bytes a
+rank received through the tier's own collectives (the most of any rank;
+not DCP's planning, its metadata, nor the shards' bytes) and its peak
+memory beyond what it held as the call began (VmHWM over VmRSS, the
+most of any rank). `--ranks 2,4,8` runs 2, 4 and 8 ranks (nodes of 2).
 """
 
 import argparse
@@ -30,6 +34,7 @@ import sys
 import tempfile
 import time
 import warnings
+from typing import Any, List
 
 SAVES = ("fs", "bucket", "tiers-p0", "tiers-p1", "tiers-async")
 LOADS = ("fs", "tiers-own", "tiers-peers", "tiers-bucket")
@@ -56,6 +61,84 @@ def _evict(root):
                 os.close(fd)
 
 
+def count_collectives(received: List[int]) -> None:
+    """Wrap torch.distributed's collectives to count what this rank
+    receives through those called by ckptstore's tier (`_tier_wire`),
+    leaving out DCP's own and the bytes of shards (`Group._pieces`):
+    added to `received[0]`, DCP's metadata (which every rank's planner
+    needs once) to `received[1]`."""
+    import pickle
+
+    import torch.distributed as dist
+
+    def ours() -> Any:
+        """The tier's function that called torch.distributed, or None."""
+        frame = sys._getframe(2)
+        while frame.f_code.co_name.startswith("<"):  # a comprehension: its function
+            frame = frame.f_back
+        if frame.f_globals.get("__name__") != "ckptstore._tier_wire" or frame.f_code.co_name == "_pieces":
+            return None
+        return frame
+
+    def size(t):
+        return t.numel() * t.element_size()
+
+    originals = {name: getattr(dist, name) for name in
+                 ("all_gather_object", "broadcast_object_list", "all_gather", "all_reduce", "irecv",
+                  "all_to_all_single")}
+
+    def all_gather_object(*a, **k):
+        counted = ours()
+        r = originals["all_gather_object"](*a, **k)
+        if counted:  # every message is padded to the largest
+            out = a[0] if a else k["object_list"]
+            received[0] += len(out) * max(len(pickle.dumps(o)) for o in out)
+        return r
+
+    def broadcast_object_list(*a, **k):
+        counted = ours()
+        r = originals["broadcast_object_list"](*a, **k)
+        box, src = (a[0] if a else k["object_list"]), (a[1] if len(a) > 1 else k.get("src"))
+        if counted and dist.get_rank() != src:
+            n = sum(len(pickle.dumps(o)) for o in box)
+            # DCP's metadata, which every rank's planner needs once.
+            metadata = counted.f_back.f_code.co_name == "_layout"
+            received[1 if metadata else 0] += n
+        return r
+
+    def all_gather(out, t, *a, **k):
+        if ours():
+            received[0] += sum(size(o) for o in out)
+        return originals["all_gather"](out, t, *a, **k)
+
+    def all_reduce(t, *a, **k):
+        if ours():
+            received[0] += size(t)
+        return originals["all_reduce"](t, *a, **k)
+
+    def irecv(t, *a, **k):
+        if ours():
+            received[0] += size(t)
+        return originals["irecv"](t, *a, **k)
+
+    def all_to_all_single(out, t, *a, **k):
+        if ours():
+            received[0] += size(out)
+        return originals["all_to_all_single"](out, t, *a, **k)
+
+    for name, f in (("all_gather_object", all_gather_object), ("broadcast_object_list", broadcast_object_list),
+                    ("all_gather", all_gather), ("all_reduce", all_reduce), ("irecv", irecv),
+                    ("all_to_all_single", all_to_all_single)):
+        setattr(dist, name, f)
+
+
+def _memory(key: str) -> int:
+    """This process's VmRSS or VmHWM, in bytes."""
+    with open("/proc/self/status") as f:
+        line = next(line for line in f if line.startswith(key + ":"))
+    return int(line.split()[1]) * 1024
+
+
 def worker(base, world, rank, port, mib, reps):
     import torch
     import torch.distributed as dist
@@ -78,22 +161,33 @@ def worker(base, world, rank, port, mib, reps):
         "tiers-p1": Tiers(f"{base}/p1/node{{node}}", bucket=None, peers=1, ranks_per_node=2),
     }
 
+    received = [0, 0]
+    count_collectives(received)
+
     def timed(fn):
+        """The slowest rank's blocked and complete times, and the most any
+        rank received through the tier's collectives (DCP's metadata left
+        out) and held at its peak beyond what it held at the start."""
         dist.barrier()
+        counted = received[0]
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # VmHWM from here
+        rss = _memory("VmRSS")
         start = time.perf_counter()
         out = fn()
         blocked = time.perf_counter() - start
         if callable(out):
             out()
         took = time.perf_counter() - start
+        peak = _memory("VmHWM") - rss
         dist.barrier()
-        both = torch.tensor([blocked, took], dtype=torch.float64)
+        both = torch.tensor([blocked, took, received[0] - counted, peak], dtype=torch.float64)
         dist.all_reduce(both, op=dist.ReduceOp.MAX)
-        return float(both[0]), float(both[1])
+        return tuple(float(x) for x in both)
 
-    def results(what, kind, blocked, took):
+    def results(what, kind, blocked, took, tier_bytes, peak):
         if rank == 0:
-            print(f"RESULT {what} {kind} {blocked:.6f} {took:.6f}", flush=True)
+            print(f"RESULT {what} {kind} {blocked:.6f} {took:.6f} {tier_bytes:.0f} {peak:.0f}", flush=True)
 
     def step_of(rep):
         return 10 * (rep + 1)
@@ -169,8 +263,8 @@ def run(base, world, mib, reps):
     for out, _ in done:
         for line in out.splitlines():
             if line.startswith("RESULT"):
-                _, what, kind, blocked, took = line.split()
-                found.setdefault((what, kind), []).append((float(blocked), float(took)))
+                _, what, kind, *values = line.split()
+                found.setdefault((what, kind), []).append(tuple(float(v) for v in values))
     return found
 
 
@@ -198,21 +292,30 @@ def main():
         def median(what, kind, i):
             return statistics.median(v[i] for v in found[(what, kind)])
 
+        def extra(what, kind):
+            """The tier's collective bytes a rank received, and its peak
+            memory over its start (MiB), as columns."""
+            tier = f"{median(what, kind, 2):>10.0f}" if kind.startswith("tiers") else f"{'-':>10}"
+            return f"{tier} {median(what, kind, 3) / (1 << 20):>9.1f}"
+
         fs = median("save", "fs", 1)
-        print(f"\n{world} rank(s): saves       blocked s   local commit s   FileSystemWriter / this")
+        print(f"\n{world} rank(s): saves       blocked s   local commit s   FileSystemWriter / this"
+              "   tier B/rank  peak MiB")
         for kind in SAVES:
             took = median("save", kind, 1)
-            print(f"  {kind:<14} {median('save', kind, 0):>10.3f} {took:>16.3f} {fs / took:>10.2f}")
+            print(f"  {kind:<14} {median('save', kind, 0):>10.3f} {took:>16.3f} {fs / took:>10.2f}"
+                  f"{'':>15}{extra('save', kind)}")
         for cache in ("cold", "warm"):
             what = "load-" + cache
             fs = median(what, "fs", 1)
             own = median(what, "tiers-own", 1)
-            print(f"{world} rank(s): restores ({cache})     s   FileSystemReader / this   own / this")
+            print(f"{world} rank(s): restores ({cache})     s   FileSystemReader / this   own / this"
+                  "   tier B/rank  peak MiB")
             for kind in LOADS:
                 if (what, kind) not in found:
                     continue
                 took = median(what, kind, 1)
-                print(f"  {kind:<14} {took:>10.3f} {fs / took:>14.2f} {own / took:>12.2f}")
+                print(f"  {kind:<14} {took:>10.3f} {fs / took:>14.2f} {own / took:>12.2f}{'':>9}{extra(what, kind)}")
 
 
 if __name__ == "__main__":

@@ -8,9 +8,12 @@ Actions, in order: `save:S` (a save of the state of step S), `async:S`
 the state at the call), `asyncpair:S` (async saves of S and S+1 back to back, the state changed
 after each call), `load:S` (a load, which must restore step S,
 bit-identical; `load:any` takes any), `close` (wait for uploads),
-`fault:save:R` / `fault:load:R` (rank R's next save fails with a
+CKPT_TIERS_BIG_MIB=N (the state is one tensor of N MiB a rank, and a
+load prints "memory S RSS PEAK": this rank's resident bytes as the load
+began, its state allocated, and its peak during the load), `fault:save:R` / `fault:load:R` (rank R's next save fails with a
 MemoryError while it prepares the copies it sends, or its next load while
-it reads a shard it serves), `savefails:S` / `loadfails:S` (a save or load
+it reads a shard), `fault:wire:R` (the next message rank R streams in a
+load arrives damaged), `savefails:S` / `loadfails:S` (a save or load
 that must raise: prints "failed S TYPE").
 Each prints what it did: "saved S", "ok S".
 
@@ -44,6 +47,7 @@ import torch.distributed as dist
 
 import ckptstore
 import ckptstore._tiers as tiers_module
+from ckptstore.bench_tiers import count_collectives
 from ckptstore.dcp import Tiers
 
 TIMEOUT = datetime.timedelta(seconds=30)
@@ -68,9 +72,35 @@ def full(name, salt):
     return base.reshape(shape).to(dtype)
 
 
+BIG_MIB = int(os.environ.get("CKPT_TIERS_BIG_MIB", "0"))
+
+
+def big_state(mesh, salt, empty):
+    """One int32 tensor sharded by rows, BIG_MIB MiB a rank, each rank's
+    share made in place (the whole tensor is never held)."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    rows, cols = BIG_MIB * 256, 1024
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    local = torch.zeros(rows, cols, dtype=torch.int32)
+    if not empty:
+        local.view(-1).copy_(torch.arange(rows * cols, dtype=torch.int32)).add_(rank * rows * cols + salt)
+    value = local if mesh is None else DTensor.from_local(local, mesh, [Shard(0)], run_check=False)
+    return {"model.big": value}
+
+
+def memory(key):
+    """This process's VmRSS or VmHWM, in bytes."""
+    with open("/proc/self/status") as f:
+        line = next(line for line in f if line.startswith(key + ":"))
+    return int(line.split()[1]) * 1024
+
+
 def state(mesh, salt, empty):
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
+    if BIG_MIB:
+        return big_state(mesh, salt, empty)
     out = {}
     for name, (shape, dtype, how) in SPECS.items():
         t = torch.zeros(shape, dtype=dtype) if empty else full(name, salt)
@@ -84,6 +114,11 @@ def state(mesh, salt, empty):
 
 
 def check(loaded, salt):
+    if BIG_MIB:
+        t = loaded["model.big"]
+        got = t.to_local() if hasattr(t, "to_local") else t
+        want = big_state(None, salt, empty=False)["model.big"]
+        return None if torch.equal(got, want) else "MISMATCH model.big"
     for name in SPECS:
         t = loaded[name]
         got = t.full_tensor() if hasattr(t, "full_tensor") else t
@@ -150,78 +185,25 @@ current = [None]
 received = [0, 0]  # bytes through the tier's collectives; of them DCP's metadata
 
 
-def count_collectives():
-    """Wrap torch.distributed's collectives to count what this rank
-    receives through those called by ckptstore's tier (`_tier_wire`),
-    leaving out DCP's own and the bytes of shards (`Group._pieces`)."""
-    import pickle
-
-    def ours():
-        """The tier's function that called torch.distributed, or None."""
-        frame = sys._getframe(2)
-        while frame.f_code.co_name.startswith("<"):  # a comprehension: its function
-            frame = frame.f_back
-        if frame.f_globals.get("__name__") != "ckptstore._tier_wire" or frame.f_code.co_name == "_pieces":
-            return None
-        return frame
-
-    def size(t):
-        return t.numel() * t.element_size()
-
-    originals = {name: getattr(dist, name) for name in
-                 ("all_gather_object", "broadcast_object_list", "all_gather", "all_reduce", "irecv",
-                  "all_to_all_single")}
-
-    def all_gather_object(*a, **k):
-        counted = ours()
-        r = originals["all_gather_object"](*a, **k)
-        if counted:  # every message is padded to the largest
-            out = a[0] if a else k["object_list"]
-            received[0] += len(out) * max(len(pickle.dumps(o)) for o in out)
-        return r
-
-    def broadcast_object_list(*a, **k):
-        counted = ours()
-        r = originals["broadcast_object_list"](*a, **k)
-        box, src = (a[0] if a else k["object_list"]), (a[1] if len(a) > 1 else k.get("src"))
-        if counted and dist.get_rank() != src:
-            n = sum(len(pickle.dumps(o)) for o in box)
-            # DCP's metadata, which every rank's planner needs once.
-            metadata = counted.f_back.f_code.co_name == "_layout"
-            received[1 if metadata else 0] += n
-        return r
-
-    def all_gather(out, t, *a, **k):
-        if ours():
-            received[0] += sum(size(o) for o in out)
-        return originals["all_gather"](out, t, *a, **k)
-
-    def all_reduce(t, *a, **k):
-        if ours():
-            received[0] += size(t)
-        return originals["all_reduce"](t, *a, **k)
-
-    def irecv(t, *a, **k):
-        if ours():
-            received[0] += size(t)
-        return originals["irecv"](t, *a, **k)
-
-    def all_to_all_single(out, t, *a, **k):
-        if ours():
-            received[0] += size(out)
-        return originals["all_to_all_single"](out, t, *a, **k)
-
-    for name, f in (("all_gather_object", all_gather_object), ("broadcast_object_list", broadcast_object_list),
-                    ("all_gather", all_gather), ("all_reduce", all_reduce), ("irecv", irecv),
-                    ("all_to_all_single", all_to_all_single)):
-        setattr(dist, name, f)
-
-
 def fault(where, rank):
-    """Make this rank's next save or load fail with a MemoryError (once)."""
+    """Make this rank's next save or load fail with a MemoryError (once),
+    or (`wire`) the next message it streams arrive damaged."""
     import ckptstore._tier_save as save_module
+    import ckptstore._tier_wire as wire_module
 
-    module, name = (save_module, "header") if where == "save" else (tiers_module, "_shard")
+    if where == "wire":
+        original_header = wire_module._header
+
+        def damaged(data, sound):
+            wire_module._header = original_header
+            header = original_header(data, sound)
+            header[5] ^= 1  # a bit of its BLAKE3
+            return header
+
+        wire_module._header = damaged
+        return
+
+    module, name = (save_module, "header") if where == "save" else (tiers_module, "_read")
     original = getattr(module, name)
 
     def failing(*args, **kwargs):
@@ -247,7 +229,7 @@ def main():
         SPECS.update({f"model.t{i:03}": ((128 * world, 8), torch.float32, "shard0") for i in range(many)})
     counting = os.environ.get("CKPT_TIERS_COUNT") == "1"
     if counting:
-        count_collectives()
+        count_collectives(received)
     per_node = int(os.environ.get("CKPT_TIERS_PER_NODE", "2"))
     tiers = Tiers(
         local,
@@ -319,7 +301,13 @@ def main():
         elif what == "load":
             loaded = state(mesh, 0, empty=True)
             before = list(received)
+            if BIG_MIB:  # the peak from here on: the state is allocated and touched
+                with open("/proc/self/clear_refs", "w") as f:
+                    f.write("5")
+                rss = memory("VmRSS")
             got = tiers.load(loaded, None if arg == "any" else int(arg))
+            if BIG_MIB:
+                print(f"memory {arg} {rss} {memory('VmHWM')}", flush=True)
             if counting:
                 print(f"collective load {arg} {received[0] - before[0]} {received[1] - before[1]}", flush=True)
             problem = check(loaded, got)
