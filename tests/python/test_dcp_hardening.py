@@ -79,6 +79,33 @@ def test_one_failed_metadata_read_fails_the_load_on_every_rank(tmp_path):
     _fails_fast_on_every_rank("load-flaky", tmp_path, "one metadata read failed")
 
 
+def test_a_ckptstore_error_on_one_rank_reaches_every_rank_as_itself(tmp_path):
+    # DCP pickles a rank's failure to the coordinator: the error and its
+    # words arrive, not a PicklingError.
+    _fails_fast_on_every_rank("save-error", tmp_path, "ckptstore.Error: injected: rank 1 cannot write")
+
+
+def test_every_exception_type_of_the_package_survives_pickle():
+    import importlib
+    import pickle
+    import pkgutil
+
+    found = set()
+    for info in pkgutil.iter_modules(ckptstore.__path__, "ckptstore."):
+        if info.name.split(".")[-1].startswith("bench"):
+            continue
+        module = importlib.import_module(info.name)
+        for value in vars(module).values():
+            if isinstance(value, type) and issubclass(value, BaseException) and value.__module__.startswith("ckptstore"):
+                found.add(value)
+    assert {ckptstore.Error, ckptstore.CorruptError, ckptstore.LockedError, ckptstore.StepExistsError} <= found
+    for kind in found:
+        e = kind("step 3: injected")
+        back = pickle.loads(pickle.dumps(e))
+        assert type(back) is kind and back.args == e.args and str(back) == str(e), kind
+    assert repr(ckptstore.Error("x")) == "Error('x')"
+
+
 def test_a_subgroup_and_no_dist_save_and_load(tmp_path):
     url = f"file://{tmp_path}/bucket"
     outs = finish(start("subgroup", url, 3, tmp_path))
@@ -109,7 +136,8 @@ def test_overwrite_false_refuses_a_committed_step(tmp_path, kind):
 
     target = f"file://{tmp_path}/bucket" if kind == "bucket" else str(tmp_path / "run.ckpt")
     dcp.save(_state(1), storage_writer=StorageWriter(target, 1))
-    with pytest.raises(CheckpointException, match="already"):
+    # DCP's own writer's words, with the step and the target.
+    with pytest.raises(CheckpointException, match="Checkpoint already exists.* step 1 is already in"):
         dcp.save(_state(7), storage_writer=StorageWriter(target, 1, overwrite=False))
     loaded = _state(0)
     dcp.load(loaded, storage_reader=StorageReader(target, 1))

@@ -112,6 +112,43 @@ def newest(out):
     return got.pop()
 
 
+def test_a_stateful_model_and_optimizer_save_and_load_in_one_process(tmp_path):
+    # DCP's Stateful protocol: state_dict() at a save, load_state_dict()
+    # after a load (no torch.distributed).
+    import torch
+
+    from ckptstore.dcp import Tiers
+
+    def make(seed):
+        torch.manual_seed(seed)
+        model = torch.nn.Linear(4, 3)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        model(torch.ones(2, 4)).sum().backward()
+        opt.step()
+        return model, opt
+
+    class Train:
+        def __init__(self, model, opt):
+            self.model, self.opt = model, opt
+
+        def state_dict(self):
+            return {"model": self.model.state_dict(), "opt": self.opt.state_dict()}
+
+        def load_state_dict(self, state):
+            self.model.load_state_dict(state["model"])
+            self.opt.load_state_dict(state["opt"])
+
+    saved = Train(*make(1))
+    with Tiers(tmp_path / "tier") as tiers:
+        tiers.save({"train": saved}, 5)
+    loaded = Train(*make(2))
+    with Tiers(tmp_path / "tier") as tiers:
+        assert tiers.load({"train": loaded}) == 5
+    assert torch.equal(loaded.model.weight, saved.model.weight)
+    assert torch.equal(loaded.opt.state_dict()["state"][0]["momentum_buffer"],
+                       saved.opt.state_dict()["state"][0]["momentum_buffer"])
+
+
 @pytest.mark.parametrize("phase", ["commit", "copy", "record"])
 def test_a_node_killed_in_any_phase_of_a_save_leaves_a_whole_step(tmp_path, phase):
     out = job(tmp_path, ["save:1", "save:2"], env={"CKPT_TIERS_DIE": f"{phase}:2:1"}, expect_ok=False)
@@ -389,16 +426,19 @@ def test_the_bucket_holds_a_newer_step_than_the_local_tier_can_restore(tmp_path,
 
 def test_any_exception_on_one_rank_fails_the_call_on_every_rank_and_the_tier_keeps_working(tmp_path):
     # A MemoryError on rank 1 while it reads the shard it serves, then while
-    # it prepares the copies it sends: every rank's call raises at once (not
-    # a gloo timeout nor a garbled collective), and the same Tiers object
-    # loads and saves again.
+    # it prepares the copies it sends, then as it writes its record (after
+    # the collective that found the save durable): every rank's call raises
+    # at once (not a gloo timeout nor a garbled collective; no rank returns
+    # while another raises), and the same Tiers object loads and saves
+    # again.
     out = job(tmp_path, ["save:1", "fault:load:1", "loadfails:1", "load:1",
-                         "fault:save:1", "savefails:2", "save:2", "load:2"])
+                         "fault:save:1", "savefails:2", "save:2", "load:2",
+                         "fault:record:1", "savefails:3", "save:4", "load:4"])
     for rank, (_, text) in enumerate(out):
         failed = [line for line in text.splitlines() if line.startswith("failed ")]
-        assert [f.split()[1] for f in failed] == ["1", "2"], text[-3000:]
-        assert text.count("injected on rank 1") >= 2, text[-3000:]
-        assert oks(text) == ["ok 1", "ok 2"], text[-3000:]
+        assert [f.split()[1] for f in failed] == ["1", "2", "3"], text[-3000:]
+        assert text.count("injected on rank 1") >= 3, text[-3000:]
+        assert oks(text) == ["ok 1", "ok 2", "ok 4"], text[-3000:]
 
 
 def collective_bytes(tmp, world, tensors):

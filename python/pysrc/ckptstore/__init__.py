@@ -59,9 +59,12 @@ from ._ckptstore import (  # noqa: F401  (re-exported)
 )
 
 # The errors pickle by the name users import them under (DCP sends a
-# rank's exception to the coordinator pickled).
+# rank's exception to the coordinator pickled, and its process mode
+# between processes): `ckptstore.Error`, not the compiled core's
+# `CkptError`.
 for _error in (Error, StepExistsError, CorruptError, LockedError):
     _error.__module__ = "ckptstore"
+Error.__name__ = Error.__qualname__ = "Error"
 
 # What a state maps names to: an array, bytes (an untyped blob), or a
 # Tensor given by its bytes.

@@ -223,9 +223,10 @@ class StorageWriter(_SentAsUrl, _storage.StorageWriter):
                 "(s3://... or file://...)"
             )
         if not self._overwrite and self._committed():
+            # DCP's own writer's words, which code written against it checks.
             raise StepExistsError(
-                f"step {self._step} is already in {_describe(self._target)}; "
-                "StorageWriter(..., overwrite=True) replaces it"
+                f"Checkpoint already exists and self.overwrite=False: step {self._step} is already in "
+                f"{_describe(self._target)}; StorageWriter(..., overwrite=True) replaces it"
             )
         # Each rank's place in this save and its size, from the plans DCP
         # gathered (the save's group, whatever it is).

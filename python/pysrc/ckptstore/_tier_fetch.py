@@ -114,21 +114,25 @@ class Serve:
 class Take:
     """The stream of what this rank asked of rank `peer` (its pieces
     `asked`, in order): a message that lies within one piece with a
-    target (`dest`) lands there; any other lands in a buffer of its own
+    target (`dest`) lands there; any other lands in the stream's buffer
     and is copied on. A piece whose bytes all landed sound is delivered;
     a piece of an unsound message is `bad` (asked again), and the holder
     of a damaged message is told to every rank (`refusals`)."""
 
     def __init__(self, peer: int, asked: List[int], fetch: "Fetch", size: int) -> None:
         self.peer, self._asked, self._fetch = peer, asked, fetch
-        self._messages = cut([fetch.pieces[i][3] for i in asked], size)
+        lengths = [fetch.pieces[i][3] for i in asked]
+        self._messages = cut(lengths, size)
+        self._size = min(size, sum(lengths))
         self._segments: List[Segment] = []
         self._got: Dict[int, int] = {}
         self._direct: Optional[np.ndarray] = None
+        self._scratch: Optional[np.ndarray] = None
 
     def next(self) -> Optional[int]:
         segments = next(self._messages, None)
         if segments is None:
+            self._scratch = None
             return None
         self._segments = segments
         self._direct = None
@@ -142,7 +146,10 @@ class Take:
     def buffer(self) -> np.ndarray:
         if self._direct is not None:
             return self._direct
-        return np.empty(sum(n for _, _, n in self._segments), dtype=np.uint8)
+        # One buffer for the stream, its bytes copied on as each message lands.
+        if self._scratch is None:
+            self._scratch = np.empty(self._size, dtype=np.uint8)
+        return self._scratch[: sum(n for _, _, n in self._segments)]
 
     def landed(self, data: np.ndarray, why: Optional[str], unread: bool) -> None:
         fetch = self._fetch

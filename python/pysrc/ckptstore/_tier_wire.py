@@ -250,13 +250,21 @@ class Group:
                 works.extend(self._pieces(torch.from_numpy(data), s.peer, dist.isend))
             for w in works:
                 w.wait()
-            for r, header, data, lost in landing:
-                try:
-                    if lost is not None:
-                        raise lost
-                    r.landed(data, *_verdict(header, data, r.peer, self.rank))
-                except Exception as e:  # noqa: BLE001 - returned once the streams are done
-                    failure = failure or e
+            failure = failure or self._land(landing)
+        return failure
+
+    def _land(self, landing: List[Any]) -> Optional[BaseException]:
+        """Hand each message of a round to its stream; the first failure
+        (no buffer outlives the round here)."""
+        failure: Optional[BaseException] = None
+        for r, header, data, lost in landing:
+            try:
+                if lost is not None:
+                    raise lost
+                r.landed(data, *_verdict(header, data, r.peer, self.rank))
+            except Exception as e:  # noqa: BLE001 - returned once the streams are done
+                failure = failure or e
+        landing.clear()
         return failure
 
     def _post_receive(self, r: Incoming, works: List[Any], landing: List[Any]) -> bool:

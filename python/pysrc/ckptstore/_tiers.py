@@ -14,7 +14,8 @@ import numpy as np
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse, _stateful_to_state_dict
+from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
+from torch.distributed.checkpoint.stateful import Stateful
 
 from . import CorruptError, Error, Store, step_number
 from . import open as _open_store
@@ -127,7 +128,7 @@ class Tiers:
         the background), with what the save cost this rank."""
         self._check()
         started = time.perf_counter()
-        fut = self._submit(_stateful_to_state_dict(state), step_number(step), started, None)
+        fut = self._submit(_state_dicts(state), step_number(step), started, None)
         try:
             cost = fut.result()
         finally:
@@ -149,7 +150,7 @@ class Tiers:
         between saves (`close` frees it)."""
         self._check()
         started = time.perf_counter()
-        copied = self._pool.stage(None, _stateful_to_state_dict(state))
+        copied = self._pool.stage(None, _state_dicts(state))
         staging: "Future[None]" = Future()
         staging.set_result(None)
         durable = self._submit(copied.state, step_number(step), started, time.perf_counter() - started, copied.hashes)
@@ -273,8 +274,12 @@ class Tiers:
         )
         holders = [topo.holders(src, self._peers) for src in range(topo.world)]
         record = record_of(step, saved_at, topo.per_node, digests, holders, upload, cost, seq)
-        write_record(self._dir, rank, record)
-        self._retain()
+        # Every rank returns or every rank raises: a rank that cannot
+        # record the save (or apply retention after it) fails the call on
+        # every rank, and nothing is uploaded. The save is complete all the
+        # same where its record was written.
+        _, failed = attempt(lambda: (write_record(self._dir, rank, record), self._retain()))
+        group.check(failed, f"step {step} is durable on every rank, but some rank could not record it")
         if upload:
             with self._work:
                 self._running.append(self._uploader.submit(self._upload_pending))
@@ -525,6 +530,12 @@ def _layout_of(opened: List[Tuple[str, int, Store]], record: Any) -> Tuple[str, 
             continue
         return metadata.decode(), [{str(k): int(v) for k, v in s.items()} for s in json.loads(sizes)]
     raise CorruptError("; ".join(problems) or f"no store here holds rank 0's shard of step {record.step}")
+
+
+def _state_dicts(state: Dict[str, Any]) -> Dict[str, Any]:
+    """`state` with each `Stateful` value (a model, an optimizer wrapper)
+    replaced by its `state_dict()`, as DCP's save does."""
+    return {key: value.state_dict() if isinstance(value, Stateful) else value for key, value in state.items()}
 
 
 def _first_line(e: BaseException) -> str:

@@ -25,6 +25,8 @@ most of any rank). `--ranks 2,4,8` runs 2, 4 and 8 ranks (nodes of 2).
 """
 
 import argparse
+import ctypes
+import gc
 import os
 import shutil
 import socket
@@ -132,6 +134,15 @@ def count_collectives(received: List[int]) -> None:
         setattr(dist, name, f)
 
 
+def _trim() -> None:
+    """Give the C heap's free memory back to the system, so that what an
+    earlier call freed does not hide what the next one takes."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def _memory(key: str) -> int:
     """This process's VmRSS or VmHWM, in bytes."""
     with open("/proc/self/status") as f:
@@ -170,6 +181,8 @@ def worker(base, world, rank, port, mib, reps):
         out) and held at its peak beyond what it held at the start."""
         dist.barrier()
         counted = received[0]
+        gc.collect()
+        _trim()
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # VmHWM from here
         rss = _memory("VmRSS")

@@ -10,6 +10,7 @@ Modes:
                 FLAGS_DIR/opened (the test saves step 1 again in between)
   load-unlisted load the latest step; rank 0 cannot list the bucket
   load-flaky    load step 1; rank 1's first metadata read fails
+  save-error    save step 2; rank 1's write fails with a ckptstore.Error
   subgroup      ranks 1 and 2 save and load in a group of their own;
                 rank 0 saves and loads alone with no_dist=True
 Each prints "ok" when its load is bit-identical, "failed: ..." with the
@@ -119,6 +120,17 @@ def run(mode, target, rank, world, flags):
 
             ckptstore.Remote.latest_step = unlisted
         full = load_dtensors(mesh, target, None)
+    elif mode == "save-error":
+        if rank == 1:
+            def write_data(self, plan, planner):
+                raise ckptstore.Error("injected: rank 1 cannot write")
+
+            StorageWriter.write_data = write_data
+        try:
+            dcp.save(worker.state(mesh, 3, empty=False), storage_writer=StorageWriter(target, 2))
+        except BaseException as e:  # DCP's CheckpointException is a BaseException
+            print(f"failed: {type(e).__name__}: {e}", flush=True)
+        return
     elif mode == "load-flaky":
         original = StorageReader.read_metadata
         failed = []

@@ -12,7 +12,8 @@ CKPT_TIERS_BIG_MIB=N (the state is one tensor of N MiB a rank, and a
 load prints "memory S RSS PEAK": this rank's resident bytes as the load
 began, its state allocated, and its peak during the load), `fault:save:R` / `fault:load:R` (rank R's next save fails with a
 MemoryError while it prepares the copies it sends, or its next load while
-it reads a shard), `fault:wire:R` (the next message rank R streams in a
+it reads a shard), `fault:record:R` (rank R's next save fails with a
+MemoryError as it writes its record), `fault:wire:R` (the next message rank R streams in a
 load arrives damaged), `savefails:S` / `loadfails:S` (a save or load
 that must raise: prints "failed S TYPE").
 Each prints what it did: "saved S", "ok S".
@@ -174,9 +175,13 @@ def arm(die, node):
         original_upload = ckptstore.Remote.upload_shard_from
 
         def upload_shard_from(self, store, s, *args, **kwargs):
-            if s == step:
-                kill_later(0.05)
-            return original_upload(self, store, s, *args, **kwargs)
+            if s != step:
+                return original_upload(self, store, s, *args, **kwargs)
+            kill_later(0.05)
+            original_upload(self, store, s, *args, **kwargs)
+            # A shard uploaded before the delay ran out: killed before its
+            # rank reports it, so the step is never committed.
+            os.kill(os.getpid(), signal.SIGKILL)
 
         ckptstore.Remote.upload_shard_from = upload_shard_from
 
@@ -203,7 +208,8 @@ def fault(where, rank):
         wire_module._header = damaged
         return
 
-    module, name = (save_module, "header") if where == "save" else (tiers_module, "_read")
+    module, name = {"save": (save_module, "header"), "load": (tiers_module, "_read"),
+                    "record": (tiers_module, "write_record")}[where]
     original = getattr(module, name)
 
     def failing(*args, **kwargs):
