@@ -1,4 +1,4 @@
-"""Benchmark: `python -m ckptstore.bench_staging` (torch; gloo on CPU).
+"""Benchmark: `python bench/python/bench_staging.py` (torch; gloo on CPU).
 
 What an async save costs the training loop: for each contender, the
 seconds until the call returns (blocked), until the state may change
@@ -186,7 +186,7 @@ def run(kind, base, world, mib, saves):
     port = _port()
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "ckptstore.bench_staging", "--worker", kind, base,
+            [sys.executable, os.path.abspath(__file__), "--worker", kind, base,
              str(world), str(r), str(port), str(mib), str(saves)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env={**os.environ, "OMP_NUM_THREADS": "1"},

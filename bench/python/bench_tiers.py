@@ -1,4 +1,4 @@
-"""Benchmark: `python -m ckptstore.bench_tiers` (torch; gloo on CPU).
+"""Benchmark: `python bench/python/bench_tiers.py` (torch; gloo on CPU).
 
 Saves and restores of the same sharded state (~--mib MiB of f32
 DTensors, 4 MiB each, Shard(0)) through `ckptstore.dcp.Tiers` against
@@ -261,7 +261,7 @@ def run(base, world, mib, reps):
     port = _port()
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "ckptstore.bench_tiers", "--worker", base, str(world), str(r), str(port),
+            [sys.executable, os.path.abspath(__file__), "--worker", base, str(world), str(r), str(port),
              str(mib), str(reps)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env={**os.environ, "OMP_NUM_THREADS": "1"},

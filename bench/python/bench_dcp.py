@@ -1,4 +1,4 @@
-"""Benchmark: `python -m ckptstore.bench_dcp` (torch; gloo on CPU).
+"""Benchmark: `python bench/python/bench_dcp.py` (torch; gloo on CPU).
 
 `dcp.save` and `dcp.load` of the same sharded state (~--mib MiB of f32
 DTensors, Shard(0), evenly divisible) through ckptstore.dcp into a
@@ -91,7 +91,7 @@ def run(mode, kind, target, world, mib, step):
     port = _port()
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "ckptstore.bench_dcp", "--worker", mode, kind, target,
+            [sys.executable, os.path.abspath(__file__), "--worker", mode, kind, target,
              str(world), str(r), str(port), str(mib), str(step)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env={**os.environ, "OMP_NUM_THREADS": "1"},

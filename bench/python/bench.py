@@ -1,4 +1,4 @@
-"""Benchmark: `python -m ckptstore.bench` (needs torch and safetensors).
+"""Benchmark: `python bench/python/bench.py` (needs torch and safetensors).
 
 For the state of a model built here (a stack of 2048x2048 linear layers
 with AdamW moments, ~--mib MiB of --dtype), in one run, each contender
