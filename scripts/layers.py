@@ -13,6 +13,9 @@ own layer and the ones below it, never one above.
     remote   src/remote/ (over the store's step reader and commit API)
     tier     src/tier/ (a node's directory of the local tier, over the store)
 
+The modules of the Python bindings (python/src/) and of the CLI
+(src/bin/ckpt/) must not name each other in a circle either.
+
 Every `crate::...` path is read (grouped `use crate::{a, b::{c, d}}` too),
 and a name the crate root re-exports (`crate::CheckpointStore`) is resolved
 to the module that defines it. `impl CheckpointStore` outside src/store/ is
@@ -206,7 +209,7 @@ def circles(graph: dict) -> list:
                 if w == v:
                     break
             if len(comp) > 1:
-                out.append(sorted(str(c.relative_to(SRC)) for c in comp))
+                out.append(sorted(str(c.relative_to(ROOT)) for c in comp))
 
     sys.setrecursionlimit(10000)
     for v in g:
@@ -215,8 +218,30 @@ def circles(graph: dict) -> list:
     return out
 
 
+# Flat folders of modules under one root file, checked for circles too:
+# the Python bindings and the CLI.
+FLAT = [(ROOT / "python" / "src", "lib.rs"), (SRC / "bin" / "ckpt", "main.rs")]
+
+
+def flat_edges(folder: pathlib.Path, root: str) -> dict:
+    """module file -> the sibling module files it names (`crate::m`,
+    `super::m`, `use crate::{m, ...}`, `use super::{m, ...}`), the root
+    file left out."""
+    files = {p.stem: p for p in folder.glob("*.rs") if p.name != root}
+    graph = {}
+    for name, path in files.items():
+        text = re.sub(r"//[^\n]*", "", path.read_text())
+        named = set(re.findall(r"\b(?:crate|super)::(\w+)", text))
+        for tree in re.findall(r"use (?:crate|super)::\{(.*?)\};", text, re.S):
+            named |= {item.split("::")[0].strip() for item in expand(tree)}
+        graph[path] = {files[n] for n in named if n in files and n != name}
+    return graph
+
+
 def main() -> int:
     loops = circles(file_edges())
+    for folder, root in FLAT:
+        loops += circles(flat_edges(folder, root))
     for loop in loops:
         print("layers: files that name each other: " + " <-> ".join(loop))
     found = edges()

@@ -5,6 +5,7 @@
 //! does I/O. `RawRemote` is a bucket (object storage, global steps).
 
 mod arrays;
+mod convert;
 mod global_step;
 mod handle;
 mod remote;

@@ -13,9 +13,11 @@ use crate::global_step::RawGlobalStep;
 use crate::py_err;
 use crate::results;
 
+use crate::convert::{borrowed, checkpoint, ckpt_dict, policy, PySaved};
+use crate::store::RawStore;
+
 /// An entry: (dtype name or None, shape or None, length in bytes).
 type Entry = (Option<String>, Option<Vec<u64>>, u64);
-use crate::store::{borrowed, checkpoint, ckpt_dict, policy, PySaved, RawStore};
 
 /// A bucket (`s3://BUCKET/PREFIX` or `file:///DIR`).
 #[pyclass(module = "ckptstore._ckptstore", name = "RawRemote")]
@@ -148,6 +150,18 @@ impl RawRemote {
         self.shard_call(py, shard, &tensors, blobs, metrics, ShardUpload::Manifest)
     }
 
+    /// Upload every step of `store` the bucket lacks (with this remote's
+    /// settings, such as its grace period).
+    fn push<'py>(
+        &self,
+        py: Python<'py>,
+        store: PyRef<'py, RawStore>,
+    ) -> PyResult<results::PushReport> {
+        let store = store.get()?;
+        let r = py.detach(|| self.remote.push(store)).map_err(py_err)?;
+        Ok((&r).into())
+    }
+
     /// Upload step `step` of `store` as rank `rank`'s shard of global step
     /// `step` of `world` ranks, read and hashed in Rust (its bytes never
     /// reach Python), less the blobs named in `drop`, with `blobs` added;
@@ -155,7 +169,7 @@ impl RawRemote {
     fn upload_shard_from_store(
         &self,
         py: Python<'_>,
-        store: PyRef<'_, crate::store::RawStore>,
+        store: PyRef<'_, RawStore>,
         shard: (u64, u32, u32),
         drop: Vec<String>,
         blobs: Vec<(String, Vec<u8>)>,

@@ -427,7 +427,7 @@ class Store:
         period is kept) lacks. Refused (ValueError) when the prefix holds
         another store's run: see `Remote.adopt`."""
         remote = remote if isinstance(remote, Remote) else Remote(str(remote))
-        return self._raw.push(remote._raw)
+        return remote._raw.push(self._raw)
 
     @property
     def store_id(self) -> str:

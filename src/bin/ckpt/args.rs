@@ -265,6 +265,13 @@ fn parse_dtype(text: &str) -> Result<ckptstore::Dtype, String> {
     ckptstore::cast_dtype(text).ok_or_else(|| format!("{text:?}: cast to bf16, f16 or f32"))
 }
 
+/// The options of `ckpt export --hf`.
+pub(crate) struct HfOptions<'a> {
+    pub(crate) max_shard: u64,
+    pub(crate) prefix: Option<&'a str>,
+    pub(crate) dtype: Option<ckptstore::Dtype>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::parse_size;

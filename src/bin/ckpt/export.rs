@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use ckptstore::Error;
 
-use super::args::Format;
+use super::args::{Format, HfOptions};
 use super::{open_read, output, remote, resolve, spinner, Result};
 
 pub(crate) fn export(store: &Path, step: &str, output: &Path, format: Format) -> Result<ExitCode> {
@@ -34,13 +34,6 @@ pub(crate) fn export(store: &Path, step: &str, output: &Path, format: Format) ->
     bar.finish_and_clear();
     println!("exported step {step} to {}", output.display());
     Ok(ExitCode::SUCCESS)
-}
-
-/// The options of `ckpt export --hf`.
-pub(crate) struct HfOptions<'a> {
-    pub(crate) max_shard: u64,
-    pub(crate) prefix: Option<&'a str>,
-    pub(crate) dtype: Option<ckptstore::Dtype>,
 }
 
 /// `ckpt export STORE|URL STEP --hf -o DIR`.

@@ -93,7 +93,7 @@ fn run(command: Command) -> Result<ExitCode> {
             &store,
             &step,
             &output,
-            &export::HfOptions {
+            &args::HfOptions {
                 max_shard: max_shard_size,
                 prefix: prefix.as_deref(),
                 dtype,

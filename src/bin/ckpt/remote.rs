@@ -150,7 +150,7 @@ pub(crate) fn export_hf(
     url: &str,
     step: &str,
     dir: &std::path::Path,
-    o: &crate::export::HfOptions<'_>,
+    o: &super::args::HfOptions<'_>,
 ) -> Result<(u64, ckptstore::HfExport)> {
     let (remote, step) = dcp_step(url, step)?;
     let written = remote.export_hf(step, dir, o.max_shard, o.prefix, o.dtype)?;

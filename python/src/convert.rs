@@ -1,0 +1,131 @@
+//! Conversions between Python's values and the crate's: the tensors and
+//! blobs of a save, a checkpoint as a dict, a retention policy. The store
+//! and the remote classes both use them.
+
+use std::collections::BTreeMap;
+
+use ckptstore::{ComputationGraphStore, Dtype, GradientCheckpoint, Retention, Tensor, TensorRef};
+use pyo3::exceptions::{PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::arrays::{borrow_bytes, Buffer, ChunkHashes};
+use crate::py_err;
+
+/// A tensor from Python: name, store dtype name, shape, and an array whose
+/// memory holds the elements.
+pub(crate) type PyTensor<'py> = (String, String, Vec<u64>, Bound<'py, PyAny>);
+
+/// A tensor to save: a [`PyTensor`] and the hashes of its chunks when they
+/// were taken as it was copied.
+pub(crate) type PySaved<'py> = (
+    String,
+    String,
+    Vec<u64>,
+    Bound<'py, PyAny>,
+    Option<PyRef<'py, ChunkHashes>>,
+);
+
+pub(crate) fn dtype(name: &str, dtype: &str) -> PyResult<Dtype> {
+    Dtype::from_name(dtype)
+        .ok_or_else(|| PyTypeError::new_err(format!("{name:?}: unknown dtype {dtype}")))
+}
+
+/// The tensors of a save, borrowing the arrays' memory (and their hashes).
+pub(crate) fn borrowed<'a>(
+    tensors: &'a [PySaved<'_>],
+) -> PyResult<BTreeMap<String, TensorRef<'a>>> {
+    let mut out = BTreeMap::new();
+    for (name, dt, shape, array, hashes) in tensors {
+        let data = borrow_bytes(array)?;
+        let mut t = TensorRef::new(dtype(name, dt)?, shape.clone(), data);
+        if let Some(h) = hashes {
+            t = t.and_then(|t| t.with_hashes(&h.0));
+        }
+        let t = t.map_err(|e| PyValueError::new_err(format!("{name:?}: {e}")))?;
+        if out.insert(name.clone(), t).is_some() {
+            return Err(PyValueError::new_err(format!("{name:?} is given twice")));
+        }
+    }
+    Ok(out)
+}
+
+/// A checkpoint of `step` with `blobs` and `metrics`, no tensors.
+pub(crate) fn checkpoint(
+    step: u64,
+    blobs: Vec<(String, Vec<u8>)>,
+    metrics: BTreeMap<String, f64>,
+) -> GradientCheckpoint {
+    let mut ckpt = GradientCheckpoint::new(ComputationGraphStore::new(), step);
+    ckpt.metrics = metrics;
+    for (name, data) in blobs {
+        ckpt.set_optimizer_state(name, data);
+    }
+    ckpt
+}
+
+/// A checkpoint of `step` holding copies of the arrays.
+pub(crate) fn owned(
+    step: u64,
+    tensors: &[PySaved<'_>],
+    blobs: Vec<(String, Vec<u8>)>,
+    metrics: BTreeMap<String, f64>,
+) -> PyResult<GradientCheckpoint> {
+    let mut ckpt = checkpoint(step, blobs, metrics);
+    for (name, t) in borrowed(tensors)? {
+        let tensor =
+            Tensor::new(t.dtype(), t.shape().to_vec(), t.data().to_vec()).map_err(py_err)?;
+        ckpt.set_tensor(name, tensor);
+    }
+    Ok(ckpt)
+}
+
+/// A checkpoint as a dict (step, timestamp, loss_cid, metrics, tensors:
+/// name -> (dtype, shape, Buffer), blobs: name -> Buffer); arrays view the
+/// bytes read, without a copy.
+pub(crate) fn ckpt_dict(py: Python<'_>, ckpt: GradientCheckpoint) -> PyResult<Bound<'_, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("step", ckpt.step)?;
+    d.set_item("timestamp", ckpt.timestamp)?;
+    d.set_item("loss_cid", ckpt.loss_cid)?;
+    d.set_item("metrics", ckpt.metrics)?;
+    let tensors = PyDict::new(py);
+    for (name, t) in ckpt.tensors {
+        let data = Bound::new(py, Buffer::new(t.data))?;
+        tensors.set_item(name, (t.dtype.name(), t.shape, data))?;
+    }
+    d.set_item("tensors", tensors)?;
+    let blobs = PyDict::new(py);
+    for (name, b) in ckpt.optimizer_state {
+        blobs.set_item(name, Bound::new(py, Buffer::new(b))?)?;
+    }
+    d.set_item("blobs", blobs)?;
+    Ok(d)
+}
+
+/// A retention policy from `gc`'s arguments.
+pub(crate) fn policy(
+    keep_last: Option<usize>,
+    keep_every: Option<u64>,
+    allow_deleting_all: bool,
+) -> PyResult<Retention> {
+    if keep_last == Some(0) && keep_every.is_none() && !allow_deleting_all {
+        return Err(PyValueError::new_err(
+            "keep_last=0 keeps no step: pass allow_deleting_all=True to delete every step",
+        ));
+    }
+    let mut policy = Retention::new();
+    if allow_deleting_all {
+        policy = policy.allow_deleting_all();
+    }
+    if let Some(n) = keep_last {
+        policy = policy.keep_last(n);
+    }
+    if let Some(n) = keep_every {
+        policy = policy.keep_every(n);
+    }
+    if policy.is_empty() {
+        return Err(PyValueError::new_err("gc needs keep_last or keep_every"));
+    }
+    Ok(policy)
+}
