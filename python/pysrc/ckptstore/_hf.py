@@ -42,4 +42,5 @@ def export(
     directory made and the arguments checked."""
     os.makedirs(directory, exist_ok=True)
     name = None if dtype is None else str(dtype)
-    return raw.export_hf(int(step), os.fspath(directory), shard_bytes(max_shard_size), prefix, name)
+    written: HfExport = raw.export_hf(int(step), os.fspath(directory), shard_bytes(max_shard_size), prefix, name)
+    return written

@@ -110,7 +110,7 @@ class TierReader(StorageReader):
             lambda i, data: self._put([batch[i]], [data], planner),
             failed,
         )
-        fut: Future = Future()
+        fut: Future[None] = Future()
         fut.set_result(None)
         return fut
 

@@ -62,7 +62,7 @@ class ShardWriter(StorageWriter):
         if not self._coordinator:
             self.info = self.store.save(self._step, values, replace=True)
         results = [_storage.WriteResult(index, size, Where(self._rank, name)) for index, size, name in written]
-        fut: Future = Future()
+        fut: Future[List[_storage.WriteResult]] = Future()
         fut.set_result(results)
         return fut
 

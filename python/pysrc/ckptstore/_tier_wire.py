@@ -142,7 +142,7 @@ class Group:
         payloads = [(dst, torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)) for dst, obj in sends]
         lengths = {src: torch.zeros(1, dtype=torch.int64) for src in sources}
         sizes = [torch.tensor([int(p.numel())], dtype=torch.int64) for _, p in payloads]
-        works = [dist.irecv(t, src, group=self.group) for src, t in lengths.items()]
+        works: List[Any] = [dist.irecv(t, src, group=self.group) for src, t in lengths.items()]
         works += [dist.isend(n, dst, group=self.group) for (dst, _), n in zip(payloads, sizes)]
         for w in works:
             w.wait()

@@ -12,9 +12,10 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.checkpoint.stateful import Stateful
 
 from . import CorruptError, Error, Store, step_number
@@ -156,7 +157,8 @@ class Tiers:
         durable = self._submit(copied.state, step_number(step), started, time.perf_counter() - started, copied.hashes)
         # Free for the next async_save once this save is done with it.
         durable.add_done_callback(lambda _: self._pool.give_back(None, copied.state))
-        return AsyncSaveResponse(staging_completion=staging, upload_completion=durable)
+        # DCP types its future as Future[None]; its result here is the SaveCost.
+        return AsyncSaveResponse(staging_completion=staging, upload_completion=durable)  # type: ignore[arg-type]
 
     def wait(self) -> None:
         """Wait for every save and upload in flight; raise the first that
@@ -242,7 +244,7 @@ class Tiers:
         assert prepared is not None
         own, newest = prepared
         writer = ShardWriter(own, step, hashes)
-        dcp.save(state, storage_writer=writer, process_group=group.group, no_dist=group.group is None)
+        dcp_save(state, storage_writer=writer, process_group=group.group, no_dist=group.group is None)
         copy_digests: Dict[int, str] = {}
         infos = [writer.info] if writer.info is not None else []
 
@@ -278,7 +280,11 @@ class Tiers:
         # record the save (or apply retention after it) fails the call on
         # every rank, and nothing is uploaded. The save is complete all the
         # same where its record was written.
-        _, failed = attempt(lambda: (write_record(self._dir, rank, record), self._retain()))
+        def finish() -> None:
+            write_record(self._dir, rank, record)
+            self._retain()
+
+        _, failed = attempt(finish)
         group.check(failed, f"step {step} is durable on every rank, but some rank could not record it")
         if upload:
             with self._work:
@@ -331,7 +337,7 @@ class Tiers:
         own, records, keys = found
         agreed = set.intersection(*(set(map(tuple, p)) for p in self._uploads.gather(keys)))
         for key in sorted(agreed):
-            self._upload(records[key], own)  # type: ignore[index]
+            self._upload(records[key], own)
 
     def _upload(self, record: Any, own: Store) -> None:
         assert self._bucket is not None
@@ -459,11 +465,12 @@ class Tiers:
         found, failed = attempt(find) if self._rank == 0 else (None, None)
         if failed is not None:
             warnings.warn(f"ckptstore.dcp.Tiers: {bucket} cannot be read ({described(failed)})", stacklevel=3)
-        return self._group.broadcast(found, 0)
+        chosen: Optional[int] = self._group.broadcast(found, 0)
+        return chosen
 
     def _dcp_load(self, state: Dict[str, Any], reader: Any) -> None:
         group = self._group.group
-        dcp.load(state, storage_reader=reader, process_group=group, no_dist=group is None)
+        dcp_load(state, storage_reader=reader, process_group=group, no_dist=group is None)
 
     def _survey(self) -> Tuple[List[Tuple[str, int, Store]], List[Holding]]:
         """This rank's share of its node's stores (each store of the
