@@ -88,13 +88,16 @@ fn a_killed_push_leaves_whole_steps_and_the_rerun_completes() -> Result {
             .stderr(Stdio::null())
             .spawn()?)
     };
-    // How long a push of two new steps takes here, into a prefix of its own.
+    // How long a push takes here, first guessed from a push into a prefix
+    // of its own, then set from each push that ended before its kill.
     let started = Instant::now();
     let status = push(&fresh(&bucket))?.wait()?;
     assert!(status.success());
-    let whole = started.elapsed();
+    let mut whole = started.elapsed();
 
-    // Each round commits two new steps, then kills a push part way.
+    // Each round commits two new steps, then kills a push part way; rounds
+    // go on (up to three times as many) until half the wanted number were
+    // cut short, so that a loaded machine cannot make the kills all late.
     let url = fresh(&bucket);
     let remote = Remote::open(&url)?;
     let rounds = if std::env::var_os("CKPT_LONG").is_some() {
@@ -103,32 +106,57 @@ fn a_killed_push_leaves_whole_steps_and_the_rerun_completes() -> Result {
         8
     };
     let mut rng = super::Rng(0x5EED);
-    let mut killed = 0;
+    let (mut killed, mut round) = (0, 0);
     let mut next = 2;
-    for _ in 0..rounds {
+    while round < rounds || (killed < rounds / 2 && round < 3 * rounds) {
+        round += 1;
         for step in next..next + 2 {
             store.commit(&big(step)?)?;
         }
         next += 2;
+        let started = Instant::now();
         let mut child = push(&url)?;
         let at = whole.mul_f64((rng.next() % 1000) as f64 / 1000.0);
-        std::thread::sleep(at);
-        if child.try_wait()?.is_none() {
-            child.kill()?; // SIGKILL
-            killed += 1;
+        match ended_within(&mut child, at)? {
+            None => {
+                child.kill()?; // SIGKILL
+                killed += 1;
+            }
+            Some(status) => {
+                assert!(status.success(), "a push that was not killed failed");
+                whole = started.elapsed();
+            }
         }
         child.wait()?;
         whole_steps(&remote, &store)?;
     }
     assert!(
         killed >= rounds / 2,
-        "only {killed} of {rounds} pushes were cut short"
+        "only {killed} of {round} pushes were cut short"
     );
     let last = remote.push(&store)?;
     assert_eq!(last.steps_present + last.steps_pushed.len() as u64, next);
     assert_eq!(whole_steps(&remote, &store)?, (0..next).collect::<Vec<_>>());
-    eprintln!("{killed} of {rounds} pushes killed (a whole push took {whole:?})");
+    eprintln!("{killed} of {round} pushes killed (a whole push took {whole:?})");
     Ok(())
+}
+
+/// The child's exit status if it ends within `limit`, else `None`.
+fn ended_within(
+    child: &mut std::process::Child,
+    limit: Duration,
+) -> Result<Option<std::process::ExitStatus>> {
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(Some(status));
+        }
+        let left = limit.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            return Ok(None);
+        }
+        std::thread::sleep(left.min(Duration::from_millis(5)));
+    }
 }
 
 /// The server killed (kill -9) part way through a push and started again
