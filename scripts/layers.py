@@ -14,7 +14,11 @@ own layer and the ones below it, never one above.
     tier     src/tier/ (a node's directory of the local tier, over the store)
 
 The modules of the Python bindings (python/src/) and of the CLI
-(src/bin/ckpt/) must not name each other in a circle either.
+(src/bin/ckpt/) must not name each other in a circle either, nor the
+modules of the Python package (python/pysrc/ckptstore/), whose front
+doors, `__init__.py` and `dcp.py`, only re-export (no module imports it) and whose
+modules import no underscored name of another (imports under
+`if TYPE_CHECKING:` are for annotations only, and not counted).
 
 Every `crate::...` path is read (grouped `use crate::{a, b::{c, d}}` too),
 and a name the crate root re-exports (`crate::CheckpointStore`) is resolved
@@ -27,6 +31,7 @@ new back-edge) and names listed edges that are gone (so the list shrinks
 as the layering is mended). Run: python3 scripts/layers.py
 """
 
+import ast
 import pathlib
 import re
 import sys
@@ -238,10 +243,64 @@ def flat_edges(folder: pathlib.Path, root: str) -> dict:
     return graph
 
 
+PACKAGE = ROOT / "python" / "pysrc" / "ckptstore"
+
+
+def _runtime_imports(tree: ast.Module):
+    """The package-relative imports of a module run at import time or
+    later (not those under `if TYPE_CHECKING:`)."""
+    skip = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip |= {id(n) for b in node.body for n in ast.walk(b)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and id(node) not in skip:
+            yield node
+
+
+def package_edges() -> tuple:
+    """module file -> the package's module files it imports; and the
+    problems of the front door and of underscored names imported."""
+    files = {p.stem: p for p in PACKAGE.glob("*.py")}
+    files.update({p.parent.name: p for p in PACKAGE.glob("*/__init__.py")})
+    graph, problems = {}, []
+    for name, path in files.items():
+        tree = ast.parse(path.read_text())
+        targets = set()
+        for node in _runtime_imports(tree):
+            if node.module:  # from .m import a, b
+                targets.add(node.module.split(".")[0])
+                if node.module in files and node.module != "_ckptstore":
+                    hidden = [a.name for a in node.names if a.name.startswith("_")]
+                    if hidden:
+                        problems.append(f"{path.name} imports {', '.join(hidden)} of {node.module}")
+            else:  # from . import m
+                targets |= {a.name if a.name in files else "__init__" for a in node.names}
+        graph[path] = {files[t] for t in targets if t in files and t != name}
+    init = files["__init__"]
+    for path, targets in graph.items():
+        if init in targets:
+            problems.append(f"{path.name} imports the front door (__init__.py): import the module that defines it")
+    # The front doors: the package's, and `ckptstore.dcp`'s.
+    for door in (init, files["dcp"]):
+        for node in ast.parse(door.read_text()).body:
+            plain = isinstance(node, (ast.Import, ast.ImportFrom)) or (
+                isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+            )
+            named_all = isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["__all__"]
+            if not plain and not named_all:
+                problems.append(f"{door.name} line {node.lineno}: a front door only re-exports")
+    return graph, problems
+
+
 def main() -> int:
     loops = circles(file_edges())
     for folder, root in FLAT:
         loops += circles(flat_edges(folder, root))
+    package, problems = package_edges()
+    loops += circles(package)
+    for problem in problems:
+        print("layers: python package: " + problem)
     for loop in loops:
         print("layers: files that name each other: " + " <-> ".join(loop))
     found = edges()
@@ -259,7 +318,7 @@ def main() -> int:
     for e in gone:
         print(f"layers: mended, remove from {KNOWN.name}: {e}")
     print(f"layers: {len(found)} known back-edges, {len(new)} new, {len(gone)} mended")
-    return 1 if new or gone or loops else 0
+    return 1 if new or gone or loops or problems else 0
 
 
 if __name__ == "__main__":

@@ -79,6 +79,7 @@ fn _ckptstore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<arrays::ChunkHashes>()?;
     m.add_function(pyo3::wrap_pyfunction!(arrays::hash_arrays, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(arrays::copy_hashed, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(global_step::dcp_box_span, m)?)?;
     results::register(m)?;
     tier::register(m)?;
     m.add("Error", m.py().get_type::<CkptError>())?;

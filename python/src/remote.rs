@@ -251,6 +251,20 @@ impl RawRemote {
             .collect())
     }
 
+    /// The DCP metadata document of `opened` (from the coordinator's
+    /// shard), or None if ckptstore.dcp did not save it.
+    fn dcp_metadata<'py>(
+        &self,
+        py: Python<'py>,
+        opened: PyRef<'py, RawGlobalStep>,
+    ) -> PyResult<Option<Bound<'py, pyo3::types::PyBytes>>> {
+        let inner = &opened.inner;
+        let got = py
+            .detach(|| self.remote.dcp_metadata(inner))
+            .map_err(py_err)?;
+        Ok(got.map(|b| pyo3::types::PyBytes::new(py, &b)))
+    }
+
     /// The bytes of each (rank, name, offset, len) of `opened`, fetching
     /// only the chunks they overlap, each hash-checked.
     fn read_pieces(

@@ -289,6 +289,22 @@ impl RawStore {
             .map_err(py_err)
     }
 
+    /// Write step `step`, saved by ckptstore.dcp, to `path` as one
+    /// safetensors file of whole tensors (under `prefix`, stripped); the
+    /// names written.
+    #[pyo3(signature = (step, path, prefix=None))]
+    fn consolidate(
+        &self,
+        py: Python<'_>,
+        step: u64,
+        path: std::path::PathBuf,
+        prefix: Option<String>,
+    ) -> PyResult<Vec<String>> {
+        let store = self.get()?;
+        py.detach(|| store.consolidate(step, &path, prefix.as_deref()))
+            .map_err(py_err)
+    }
+
     /// Write step `step` into `directory` as a Hugging Face checkpoint
     /// (its DCP tensors whole for a step ckptstore.dcp saved, else its
     /// typed tensors); (shard files, weight map, total size).

@@ -271,6 +271,76 @@ impl DcpTensor {
     }
 }
 
+/// Where a box lies in a stored chunk of a row-major tensor: the box at
+/// `offsets` of `lengths` in a chunk of sizes `chunk`, of `item`-byte
+/// elements, is read as the chunk's bytes `start .. start + len` (from the
+/// box's first element to its last), viewed with the chunk's `strides`
+/// (in elements). An empty box reads nothing (`start` and `len` 0);
+/// `None` if the box is not inside the chunk. How `ckptstore.dcp` reads a
+/// box a load asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BoxSpan {
+    /// The first byte read, from the chunk's start.
+    pub start: u64,
+    /// The bytes read.
+    pub len: u64,
+    /// The chunk's strides, in elements.
+    pub strides: Vec<u64>,
+}
+
+impl BoxSpan {
+    /// The span of the box at `offsets` of `lengths` in a chunk of sizes
+    /// `chunk` of `item`-byte elements; `None` if it is not inside (or
+    /// its bytes overflow).
+    pub fn of(chunk: &[u64], offsets: &[u64], lengths: &[u64], item: u64) -> Option<BoxSpan> {
+        if !inside(chunk, offsets, lengths) {
+            return None;
+        }
+        let strides = row_major(chunk);
+        if lengths.contains(&0) {
+            return Some(BoxSpan {
+                start: 0,
+                len: 0,
+                strides,
+            });
+        }
+        let mut first = 0u64;
+        let mut last = 0u64;
+        for d in 0..chunk.len() {
+            first = first.checked_add(offsets[d].checked_mul(strides[d])?)?;
+            let end = offsets[d] + lengths[d] - 1;
+            last = last.checked_add(end.checked_mul(strides[d])?)?;
+        }
+        let start = first.checked_mul(item)?;
+        let end = last.checked_add(1)?.checked_mul(item)?;
+        Some(BoxSpan {
+            start,
+            len: end - start,
+            strides,
+        })
+    }
+}
+
+/// Whether the box at `offsets` of `sizes` lies inside `shape`.
+fn inside(shape: &[u64], offsets: &[u64], sizes: &[u64]) -> bool {
+    shape.len() == offsets.len()
+        && shape.len() == sizes.len()
+        && (0..shape.len()).all(|d| {
+            offsets[d]
+                .checked_add(sizes[d])
+                .is_some_and(|e| e <= shape[d])
+        })
+}
+
+/// The strides of a row-major tensor of `shape`, in elements.
+fn row_major(shape: &[u64]) -> Vec<u64> {
+    let mut strides = vec![1u64; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        strides[d] = strides[d + 1].saturating_mul(shape[d + 1]);
+    }
+    strides
+}
+
 /// A box of a row-major tensor: rows (runs along the last dimension) and
 /// where each row goes in the whole tensor.
 struct BoxLayout {
@@ -288,20 +358,10 @@ impl BoxLayout {
     /// The layout of the box at `offsets` of `sizes` in a tensor of
     /// `shape` of `item`-byte elements, or `None` if it is not inside.
     fn new(shape: &[u64], offsets: &[u64], sizes: &[u64], item: u64) -> Option<Self> {
-        let fits = shape.len() == offsets.len()
-            && shape.len() == sizes.len()
-            && (0..shape.len()).all(|d| {
-                offsets[d]
-                    .checked_add(sizes[d])
-                    .is_some_and(|e| e <= shape[d])
-            });
-        if !fits {
+        if !inside(shape, offsets, sizes) {
             return None;
         }
-        let mut strides = vec![1u64; shape.len()];
-        for d in (0..shape.len().saturating_sub(1)).rev() {
-            strides[d] = strides[d + 1] * shape[d + 1];
-        }
+        let strides = row_major(shape);
         let (outer, last) = match sizes.split_last() {
             Some((last, outer)) => (outer.to_vec(), *last),
             None => (Vec::new(), 1),
@@ -353,7 +413,25 @@ impl BoxLayout {
 
 #[cfg(test)]
 mod tests {
-    use super::BoxLayout;
+    use super::{BoxLayout, BoxSpan};
+
+    #[test]
+    fn a_box_reads_the_span_from_its_first_element_to_its_last() {
+        let span =
+            |c: &[u64], o: &[u64], l: &[u64]| BoxSpan::of(c, o, l, 4).map(|s| (s.start, s.len));
+        // Rows 1..3, columns 2..5 of a 4x6 chunk: elements 8 ..= 16.
+        assert_eq!(span(&[4, 6], &[1, 2], &[2, 3]), Some((32, 36)));
+        assert_eq!(
+            BoxSpan::of(&[4, 6], &[0, 0], &[4, 6], 4).map(|s| s.strides),
+            Some(vec![6, 1])
+        );
+        assert_eq!(span(&[4, 6], &[0, 0], &[4, 6]), Some((0, 96)));
+        assert_eq!(span(&[4, 6], &[1, 0], &[0, 3]), Some((0, 0)));
+        assert_eq!(span(&[], &[], &[]), Some((0, 4))); // a scalar
+        assert_eq!(span(&[4, 6], &[3, 0], &[2, 1]), None);
+        assert_eq!(span(&[4, 6], &[0], &[1]), None);
+        assert_eq!(span(&[u64::MAX, 2], &[u64::MAX - 1, 0], &[1, 2]), None);
+    }
 
     #[test]
     fn a_box_lands_where_its_rows_belong() {

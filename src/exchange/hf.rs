@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::float::{read_float, write_float};
+pub(crate) use super::write::Source;
 use super::write::{write_tensors, Head};
 use crate::{Dtype, Error, Result};
 
@@ -52,18 +53,6 @@ pub fn cast_dtype(name: &str) -> Option<Dtype> {
 fn castable(dtype: Dtype) -> bool {
     matches!(dtype, Dtype::F64 | Dtype::F32 | Dtype::BF16 | Dtype::F16)
 }
-
-/// A tensor to export: its name, dtype and shape as stored, and how to
-/// read its bytes as stored.
-pub(crate) struct Source<'a> {
-    pub(crate) name: String,
-    pub(crate) dtype: Dtype,
-    pub(crate) shape: Vec<u64>,
-    pub(crate) fill: Fill<'a>,
-}
-
-/// Puts a tensor's bytes, as stored, in a buffer of their length.
-pub(crate) type Fill<'a> = Box<dyn FnMut(&mut [u8]) -> Result<()> + 'a>;
 
 /// Write `tensors` (in this order) into `dir` as Hugging Face shards of at
 /// most `max_shard` bytes each (a larger tensor is a shard alone), floating

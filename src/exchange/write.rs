@@ -142,6 +142,55 @@ pub(crate) fn write_tensors(
     }
 }
 
+/// A tensor to export: its name, dtype and shape as stored, and how to
+/// read its bytes as stored.
+pub(crate) struct Source<'a> {
+    pub(crate) name: String,
+    pub(crate) dtype: Dtype,
+    pub(crate) shape: Vec<u64>,
+    pub(crate) fill: Fill<'a>,
+}
+
+/// Puts a tensor's bytes, as stored, in a buffer of their length.
+pub(crate) type Fill<'a> = Box<dyn FnMut(&mut [u8]) -> Result<()> + 'a>;
+
+/// Write the whole tensors of a DCP step, `sources` (in this order), to
+/// `path` as one safetensors file, one tensor in memory at a time; the
+/// names written. Where a bucket's or a store's step is consolidated.
+pub(crate) fn write_whole(
+    path: &Path,
+    step: u64,
+    mut sources: Vec<Source<'_>>,
+) -> Result<Vec<String>> {
+    let heads = sources
+        .iter()
+        .map(|s| {
+            let len = crate::Tensor::expected_bytes(s.dtype, &s.shape)
+                .map_err(|e| Error::corrupt(Some(step), format!("{}: {e}", s.name)))?;
+            Ok(Head {
+                name: s.name.clone(),
+                dtype: s.dtype,
+                shape: s.shape.clone(),
+                len,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut metadata = BTreeMap::new();
+    metadata.insert("ckptstore.step", step.to_string());
+    metadata.insert(
+        "ckptstore.source",
+        "torch.distributed.checkpoint".to_owned(),
+    );
+    let mut next = sources.iter_mut();
+    write_tensors(path, step, &metadata, &heads, &mut |_, out| {
+        let source = next.next().ok_or_else(|| {
+            Error::corrupt(Some(step), "more tensors written than chosen".to_owned())
+        })?;
+        (source.fill)(out)
+    })?;
+    Ok(heads.into_iter().map(|h| h.name).collect())
+}
+
 /// The header: `__metadata__` and each tensor at consecutive offsets, in
 /// the order given, padded with spaces to a multiple of 8 bytes.
 fn header(metadata: &BTreeMap<&str, String>, entries: &[Head]) -> serde_json::Result<Vec<u8>> {

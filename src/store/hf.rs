@@ -1,13 +1,15 @@
 //! A stored step out as a Hugging Face checkpoint directory
 //! ([`exchange::hf`](crate::exchange::hf)): a plain step's typed tensors,
 //! or, for a step `ckptstore.dcp` saved into the store, its DCP tensors
-//! whole, assembled from their stored boxes.
+//! whole, assembled from their stored boxes; and such a step as one
+//! safetensors file of whole tensors.
 
 use std::path::Path;
 
 use crate::engine::StepData;
 use crate::exchange::dcp::{BoxSource, DcpIndex, DCP_METADATA};
 use crate::exchange::hf::{export, Source};
+use crate::exchange::write::write_whole;
 use crate::{CheckpointStore, Dtype, Error, HfExport, Result, StepInfo};
 
 /// The largest DCP metadata document read.
@@ -60,6 +62,40 @@ impl CheckpointStore {
         })?
         .ok_or(Error::StepNotFound { step })
     }
+
+    /// Write step `step`, saved into the store by `ckptstore.dcp`, to
+    /// `path` as one safetensors file of whole tensors under their fully
+    /// qualified names (with `prefix`, only the names under it, the prefix
+    /// stripped), as [`Remote::consolidate`](crate::Remote::consolidate)
+    /// does for a bucket: one tensor in memory at a time, every chunk
+    /// hash-checked, the file written durably or not at all. The names
+    /// written.
+    ///
+    /// # Errors
+    /// [`Error::StepNotFound`]; [`Error::InvalidCheckpoint`] for a step
+    /// not saved through `ckptstore.dcp`, or naming a chosen tensor whose
+    /// dtype safetensors cannot hold; [`Error::Corrupt`] for damaged data
+    /// or metadata; I/O errors naming `path`.
+    pub fn consolidate(
+        &self,
+        step: u64,
+        path: impl AsRef<Path>,
+        prefix: Option<&str>,
+    ) -> Result<Vec<String>> {
+        let path = path.as_ref();
+        self.with_step(step, |_, info, data| {
+            if !info.blobs.contains_key(DCP_METADATA) {
+                return Err(Error::InvalidCheckpoint {
+                    step,
+                    reason: "it was not saved by ckptstore.dcp".to_owned(),
+                });
+            }
+            with_dcp_sources(step, &info, data, prefix, |sources| {
+                write_whole(path, step, sources)
+            })
+        })?
+        .ok_or(Error::StepNotFound { step })
+    }
 }
 
 /// A DCP step of the store (one rank's, as `ckptstore.dcp` saves into a
@@ -71,6 +107,20 @@ fn export_dcp(
     data: &StepData<'_>,
     (max_shard, prefix, cast): (u64, Option<&str>, Option<Dtype>),
 ) -> Result<HfExport> {
+    with_dcp_sources(step, info, data, prefix, |sources| {
+        export(step, dir, sources, max_shard, cast)
+    })
+}
+
+/// `use_them` given the tensors (under `prefix`, stripped) of a DCP step
+/// of the store, each filled whole from its stored boxes.
+fn with_dcp_sources<R>(
+    step: u64,
+    info: &StepInfo,
+    data: &StepData<'_>,
+    prefix: Option<&str>,
+    use_them: impl FnOnce(Vec<Source<'_>>) -> Result<R>,
+) -> Result<R> {
     let len = info.blobs[DCP_METADATA];
     // The same bound as a bucket's manifests: the document is read whole.
     if len > MAX_METADATA_BYTES {
@@ -99,7 +149,7 @@ fn export_dcp(
             fill: Box::new(move |out| t.assemble(step, fqn, places, &mut boxes, out)),
         });
     }
-    export(step, dir, sources, max_shard, cast)
+    use_them(sources)
 }
 
 /// Entry `name` of the step into `out`, of its length.

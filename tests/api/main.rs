@@ -8,6 +8,7 @@ mod common;
 mod async_commits;
 mod async_copy_commits_the_state_as_passed;
 mod commit_get_roundtrip;
+mod consolidate;
 mod copy_a_store;
 mod create_is_atomic;
 mod dedup_accounting;

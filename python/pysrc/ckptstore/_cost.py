@@ -2,8 +2,9 @@
 `ckptstore.dcp.Tiers`, `ckptstore.lightning` and `ckptstore.transformers`
 and logged where the framework lets a plugin log."""
 
+import time
 from dataclasses import dataclass
-from typing import Dict
+from typing import Dict, Optional, Tuple
 
 
 @dataclass(frozen=True)
@@ -33,3 +34,32 @@ class SaveCost:
             f"{prefix}new_mib": self.bytes_new / 2**20,
             f"{prefix}deduplicated_mib": self.bytes_deduplicated / 2**20,
         }
+
+
+class Clock:
+    """One save's cost as it is measured, from the call (or `started`)
+    until the save is durable (`cost`). `staged` records a staged save's
+    staging: its seconds and how long it blocked the caller (the staging
+    itself, or none for a copy made in the background). The one rule for
+    `blocked_seconds`: what staging blocked, for a staged save; else the
+    whole time until durable."""
+
+    def __init__(self, started: Optional[float] = None, staging: Optional[Tuple[float, float]] = None) -> None:
+        self.started = time.perf_counter() if started is None else started
+        self.staging = staging
+
+    def staged(self, seconds: float, blocked: Optional[float] = None) -> None:
+        self.staging = (seconds, seconds if blocked is None else blocked)
+
+    def metrics(self) -> Dict[str, float]:
+        """The step's record of a staged save's staging (`ckptstore.staging_s`,
+        `ckptstore.blocked_s`, which `ckpt ls` shows); none for another."""
+        if self.staging is None:
+            return {}
+        return {"ckptstore.staging_s": self.staging[0], "ckptstore.blocked_s": self.staging[1]}
+
+    def cost(self, step: int, bytes_new: int, bytes_deduplicated: int) -> SaveCost:
+        """The save's cost, now that it is durable."""
+        durable = time.perf_counter() - self.started
+        staging, blocked = self.staging if self.staging is not None else (0.0, durable)
+        return SaveCost(step, blocked, staging, durable, bytes_new, bytes_deduplicated)

@@ -23,7 +23,7 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from . import DTYPE_NAMES
+from ._convert import DTYPE_NAMES
 
 FORMAT = 1
 _FROM_STORE = {v: k for k, v in DTYPE_NAMES.items()}
@@ -57,11 +57,13 @@ def json_dtype(dtype: torch.dtype) -> str:
 def torch_dtype(store_name: Optional[str], entry: str) -> torch.dtype:
     """The torch dtype of a store dtype name (or of a "torch.<name>")."""
     if store_name is not None and store_name.removeprefix("torch.") in TORCH_ONLY:
-        return getattr(torch, store_name.removeprefix("torch."))
-    name = _FROM_STORE.get(store_name or "")
+        name: Optional[str] = store_name.removeprefix("torch.")
+    else:
+        name = _FROM_STORE.get(store_name or "")
     if name is None:
         raise ValueError(f"{entry!r}: dtype {store_name} is not a torch dtype")
-    return getattr(torch, name)
+    found: torch.dtype = getattr(torch, name)
+    return found
 
 
 def to_json(md: Metadata) -> str:

@@ -1,6 +1,6 @@
 """ckptstore.dcp's StorageWriter: each rank's write items as its shard
-of a global step in a bucket (or the one process's step of a local
-store), the coordinator's commit naming exactly the shards of the save."""
+of a step of a target (`_targets`), the coordinator's commit naming
+exactly the shards of the save."""
 
 import dataclasses
 import io
@@ -19,9 +19,13 @@ from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, Stora
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
 from torch.futures import Future
 
-from . import SaveCost, StepExistsError, Store, Tensor, _dcp_json, step_number
-from ._dcp_base import METADATA, Target, _describe, _is_step_id, _is_url, _local, _remote, _SentAsUrl
+from . import _dcp_json
+from ._ckptstore import Tensor
+from ._convert import step_number
+from ._cost import Clock, SaveCost
+from ._errors import StepExistsError
 from ._dcp_json import Where
+from ._targets import METADATA, Put, SaveTarget, UserTarget, is_step_id, save_target
 from ._staging import Hashes, Pool, Staged, hashes_of
 
 # The staged copies of async saves, reused by the next save to the same
@@ -73,7 +77,7 @@ def _host_bytes(t: torch.Tensor) -> Tuple[str, List[int], np.ndarray]:
     return name, list(t.shape), flat.numpy()
 
 
-class StorageWriter(_SentAsUrl, _storage.StorageWriter):
+class StorageWriter(_storage.StorageWriter):
     """Write a DCP checkpoint as step `step` of `target`: a bucket URL (any
     number of ranks) or a local store (a path or an open Store; one
     process). With `overwrite` (DCP's default, as in its FileSystemWriter)
@@ -95,7 +99,7 @@ class StorageWriter(_SentAsUrl, _storage.StorageWriter):
 
     def __init__(
         self,
-        target: Target,
+        target: "UserTarget | SaveTarget",
         step: int,
         overwrite: bool = True,
         *,
@@ -104,6 +108,7 @@ class StorageWriter(_SentAsUrl, _storage.StorageWriter):
     ) -> None:
         super().__init__()
         self._target = target
+        self._to = save_target(target)
         self._step = step_number(step)
         self._overwrite = bool(overwrite)
         self._background = bool(background_staging)
@@ -113,35 +118,43 @@ class StorageWriter(_SentAsUrl, _storage.StorageWriter):
         self._kept: Dict[str, Any] = {}
         self._lent: Optional[_Lent] = None
         self._hashes: Hashes = {}
-        # What this save costs (`cost`): when it began (its staging, or
-        # its first write), seconds staging and blocking the caller took
-        # (staged saves only), and bytes (new, deduplicated) it wrote.
-        self._began: Optional[float] = None
+        # What this save costs (`cost`): its clock, from its staging or its
+        # first write; the staging an earlier process measured (DCP's
+        # process mode); bytes (new, deduplicated) it wrote.
+        self._clock: Optional[Clock] = None
         self._staged: Optional[Tuple[float, float]] = None
         self._bytes = [0, 0]
         self.cost: Optional[SaveCost] = None
 
-    def _arguments(self) -> Dict[str, Any]:
+    def __getstate__(self) -> Dict[str, Any]:
+        # Sent as its arguments (DCP's process mode sends the writer to
+        # another process), where its target can be. The staged tensors go
+        # with their hashes; DCP sends this writer in the same message as
+        # the staged state, so they are the same objects there (pickle
+        # keeps shared references).
+        if not self._to.sendable:
+            raise TypeError(
+                f"a {type(self).__name__} over a local store cannot be sent to another process "
+                "(dcp.async_save in process mode): use a bucket URL, or thread mode"
+            )
         return {
             "target": self._target, "step": self._step, "overwrite": self._overwrite,
             "background_staging": self._background, "shared_memory": self._shared,
+            "hashes": list(self._hashes.values()),
+            "staged": self._staged if self._clock is None else self._clock.staging,
         }
-
-    def __getstate__(self) -> Dict[str, Any]:
-        # The staged tensors go with their hashes; DCP sends this writer in
-        # the same message as the staged state, so they are the same
-        # objects there (pickle keeps shared references).
-        state = super().__getstate__()
-        state["hashes"] = list(self._hashes.values())
-        state["staged"] = self._staged
-        return state
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         hashes = state.pop("hashes", [])
         staged = state.pop("staged", None)
-        super().__setstate__(state)
-        self._hashes = {t.data_ptr(): (t, h) for t, h in hashes}
+        self.__init__(**state)  # type: ignore[misc]
+        self.use_hashes({t.data_ptr(): (t, h) for t, h in hashes})
         self._staged = staged
+
+    def use_hashes(self, hashes: Hashes) -> None:
+        """The hashes of the chunks of a state staged elsewhere (by data
+        pointer), which the save uses in place of hashing them again."""
+        self._hashes = dict(hashes)
 
     def reset(self, checkpoint_id: Any = None) -> None:
         if checkpoint_id is not None:
@@ -151,7 +164,7 @@ class StorageWriter(_SentAsUrl, _storage.StorageWriter):
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: Any) -> bool:
         """A checkpoint id is a step number."""
-        return _is_step_id(checkpoint_id)
+        return is_step_id(checkpoint_id)
 
     # DCP's AsyncStager: `dcp.async_save(state, storage_writer=...)` stages
     # through the writer.
@@ -173,14 +186,14 @@ class StorageWriter(_SentAsUrl, _storage.StorageWriter):
         hashed in the same pass; the save writes them without reading them
         again. With `background_staging`, a future of the copy: the caller
         may change the state once it is done."""
-        self._began = time.perf_counter()
+        self._clock = Clock()
         if self._background:
             return _STAGER.submit(self._stage_now, state_dict, True)
         return self._stage_now(state_dict, False)
 
     def _stage_now(self, state_dict: Dict[str, Any], background: bool) -> Dict[str, Any]:
         started = time.perf_counter()
-        key = (os.getpid(), id(self._target) if isinstance(self._target, Store) else os.fspath(self._target))
+        key = (os.getpid(), self._to.pool_key)
         copy: Staged = _POOL.stage(key, state_dict, shared=self._shared)
         out = _StagedState(copy.state)
         self._lent = _Lent(key, copy.state)
@@ -189,7 +202,8 @@ class StorageWriter(_SentAsUrl, _storage.StorageWriter):
         staging = time.perf_counter() - started
         # Blocked: the call alone with a background copy (a few
         # microseconds, taken as none), else the copy.
-        self._staged = (staging, 0.0 if background else staging)
+        assert self._clock is not None
+        self._clock.staged(staging, 0.0 if background else staging)
         return out
 
     def synchronize_staging(self) -> None:
@@ -217,45 +231,39 @@ class StorageWriter(_SentAsUrl, _storage.StorageWriter):
 
     def prepare_global_plan(self, plans: List[SavePlan]) -> List[SavePlan]:
         world = len(plans)
-        if not _is_url(self._target) and world > 1:
+        if not self._to.many_ranks and world > 1:
             raise ValueError(
                 f"a local store takes one process; {world} ranks save to a bucket URL "
                 "(s3://... or file://...)"
             )
-        if not self._overwrite and self._committed():
+        if not self._overwrite and self._to.committed(self._step):
             # DCP's own writer's words, which code written against it checks.
             raise StepExistsError(
                 f"Checkpoint already exists and self.overwrite=False: step {self._step} is already in "
-                f"{_describe(self._target)}; StorageWriter(..., overwrite=True) replaces it"
+                f"{self._to.description}; StorageWriter(..., overwrite=True) replaces it"
             )
         # Each rank's place in this save and its size, from the plans DCP
         # gathered (the save's group, whatever it is).
         return [dataclasses.replace(p, storage_data=(i, world)) for i, p in enumerate(plans)]
 
-    def _committed(self) -> bool:
-        if _is_url(self._target):
-            return _remote(self._target).open_global(self._step) is not None
-        with _local(self._target) as store:
-            return self._step in store.steps()
-
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> "Future[List[_storage.WriteResult]]":
         if isinstance(plan.storage_data, tuple):
             self._rank, self._world = plan.storage_data
-        if self._began is None:
-            self._began = time.perf_counter()
+        if self._clock is None:
+            self._clock = Clock(staging=self._staged)
         values: Dict[str, Any] = {}
         written = [self._resolve(item, planner, values) for item in plan.items]
         shard = ""
         if self._coordinator:
-            # Its shard is uploaded with the metadata by finish; its data
-            # now, beside the other ranks' (finish then finds it there). A
-            # save of one rank has no one to upload beside: its data is
-            # hashed and uploaded once, by finish.
+            # Its shard is put with the metadata by finish; its data now,
+            # where the target takes it ahead, beside the other ranks'
+            # (finish then finds it there). A save of one rank has no one
+            # to put beside: its data is hashed and put once, by finish.
             self._kept = values
-            if _is_url(self._target) and self._world > 1:
-                self._upload(values, chunks_only=True)
-        elif _is_url(self._target):
-            shard = self._upload(values)
+            if self._world > 1:
+                self._count(self._to.put_data(self._step, self._rank, self._world, values))
+        else:
+            shard = self._count(self._to.put(self._step, self._rank, self._world, values, {}, self._overwrite))
             self._give_back()
             self._done()
         # Every rank reports its shard, also a rank with no items.
@@ -264,7 +272,7 @@ class StorageWriter(_SentAsUrl, _storage.StorageWriter):
             _storage.WriteResult(index, size, Where(self._rank, name, shard))
             for index, size, name in written
         ]
-        fut: Future = Future()
+        fut: Future[List[_storage.WriteResult]] = Future()
         fut.set_result(results)
         return fut
 
@@ -278,59 +286,56 @@ class StorageWriter(_SentAsUrl, _storage.StorageWriter):
             raw = data.getvalue() if isinstance(data, io.BytesIO) else bytes(data)
             values[name] = raw
             return item.index, len(raw), name
+        assert isinstance(data, torch.Tensor)
         dtype, shape, array = _host_bytes(data)
         values[name] = Tensor(dtype, shape, array, hashes_of(self._hashes, data))
         return item.index, int(array.size), name
 
-    def _upload(
-        self, values: Dict[str, Any], chunks_only: bool = False, metrics: Optional[Dict[str, float]] = None
-    ) -> str:
-        remote = _remote(self._target)
-        info = remote.upload_shard(self._step, self._rank, self._world, values, data_only=chunks_only,
-                                   metrics=metrics)
-        self._bytes[0] += info.bytes_uploaded
-        self._bytes[1] += info.bytes_skipped
-        return info.shard
+    def _count(self, put: Put) -> str:
+        """Count what `put` wrote; the shard's name."""
+        self._bytes[0] += put.bytes_new
+        self._bytes[1] += put.bytes_reused
+        return put.shard
 
-    def _cost_metrics(self) -> Dict[str, float]:
-        """The step's record of its staging: `ckptstore.staging_s` and
-        `ckptstore.blocked_s` (`ckpt ls` shows them), for a staged save."""
-        if self._staged is None:
-            return {}
-        return {"ckptstore.staging_s": self._staged[0], "ckptstore.blocked_s": self._staged[1]}
+    def _metrics(self) -> Dict[str, float]:
+        return {} if self._clock is None else self._clock.metrics()
 
     def _done(self) -> None:
         """This rank's part is durable: its `cost`."""
-        now = time.perf_counter()
-        durable = now - (self._began if self._began is not None else now)
-        staging, blocked = self._staged if self._staged is not None else (0.0, durable)
-        self.cost = SaveCost(self._step, blocked, staging, durable, self._bytes[0], self._bytes[1])
+        clock = self._clock or Clock()
+        self.cost = clock.cost(self._step, self._bytes[0], self._bytes[1])
 
     def finish(self, metadata: Metadata, results: List[List[_storage.WriteResult]]) -> None:
-        shards: List[str] = [""] * self._world
-        storage: Dict[MetadataIndex, Where] = {}
-        for per_rank in results:
-            for r in per_rank:
-                where = r.storage_data
-                if where.entry:
-                    storage[r.index] = where
-                elif 0 <= where.rank < self._world:
-                    shards[where.rank] = where.shard
+        storage, shards, sizes = fold(results, self._world)
         metadata.storage_data = storage
         values = dict(self._kept)
         self._kept = {}
         values[METADATA] = _dcp_json.to_json(metadata).encode()
-        if not _is_url(self._target):
-            with _local(self._target) as store:
-                info = store.save(self._step, values, self._cost_metrics(), replace=self._overwrite)
-            self._bytes = [info.bytes_written, info.bytes_reused]
-            self._give_back()
-            self._done()
-            return
-        shards[self._rank] = self._upload(values, metrics=self._cost_metrics())
+        values.update(self._to.layout_entries(sizes))
+        put = self._to.put(self._step, self._rank, self._world, values, self._metrics(), self._overwrite)
+        shards[self._rank] = self._count(put)
         self._give_back()
-        missing = [r for r, s in enumerate(shards) if not s]
-        if missing:
-            raise ValueError(f"step {self._step}: no shard reported by ranks {missing}")
-        _remote(self._target).commit_global(self._step, shards)
+        self._to.commit(self._step, shards)
         self._done()
+
+
+def fold(
+    results: List[List[_storage.WriteResult]], world: int
+) -> Tuple[Dict[MetadataIndex, Where], List[str], List[Dict[str, int]]]:
+    """Every rank's write results: where each item is stored (DCP's
+    `storage_data`), each rank's shard by rank, and each rank's entry
+    sizes by rank."""
+    shards: List[str] = [""] * world
+    storage: Dict[MetadataIndex, Where] = {}
+    sizes: List[Dict[str, int]] = [{} for _ in range(world)]
+    for per_rank in results:
+        for r in per_rank:
+            where = r.storage_data
+            if not 0 <= where.rank < world:
+                raise ValueError(f"a write result names rank {where.rank} of a save of {world}")
+            if where.entry:
+                storage[r.index] = where
+                sizes[where.rank][where.entry] = int(r.size_in_bytes)
+            else:
+                shards[where.rank] = where.shard
+    return storage, shards, sizes

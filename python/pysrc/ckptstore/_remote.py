@@ -7,26 +7,20 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import (
+from . import _hf
+from ._ckptstore import (
     MAX_WORLD_SIZE,
-    Checkpoint,
     CommitInfo,
-    Handle,
     HfExport,
+    PushReport,
     RawGlobalStep,
     RawRemote,
     ShardInfo,
     ShardStatus,
-    Store,
-    Value,
     VerifyReport,
-    _checkpoint,
-    _hf,
-    _metrics,
-    _optional_step,
-    _split,
-    _step,
 )
+from ._convert import Checkpoint, Value, checkpoint_of, metrics_of, optional_step, split_state, step_number
+from ._store import Handle, Store, raw_store
 
 
 class Remote:
@@ -51,11 +45,15 @@ class Remote:
 
     def load(self, step: Optional[int] = None) -> Optional[Checkpoint]:
         """A step pushed from one store (the latest if None), or None."""
-        return _checkpoint(self._raw.load(_optional_step(step)))
+        return checkpoint_of(self._raw.load(optional_step(step)))
+
+    def push(self, store: Store) -> PushReport:
+        """Upload every step of `store` the bucket lacks (`Store.push`)."""
+        return self._raw.push(raw_store(store))
 
     def pull(self, step: int, store: Store) -> CommitInfo:
         """Copy `step` into a local store."""
-        return self._raw.pull(_step(step), store._raw)
+        return self._raw.pull(step_number(step), raw_store(store))
 
     def verify(self) -> VerifyReport:
         """Hash-check every step in the bucket."""
@@ -74,7 +72,7 @@ class Remote:
 
     def shards(self, step: int) -> ShardStatus:
         """Which ranks of global step `step` have landed."""
-        return self._raw.shards(_step(step))
+        return self._raw.shards(step_number(step))
 
     def owner(self) -> Optional[str]:
         """The id of the store whose run this prefix holds, or None."""
@@ -83,7 +81,7 @@ class Remote:
     def adopt(self, store: "Store") -> None:
         """Make this prefix hold `store`'s run from now on (a store restored
         from a backup, or a run continued by a new store)."""
-        self._raw.adopt(store._raw)
+        self._raw.adopt(raw_store(store))
 
     # Global steps a coordinator completes (what ckptstore.dcp stands on).
 
@@ -103,9 +101,9 @@ class Remote:
         With `data_only`, only its chunks (no shard yet: a later
         upload_shard of the same data through this Remote finds them).
         `metrics` are the shard's (rank 0's are the step's, `ckpt ls`)."""
-        tensors, blobs = _split(state)
+        tensors, blobs = split_state(state)
         raw = self._raw.upload_shard_data if data_only else self._raw.upload_shard
-        return raw((_step(step), int(rank), int(world_size)), tensors, blobs, _metrics(metrics))
+        return raw((step_number(step), int(rank), int(world_size)), tensors, blobs, metrics_of(metrics))
 
     def upload_shard_from(
         self,
@@ -121,14 +119,14 @@ class Remote:
         uploaded in Rust, its bytes never brought into Python."""
         extra = [(str(k), bytes(v)) for k, v in (blobs or {}).items()]
         return self._raw.upload_shard_from_store(
-            store._raw, (_step(step), int(rank), int(world_size)), [str(d) for d in drop], extra
+            raw_store(store), (step_number(step), int(rank), int(world_size)), [str(d) for d in drop], extra
         )
 
     def commit_global(self, step: int, shards: List[str]) -> None:
         """Complete global step `step` with exactly `shards` (each rank's
         `info.shard`, by rank), after checking each is there and hashes
         right (a request per rank)."""
-        self._raw.commit_global(_step(step), [str(s) for s in shards])
+        self._raw.commit_global(step_number(step), [str(s) for s in shards])
 
     def open_global(self, step: int, commit: Optional[str] = None) -> Optional[RawGlobalStep]:
         """Step `step` opened for reading parts of its entries (its
@@ -136,7 +134,7 @@ class Remote:
         newest commit whose manifest checks out, or exactly
         `commit` (an opened step's `.commit`, so that readers read one
         save); None if there is none."""
-        return self._raw.open_global(_step(step), commit)
+        return self._raw.open_global(step_number(step), commit)
 
     def entries(self, opened: RawGlobalStep, rank: int) -> Dict[str, Tuple[Optional[str], Optional[List[int]], int]]:
         """Rank `rank`'s entries of `opened` by name: (dtype name or None,
@@ -144,6 +142,11 @@ class Remote:
         checked) the first time: a step opens on one object, and a reader
         reads the shards it uses."""
         return self._raw.entries(opened, int(rank))
+
+    def dcp_metadata(self, opened: RawGlobalStep) -> Optional[bytes]:
+        """The DCP metadata `ckptstore.dcp` saved in `opened` (read from the
+        coordinator's shard), or None if it did not save the step."""
+        return self._raw.dcp_metadata(opened)
 
     def read_pieces(self, opened: RawGlobalStep, pieces: List[Tuple[int, str, int, int]]) -> List[np.ndarray]:
         """The bytes of each (rank, entry, offset, length) of `opened`, as
@@ -163,7 +166,7 @@ class Remote:
     def consolidate(self, step: int, path: "os.PathLike[str] | str", prefix: Optional[str] = None) -> List[str]:
         """Write DCP step `step` as one safetensors file of whole tensors
         (see `ckptstore.dcp.consolidate`); the names written."""
-        return self._raw.consolidate(_step(step), os.fspath(path), prefix)
+        return self._raw.consolidate(step_number(step), os.fspath(path), prefix)
 
     def export_hf(
         self,
@@ -175,7 +178,7 @@ class Remote:
     ) -> HfExport:
         """Write DCP step `step` into `directory` as a Hugging Face
         checkpoint (see `ckptstore.dcp.export_hf`)."""
-        return _hf.export(self._raw, _step(step), directory, max_shard_size, prefix, dtype)
+        return _hf.export(self._raw, step_number(step), directory, max_shard_size, prefix, dtype)
 
     def shard(self, rank: int, world_size: int) -> "Shard":
         """Rank `rank`'s side of global steps of `world_size` ranks
@@ -201,9 +204,9 @@ class Shard:
         self, step: int, state: Mapping[str, Value], metrics: Optional[Mapping[str, float]] = None
     ) -> ShardInfo:
         """Upload this rank's shard of `step`; the arrays are copied."""
-        tensors, blobs = _split(state)
-        shard = (_step(step), self.rank, self.world_size)
-        return self.remote._raw.save_shard(shard, tensors, blobs, _metrics(metrics))
+        tensors, blobs = split_state(state)
+        shard = (step_number(step), self.rank, self.world_size)
+        return self.remote._raw.save_shard(shard, tensors, blobs, metrics_of(metrics))
 
     def save_async(
         self, step: int, state: Mapping[str, Value], metrics: Optional[Mapping[str, float]] = None
@@ -213,7 +216,7 @@ class Shard:
 
     def load(self, step: Optional[int] = None) -> Optional[Checkpoint]:
         """This rank's shard of `step` (the latest complete step if None)."""
-        return _checkpoint(self.remote._raw.load_shard(self.rank, _optional_step(step)))
+        return checkpoint_of(self.remote._raw.load_shard(self.rank, optional_step(step)))
 
     def latest_step(self) -> Optional[int]:
         return self.remote.latest_step()

@@ -129,12 +129,15 @@ def _tensor(value: torch.Tensor, reuse: Any, shared: bool, pairs: List[Tuple[tor
         pairs.append((src, dst))
     else:
         dst.copy_(src)  # another device, or strided: torch copies, the save hashes
-    return out
+    copied: torch.Tensor = out
+    return copied
 
 
 def _new_like(t: torch.Tensor, shared: bool) -> torch.Tensor:
     out = torch.empty(t.shape, dtype=t.dtype, device="cpu")
-    return out.share_memory_() if shared else out
+    if shared:
+        out.share_memory_()  # type: ignore[no-untyped-call]  # in place
+    return out
 
 
 def _hashable(t: torch.Tensor) -> bool:

@@ -10,12 +10,14 @@ kept; an OrderedDict's `_metadata`, which `load_state_dict` reads, as
 """
 
 from collections import OrderedDict
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Union
 
 import numpy as np
 import torch
 
-from . import DTYPE_NAMES, Tensor
+from ._ckptstore import Tensor
+from ._convert import DTYPE_NAMES
+from ._staging import Hashes, hashes_of
 
 
 def sharded_kind(t: Any) -> Optional[str]:
@@ -33,11 +35,11 @@ def sharded_kind(t: Any) -> Optional[str]:
     return None
 
 
-def dtype_name(dtype):
+def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def check_layout(t, name):
+def check_layout(t: torch.Tensor, name: str) -> None:
     """Refuse, naming the key, a tensor whose bytes are not plain elements."""
     kind = sharded_kind(t)
     if kind is not None:
@@ -53,30 +55,31 @@ def check_layout(t, name):
                         "(t.to_dense()) first")
 
 
-def host_bytes(t):
+def host_bytes(t: torch.Tensor) -> np.ndarray:
     """A uint8 numpy array over `t`'s elements: its own memory when `t` is a
     contiguous CPU tensor, else a host copy."""
     t = t.detach()
     if t.device.type != "cpu":
         t = t.to("cpu")
     t = t.resolve_conj().resolve_neg().contiguous()
-    return t.reshape(-1).view(torch.uint8).numpy()
+    out: np.ndarray = t.reshape(-1).view(torch.uint8).numpy()
+    return out
 
 
 class Flattener:
     """Turns a nested structure into JSON with the tensors taken out."""
 
-    def __init__(self):
-        self.tensors = {}  # name -> torch.Tensor
+    def __init__(self) -> None:
+        self.tensors: Dict[str, torch.Tensor] = {}
 
-    def tensor(self, t, name):
+    def tensor(self, t: torch.Tensor, name: str) -> Dict[str, Any]:
         if name in self.tensors:
             raise ValueError(f"two tensors would be stored as {name!r}")
         check_layout(t, name)
         self.tensors[name] = t
         return {"__tensor__": name, "dtype": dtype_name(t.dtype), "shape": list(t.shape)}
 
-    def walk(self, obj, name):
+    def walk(self, obj: Any, name: str) -> Any:
         if isinstance(obj, torch.Tensor):
             return self.tensor(obj, name)
         if obj is None or isinstance(obj, (bool, int, float, str)):
@@ -99,11 +102,11 @@ class Flattener:
 
 
 class Rebuilder:
-    def __init__(self, tensors, own=None):
+    def __init__(self, tensors: Dict[str, np.ndarray], own: Optional[Dict[str, torch.Tensor]] = None) -> None:
         self.tensors = tensors  # name -> uint8 numpy array viewing the loaded bytes
         self.own = own or {}  # name -> the caller's tensor, read into in place
 
-    def tensor(self, ref):
+    def tensor(self, ref: Dict[str, Any]) -> torch.Tensor:
         name = ref["__tensor__"]
         if name in self.own:
             return self.own[name]
@@ -111,9 +114,10 @@ class Rebuilder:
             raise KeyError(f"the step has no tensor {name!r}")
         dtype = getattr(torch, ref["dtype"])
         raw = torch.from_numpy(self.tensors[name])
-        return raw.view(dtype).reshape(ref["shape"])
+        out: torch.Tensor = raw.view(dtype).reshape(ref["shape"])
+        return out
 
-    def walk(self, obj):
+    def walk(self, obj: Any) -> Any:
         if isinstance(obj, list):
             return [self.walk(v) for v in obj]
         if not isinstance(obj, dict):
@@ -134,17 +138,15 @@ class Rebuilder:
         raise ValueError(f"unknown structure entry {sorted(obj)}")
 
 
-def arrays(tensors, hashes=None):
+def arrays(tensors: Dict[str, torch.Tensor], hashes: Optional[Hashes] = None) -> Dict[str, Tensor]:
     """name -> ckptstore.Tensor over each tensor's bytes (a dtype the store
     does not know is stored as its raw bytes, U8), with the hashes of a
     staged tensor's chunks when `hashes` (a `Staged`'s) has them."""
-    out = {}
+    out: Dict[str, Tensor] = {}
     for name, t in tensors.items():
         data = host_bytes(t)
         known = None
         if hashes:
-            from ._staging import hashes_of
-
             known = hashes_of(hashes, t)
         dtype = DTYPE_NAMES.get(dtype_name(t.dtype))
         if dtype is None:

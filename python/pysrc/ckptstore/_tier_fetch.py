@@ -9,7 +9,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Set, Tupl
 
 import numpy as np
 
-from . import Error
+from ._errors import Error
 from ._tier_wire import Group, TierFailure
 
 WINDOW = 64 << 20

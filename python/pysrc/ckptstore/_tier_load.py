@@ -4,22 +4,17 @@ whole, and DCP's reads served from each rank's own stores or, over the
 tier's group, from the ranks that hold the shards or their copies."""
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
-from torch.distributed.checkpoint.metadata import Metadata
-from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
-from torch.futures import Future
 
-from . import _dcp_json
-from ._dcp_json import Where
-from ._dcp_read import StorageReader, _memory_of
 from ._ckptstore import tier_evaluate, tier_holders, tier_pick
+from ._targets import Deliver, Opened, Piece
 from ._tier_fetch import ReadOf, ShardsLost, fetch
 from ._tier_layout import Record, records_in
-from ._tier_wire import Group, attempt
+from ._tier_wire import Group
 
-__all__ = ["Choice", "Holding", "ReadOf", "ShardsLost", "TierReader", "choose"]
+__all__ = ["Choice", "Holding", "ReadOf", "ShardsLost", "TierSource", "choose"]
 
 # (kind "own" or "copy", source rank, step, content digest)
 Holding = Tuple[str, int, int, str]
@@ -66,65 +61,41 @@ def choose(
     return Choice(record, dict(enumerate(holders))), why, steps
 
 
-class TierReader(StorageReader):
-    """DCP's storage reader of a tiered load: the chosen save's metadata
-    and entry sizes as given, every read item's bytes from `read_of`
-    (this rank's stores) or streamed from the rank serving that shard,
-    each straight into its target where the target holds the stored box
-    as it is (a plain contiguous CPU tensor of its dtype)."""
+class TierSource:
+    """The local tier as the target of one load (`ckptstore.dcp.StorageReader`
+    over it): the chosen save, its metadata and entry sizes as given, and
+    each piece read from `read_of` (this rank's stores) or streamed from
+    the rank serving that shard (`fetch`, collectives every rank joins)."""
+
+    description = "the local tier"
+    sendable = False
+    commit: Optional[str] = None
 
     def __init__(
         self, group: Group, choice: Choice, read_of: ReadOf, metadata: str, sizes: List[Dict[str, int]]
     ) -> None:
-        super().__init__(target="the local tier", step=choice.record.step)
         self._group, self._choice, self._read_of = group, choice, read_of
-        self._metadata_json, self._sizes = metadata, sizes
+        self._metadata, self._sizes = metadata, sizes
 
-    def read_metadata(self) -> Metadata:
-        md = _dcp_json.from_json(self._metadata_json.encode())
-        self._resolved, self._commit = self._choice.record.step, None
-        self._where, self._metadata = md.storage_data, md
-        return md
+    def latest(self) -> Optional[int]:
+        return self._choice.record.step
 
-    def _length(self, where: Where) -> int:
+    def open(self, step: int, commit: Optional[str]) -> Opened:
+        if step != self._choice.record.step:
+            raise FileNotFoundError(f"the local tier's load reads step {self._choice.record.step}, not {step}")
+        return self
+
+    def metadata(self) -> bytes:
+        return self._metadata.encode()
+
+    def length(self, rank: int, entry: str) -> int:
         sizes = self._sizes
-        if not 0 <= where.rank < len(sizes) or where.entry not in sizes[where.rank]:
-            raise ValueError(f"step {self._choice.record.step}: rank {where.rank} stored no entry {where.entry!r}")
-        return sizes[where.rank][where.entry]
+        if not 0 <= rank < len(sizes) or entry not in sizes[rank]:
+            raise ValueError(f"step {self._choice.record.step}: rank {rank} stored no entry {entry!r}")
+        return sizes[rank][entry]
 
-    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> "Future[None]":
-        # This rank's reads are planned before the collectives of `fetch`,
-        # which every rank joins (also one with nothing to read, or one
-        # whose planning failed: its failure is raised on every rank).
-        planned, failed = attempt(lambda: self._plan(plan, planner))
-        batch, dest = ([], {}) if planned is None else planned
+    def read(
+        self, pieces: Sequence[Piece], dest: Dict[int, np.ndarray], deliver: Deliver, failure: Optional[BaseException]
+    ) -> None:
         record = self._choice.record
-        fetch(
-            self._group,
-            self._choice.holders,
-            record.digests,
-            record.step,
-            self._read_of,
-            [piece for _, piece, _, _ in batch],
-            dest,
-            lambda i, data: self._put([batch[i]], [data], planner),
-            failed,
-        )
-        fut: Future[None] = Future()
-        fut.set_result(None)
-        return fut
-
-    def _plan(self, plan: LoadPlan, planner: LoadPlanner) -> Tuple[List[Any], Dict[int, np.ndarray]]:
-        """(item, piece, box, target) of each read item; and, by item, the
-        target's memory where its piece lands as it is stored."""
-        self._follow(plan.storage_data)
-        batch = []
-        dest: Dict[int, np.ndarray] = {}
-        for i, item in enumerate(plan.items):
-            piece, box = self._piece(item, self._where[item.storage_index])
-            target = None if item.type == LoadItemType.BYTE_IO else planner.resolve_tensor(item).detach()
-            batch.append((item, piece, box, target))
-            memory = None if target is None else _memory_of(target, piece, box)
-            if memory is not None:
-                dest[i] = memory
-        return batch, dest
+        fetch(self._group, self._choice.holders, record.digests, record.step, self._read_of, list(pieces), dest, deliver, failure)

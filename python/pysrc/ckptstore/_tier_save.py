@@ -9,22 +9,16 @@ point to the ranks that keep the copies."""
 import dataclasses
 import json
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
-from torch.distributed.checkpoint import storage as _storage
-from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
-from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
-from torch.futures import Future
 
-from . import CommitInfo, Store, Tensor, _dcp_json
-from ._dcp_base import METADATA
+from ._ckptstore import CommitInfo, Tensor
+from ._store import Store
 from ._cost import SaveCost
-from ._staging import Hashes
-from ._dcp_json import Where
+from ._targets import Put
 from ._tier_layout import Record
 from ._tier_wire import Group, TierFailure, attempt
-from ._dcp_write import StorageWriter
 
 Values = Dict[str, Any]
 
@@ -34,49 +28,44 @@ SIZES = ".tier/sizes.json"
 sizes (JSON: a list by rank of {entry: bytes}); not uploaded."""
 
 
-class ShardWriter(StorageWriter):
-    """DCP's storage writer of a tiered save: each rank's write items go
-    into `store` as step `step` (a store of its own). The coordinator's
-    commit waits for `finish`, which adds DCP's metadata (`METADATA`, as a
-    bucket save has it) and every rank's entry sizes (`SIZES`) to its
-    shard: written once, in one shard. Not sent to other processes (thread
-    mode only)."""
+class TierShard:
+    """A rank's own store on the local tier as the target of one save
+    (`ckptstore.dcp.StorageWriter` over it, thread mode only): the rank's
+    shard is committed into `store` as the step, the coordinator's with
+    DCP's metadata and every rank's entry sizes (`SIZES`), written once,
+    in one shard; the shard's entries are kept (`values`) for the copies
+    to peers. The save is the tier's to complete (its records), not this
+    target's."""
 
-    def __init__(self, store: Store, step: int, hashes: Optional[Hashes] = None) -> None:
-        super().__init__(target=store, step=step)
-        self._hashes = dict(hashes or {})  # of a staged state's tensors
+    description = "the local tier"
+    many_ranks = True
+    sendable = False
+
+    def __init__(self, store: Store) -> None:
         self.store = store
+        self.pool_key: Hashable = id(store)
         self.values: Values = {}
         self.info: Optional[CommitInfo] = None
 
-    def prepare_global_plan(self, plans: List[SavePlan]) -> List[SavePlan]:
-        world = len(plans)
-        return [dataclasses.replace(p, storage_data=(i, world)) for i, p in enumerate(plans)]
+    def committed(self, step: int) -> bool:
+        return False  # a tier's save replaces its step (overwrite)
 
-    def write_data(self, plan: SavePlan, planner: SavePlanner) -> "Future[List[_storage.WriteResult]]":
-        if isinstance(plan.storage_data, tuple):
-            self._rank, self._world = plan.storage_data
-        values: Values = {}
-        written = [self._resolve(item, planner, values) for item in plan.items]
-        self.values = values
-        if not self._coordinator:
-            self.info = self.store.save(self._step, values, replace=True)
-        results = [_storage.WriteResult(index, size, Where(self._rank, name)) for index, size, name in written]
-        fut: Future[List[_storage.WriteResult]] = Future()
-        fut.set_result(results)
-        return fut
+    def put_data(self, step: int, rank: int, world: int, values: Mapping[str, Any]) -> Put:
+        return Put("", 0, 0)  # the shard is committed whole, by `put`
 
-    def finish(self, metadata: Metadata, results: List[List[_storage.WriteResult]]) -> None:
-        storage: Dict[MetadataIndex, Where] = {}
-        sizes: List[Dict[str, int]] = [{} for _ in results]
-        for per_rank in results:
-            for r in per_rank:
-                storage[r.index] = r.storage_data
-                sizes[r.storage_data.rank][r.storage_data.entry] = int(r.size_in_bytes)
-        metadata.storage_data = storage
-        self.values[METADATA] = _dcp_json.to_json(metadata).encode()
-        self.values[SIZES] = json.dumps(sizes, separators=(",", ":")).encode()
-        self.info = self.store.save(self._step, self.values, replace=True)
+    def put(
+        self, step: int, rank: int, world: int, values: Mapping[str, Any], metrics: Mapping[str, float], replace: bool
+    ) -> Put:
+        self.values = dict(values)
+        self.info = self.store.save(step, values, replace=True)
+        return Put("", self.info.bytes_written, self.info.bytes_reused)
+
+    def layout_entries(self, sizes: List[Dict[str, int]]) -> Dict[str, bytes]:
+        return {SIZES: json.dumps(sizes, separators=(",", ":")).encode()}
+
+    def commit(self, step: int, shards: List[str]) -> None:
+        """Nothing here: every rank records the save once every shard and
+        copy is durable (`agree`, `Tiers`)."""
 
 
 def entry_bytes(value: Any) -> np.ndarray:

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from . import CorruptError
+from ._errors import CorruptError
 from ._ckptstore import hash_arrays
 
 PIECE = 64 << 20

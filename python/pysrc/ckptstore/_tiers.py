@@ -18,10 +18,13 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.checkpoint.stateful import Stateful
 
-from . import CorruptError, Error, Store, step_number
-from . import open as _open_store
-from ._dcp_base import METADATA, _remote
+from ._convert import step_number
+from ._errors import CorruptError, Error
+from ._store import Store
+from ._store import open as open_store
 from ._dcp_read import StorageReader
+from ._dcp_write import StorageWriter
+from ._targets import METADATA, is_bucket_url, remote_of
 from ._tier_layout import (
     Topology,
     copy_store,
@@ -35,10 +38,10 @@ from ._tier_layout import (
     stores_in,
     write_record,
 )
-from ._tier_load import Choice, Holding, ReadOf, ShardsLost, TierReader, choose
+from ._tier_load import Choice, Holding, ReadOf, ShardsLost, TierSource, choose
 from ._staging import Hashes, Pool
-from ._cost import SaveCost
-from ._tier_save import SIZES, ShardWriter, agree, record_of, send_copies
+from ._cost import Clock, SaveCost
+from ._tier_save import SIZES, TierShard, agree, record_of, send_copies
 from ._tier_wire import Group, TierFailure, attempt, described
 
 DEFAULT_TIMEOUT = timedelta(minutes=10)
@@ -84,7 +87,7 @@ class Tiers:
         for name, value, least in (("peers", peers, 0), ("durable_every", durable_every, 1), ("keep_local", keep_local, 1)):
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
                 raise ValueError(f"Tiers({name}={value!r}): an integer of at least {least}")
-        if bucket is not None and str(bucket).split("://", 1)[0] not in ("s3", "file"):
+        if bucket is not None and not is_bucket_url(str(bucket)):
             raise ValueError(f"Tiers(bucket={bucket!r}): a bucket URL (s3://... or file://...)")
         self._bucket = None if bucket is None else str(bucket)
         self._peers, self._every, self._keep = peers, durable_every, keep_local
@@ -128,8 +131,7 @@ class Tiers:
         step is complete on the local tier (its upload, if due, goes on in
         the background), with what the save cost this rank."""
         self._check()
-        started = time.perf_counter()
-        fut = self._submit(_state_dicts(state), step_number(step), started, None)
+        fut = self._submit(_state_dicts(state), step_number(step), Clock(), None)
         try:
             cost = fut.result()
         finally:
@@ -150,11 +152,12 @@ class Tiers:
         the same layout): a tier holds one staged copy of the state
         between saves (`close` frees it)."""
         self._check()
-        started = time.perf_counter()
+        clock = Clock()
         copied = self._pool.stage(None, _state_dicts(state))
+        clock.staged(time.perf_counter() - clock.started)
         staging: "Future[None]" = Future()
         staging.set_result(None)
-        durable = self._submit(copied.state, step_number(step), started, time.perf_counter() - started, copied.hashes)
+        durable = self._submit(copied.state, step_number(step), clock, copied.hashes)
         # Free for the next async_save once this save is done with it.
         durable.add_done_callback(lambda _: self._pool.give_back(None, copied.state))
         # DCP types its future as Future[None]; its result here is the SaveCost.
@@ -188,9 +191,9 @@ class Tiers:
         self.close()
 
     def _submit(
-        self, state: Dict[str, Any], step: int, started: float, staging: Optional[float], hashes: Optional[Hashes] = None
+        self, state: Dict[str, Any], step: int, clock: Clock, hashes: Optional[Hashes]
     ) -> "Future[SaveCost]":
-        fut = self._saver.submit(self._save_now, state, step, started, staging, hashes)
+        fut = self._saver.submit(self._save_now, state, step, clock, hashes)
         with self._work:
             self._running.append(fut)
         return fut
@@ -214,7 +217,7 @@ class Tiers:
                 found.close()
                 found = None
             if found is None:
-                found = self._stores[path] = _open_store(path)
+                found = self._stores[path] = open_store(path)
             return found
 
     def _close_stores(self) -> None:
@@ -226,7 +229,7 @@ class Tiers:
     # The save (on the save thread).
 
     def _save_now(
-        self, state: Dict[str, Any], step: int, started: float, staging: Optional[float], hashes: Optional[Hashes]
+        self, state: Dict[str, Any], step: int, clock: Clock, hashes: Optional[Hashes]
     ) -> SaveCost:
         topo, rank, group = self._topology, self._rank, self._group
 
@@ -243,20 +246,22 @@ class Tiers:
         group.check(failed, f"step {step} was not saved on the local tier")
         assert prepared is not None
         own, newest = prepared
-        writer = ShardWriter(own, step, hashes)
+        shard = TierShard(own)
+        writer = StorageWriter(shard, step)
+        writer.use_hashes(hashes or {})
         dcp_save(state, storage_writer=writer, process_group=group.group, no_dist=group.group is None)
         copy_digests: Dict[int, str] = {}
-        infos = [writer.info] if writer.info is not None else []
+        infos = [shard.info] if shard.info is not None else []
 
         def copy() -> None:
-            copies = send_copies(group, topo.sources(rank, self._peers), topo.holders(rank, self._peers), writer.values)
+            copies = send_copies(group, topo.sources(rank, self._peers), topo.holders(rank, self._peers), shard.values)
             for src, values in copies.items():
                 store = self._store(copy_store(self._dir, src))
                 infos.append(store.save(step, values, replace=True))
                 copy_digests[src] = store.content_digest(step) or ""
 
         _, failed = attempt(copy)
-        writer.values = {}
+        shard.values = {}
         digest, failure = "", "" if failed is None else described(failed)
         if failed is None:
             found, failed = attempt(lambda: own.content_digest(step) or "")
@@ -265,15 +270,7 @@ class Tiers:
         self._saves += 1
         upload = self._bucket is not None and self._saves % self._every == 0
         # Every shard and copy is durable: the save's cost, kept in the record.
-        durable = time.perf_counter() - started
-        cost = SaveCost(
-            step=step,
-            blocked_seconds=durable if staging is None else staging,
-            staging_seconds=staging or 0.0,
-            durable_seconds=durable,
-            bytes_new=sum(i.bytes_written for i in infos),
-            bytes_deduplicated=sum(i.bytes_reused for i in infos),
-        )
+        cost = clock.cost(step, sum(i.bytes_written for i in infos), sum(i.bytes_reused for i in infos))
         holders = [topo.holders(src, self._peers) for src in range(topo.world)]
         record = record_of(step, saved_at, topo.per_node, digests, holders, upload, cost, seq)
         # Every rank returns or every rank raises: a rank that cannot
@@ -344,7 +341,7 @@ class Tiers:
         remote = None
         shard, failure = "", ""
         try:
-            remote = _remote(self._bucket)
+            remote = remote_of(self._bucket)
             # Read and uploaded in Rust, less the tier's own entry; a save
             # of 0.4.0 has DCP's metadata in its record.
             extra = {METADATA: record.metadata.encode()} if self._rank == 0 and record.metadata is not None else {}
@@ -392,7 +389,7 @@ class Tiers:
                 try:
                     metadata, sizes = self._layout(choice, opened)
                     read_of: ReadOf = lambda src, d, reads: _read(opened, src, choice.record.step, d, reads)  # noqa: E731
-                    self._dcp_load(state, TierReader(self._group, choice, read_of, metadata, sizes))
+                    self._dcp_load(state, StorageReader(TierSource(self._group, choice, read_of, metadata, sizes)))
                     return choice.record.step
                 except (CheckpointException, ShardsLost) as e:
                     if self._bucket is None:
@@ -410,7 +407,7 @@ class Tiers:
         bucket = self._bucket
 
         def find() -> Optional[int]:
-            remote = _remote(bucket)
+            remote = remote_of(bucket)
             if wanted is None:
                 return remote.latest_step()
             return wanted if remote.open_global(wanted) is not None else None
@@ -459,7 +456,7 @@ class Tiers:
         assert bucket is not None
 
         def find() -> Optional[int]:
-            remote = _remote(bucket)
+            remote = remote_of(bucket)
             return next((s for s in steps if remote.open_global(s) is not None), None)
 
         found, failed = attempt(find) if self._rank == 0 else (None, None)
@@ -484,7 +481,7 @@ class Tiers:
                 if ranks[i % len(ranks)] != self._rank:
                     continue
                 try:
-                    store = _open_store(path)
+                    store = open_store(path)
                     for s in store.steps():
                         digest = store.content_digest(s)
                         if digest:

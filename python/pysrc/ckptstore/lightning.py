@@ -70,9 +70,12 @@ from typing import Any, Dict, List, Optional, Set, Tuple, Union
 import numpy as np
 import torch
 
-from . import SaveCost, Store, Tensor
-from . import open as open_store
+from ._ckptstore import Tensor
+from ._cost import SaveCost
+from ._store import Store
+from ._store import open as open_store
 from ._background import Background
+from ._cost import Clock
 from ._staging import Pool
 from ._structure import Flattener, Rebuilder, arrays
 
@@ -81,9 +84,9 @@ try:
     from lightning.pytorch.plugins.io import CheckpointIO as _CheckpointIO
     from lightning.pytorch.plugins.io import TorchCheckpointIO as _TorchCheckpointIO
 except ImportError:  # the standalone package
-    from pytorch_lightning.callbacks import Callback as _Callback  # type: ignore[no-redef]
-    from pytorch_lightning.plugins.io import CheckpointIO as _CheckpointIO  # type: ignore[no-redef]
-    from pytorch_lightning.plugins.io import TorchCheckpointIO as _TorchCheckpointIO  # type: ignore[no-redef]
+    from pytorch_lightning.callbacks import Callback as _Callback  # type: ignore[assignment,no-redef,unused-ignore]
+    from pytorch_lightning.plugins.io import CheckpointIO as _CheckpointIO  # type: ignore[assignment,no-redef,unused-ignore]
+    from pytorch_lightning.plugins.io import TorchCheckpointIO as _TorchCheckpointIO  # type: ignore[assignment,no-redef,unused-ignore]
 
 __all__ = ["CheckpointIO", "SaveCosts"]
 
@@ -124,7 +127,7 @@ class CheckpointIO(_CheckpointIO):
         self._pool = Pool()
         self.last_cost: Optional[SaveCost] = None
         self._given: Optional[Store] = target if isinstance(target, Store) else None
-        self._path: Optional[str] = None if self._given else os.path.abspath(os.fspath(target))
+        self._path: Optional[str] = None if isinstance(target, Store) else os.path.abspath(os.fspath(target))
         if self._path is not None:
             # Made now, as TorchCheckpointIO makes its directories: not
             # found missing at the first save, after training ran.
@@ -159,7 +162,7 @@ class CheckpointIO(_CheckpointIO):
         """Store `checkpoint` as step `checkpoint["global_step"]` under the
         name `path`, then write `path`'s marker file (with `asynchronous`:
         once its tensors are staged, in the background)."""
-        started = time.perf_counter()
+        clock = Clock()
         if storage_options is not None:
             raise TypeError(f"ckptstore.lightning.CheckpointIO takes no storage_options, got {storage_options!r}")
         self._background.wait()  # the save before: done, or its failure raised
@@ -169,22 +172,21 @@ class CheckpointIO(_CheckpointIO):
         structure = flat.walk(checkpoint, _PREFIX + self._key(file))
         blob = json.dumps({"format": _FORMAT, "checkpoint": structure}, separators=(",", ":")).encode()
         if not self._async:
-            self._commit(file, step, arrays(flat.tensors), blob, started, 0.0)
+            self._commit(file, step, arrays(flat.tensors), blob, clock)
             return
         staged = self._pool.stage(None, flat.tensors)
-        staging = time.perf_counter() - started
+        clock.staged(time.perf_counter() - clock.started)
         values = arrays(staged.state, staged.hashes)
 
         def commit() -> None:
             try:
-                self._commit(file, step, values, blob, started, staging)
+                self._commit(file, step, values, blob, clock)
             finally:
                 self._pool.give_back(None, staged.state)
 
         self._background.submit(commit)
 
-    def _commit(self, file: str, step: int, tensors: Dict[str, Any], blob: bytes, started: float,
-                staging: float) -> None:
+    def _commit(self, file: str, step: int, tensors: Dict[str, Any], blob: bytes, clock: Clock) -> None:
         """Commit a checkpoint's tensors and structure under `file`'s name
         (with the other names' entries at `step`), then its marker."""
         name = self._key(file)
@@ -194,16 +196,13 @@ class CheckpointIO(_CheckpointIO):
         values.update(tensors)
         values[_PREFIX + name] = blob
         # An async save's staging is over: the step records it.
-        costs = {"ckptstore.staging_s": staging, "ckptstore.blocked_s": staging} if self._async else {}
-        info = store.save(step, values, {**_metrics(values), **costs}, replace=True)
+        info = store.save(step, values, {**_metrics(values), **clock.metrics()}, replace=True)
         self._drop(store, name, keep=step)
         if name != file:
             self._drop(store, file, keep=None)  # its name in a store of marker format 1
         where = None if self._path is None else os.path.relpath(self._path, os.path.dirname(file))
         _write_marker(file, {"format": _MARKER_FORMAT, _MARKER: where, "name": name, "step": step})
-        durable = time.perf_counter() - started
-        self.last_cost = SaveCost(step, staging if self._async else durable, staging, durable,
-                                  info.bytes_written, info.bytes_reused)
+        self.last_cost = clock.cost(step, info.bytes_written, info.bytes_reused)
 
     def load_checkpoint(
         self, path: Any, map_location: Optional[Any] = None, weights_only: Optional[bool] = None
@@ -450,7 +449,8 @@ def _same_file(a: str, b: Optional[str]) -> bool:
 
 
 def _name(path: Any) -> str:
-    return os.path.abspath(os.fspath(path))
+    name: str = os.path.abspath(os.fspath(path))
+    return name
 
 
 def _global_step(checkpoint: Dict[str, Any], name: str) -> int:
@@ -496,7 +496,7 @@ def _load(store: Store, name: str, map_location: Optional[Any]) -> Dict[str, Any
         raise ValueError(f"{name}: step {step} has an unknown ckptstore.lightning format "
                          f"{document.get('format')!r}")
     tensors = {n: a.reshape(-1).view(np.uint8) for n, a in loaded.tensors.items() if _owns(name, n)}
-    checkpoint = Rebuilder(tensors).walk(document["checkpoint"])
+    checkpoint: Dict[str, Any] = Rebuilder(tensors).walk(document["checkpoint"])
     if isinstance(map_location, (str, torch.device)):
         checkpoint = _to(checkpoint, torch.device(map_location))
     return checkpoint

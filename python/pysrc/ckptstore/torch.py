@@ -34,7 +34,10 @@ from typing import Any, Dict, List, Literal, Mapping, Optional, Tuple, Union, ov
 import numpy as np
 import torch
 
-from . import DTYPE_NAMES, CommitInfo, Handle, Shard, ShardInfo, Store, Tensor
+from ._ckptstore import CommitInfo, ShardInfo, Tensor
+from ._convert import DTYPE_NAMES
+from ._remote import Shard
+from ._store import Handle, Store
 from ._structure import Flattener, Rebuilder, arrays, dtype_name, sharded_kind
 
 _Model = Optional[torch.nn.Module]
@@ -52,7 +55,7 @@ def state(
 ) -> Tuple[Dict[str, torch.Tensor], bytes]:
     """The tensors (name -> torch.Tensor) and structure blob of a save."""
     f = Flattener()
-    structure = {"format": _FORMAT}
+    structure: Dict[str, Any] = {"format": _FORMAT}
     if model is not None:
         sd = model.state_dict()
         # A module's get_extra_state() is stored under its `_extra_state`
@@ -114,7 +117,7 @@ def save(
     a handle whose `result()` waits for the commit.
     """
     tensors, blob = state(model, optimizer, extra)
-    values = arrays(tensors)
+    values: Dict[str, Any] = dict(arrays(tensors))
     if _STRUCTURE in values:
         raise ValueError(f"{_STRUCTURE!r} is the name of the structure blob")
     values[_STRUCTURE] = blob
@@ -165,7 +168,7 @@ def _in_place(model: _Model, optimizer: _Optimizer) -> Dict[str, Tuple[torch.Ten
     place: plain CPU tensors, contiguous, of a dtype the store knows."""
     out: Dict[str, Tuple[torch.Tensor, Tensor]] = {}
 
-    def add(name, t):
+    def add(name: str, t: torch.Tensor) -> None:
         dtype = DTYPE_NAMES.get(dtype_name(t.dtype))
         plain = t.device.type == "cpu" and t.layout == torch.strided and sharded_kind(t) is None
         if dtype is None or not plain or t.is_quantized or not t.is_contiguous() or name in out:
@@ -173,7 +176,7 @@ def _in_place(model: _Model, optimizer: _Optimizer) -> Dict[str, Tuple[torch.Ten
         t = t.detach()
         out[name] = (t, Tensor(dtype, list(t.shape), t.reshape(-1).view(torch.uint8).numpy()))
 
-    def walk(obj, name):
+    def walk(obj: Any, name: str) -> None:
         if isinstance(obj, torch.Tensor):
             add(name, obj)
         elif isinstance(obj, dict):

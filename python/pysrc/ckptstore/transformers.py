@@ -61,9 +61,12 @@ from typing import Any, Dict, Optional, Union
 import numpy as np
 from transformers import TrainerCallback
 
-from . import SaveCost, Store, Tensor
-from . import open as open_store
+from ._ckptstore import Tensor
+from ._cost import SaveCost
+from ._store import Store
+from ._store import open as open_store
 from ._background import Background
+from ._cost import Clock
 
 __all__ = ["CheckpointCallback", "restore"]
 
@@ -89,7 +92,7 @@ class CheckpointCallback(TrainerCallback):
         self._background = Background("ckptstore-transformers-save")
         self.last_cost: Optional[SaveCost] = None
         self._given = target if isinstance(target, Store) else None
-        self._path = None if self._given else os.path.abspath(os.fspath(target))
+        self._path = None if isinstance(target, Store) else os.path.abspath(os.fspath(target))
         if self._path is not None:
             # Made now, as the Trainer makes its output directory: not
             # found missing at the first save, after training ran.
@@ -109,7 +112,7 @@ class CheckpointCallback(TrainerCallback):
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if not state.is_world_process_zero:
             return
-        started = time.perf_counter()
+        clock = Clock()
         self._background.wait()  # the save before: done, or its failure raised
         step = state.global_step
         folder = os.path.join(args.output_dir, f"checkpoint-{step}")
@@ -121,25 +124,21 @@ class CheckpointCallback(TrainerCallback):
         values = _files(folder)  # mapped: readable even if the folder goes
         metrics = _metrics(state.log_history)
         if self._async:
-            staged = time.perf_counter() - started
-            self._background.submit(self._commit, step, folder, values, metrics, args, state, started, staged)
+            clock.staged(time.perf_counter() - clock.started)
+            self._background.submit(self._commit, step, folder, values, metrics, args, state, clock)
         else:
-            self._commit(step, folder, values, metrics, args, state, started, None)
+            self._commit(step, folder, values, metrics, args, state, clock)
 
     def _commit(self, step: int, folder: str, values: Dict[str, Any], metrics: Dict[str, float], args: Any,
-                state: Any, started: float, staged: Optional[float]) -> None:
+                state: Any, clock: Clock) -> None:
         """Store `folder`'s files as `step`, delete it, keep the newest
-        steps; record what it cost (`staged`: the seconds an async save
-        blocked the Trainer, opening the files; None for a sync save)."""
+        steps; record what it cost (an async save's staging: the seconds it
+        blocked the Trainer, opening the files)."""
         store = self._open()
-        if staged is not None:
-            metrics = {**metrics, "ckptstore.blocked_s": staged, "ckptstore.staging_s": staged}
-        info = store.save(step, values, metrics, replace=True)
+        info = store.save(step, values, {**metrics, **clock.metrics()}, replace=True)
         shutil.rmtree(folder, ignore_errors=True)
         self._retain(store, args, state)
-        durable = time.perf_counter() - started
-        blocked = staged if staged is not None else durable
-        cost = SaveCost(step, blocked, staged or 0.0, durable, info.bytes_written, info.bytes_reused)
+        cost = clock.cost(step, info.bytes_written, info.bytes_reused)
         self.last_cost = cost
         state.log_history.append({**cost.as_metrics(), "step": step})
 
@@ -233,7 +232,8 @@ def _restore(store: Store, step: Optional[int], dir: Optional[Union["os.PathLike
             file = os.path.join(building, name[len(_PREFIX):])
             os.makedirs(os.path.dirname(file), exist_ok=True)
             with open(file, "wb") as f:
-                f.write(memoryview(np.ascontiguousarray(array).reshape(-1).view(np.uint8)))
+                data: Any = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+                f.write(memoryview(data))
         if os.path.exists(folder):
             shutil.rmtree(folder)
         os.rename(building, folder)

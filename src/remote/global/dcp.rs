@@ -3,11 +3,11 @@
 //! consolidation into one safetensors file of whole tensors, without
 //! Python.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::exchange::dcp::{BoxSource, DcpIndex, DcpTensor, Places, DCP_METADATA};
-use crate::exchange::write::{write_tensors, Head};
+use crate::exchange::hf::Source;
+use crate::exchange::write::write_whole;
 use crate::remote::read::pieces::GlobalStep;
 use crate::remote::Remote;
 use crate::{Error, Result};
@@ -28,22 +28,30 @@ impl Remote {
         let Some(global) = self.open_global(step)? else {
             return Ok(None);
         };
-        // The coordinator's shard holds it: rank 0's, unless the save's
-        // coordinator had another rank.
-        let mut owner = None;
-        for r in 0..global.world_size() {
-            if let Some(e) = self.entries(&global, r)?.get(DCP_METADATA) {
-                owner = Some((r, e.len));
-                break;
-            }
-        }
-        let Some((rank, len)) = owner else {
+        let Some(bytes) = self.dcp_metadata(&global)? else {
             return Ok(None);
         };
-        let mut got = self.read_pieces(&global, &[(rank, DCP_METADATA, 0, len)])?;
-        let bytes = got.pop().unwrap_or_default();
         let (index, places) = DcpIndex::decode(step, global.world_size(), &bytes)?;
         Ok(Some((global, index, places)))
+    }
+
+    /// The DCP metadata document of an opened global step (the bytes of
+    /// [`DCP_METADATA`]), `None` if `ckptstore.dcp` did not save it. The
+    /// coordinator's shard holds it: rank 0's, unless the save's
+    /// coordinator had another rank; a rank's shard manifest is read
+    /// (and checked) only until it is found.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] for a damaged manifest or chunk;
+    /// [`Error::Remote`] when the bucket fails.
+    pub fn dcp_metadata(&self, global: &GlobalStep) -> Result<Option<Vec<u8>>> {
+        for rank in 0..global.world_size() {
+            if let Some(e) = self.entries(global, rank)?.get(DCP_METADATA) {
+                let mut got = self.read_pieces(global, &[(rank, DCP_METADATA, 0, e.len)])?;
+                return Ok(Some(got.pop().unwrap_or_default()));
+            }
+        }
+        Ok(None)
     }
 
     /// Write DCP step `step` to `path` as one safetensors file of whole
@@ -62,35 +70,8 @@ impl Remote {
     /// boxes that do not cover a tensor); I/O errors naming `path`.
     pub fn consolidate(&self, step: u64, path: &Path, prefix: Option<&str>) -> Result<Vec<String>> {
         let (global, index, places) = self.dcp_open(step)?.ok_or(Error::StepNotFound { step })?;
-        let chosen = index.chosen(prefix);
-        let mut heads = Vec::with_capacity(chosen.len());
-        for (name, fqn, t) in &chosen {
-            let dtype = t.storable(step, fqn)?;
-            let len = t.byte_len().ok_or_else(|| {
-                Error::corrupt(Some(step), format!("{fqn}: its shape is too large"))
-            })?;
-            let (name, shape) = (name.clone(), t.shape.clone());
-            heads.push(Head {
-                name,
-                dtype,
-                shape,
-                len,
-            });
-        }
-        let mut metadata = BTreeMap::new();
-        metadata.insert("ckptstore.step", step.to_string());
-        metadata.insert(
-            "ckptstore.source",
-            "torch.distributed.checkpoint".to_owned(),
-        );
-        let mut next = chosen.iter();
-        write_tensors(path, step, &metadata, &heads, &mut |_, out| {
-            let (_, fqn, t) = next.next().ok_or_else(|| {
-                Error::corrupt(Some(step), "more tensors written than chosen".to_owned())
-            })?;
-            self.whole_tensor(&global, &places, fqn, t, out)
-        })?;
-        Ok(chosen.into_iter().map(|(name, _, _)| name).collect())
+        let sources = self.whole_tensors(&global, &index, &places, step, prefix)?;
+        write_whole(path, step, sources)
     }
 
     /// Write DCP step `step` into directory `dir` as a Hugging Face
@@ -116,18 +97,31 @@ impl Remote {
         cast: Option<crate::Dtype>,
     ) -> Result<crate::HfExport> {
         let (global, index, places) = self.dcp_open(step)?.ok_or(Error::StepNotFound { step })?;
+        let sources = self.whole_tensors(&global, &index, &places, step, prefix)?;
+        crate::exchange::hf::export(step, dir, sources, max_shard, cast)
+    }
+
+    /// The tensors of `index` under `prefix` (stripped), each filled whole
+    /// from its stored boxes.
+    fn whole_tensors<'a>(
+        &'a self,
+        global: &'a GlobalStep,
+        index: &'a DcpIndex,
+        places: &'a Places,
+        step: u64,
+        prefix: Option<&str>,
+    ) -> Result<Vec<Source<'a>>> {
         let mut sources = Vec::new();
         for (name, fqn, t) in index.chosen(prefix) {
             let dtype = t.storable(step, fqn)?;
-            let (global, places) = (&global, &places);
-            sources.push(crate::exchange::hf::Source {
+            sources.push(Source {
                 name,
                 dtype,
                 shape: t.shape.clone(),
                 fill: Box::new(move |out| self.whole_tensor(global, places, fqn, t, out)),
             });
         }
-        crate::exchange::hf::export(step, dir, sources, max_shard, cast)
+        Ok(sources)
     }
 
     /// Tensor `fqn`, whole, from its stored boxes, into `out` (of its

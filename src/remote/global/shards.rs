@@ -273,19 +273,6 @@ impl Remote {
         })
     }
 
-    /// The commits of `step` with the time each was written (ms since the
-    /// epoch, server clock), ascending by generation.
-    pub(crate) fn commit_times(&self, step: u64) -> Result<Vec<(Commit, i64)>> {
-        let mut found: Vec<(Commit, i64)> = self
-            .list_meta(crate::remote::format::layout::COMMITS)?
-            .into_iter()
-            .filter_map(|(name, t, _)| Commit::parse(&name).map(|c| (c, t)))
-            .filter(|(c, _)| c.step == step)
-            .collect();
-        found.sort();
-        Ok(found)
-    }
-
     /// Every shard object of `step`.
     fn shard_ids(&self, step: u64) -> Result<Vec<ShardId>> {
         let folder = self.layout.shard_folder(step);

@@ -26,13 +26,27 @@ impl Remote {
     /// is a request per 1,000 commits it returns (a directory lists
     /// everything and drops what is out of range).
     pub(crate) fn commits_from(&self, from: u64, to: Option<u64>) -> Result<Vec<Commit>> {
+        let found = self.commits_listed(from, to)?;
+        Ok(found.into_iter().map(|(c, _)| c).collect())
+    }
+
+    /// The commits of `step` with the time each was written (ms since the
+    /// epoch, server clock), ascending by generation: one listing request
+    /// however many commits the bucket holds.
+    pub(crate) fn commit_times(&self, step: u64) -> Result<Vec<(Commit, i64)>> {
+        self.commits_listed(step, Some(step))
+    }
+
+    /// As [`commits_from`](Self::commits_from), each with the time it was
+    /// written.
+    fn commits_listed(&self, from: u64, to: Option<u64>) -> Result<Vec<(Commit, i64)>> {
         if self.dir.as_ref().is_some_and(|d| !d.is_dir()) {
             return Ok(Vec::new());
         }
         let folder = self.layout.folder(COMMITS);
         let sorted = self.s3_bucket.is_some();
         let in_range = |c: &Commit| c.step >= from && to.is_none_or(|to| c.step <= to);
-        let mut found: Vec<Commit> = self.block_on("listing", &folder, async {
+        let mut found: Vec<(Commit, i64)> = self.block_on("listing", &folder, async {
             // Every name of step `from` sorts after this offset (its
             // prefix), every name of an earlier step before it.
             let offset = folder.clone().join(format!("{from:020}"));
@@ -50,7 +64,9 @@ impl Remote {
                     continue;
                 };
                 match Commit::parse(name.as_ref()) {
-                    Some(c) if in_range(&c) => found.push(c),
+                    Some(c) if in_range(&c) => {
+                        found.push((c, meta.last_modified.timestamp_millis()));
+                    }
                     Some(c) if sorted && to.is_some_and(|to| c.step > to) => break,
                     _ => {}
                 }

@@ -121,9 +121,9 @@ def main():
         print("saved", flush=True)
     else:
         # Small batches, so that a load takes many (the default is 64 MiB).
-        import ckptstore._dcp_read
+        import ckptstore._targets
 
-        ckptstore._dcp_read._BATCH_BYTES = 256 << 10
+        ckptstore._targets.BATCH_BYTES = 256 << 10
         loaded = state(mesh, salt, empty=True)
         reader = StorageReader(target, None if step < 0 else step)
         dcp.load(loaded, storage_reader=reader)

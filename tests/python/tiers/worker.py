@@ -146,14 +146,14 @@ def arm(die, node):
         return
     step = int(step)
     if phase == "commit":
-        original = tiers_module.ShardWriter.write_data
+        original = tiers_module.TierShard.put
 
-        def write_data(self, plan, planner):
-            if self._step == step:
+        def put(self, at, *args):
+            if at == step:
                 kill_later(0.03)
-            return original(self, plan, planner)
+            return original(self, at, *args)
 
-        tiers_module.ShardWriter.write_data = write_data
+        tiers_module.TierShard.put = put
     elif phase == "copy":
         original_send = tiers_module.send_copies
 
@@ -287,14 +287,14 @@ def main():
             # call: the second call comes while the first save may still
             # run, whose staged copy must not be reused under it.
             first = int(arg)
-            slow = tiers_module.ShardWriter.write_data
+            slow = tiers_module.TierShard.put
 
-            def write_later(self, plan, planner):
-                if self._step == first:
+            def put_later(self, at, *args):
+                if at == first:
                     time.sleep(0.5)  # still in flight at the second call
-                return slow(self, plan, planner)
+                return slow(self, at, *args)
 
-            tiers_module.ShardWriter.write_data = write_later
+            tiers_module.TierShard.put = put_later
             responses = []
             for step in (first, first + 1):
                 current[0] = step

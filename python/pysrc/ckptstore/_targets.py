@@ -1,0 +1,392 @@
+"""The seam under ckptstore.dcp's writer and reader. A target is where a
+save's shards go and a load's bytes come from: a bucket (any number of
+ranks), a local store (one process), or a rank's store on the node-local
+tier with its peers behind it (`_tier_save.TierShard`,
+`_tier_load.TierSource`). The writer and the reader ask a target only
+what `SaveTarget`, `LoadTarget` and `Opened` say; nothing in them depends
+on its kind."""
+
+import os
+from typing import Any, Callable, Dict, Hashable, List, Mapping, NamedTuple, Optional, Protocol, Sequence, Tuple, Union
+
+import numpy as np
+
+from ._ckptstore import HfExport
+from ._convert import step_number
+from ._remote import Remote
+from ._store import Store
+from ._store import open as open_store
+
+METADATA = ".dcp/metadata.json"
+"""The entry of the coordinator's shard that holds DCP's metadata."""
+
+UserTarget = Union[str, "os.PathLike[str]", Store]
+"""What a user names as a target: a bucket URL, a store's path, an open
+store."""
+
+Piece = Tuple[int, str, int, int]
+"""Bytes of a stored entry: (rank, entry, start, length)."""
+
+Deliver = Callable[[int, np.ndarray], None]
+"""Takes piece `i`'s bytes, once they are read and checked."""
+
+BATCH_BYTES = 64 << 20
+"""Bytes of stored boxes read at once by a load (not straight into place)."""
+
+
+class Put(NamedTuple):
+    """A shard put into a target: its name there ("" where shards have
+    none), and the bytes it added and found already stored."""
+
+    shard: str
+    bytes_new: int
+    bytes_reused: int
+
+
+class Opened(Protocol):
+    """One save of a step, opened for reading."""
+
+    commit: Optional[str]
+    """The save read (so that every rank reads the same); None where a
+    step has one save at a time."""
+
+    def metadata(self) -> bytes:
+        """DCP's metadata, as `METADATA` holds it."""
+
+    def length(self, rank: int, entry: str) -> int:
+        """Bytes of `entry` of rank `rank`'s shard."""
+
+    def read(
+        self, pieces: Sequence[Piece], dest: Dict[int, np.ndarray], deliver: Deliver, failure: Optional[BaseException]
+    ) -> None:
+        """Hand each piece's bytes to `deliver(i, data)`, every chunk
+        hash-checked first; piece `i` with memory `dest[i]` (writable, of
+        its length, sharing memory with no other) is read into it. A
+        `failure` (this rank could not plan its reads) is raised, after the
+        target's collectives where it has some (every rank joins them)."""
+
+
+class SaveTarget(Protocol):
+    """Where ckptstore.dcp's writer puts a save's shards."""
+
+    description: str
+    """How messages name it."""
+
+    many_ranks: bool
+    """Whether a save of several ranks may go to it."""
+
+    sendable: bool
+    """Whether a writer or reader over it may be sent to another process
+    (pickled as its arguments)."""
+
+    pool_key: Hashable
+    """The key of the staged copies saves to it reuse, in this process."""
+
+    def committed(self, step: int) -> bool:
+        """Whether `step` is complete in it."""
+
+    def put_data(self, step: int, rank: int, world: int, values: Mapping[str, Any]) -> Put:
+        """Store the data of rank `rank`'s shard ahead of it, where the
+        shard itself follows later (the coordinator's, beside the others')."""
+
+    def put(
+        self, step: int, rank: int, world: int, values: Mapping[str, Any], metrics: Mapping[str, float], replace: bool
+    ) -> Put:
+        """Store rank `rank`'s shard of `step`, durably."""
+
+    def layout_entries(self, sizes: List[Dict[str, int]]) -> Dict[str, bytes]:
+        """Entries the coordinator's shard holds beside DCP's metadata,
+        from every rank's entry sizes."""
+
+    def commit(self, step: int, shards: List[str]) -> None:
+        """Complete `step` with exactly `shards` (by rank)."""
+
+
+class LoadTarget(Protocol):
+    """Where ckptstore.dcp's reader reads a save."""
+
+    description: str
+    """How messages name it."""
+
+    sendable: bool
+    """Whether a reader over it may be sent to another process (pickled as
+    its arguments)."""
+
+    def latest(self) -> Optional[int]:
+        """Its newest complete step."""
+
+    def open(self, step: int, commit: Optional[str]) -> Opened:
+        """`step` (exactly `commit`, if given) opened for reading; raises
+        FileNotFoundError if it is not complete there."""
+
+
+Target = Union["Bucket", "LocalStore"]
+"""The targets a user names."""
+
+
+def target_of(target: UserTarget) -> Target:
+    """The target a user's argument names."""
+    if is_bucket_url(target):
+        return Bucket(str(target))
+    return LocalStore(target)
+
+
+def save_target(target: Union[UserTarget, SaveTarget]) -> SaveTarget:
+    """The target a writer's argument names (a user's, or the tier's)."""
+    return target_of(target) if isinstance(target, (str, os.PathLike, Store)) else target
+
+
+def load_target(target: Union[UserTarget, LoadTarget]) -> LoadTarget:
+    """The target a reader's argument names (a user's, or the tier's)."""
+    return target_of(target) if isinstance(target, (str, os.PathLike, Store)) else target
+
+
+def is_bucket_url(target: Any) -> bool:
+    """Whether `target` is a bucket URL (`s3://`, `file://`)."""
+    return isinstance(target, str) and target.split("://", 1)[0] in ("s3", "file")
+
+
+# One Remote per bucket URL in a process: it remembers where the chunks it
+# wrote lie in the bucket's packs, so a save of unchanged tensors uploads
+# nothing and asks nothing per chunk. Keyed by process too: a forked child
+# opens its own.
+_REMOTES: Dict[Tuple[int, str], Remote] = {}
+
+
+def remote_of(url: str) -> Remote:
+    """This process's `Remote` of bucket `url`."""
+    key = (os.getpid(), str(url))
+    found = _REMOTES.get(key)
+    if found is None:
+        found = _REMOTES[key] = Remote(str(url))
+    return found
+
+
+def describe(target: UserTarget) -> str:
+    """How messages name a user's target."""
+    return str(target) if not isinstance(target, Store) else "the store"
+
+
+def is_step_id(checkpoint_id: Any) -> bool:
+    """Whether `checkpoint_id` is a step number (DCP's checkpoint id for
+    ckptstore.dcp)."""
+    try:
+        step_number(checkpoint_id)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+class Bucket:
+    """A bucket: shards uploaded by every rank, the coordinator's commit
+    naming exactly them."""
+
+    many_ranks = True
+    sendable = True
+
+    def __init__(self, url: str) -> None:
+        self.url = self.description = url
+        self.pool_key: Hashable = url
+        self._remote = remote_of(url)
+
+    def committed(self, step: int) -> bool:
+        return self._remote.open_global(step) is not None
+
+    def latest(self) -> Optional[int]:
+        return self._remote.latest_step()
+
+    def put_data(self, step: int, rank: int, world: int, values: Mapping[str, Any]) -> Put:
+        info = self._remote.upload_shard(step, rank, world, values, data_only=True)
+        return Put(info.shard, info.bytes_uploaded, info.bytes_skipped)
+
+    def put(
+        self, step: int, rank: int, world: int, values: Mapping[str, Any], metrics: Mapping[str, float], replace: bool
+    ) -> Put:
+        info = self._remote.upload_shard(step, rank, world, values, metrics=metrics)
+        return Put(info.shard, info.bytes_uploaded, info.bytes_skipped)
+
+    def layout_entries(self, sizes: List[Dict[str, int]]) -> Dict[str, bytes]:
+        return {}
+
+    def commit(self, step: int, shards: List[str]) -> None:
+        missing = [r for r, s in enumerate(shards) if not s]
+        if missing:
+            raise ValueError(f"step {step}: no shard reported by ranks {missing}")
+        self._remote.commit_global(step, shards)
+
+    def open(self, step: int, commit: Optional[str]) -> Opened:
+        return OpenedBucket(self._remote, step, commit, self.url)
+
+    def consolidate(self, step: int, path: "os.PathLike[str] | str", prefix: Optional[str]) -> List[str]:
+        return self._remote.consolidate(step, path, prefix)
+
+    def export_hf(
+        self, step: int, directory: "os.PathLike[str] | str", max_shard_size: "int | str", prefix: Optional[str], dtype: Any
+    ) -> HfExport:
+        return self._remote.export_hf(step, directory, max_shard_size, prefix, dtype)
+
+
+class OpenedBucket:
+    """A global step of a bucket: the shards a load takes boxes from, each
+    read when first used, in ranged reads of neighbouring bytes."""
+
+    def __init__(self, remote: Remote, step: int, commit: Optional[str], url: str) -> None:
+        self._remote = remote
+        opened = remote.open_global(step, commit)
+        if opened is None:
+            which = f"step {step}" if commit is None else f"the commit {commit} of step {step}"
+            raise FileNotFoundError(f"{url} has no complete {which}")
+        self._opened = opened
+        self.commit: Optional[str] = opened.commit
+        self._by_rank: Dict[int, Dict[str, Tuple[Optional[str], Optional[List[int]], int]]] = {}
+        metadata = remote.dcp_metadata(opened)
+        if metadata is None:
+            raise ValueError(f"step {step} of {url} was not saved by ckptstore.dcp")
+        self._metadata = metadata
+
+    def _entries(self, rank: int) -> Dict[str, Tuple[Optional[str], Optional[List[int]], int]]:
+        """Rank `rank`'s entries, its shard read once."""
+        found = self._by_rank.get(rank)
+        if found is None:
+            found = self._by_rank[rank] = self._remote.entries(self._opened, rank)
+        return found
+
+    def metadata(self) -> bytes:
+        return self._metadata
+
+    def length(self, rank: int, entry: str) -> int:
+        return self._entries(rank)[entry][2]
+
+    def read(
+        self, pieces: Sequence[Piece], dest: Dict[int, np.ndarray], deliver: Deliver, failure: Optional[BaseException]
+    ) -> None:
+        if failure is not None:
+            raise failure
+        # Pieces with memory of their own are read in one call (no copy is
+        # held, so the bucket gets as many ranges in flight as it takes);
+        # the rest in batches of about BATCH_BYTES, so that memory holds
+        # the state and one batch, not a second copy.
+        direct = [i for i in range(len(pieces)) if i in dest]
+        if direct:
+            self._remote.read_pieces_into(self._opened, [pieces[i] for i in direct], [dest[i] for i in direct])
+            for i in direct:
+                deliver(i, dest[i])
+        batch: List[int] = []
+        size = 0
+        for i, piece in enumerate(pieces):
+            if i in dest:
+                continue
+            batch.append(i)
+            size += piece[3]
+            if size >= BATCH_BYTES:
+                self._read_batch(pieces, batch, deliver)
+                batch, size = [], 0
+        self._read_batch(pieces, batch, deliver)
+
+    def _read_batch(self, pieces: Sequence[Piece], batch: List[int], deliver: Deliver) -> None:
+        if batch:
+            for i, data in zip(batch, self._remote.read_pieces(self._opened, [pieces[i] for i in batch])):
+                deliver(i, data)
+
+
+class LocalStore:
+    """A local store (a path, opened and closed around each use, or an open
+    `Store`): one process's step, committed in one transaction."""
+
+    many_ranks = False
+    sendable = False
+
+    def __init__(self, target: Union[str, "os.PathLike[str]", Store]) -> None:
+        self._target = target
+        self.description = describe(target)
+        self.pool_key: Hashable = id(target) if isinstance(target, Store) else os.fspath(target)
+
+    def _use(self, read_only: bool = False) -> "_Using":
+        return _Using(self._target, read_only)
+
+    def committed(self, step: int) -> bool:
+        with self._use() as store:
+            return step in store.steps()
+
+    def latest(self) -> Optional[int]:
+        with self._use(read_only=True) as store:
+            return store.latest_step()
+
+    def put_data(self, step: int, rank: int, world: int, values: Mapping[str, Any]) -> Put:
+        return Put("", 0, 0)  # the step is committed whole, by `put`
+
+    def put(
+        self, step: int, rank: int, world: int, values: Mapping[str, Any], metrics: Mapping[str, float], replace: bool
+    ) -> Put:
+        with self._use() as store:
+            info = store.save(step, values, metrics, replace=replace)
+        return Put("", info.bytes_written, info.bytes_reused)
+
+    def layout_entries(self, sizes: List[Dict[str, int]]) -> Dict[str, bytes]:
+        return {}
+
+    def commit(self, step: int, shards: List[str]) -> None:
+        """Nothing: `put` committed the step."""
+
+    def open(self, step: int, commit: Optional[str]) -> Opened:
+        with self._use(read_only=True) as store:
+            ck = store.load(step)
+        if ck is None:
+            raise FileNotFoundError(f"{self.description} has no step {step}")
+        if METADATA not in ck.tensors:
+            raise ValueError(f"step {step} of {self.description} was not saved by ckptstore.dcp")
+        return OpenedStep(ck.tensors)
+
+    def consolidate(self, step: int, path: "os.PathLike[str] | str", prefix: Optional[str]) -> List[str]:
+        with self._use(read_only=True) as store:
+            if step not in store:
+                raise FileNotFoundError(f"{self.description} has no step {step}")
+            return store.consolidate(step, path, prefix)
+
+    def export_hf(
+        self, step: int, directory: "os.PathLike[str] | str", max_shard_size: "int | str", prefix: Optional[str], dtype: Any
+    ) -> HfExport:
+        with self._use(read_only=True) as store:
+            return store.export_hf(step, directory, max_shard_size, prefix, dtype)
+
+
+class OpenedStep:
+    """A local store's step, loaded whole."""
+
+    commit: Optional[str] = None
+
+    def __init__(self, entries: Dict[str, np.ndarray]) -> None:
+        self.entries = entries
+
+    def metadata(self) -> bytes:
+        return self.entries[METADATA].tobytes()
+
+    def length(self, rank: int, entry: str) -> int:
+        return int(self.entries[entry].nbytes)
+
+    def read(
+        self, pieces: Sequence[Piece], dest: Dict[int, np.ndarray], deliver: Deliver, failure: Optional[BaseException]
+    ) -> None:
+        if failure is not None:
+            raise failure
+        for i, (_, entry, start, n) in enumerate(pieces):
+            deliver(i, self.entries[entry].reshape(-1).view(np.uint8)[start : start + n])
+
+
+class _Using:
+    """A local target as a context manager: an open Store is used as it is;
+    a path is opened and closed around the use."""
+
+    def __init__(self, target: Union[str, "os.PathLike[str]", Store], read_only: bool) -> None:
+        self._target, self._read_only = target, read_only
+        self._opened: Optional[Store] = None
+
+    def __enter__(self) -> Store:
+        if isinstance(self._target, Store):
+            return self._target
+        self._opened = open_store(self._target, read_only=self._read_only)
+        return self._opened
+
+    def __exit__(self, *exc: object) -> None:
+        if self._opened is not None:
+            self._opened.close()
