@@ -90,6 +90,7 @@ pub mod tier;
 pub use checkpoint::{GradientCheckpoint, MAX_TEXT_BYTES};
 pub use error::{Cause, Error, Result};
 pub use exchange::dcp::{BoxSpan, DcpDtype, DcpIndex, DcpTensor, DCP_METADATA};
+pub use exchange::dcp_doc::{DcpChunk, DcpDocument, DcpEntry, DcpPathPart, DcpWhere, DCP_FORMAT};
 pub use exchange::hf::{cast_dtype, HfExport, DEFAULT_MAX_SHARD_BYTES};
 pub use graph::{ComputationGraphStore, ComputationNode};
 pub use options::{Durability, DEFAULT_PACK_THRESHOLD};

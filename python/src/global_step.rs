@@ -29,16 +29,3 @@ impl RawGlobalStep {
         self.inner.world_size()
     }
 }
-
-/// Where the box at `offsets` of `lengths` lies in a stored chunk of sizes
-/// `chunk` of `item`-byte elements: (first byte, bytes, the chunk's
-/// strides in elements), or None if it is not inside (`ckptstore::BoxSpan`).
-#[pyfunction]
-pub(crate) fn dcp_box_span(
-    chunk: Vec<u64>,
-    offsets: Vec<u64>,
-    lengths: Vec<u64>,
-    item: u64,
-) -> Option<(u64, u64, Vec<u64>)> {
-    ckptstore::BoxSpan::of(&chunk, &offsets, &lengths, item).map(|s| (s.start, s.len, s.strides))
-}

@@ -6,6 +6,7 @@
 
 mod arrays;
 mod convert;
+mod dcp;
 mod global_step;
 mod handle;
 mod remote;
@@ -79,7 +80,9 @@ fn _ckptstore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<arrays::ChunkHashes>()?;
     m.add_function(pyo3::wrap_pyfunction!(arrays::hash_arrays, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(arrays::copy_hashed, m)?)?;
-    m.add_function(pyo3::wrap_pyfunction!(global_step::dcp_box_span, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(dcp::dcp_box_span, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(dcp::dcp_metadata_encode, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(dcp::dcp_metadata_decode, m)?)?;
     results::register(m)?;
     tier::register(m)?;
     m.add("Error", m.py().get_type::<CkptError>())?;

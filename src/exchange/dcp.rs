@@ -2,22 +2,18 @@
 //! of a stored box in its whole tensor.
 //!
 //! `ckptstore.dcp` stores the metadata DCP's planner wrote as JSON in the
-//! coordinator's shard, entry [`DCP_METADATA`]: `{"format": 1,
-//! "state_dict": {FQN: {"dtype", "size", "chunks": [{"offsets",
-//! "sizes"}]} | {"bytes": true}}, "storage": [{"fqn", "offset", "rank",
-//! "entry"}]}`. Each stored box of a tensor is entry `entry` of rank
-//! `rank`'s shard, its elements row-major. The bytes are untrusted: a
+//! coordinator's shard, entry [`DCP_METADATA`] (its schema:
+//! [`DcpDocument`](super::dcp_doc::DcpDocument)). Each stored box of a
+//! tensor is entry `entry` of rank `rank`'s shard, its elements
+//! row-major. The bytes are untrusted: a
 //! damaged document is [`Error::Corrupt`], and a box is placed only once
 //! [`BoxLayout::new`] has checked that it lies inside its tensor.
 
 use std::collections::{BTreeMap, HashMap};
 
-use serde::Deserialize;
-
+use super::dcp_doc::DcpDocument;
+pub use super::dcp_doc::DCP_METADATA;
 use crate::{Dtype, Error, Result};
-
-/// The entry of the coordinator's shard that holds DCP's metadata.
-pub const DCP_METADATA: &str = ".dcp/metadata.json";
 
 /// The dtype of a tensor of a DCP step.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -120,42 +116,6 @@ pub struct DcpIndex {
     pub values: Vec<String>,
 }
 
-#[derive(Deserialize)]
-struct Json {
-    format: u32,
-    state_dict: BTreeMap<String, JsonEntry>,
-    storage: Vec<JsonWhere>,
-}
-
-#[derive(Deserialize)]
-struct JsonEntry {
-    #[serde(default)]
-    dtype: Option<String>,
-    /// Bytes per element, for a torch dtype safetensors has no name for.
-    #[serde(default)]
-    itemsize: Option<u64>,
-    #[serde(default)]
-    size: Vec<u64>,
-    #[serde(default)]
-    chunks: Vec<JsonChunk>,
-    #[serde(default)]
-    bytes: bool,
-}
-
-#[derive(Deserialize)]
-struct JsonChunk {
-    offsets: Vec<u64>,
-    sizes: Vec<u64>,
-}
-
-#[derive(Deserialize)]
-struct JsonWhere {
-    fqn: String,
-    offset: Option<Vec<u64>>,
-    rank: u32,
-    entry: String,
-}
-
 /// Where each stored box is: (fqn, offsets) -> (rank, entry).
 pub(crate) type Places = HashMap<(String, Vec<u64>), (u32, String)>;
 
@@ -168,13 +128,7 @@ impl DcpIndex {
     /// format this build does not read, or with an unknown dtype.
     pub(crate) fn decode(step: u64, world_size: u32, bytes: &[u8]) -> Result<(DcpIndex, Places)> {
         let corrupt = |why: String| Error::corrupt(Some(step), format!("{DCP_METADATA}: {why}"));
-        let json: Json = serde_json::from_slice(bytes).map_err(|e| corrupt(e.to_string()))?;
-        if json.format != 1 {
-            return Err(corrupt(format!(
-                "format {} is not one this build reads",
-                json.format
-            )));
-        }
+        let json = DcpDocument::decode(Some(step), bytes)?;
         let mut index = DcpIndex {
             step,
             world_size,

@@ -8,6 +8,7 @@
 //! checkpoint. Any other safetensors file imports too, as tensors.
 
 pub(crate) mod dcp;
+pub(crate) mod dcp_doc;
 mod float;
 pub mod hf;
 pub(crate) mod read;

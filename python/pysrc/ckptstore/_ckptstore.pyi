@@ -2,7 +2,7 @@
 the `ckptstore` package; these raw classes are what it wraps."""
 
 import os
-from typing import Any, Dict, List, Optional, Sequence, Tuple, final
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, final
 
 __all__ = [
     "MAX_WORLD_SIZE",
@@ -29,6 +29,8 @@ __all__ = [
     "VerifyReport",
     "copy_hashed",
     "dcp_box_span",
+    "dcp_metadata_decode",
+    "dcp_metadata_encode",
     "hash_arrays",
     "tier_evaluate",
     "tier_holders",
@@ -269,6 +271,21 @@ class Handle:
 
 def hash_arrays(arrays: List[Any]) -> List[str]: ...
 def copy_hashed(pairs: List[Tuple[Any, Any]]) -> List[ChunkHashes]: ...
+# A value of DCP's state: (dtype, itemsize, size, requires_grad, [(offsets,
+# sizes)]) for a tensor, None for a non-tensor value; where an item is:
+# (fqn, offset, index, rank, entry).
+_DcpEntry = Optional[Tuple[str, Optional[int], List[int], bool, List[Tuple[List[int], List[int]]]]]
+_DcpWhere = Tuple[str, Optional[List[int]], Optional[int], int, str]
+
+def dcp_metadata_encode(
+    version: Optional[str],
+    state_dict: Sequence[Tuple[str, _DcpEntry]],
+    planner_data: Optional[Sequence[Tuple[str, Sequence[Union[int, str]]]]],
+    storage: Sequence[_DcpWhere],
+) -> bytes: ...
+def dcp_metadata_decode(
+    bytes: bytes,
+) -> Tuple[Optional[str], List[Tuple[str, _DcpEntry]], Optional[List[Tuple[str, List[Union[int, str]]]]], List[_DcpWhere]]: ...
 def dcp_box_span(
     chunk: Sequence[int], offsets: Sequence[int], lengths: Sequence[int], item: int
 ) -> Optional[Tuple[int, int, List[int]]]: ...

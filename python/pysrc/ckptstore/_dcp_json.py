@@ -1,16 +1,11 @@
-"""DCP's metadata as JSON (`.dcp/metadata.json`), written by
-`ckptstore.dcp`'s coordinator and read back into DCP's `Metadata` without
-pickle; Rust reads the same JSON (`Remote::dcp_index`, consolidation).
+"""DCP's metadata to and from the JSON document `ckptstore.dcp` stores
+(`.dcp/metadata.json`), without pickle: the document and its schema are
+the core's (`ckptstore::DcpDocument`, which `Remote::dcp_index` and
+consolidation read too); here DCP's objects become its plain values and
+back, and the torch dtypes their names."""
 
-    {"format": 1, "version": ..., "state_dict": {FQN: {"dtype", "size",
-     "requires_grad", "chunks": [{"offsets", "sizes"}]} | {"bytes": true}},
-     "planner_data": [[FQN, [path...]], ...] | null,
-     "storage": [{"fqn", "offset", "index", "rank", "entry"}, ...]}
-"""
-
-import json
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
 from torch.distributed.checkpoint.metadata import (
@@ -23,9 +18,8 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
+from ._ckptstore import dcp_metadata_decode, dcp_metadata_encode
 from ._convert import DTYPE_NAMES
-
-FORMAT = 1
 _FROM_STORE = {v: k for k, v in DTYPE_NAMES.items()}
 
 
@@ -66,45 +60,28 @@ def torch_dtype(store_name: Optional[str], entry: str) -> torch.dtype:
     return found
 
 
-def to_json(md: Metadata) -> str:
-    tensors: Dict[str, Any] = {}
+def to_json(md: Metadata) -> bytes:
+    """DCP's metadata as the document `ckptstore.dcp` stores (its schema is
+    the core's, `ckptstore::DcpDocument`)."""
+    tensors: List[Tuple[str, Any]] = []
     for fqn, m in md.state_dict_metadata.items():
         if isinstance(m, TensorStorageMetadata):
-            tensors[fqn] = {
-                "dtype": json_dtype(m.properties.dtype),
-                "size": list(m.size),
-                "requires_grad": bool(m.properties.requires_grad),
-                "chunks": [{"offsets": list(c.offsets), "sizes": list(c.sizes)} for c in m.chunks],
-            }
-            if tensors[fqn]["dtype"].startswith("torch."):
-                tensors[fqn]["itemsize"] = torch.empty(0, dtype=m.properties.dtype).element_size()
+            dtype = json_dtype(m.properties.dtype)
+            itemsize = torch.empty(0, dtype=m.properties.dtype).element_size() if dtype.startswith("torch.") else None
+            chunks = [(list(c.offsets), list(c.sizes)) for c in m.chunks]
+            tensors.append((fqn, (dtype, itemsize, list(m.size), bool(m.properties.requires_grad), chunks)))
         elif isinstance(m, BytesStorageMetadata):
-            tensors[fqn] = {"bytes": True}
+            tensors.append((fqn, None))
         else:
             raise TypeError(f"{fqn}: DCP metadata of type {type(m).__name__} is not supported")
     where = [
-        {
-            "fqn": i.fqn,
-            "offset": None if i.offset is None else list(i.offset),
-            "index": i.index,
-            "rank": w.rank,
-            "entry": w.entry,
-        }
+        (i.fqn, None if i.offset is None else list(i.offset), i.index, w.rank, w.entry)
         for i, w in md.storage_data.items()
     ]
-    return json.dumps(
-        {
-            "format": FORMAT,
-            "version": md.version,
-            "state_dict": tensors,
-            "planner_data": _planner_data(md.planner_data),
-            "storage": where,
-        },
-        separators=(",", ":"),
-    )
+    return dcp_metadata_encode(md.version, tensors, _planner_data(md.planner_data), where)
 
 
-def _planner_data(data: Any) -> Any:
+def _planner_data(data: Any) -> Optional[List[Tuple[str, List[Union[int, str]]]]]:
     """The default planners' data: fqn -> the path of keys (str or int) in
     the nested state dict."""
     if data is None:
@@ -113,7 +90,7 @@ def _planner_data(data: Any) -> Any:
         isinstance(k, str) and isinstance(v, tuple) and all(isinstance(p, (str, int)) for p in v)
         for k, v in data.items()
     ):
-        return [[k, list(v)] for k, v in data.items()]
+        return [(k, list(v)) for k, v in data.items()]
     raise TypeError(
         f"planner data of type {type(data).__name__} cannot be stored as JSON: "
         "ckptstore.dcp supports DCP's default planners"
@@ -121,34 +98,27 @@ def _planner_data(data: Any) -> Any:
 
 
 def from_json(text: bytes) -> Metadata:
-    try:
-        js = json.loads(text)
-        if js.get("format") != FORMAT:
-            raise ValueError(f"unknown ckptstore.dcp metadata format {js.get('format')}")
-        state: Dict[str, Any] = {}
-        for fqn, m in js["state_dict"].items():
-            if m.get("bytes"):
-                state[fqn] = BytesStorageMetadata()
-                continue
-            props = TensorProperties(dtype=torch_dtype(m["dtype"], fqn), requires_grad=bool(m["requires_grad"]))
-            chunks = [ChunkStorageMetadata(torch.Size(c["offsets"]), torch.Size(c["sizes"])) for c in m["chunks"]]
-            state[fqn] = TensorStorageMetadata(props, torch.Size(m["size"]), chunks)
-        storage = {
-            MetadataIndex(
-                fqn=w["fqn"],
-                offset=None if w["offset"] is None else torch.Size(w["offset"]),
-                index=w["index"],
-            ): Where(int(w["rank"]), str(w["entry"]))
-            for w in js["storage"]
-        }
-        planner = js.get("planner_data")
-        planner_data = None if planner is None else {k: tuple(v) for k, v in planner}
-    except (KeyError, TypeError, AttributeError) as e:
-        raise ValueError(f"damaged ckptstore.dcp metadata: {e!r}") from None
+    """DCP's metadata from the document `ckptstore.dcp` stored
+    (CorruptError for a damaged one, ValueError for a dtype torch lacks)."""
+    version, tensors, planner, where = dcp_metadata_decode(text)
+    state: Dict[str, Any] = {}
+    for fqn, m in tensors:
+        if m is None:
+            state[fqn] = BytesStorageMetadata()
+            continue
+        dtype, _, size, requires_grad, chunks = m
+        props = TensorProperties(dtype=torch_dtype(dtype, fqn), requires_grad=requires_grad)
+        boxes = [ChunkStorageMetadata(torch.Size(o), torch.Size(n)) for o, n in chunks]
+        state[fqn] = TensorStorageMetadata(props, torch.Size(size), boxes)
+    storage = {
+        MetadataIndex(fqn=fqn, offset=None if offset is None else torch.Size(offset), index=index): Where(rank, entry)
+        for fqn, offset, index, rank, entry in where
+    }
+    planner_data = None if planner is None else {k: tuple(v) for k, v in planner}
     return Metadata(
         state_dict_metadata=state,
         planner_data=planner_data,
         storage_data=storage,
         storage_meta=StorageMeta(),
-        version=js.get("version"),
+        version=version,
     )

@@ -310,7 +310,7 @@ class StorageWriter(_storage.StorageWriter):
         metadata.storage_data = storage
         values = dict(self._kept)
         self._kept = {}
-        values[METADATA] = _dcp_json.to_json(metadata).encode()
+        values[METADATA] = _dcp_json.to_json(metadata)
         values.update(self._to.layout_entries(sizes))
         put = self._to.put(self._step, self._rank, self._world, values, self._metrics(), self._overwrite)
         shards[self._rank] = self._count(put)
