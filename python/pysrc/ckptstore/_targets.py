@@ -187,7 +187,12 @@ class Bucket:
     def __init__(self, url: str) -> None:
         self.url = self.description = url
         self.pool_key: Hashable = url
-        self._remote = remote_of(url)
+
+    @property
+    def _remote(self) -> Remote:
+        # Looked up at each use, not kept: a process forked after this
+        # target was made uses a Remote of its own.
+        return remote_of(self.url)
 
     def committed(self, step: int) -> bool:
         return self._remote.open_global(step) is not None
