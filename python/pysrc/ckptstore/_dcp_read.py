@@ -17,7 +17,7 @@ from . import _dcp_json
 from ._ckptstore import dcp_box_span
 from ._convert import step_number
 from ._dcp_json import Where
-from ._targets import LoadTarget, Opened, Piece, UserTarget, is_step_id, load_target
+from ._targets import LoadTarget, Opened, Piece, UserTarget, check_sendable, is_step_id, load_target
 
 # A read item, the bytes it reads, the stored box they hold (dtype,
 # lengths, strides; None for bytes) and the tensor they go into (None for
@@ -51,11 +51,7 @@ class StorageReader(_storage.StorageReader):
 
     def __getstate__(self) -> Dict[str, Any]:
         # Sent as its arguments, where its target can be.
-        if not self._from.sendable:
-            raise TypeError(
-                f"a {type(self).__name__} over a local store cannot be sent to another process "
-                "(dcp.async_save in process mode): use a bucket URL, or thread mode"
-            )
+        check_sendable(self, self._from)
         return {"target": self._target, "step": self._step}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:

@@ -25,7 +25,7 @@ from ._convert import step_number
 from ._cost import Clock, SaveCost
 from ._errors import StepExistsError
 from ._dcp_json import Where
-from ._targets import METADATA, Put, SaveTarget, UserTarget, is_step_id, save_target
+from ._targets import METADATA, Put, SaveTarget, UserTarget, check_sendable, is_step_id, save_target
 from ._staging import Hashes, Pool, Staged, hashes_of
 
 # The staged copies of async saves, reused by the next save to the same
@@ -132,11 +132,7 @@ class StorageWriter(_storage.StorageWriter):
         # with their hashes; DCP sends this writer in the same message as
         # the staged state, so they are the same objects there (pickle
         # keeps shared references).
-        if not self._to.sendable:
-            raise TypeError(
-                f"a {type(self).__name__} over a local store cannot be sent to another process "
-                "(dcp.async_save in process mode): use a bucket URL, or thread mode"
-            )
+        check_sendable(self, self._to)
         return {
             "target": self._target, "step": self._step, "overwrite": self._overwrite,
             "background_staging": self._background, "shared_memory": self._shared,

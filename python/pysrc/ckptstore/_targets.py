@@ -167,6 +167,16 @@ def describe(target: UserTarget) -> str:
     return str(target) if not isinstance(target, Store) else "the store"
 
 
+def check_sendable(sender: object, target: Union[SaveTarget, LoadTarget]) -> None:
+    """Refuse to send `sender` (a writer or reader, pickled as its
+    arguments) to another process where its target cannot go there."""
+    if not target.sendable:
+        raise TypeError(
+            f"a {type(sender).__name__} over a local store cannot be sent to another process "
+            "(dcp.async_save in process mode): use a bucket URL, or thread mode"
+        )
+
+
 def is_step_id(checkpoint_id: Any) -> bool:
     """Whether `checkpoint_id` is a step number (DCP's checkpoint id for
     ckptstore.dcp)."""
