@@ -7,7 +7,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::file::{unix_now, write_durably};
-use crate::{ComputationGraphStore, Dtype, Error, Result, Tensor};
+use crate::{ComputationGraphStore, Dtype, Error, Result, SaveRecord, Tensor};
 
 /// A snapshot of training state at one optimizer step.
 ///
@@ -47,6 +47,10 @@ pub struct GradientCheckpoint {
     /// may not also be an optimizer blob. Left out of the JSON when empty.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tensors: BTreeMap<String, Tensor>,
+    /// How the step was saved (a staged save's cost, a framework's names
+    /// for it). Left out of the JSON when empty.
+    #[serde(default, skip_serializing_if = "SaveRecord::is_empty")]
+    pub save_record: SaveRecord,
 }
 
 impl GradientCheckpoint {
@@ -60,6 +64,7 @@ impl GradientCheckpoint {
             timestamp: unix_now(),
             metrics: BTreeMap::new(),
             tensors: BTreeMap::new(),
+            save_record: SaveRecord::default(),
         }
     }
 
@@ -155,6 +160,12 @@ impl GradientCheckpoint {
                     .map(|n| ("a blob name", n.as_str())),
             )
             .chain(self.tensors.keys().map(|n| ("a tensor name", n.as_str())))
+            .chain(
+                self.save_record
+                    .names
+                    .iter()
+                    .map(|n| ("a name of its save record", n.as_str())),
+            )
             .chain(self.loss_cid.iter().map(|c| ("the loss CID", c.as_str())));
         for (what, text) in names {
             if text.len() > MAX_TEXT_BYTES {
@@ -191,7 +202,7 @@ impl GradientCheckpoint {
                 reason,
             })?;
         }
-        Ok(())
+        self.save_record.check(self.step)
     }
 
     /// Decode a checkpoint from JSON bytes in the original file format.

@@ -83,6 +83,7 @@ mod process;
 mod remote;
 mod report;
 mod retention;
+mod save_record;
 mod store;
 mod tensor;
 pub mod tier;
@@ -104,5 +105,6 @@ pub use remote::{
 pub use report::ReplicationStatus;
 pub use report::{CommitInfo, ContentDigest, StepInfo, StoreStats, TensorInfo, VerifyReport};
 pub use retention::{Goal, Retention, StepSummary};
+pub use save_record::{SaveRecord, Staging};
 pub use store::{CheckpointStore, CommitHandle, StoreOptions};
 pub use tensor::{ChunkHashes, Dtype, Tensor, TensorMut, TensorRef};

@@ -53,6 +53,9 @@ pub struct StepInfo {
     pub blobs: BTreeMap<String, u64>,
     /// Each tensor's dtype and shape, by name.
     pub tensors: BTreeMap<String, TensorInfo>,
+    /// How the step was saved (left out of its serde form when empty).
+    #[serde(skip_serializing_if = "crate::SaveRecord::is_empty")]
+    pub save_record: crate::SaveRecord,
 }
 
 impl StepInfo {
@@ -72,6 +75,7 @@ impl StepInfo {
             edge_count: skeleton.graph.edge_count(),
             blobs: BTreeMap::new(),
             tensors: BTreeMap::new(),
+            save_record: skeleton.save_record.clone(),
         };
         for entry in entries {
             match entry.tensor {

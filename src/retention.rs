@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::SaveRecord;
+
 /// Which way a metric improves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Goal {
@@ -183,6 +185,12 @@ pub struct StepSummary {
     pub bytes_written: u64,
     /// Number of optimizer blobs.
     pub blobs: usize,
+    /// How the step was saved. A step 0.4.0 wrote has its staging cost
+    /// here (lifted from its metrics) and Lightning's names still among its
+    /// metrics: a summary does not know the step's blob names, which tell
+    /// those apart from a run's own metrics.
+    #[serde(default, skip_serializing_if = "SaveRecord::is_empty")]
+    pub save_record: SaveRecord,
 }
 
 #[cfg(test)]
@@ -198,6 +206,7 @@ mod tests {
                 .map(|l| [("loss".to_owned(), l)].into())
                 .unwrap_or_default(),
             logical_bytes: 0,
+            save_record: SaveRecord::default(),
             bytes_written: 0,
             blobs: 0,
         }

@@ -52,10 +52,12 @@ def local(dir: Path) -> Store:
     assert report.ok and report.damaged == []
     stats: StoreStats = store.stats()
     assert stats.steps == 2 and stats.dedup_ratio >= 1.0
-    again: CommitInfo = store.save(2, {"w": state["w"]}, metrics={"loss": 0.25}, replace=True)
+    record = ckptstore.SaveRecord(staging_seconds=0.5, blocked_seconds=0.1, names=["mine:w"])
+    again: CommitInfo = store.save(2, {"w": state["w"]}, metrics={"loss": 0.25}, replace=True, record=record)
     assert again.step == 2
     meta: Optional[StepInfo] = store.info(2)
     assert meta is not None and meta.metrics == {"loss": 0.25} and meta.blobs == {}
+    assert meta.save_record == record and meta.save_record.names == ["mine:w"]
     assert meta.tensors == {"w": ("F32", [3, 4])} and store.info(9) is None
     assert store.gc(keep_last=5) == [] and not store.remove(7)
     status: Optional[ReplicationStatus] = store.replication_status()

@@ -50,14 +50,16 @@ pub(crate) fn borrowed<'a>(
     Ok(out)
 }
 
-/// A checkpoint of `step` with `blobs` and `metrics`, no tensors.
+/// A checkpoint of `step` with `blobs`, `metrics` and `record`, no tensors.
 pub(crate) fn checkpoint(
     step: u64,
     blobs: Vec<(String, Vec<u8>)>,
     metrics: BTreeMap<String, f64>,
+    record: Option<&crate::record::SaveRecord>,
 ) -> GradientCheckpoint {
     let mut ckpt = GradientCheckpoint::new(ComputationGraphStore::new(), step);
     ckpt.metrics = metrics;
+    ckpt.save_record = crate::record::of(record);
     for (name, data) in blobs {
         ckpt.set_optimizer_state(name, data);
     }
@@ -70,8 +72,9 @@ pub(crate) fn owned(
     tensors: &[PySaved<'_>],
     blobs: Vec<(String, Vec<u8>)>,
     metrics: BTreeMap<String, f64>,
+    record: Option<&crate::record::SaveRecord>,
 ) -> PyResult<GradientCheckpoint> {
-    let mut ckpt = checkpoint(step, blobs, metrics);
+    let mut ckpt = checkpoint(step, blobs, metrics, record);
     for (name, t) in borrowed(tensors)? {
         let tensor =
             Tensor::new(t.dtype(), t.shape().to_vec(), t.data().to_vec()).map_err(py_err)?;

@@ -9,6 +9,7 @@ mod convert;
 mod dcp;
 mod global_step;
 mod handle;
+mod record;
 mod remote;
 mod results;
 mod store;

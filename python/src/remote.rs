@@ -33,11 +33,9 @@ impl RawRemote {
         py: Python<'_>,
         shard: (u64, u32, u32),
         tensors: &[PySaved<'_>],
-        blobs: Vec<(String, Vec<u8>)>,
-        metrics: BTreeMap<String, f64>,
+        ckpt: ckptstore::GradientCheckpoint,
         how: ShardUpload,
     ) -> PyResult<results::ShardInfo> {
-        let ckpt = checkpoint(shard.0, blobs, metrics);
         let borrowed = borrowed(tensors)?;
         let info = py
             .detach(|| {
@@ -94,6 +92,13 @@ impl RawRemote {
         py.detach(|| self.remote.latest_step()).map_err(py_err)
     }
 
+    /// A complete step's metadata, or None; a global step of several ranks
+    /// is refused (each rank's shard has its own).
+    fn info(&self, py: Python<'_>, step: u64) -> PyResult<Option<results::StepInfo>> {
+        let info = py.detach(|| self.remote.info(step)).map_err(py_err)?;
+        Ok(info.map(Into::into))
+    }
+
     /// A step as `RawStore.load` gives it (the latest if `step` is None).
     #[pyo3(signature = (step=None))]
     fn load<'py>(
@@ -126,6 +131,7 @@ impl RawRemote {
 
     /// Commit rank `rank`'s shard of global step `step` of `world_size`
     /// ranks, given as `(step, rank, world_size)` (the arrays are copied).
+    #[pyo3(signature = (shard, tensors, blobs, metrics, record = None))]
     fn save_shard(
         &self,
         py: Python<'_>,
@@ -133,12 +139,15 @@ impl RawRemote {
         tensors: Vec<PySaved<'_>>,
         blobs: Vec<(String, Vec<u8>)>,
         metrics: BTreeMap<String, f64>,
+        record: Option<PyRef<'_, crate::record::SaveRecord>>,
     ) -> PyResult<results::ShardInfo> {
-        self.shard_call(py, shard, &tensors, blobs, metrics, ShardUpload::Complete)
+        let ckpt = checkpoint(shard.0, blobs, metrics, record.as_deref());
+        self.shard_call(py, shard, &tensors, ckpt, ShardUpload::Complete)
     }
 
     /// Upload rank `rank`'s shard of global step `step` without completing
     /// the step (`commit_global` does); its ShardInfo names it.
+    #[pyo3(signature = (shard, tensors, blobs, metrics, record = None))]
     fn upload_shard(
         &self,
         py: Python<'_>,
@@ -146,8 +155,10 @@ impl RawRemote {
         tensors: Vec<PySaved<'_>>,
         blobs: Vec<(String, Vec<u8>)>,
         metrics: BTreeMap<String, f64>,
+        record: Option<PyRef<'_, crate::record::SaveRecord>>,
     ) -> PyResult<results::ShardInfo> {
-        self.shard_call(py, shard, &tensors, blobs, metrics, ShardUpload::Manifest)
+        let ckpt = checkpoint(shard.0, blobs, metrics, record.as_deref());
+        self.shard_call(py, shard, &tensors, ckpt, ShardUpload::Manifest)
     }
 
     /// Upload every step of `store` the bucket lacks (with this remote's
@@ -194,6 +205,7 @@ impl RawRemote {
     }
 
     /// Upload only the chunks of rank `rank`'s shard of `step`.
+    #[pyo3(signature = (shard, tensors, blobs, metrics, record = None))]
     fn upload_shard_data(
         &self,
         py: Python<'_>,
@@ -201,8 +213,10 @@ impl RawRemote {
         tensors: Vec<PySaved<'_>>,
         blobs: Vec<(String, Vec<u8>)>,
         metrics: BTreeMap<String, f64>,
+        record: Option<PyRef<'_, crate::record::SaveRecord>>,
     ) -> PyResult<results::ShardInfo> {
-        self.shard_call(py, shard, &tensors, blobs, metrics, ShardUpload::ChunksOnly)
+        let ckpt = checkpoint(shard.0, blobs, metrics, record.as_deref());
+        self.shard_call(py, shard, &tensors, ckpt, ShardUpload::ChunksOnly)
     }
 
     /// Complete global step `step` with exactly these shards, by rank.

@@ -142,13 +142,15 @@ impl From<&ckptstore::StoreStats> for StoreStats {
 
 result_class! {
     /// A stored step's metadata, read without its data: its metrics, each
-    /// untyped blob's length and each tensor's (dtype, shape).
+    /// untyped blob's length, each tensor's (dtype, shape) and how the step
+    /// was saved.
     StepInfo {
         step: u64,
         timestamp: u64,
         metrics: BTreeMap<String, f64>,
         blobs: BTreeMap<String, u64>,
         tensors: BTreeMap<String, (String, Vec<u64>)>,
+        save_record: crate::record::SaveRecord,
     }
 }
 
@@ -164,6 +166,7 @@ impl From<ckptstore::StepInfo> for StepInfo {
                 .into_iter()
                 .map(|(name, t)| (name, (t.dtype.to_string(), t.shape)))
                 .collect(),
+            save_record: crate::record::SaveRecord(i.save_record),
         }
     }
 }
@@ -304,6 +307,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<VerifyReport>()?;
     m.add_class::<StoreStats>()?;
     m.add_class::<StepInfo>()?;
+    m.add_class::<crate::record::SaveRecord>()?;
     m.add_class::<PushReport>()?;
     m.add_class::<HfExport>()?;
     m.add_class::<ReplicationStatus>()?;

@@ -85,7 +85,8 @@ impl RawStore {
     /// Commit a step from the arrays' own memory; durable when it returns.
     /// With `replace`, a stored step of that number is replaced in the
     /// same transaction.
-    #[pyo3(signature = (step, tensors, blobs, metrics, replace = false))]
+    #[pyo3(signature = (step, tensors, blobs, metrics, replace = false, record = None))]
+    #[allow(clippy::too_many_arguments)] // Python's keywords
     fn save<'py>(
         &self,
         py: Python<'py>,
@@ -94,8 +95,9 @@ impl RawStore {
         blobs: Vec<(String, Vec<u8>)>,
         metrics: BTreeMap<String, f64>,
         replace: bool,
+        record: Option<PyRef<'py, crate::record::SaveRecord>>,
     ) -> PyResult<results::CommitInfo> {
-        let ckpt = checkpoint(step, blobs, metrics);
+        let ckpt = checkpoint(step, blobs, metrics, record.as_deref());
         let borrowed = borrowed(&tensors)?;
         let store = self.get()?;
         let info = py
@@ -111,14 +113,16 @@ impl RawStore {
     }
 
     /// Copy the arrays now (a snapshot), then commit in the background.
+    #[pyo3(signature = (step, tensors, blobs, metrics, record = None))]
     fn save_async(
         &self,
         step: u64,
         tensors: Vec<PySaved<'_>>,
         blobs: Vec<(String, Vec<u8>)>,
         metrics: BTreeMap<String, f64>,
+        record: Option<PyRef<'_, crate::record::SaveRecord>>,
     ) -> PyResult<Handle> {
-        let ckpt = owned(step, &tensors, blobs, metrics)?;
+        let ckpt = owned(step, &tensors, blobs, metrics, record.as_deref())?;
         let handle = self.get()?.commit_async(ckpt).map_err(py_err)?;
         Ok(Handle::new(handle))
     }

@@ -28,8 +28,8 @@ use crate::format::summary;
 use crate::format::tables::META_STORE_ID;
 use crate::format::tables::{
     meta_format, meta_u64, META, META_FORMAT, META_NEXT_CHUNK, META_NEXT_PACK, META_PACK_OWNER,
-    META_STAGING, META_STORED_BYTES, META_STORED_CHUNKS, PACKED, PACK_FORMAT, PINS, STEPS,
-    SUMMARIES, TENSOR_FORMAT,
+    META_STAGING, META_STORED_BYTES, META_STORED_CHUNKS, PACKED, PACK_FORMAT, PINS, RECORD_FORMAT,
+    STEPS, SUMMARIES, TENSOR_FORMAT,
 };
 use crate::{CommitInfo, Error, Result, Retention, StepSummary};
 use chunks::{ChunkTables, Freed};
@@ -178,6 +178,9 @@ impl<'txn> Engine<'txn> {
         }
         if !plan.typed.is_empty() {
             self.require_format(TENSOR_FORMAT)?;
+        }
+        if !plan.ckpt.save_record.is_empty() {
+            self.require_format(RECORD_FORMAT)?;
         }
         // Add before releasing, so chunks shared with the replaced version
         // are never deleted and written again.

@@ -220,6 +220,7 @@ impl<'a> Plan<'a> {
             bytes_written,
             blobs: self.ckpt.optimizer_state.len()
                 + self.streamed.iter().filter(|s| !s.typed).count(),
+            save_record: self.ckpt.save_record.clone(),
         }
     }
 }

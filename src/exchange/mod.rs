@@ -22,6 +22,8 @@ pub(crate) const KEY_LOSS_CID: &str = "ckptstore.loss_cid";
 pub(crate) const KEY_METRICS: &str = "ckptstore.metrics";
 /// The computation graph as JSON (the seed's format).
 pub(crate) const KEY_GRAPH: &str = "ckptstore.graph";
+/// The step's save record as JSON (its serde form), when it has one.
+pub(crate) const KEY_SAVE_RECORD: &str = "ckptstore.save_record";
 /// The names that were untyped optimizer blobs, as a JSON array.
 pub(crate) const KEY_BLOBS: &str = "ckptstore.blobs";
 

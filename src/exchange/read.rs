@@ -12,8 +12,8 @@ use std::path::Path;
 use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
 
 use super::{
-    KEY_BLOBS, KEY_GRAPH, KEY_LOSS_CID, KEY_METRICS, KEY_TIMESTAMP, LEN_PREFIX, MAX_HEADER,
-    METADATA,
+    KEY_BLOBS, KEY_GRAPH, KEY_LOSS_CID, KEY_METRICS, KEY_SAVE_RECORD, KEY_TIMESTAMP, LEN_PREFIX,
+    MAX_HEADER, METADATA,
 };
 use crate::checkpoint::Incoming;
 use crate::{ComputationGraphStore, Dtype, Error, GradientCheckpoint, Result};
@@ -196,6 +196,10 @@ fn skeleton(
     if let Some(m) = meta.get(KEY_METRICS) {
         ckpt.metrics = serde_json::from_str::<BTreeMap<String, f64>>(m)
             .map_err(|e| bad(format!("{KEY_METRICS}: {e}")))?;
+    }
+    if let Some(r) = meta.get(KEY_SAVE_RECORD) {
+        ckpt.save_record =
+            serde_json::from_str(r).map_err(|e| bad(format!("{KEY_SAVE_RECORD}: {e}")))?;
     }
     if let Some(g) = meta.get(KEY_GRAPH) {
         ckpt.graph = serde_json::from_str(g).map_err(|e| bad(format!("{KEY_GRAPH}: {e}")))?;

@@ -13,8 +13,8 @@ use std::path::Path;
 use serde_json::{json, Map, Value};
 
 use super::{
-    HEADER_ALIGN, KEY_BLOBS, KEY_GRAPH, KEY_LOSS_CID, KEY_METRICS, KEY_STEP, KEY_TIMESTAMP,
-    METADATA,
+    HEADER_ALIGN, KEY_BLOBS, KEY_GRAPH, KEY_LOSS_CID, KEY_METRICS, KEY_SAVE_RECORD, KEY_STEP,
+    KEY_TIMESTAMP, METADATA,
 };
 use crate::engine::StepData;
 use crate::{Dtype, Error, GradientCheckpoint, Result, StepInfo};
@@ -81,6 +81,10 @@ pub(crate) fn write(
         KEY_GRAPH,
         serde_json::to_string(&skeleton.graph).map_err(json_err)?,
     );
+    if !skeleton.save_record.is_empty() {
+        let record = serde_json::to_string(&skeleton.save_record).map_err(json_err)?;
+        metadata.insert(KEY_SAVE_RECORD, record);
+    }
     let blobs: Vec<&str> = info.blobs.keys().map(String::as_str).collect();
     metadata.insert(KEY_BLOBS, serde_json::to_string(&blobs).map_err(json_err)?);
     write_tensors(path, step, &metadata, &entries, &mut |e, bytes| {

@@ -6,7 +6,11 @@
 //! - **format 2**: the byte [`BINARY`], then the binary encoding below;
 //!   **format 3** ([`BINARY_TYPED`]) is the same followed by a section
 //!   that types some blobs as tensors. Only steps with tensors use it, so
-//!   an older build reads every other step.
+//!   an older build reads every other step. **Format 4**
+//!   ([`BINARY_RECORDED`]) is format 3 followed by the step's save record;
+//!   only steps with one use it. Steps of the formats before it keep
+//!   0.4.0's record among their metrics, and are read as if it were a
+//!   record (`SaveRecord::from_legacy_metrics`).
 //! - **format 1** (ckptstore 0.1, read only): JSON, starting with `{`
 //!   ([`super::manifest_v1`]).
 //!
@@ -26,8 +30,10 @@
 //!          chunks (count, then per chunk its 32-byte BLAKE3 hash and its id
 //!          varint) or byte 1 and the offset in the step's packed bytes
 //! packed:  opt<len varint, 32-byte BLAKE3 hash of the packed bytes>
-//! typed (format 3 only): count, then per tensor: name str (a blob's name),
+//! typed (formats 3, 4): count, then per tensor: name str (a blob's name),
 //!          dtype byte (its code, see `Dtype`), shape (count, varint...)
+//! record (format 4 only): staging opt<staging seconds f64, blocked
+//!          seconds f64>, names: count, then per name a str
 //! ```
 //!
 //! Nothing may follow. Decoding trusts nothing: every count is checked
@@ -39,7 +45,8 @@ use std::collections::{BTreeMap, HashMap};
 use super::codec::{Reader, Writer, HASH_LEN};
 use super::layout::CHUNK_SIZE;
 use crate::{
-    ComputationGraphStore, ComputationNode, Dtype, Error, GradientCheckpoint, Result, Tensor,
+    ComputationGraphStore, ComputationNode, Dtype, Error, GradientCheckpoint, Result, SaveRecord,
+    Staging, Tensor,
 };
 
 pub(crate) use super::codec::{hex, Hash};
@@ -49,11 +56,13 @@ pub(crate) use super::step::{BlobRef, ChunkRef, ChunkUse, Manifest, PackedRef, P
 pub(crate) const BINARY: u8 = 2;
 /// The first byte of a format 3 manifest: format 2 with typed tensors.
 pub(crate) const BINARY_TYPED: u8 = 3;
+/// The first byte of a format 4 manifest: format 3 with a save record.
+pub(crate) const BINARY_RECORDED: u8 = 4;
 /// The first byte of a format 1 (JSON) manifest.
 pub(crate) const JSON: u8 = b'{';
 /// First bytes a later format may use: a build that finds one of these says
 /// the manifest is newer than it, not that it is damaged.
-const FUTURE: std::ops::RangeInclusive<u8> = 4..=31;
+const FUTURE: std::ops::RangeInclusive<u8> = 5..=31;
 /// Bytes before the body: the hash, then the version byte.
 const HEADER_LEN: usize = HASH_LEN + 1;
 
@@ -68,6 +77,8 @@ const MIN_BLOB: usize = 4;
 const MIN_CHUNK: usize = HASH_LEN + 1;
 /// A typed entry: a name, a dtype and a shape count.
 const MIN_TYPED: usize = 3;
+/// A name of the save record: its length byte.
+const MIN_NAME: usize = 1;
 
 /// Blob kinds in the encoding.
 const KIND_CHUNKS: u8 = 0;
@@ -90,10 +101,13 @@ pub(crate) fn encode_manifest(
         64 + nodes.len() * 128 + blobs.len() * 80,
     ));
     w.0.resize(HASH_LEN, 0);
-    w.u8(if typed.is_empty() {
-        BINARY
-    } else {
+    let record = &ckpt.save_record;
+    w.u8(if !record.is_empty() {
+        BINARY_RECORDED
+    } else if !typed.is_empty() {
         BINARY_TYPED
+    } else {
+        BINARY
     });
     w.varint(ckpt.step);
     w.varint(ckpt.timestamp);
@@ -137,7 +151,7 @@ pub(crate) fn encode_manifest(
             w.hash(&p.hash);
         }
     }
-    if !typed.is_empty() {
+    if !typed.is_empty() || !record.is_empty() {
         w.len(typed.len());
         for &(name, dtype, shape) in typed {
             w.str(name);
@@ -148,10 +162,51 @@ pub(crate) fn encode_manifest(
             }
         }
     }
+    if !record.is_empty() {
+        encode_record(&mut w, record);
+    }
     let mut bytes = w.0;
     let hash = blake3::hash(&bytes[HASH_LEN..]);
     bytes[..HASH_LEN].copy_from_slice(hash.as_bytes());
     Ok(bytes)
+}
+
+fn encode_record(w: &mut Writer, record: &SaveRecord) {
+    match record.staging {
+        None => w.u8(0),
+        Some(s) => {
+            w.u8(1);
+            w.f64(s.staging_seconds);
+            w.f64(s.blocked_seconds);
+        }
+    }
+    w.len(record.names.len());
+    for name in &record.names {
+        w.str(name);
+    }
+}
+
+fn decode_record(r: &mut Reader<'_>) -> Result<SaveRecord> {
+    let mut record = SaveRecord::default();
+    match r.u8("staging flag")? {
+        0 => {}
+        1 => {
+            let staging = r.f64("staging seconds")?;
+            let blocked = r.f64("blocked seconds")?;
+            let s = Staging::new(staging, blocked).ok_or_else(|| r.fail("staging seconds"))?;
+            record.staging = Some(s);
+        }
+        _ => return Err(r.fail("staging flag")),
+    }
+    for _ in 0..r.count("name count", MIN_NAME)? {
+        if !record.names.insert(r.str("name")?) {
+            return Err(r.fail("a repeated name"));
+        }
+    }
+    if record.is_empty() {
+        return Err(r.fail("an empty save record"));
+    }
+    Ok(record)
 }
 
 fn encode_graph(
@@ -221,7 +276,7 @@ pub(crate) fn decode_manifest(step: u64, bytes: &[u8]) -> Result<Manifest> {
 /// Decode a manifest body whose hash has been checked (or that is fuzzed).
 pub(crate) fn decode_body(step: u64, body: &[u8]) -> Result<Manifest> {
     let manifest = match body.first() {
-        Some(&(BINARY | BINARY_TYPED)) => decode_binary(step, body)?,
+        Some(&(BINARY | BINARY_TYPED | BINARY_RECORDED)) => decode_binary(step, body)?,
         Some(&JSON) => super::manifest_v1::decode(step, body)?,
         Some(&v) if FUTURE.contains(&v) => {
             return Err(Error::UnsupportedFormat {
@@ -263,10 +318,16 @@ fn decode_binary(step: u64, body: &[u8]) -> Result<Manifest> {
         }),
         _ => return Err(r.fail("packed flag")),
     };
-    let typed = if body.first() == Some(&BINARY_TYPED) {
-        decode_typed(&mut r)?
-    } else {
+    let version = body.first().copied();
+    let typed = if version == Some(BINARY) {
         Typed::new()
+    } else {
+        decode_typed(&mut r)?
+    };
+    let save_record = if version == Some(BINARY_RECORDED) {
+        decode_record(&mut r)?
+    } else {
+        SaveRecord::from_legacy_metrics(&mut metrics, |n| blobs.contains_key(n))
     };
     if !r.at_end() {
         return Err(r.fail("bytes after the end"));
@@ -280,6 +341,7 @@ fn decode_binary(step: u64, body: &[u8]) -> Result<Manifest> {
         blobs,
         packed,
         typed,
+        save_record,
     })
 }
 

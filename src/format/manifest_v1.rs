@@ -81,6 +81,7 @@ pub(crate) fn decode(step: u64, json: &[u8]) -> Result<Manifest> {
             hash: p.hash,
         }),
         typed: Typed::new(),
+        save_record: crate::SaveRecord::default(),
     })
 }
 

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::codec::Hash;
-use crate::{ComputationGraphStore, Dtype, GradientCheckpoint};
+use crate::{ComputationGraphStore, Dtype, GradientCheckpoint, SaveRecord};
 
 /// One chunk of a blob: its content hash, and its id in `chunk_data`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,6 +62,9 @@ pub(crate) struct Manifest {
     pub(crate) packed: Option<PackedRef>,
     /// The blobs that are tensors: their dtype and shape.
     pub(crate) typed: BTreeMap<String, (Dtype, Vec<u64>)>,
+    /// How the step was saved (format 4; lifted from 0.4.0's metrics for
+    /// the formats before it).
+    pub(crate) save_record: SaveRecord,
 }
 
 impl Manifest {
@@ -76,6 +79,7 @@ impl Manifest {
             timestamp: self.timestamp,
             metrics: self.metrics,
             tensors: BTreeMap::new(),
+            save_record: self.save_record,
         };
         (ckpt, self.blobs, self.typed)
     }

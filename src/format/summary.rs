@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Error, Result, StepSummary};
+use crate::{Error, Result, SaveRecord, StepSummary};
 
 /// The record as stored (the field names are the format).
 #[derive(Serialize, Deserialize)]
@@ -21,6 +21,13 @@ struct Record<'a> {
     logical_bytes: u64,
     bytes_written: u64,
     blobs: u64,
+    /// Left out when empty, so the record is 0.4.0's for such a step.
+    #[serde(
+        default,
+        rename = "save_record",
+        skip_serializing_if = "SaveRecord::is_empty"
+    )]
+    saved: SaveRecord,
 }
 
 /// Encode `summary` for the `summaries` table.
@@ -33,6 +40,7 @@ pub(crate) fn encode(summary: &StepSummary) -> Result<Vec<u8>> {
         logical_bytes: summary.logical_bytes,
         bytes_written: summary.bytes_written,
         blobs: summary.blobs as u64,
+        saved: summary.save_record.clone(),
     };
     serde_json::to_vec(&record).map_err(|e| Error::InvalidCheckpoint {
         step: summary.step,
@@ -49,14 +57,24 @@ pub(crate) fn decode(step: u64, bytes: &[u8]) -> Result<StepSummary> {
     }
     let blobs = usize::try_from(r.blobs)
         .map_err(|_| Error::corrupt(Some(step), "summary counts too many blobs"))?;
+    let mut metrics = r.metrics;
+    let save_record = if r.saved.is_empty() {
+        SaveRecord::from_legacy_metrics(&mut metrics, |_| false)
+    } else {
+        r.saved
+            .check(step)
+            .map_err(|_| Error::corrupt(Some(step), "summary holds an invalid save record"))?;
+        r.saved
+    };
     Ok(StepSummary {
         step,
         timestamp: r.timestamp,
         loss_cid: r.loss_cid.map(std::borrow::Cow::into_owned),
-        metrics: r.metrics,
+        metrics,
         logical_bytes: r.logical_bytes,
         bytes_written: r.bytes_written,
         blobs,
+        save_record,
     })
 }
 
@@ -74,6 +92,9 @@ mod tests {
             logical_bytes: 100,
             bytes_written: 60,
             blobs: 2,
+            save_record: SaveRecord::default()
+                .with_staging(crate::Staging::new(0.5, 0.1).expect("finite"))
+                .with_name("lightning:a.ckpt"),
         };
         let bytes = encode(&s)?;
         assert_eq!(decode(4, &bytes)?, s);
@@ -82,6 +103,11 @@ mod tests {
         // The record 0.1 and 0.2 wrote still decodes.
         let old = br#"{"step":4,"timestamp":17,"loss_cid":null,"metrics":{},"logical_bytes":1,"bytes_written":1,"blobs":1}"#;
         assert_eq!(decode(4, old)?.blobs, 1);
+        // 0.4.0's staging cost, kept among the metrics, reads as a record.
+        let cost = br#"{"step":4,"timestamp":17,"loss_cid":null,"metrics":{"ckptstore.staging_s":0.5,"ckptstore.blocked_s":0.1},"logical_bytes":1,"bytes_written":1,"blobs":1}"#;
+        let lifted = decode(4, cost)?;
+        assert!(lifted.metrics.is_empty());
+        assert_eq!(lifted.save_record.staging, crate::Staging::new(0.5, 0.1));
         Ok(())
     }
 }

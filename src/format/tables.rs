@@ -9,7 +9,7 @@ use crate::error::StorageContext;
 use crate::{Error, Result};
 
 /// The newest store and manifest format this build reads.
-pub(crate) const FORMAT_VERSION: u32 = 5;
+pub(crate) const FORMAT_VERSION: u32 = 6;
 /// The format of a store's tables (chunks by id): what a new store is and
 /// what a format 1 store is upgraded to when opened for writing.
 pub(crate) const TABLES_FORMAT: u32 = 2;
@@ -24,6 +24,9 @@ pub(crate) const REPLICA_FORMAT: u32 = 4;
 /// The format a store is marked with by its first pack file
 /// ([`super::packs`]): older builds would find the chunks in it missing.
 pub(crate) const PACK_FORMAT: u32 = 5;
+/// The format a store is marked with by its first step with a save record
+/// (format 4 manifests, which older builds refuse).
+pub(crate) const RECORD_FORMAT: u32 = 6;
 
 /// Store-wide facts and counters, under the `META_*` keys below.
 pub(crate) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");

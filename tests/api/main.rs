@@ -23,6 +23,7 @@ mod read_only_open;
 mod remove_and_rollback;
 mod retention_policies;
 mod save_is_durable_and_clean;
+mod save_records;
 mod space_stays_bounded;
 mod store_options;
 mod tensors;

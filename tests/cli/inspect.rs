@@ -85,3 +85,49 @@ fn ls_show_and_stats_describe_the_store() -> Result {
     assert_eq!(code, 2);
     Ok(())
 }
+
+#[test]
+fn show_and_ls_read_a_steps_save_record() -> Result {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("run.ckpt");
+    let p = path.to_str().ok_or("path")?;
+    {
+        let store = CheckpointStore::open(&path)?;
+        let mut ckpt = common::deterministic(3).with_metric("acc", 0.5);
+        ckpt.save_record = ckptstore::SaveRecord::default()
+            .with_staging(ckptstore::Staging::new(0.25, 0.0625).ok_or("finite")?)
+            .with_name("lightning:ckpts/epoch=0.ckpt");
+        store.commit(&ckpt)?;
+    }
+    let (code, out, err) = common::ckpt(&["show", p, "3"])?;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("save:      blocked 0.062 s, staging 0.250 s"),
+        "{out}"
+    );
+    assert!(
+        out.contains("saved as:  lightning:ckpts/epoch=0.ckpt"),
+        "{out}"
+    );
+    assert!(
+        !out.contains("ckptstore."),
+        "the record is not a metric: {out}"
+    );
+    let (_, out, _) = common::ckpt(&["show", p, "3", "--json"])?;
+    let info: serde_json::Value = serde_json::from_str(&out)?;
+    let record = &info["save_record"];
+    assert_eq!(record["staging"]["blocked_seconds"].as_f64(), Some(0.0625));
+    assert_eq!(record["names"][0], "lightning:ckpts/epoch=0.ckpt");
+    let (_, out, _) = common::ckpt(&["ls", p])?;
+    assert!(
+        out.contains("acc=0.5 loss=0.25 lightning:ckpts/epoch=0.ckpt"),
+        "{out}"
+    );
+    let (_, out, _) = common::ckpt(&["ls", p, "--json"])?;
+    let rows: serde_json::Value = serde_json::from_str(&out)?;
+    assert_eq!(
+        rows[0]["save_record"]["staging"]["staging_seconds"].as_f64(),
+        Some(0.25)
+    );
+    Ok(())
+}

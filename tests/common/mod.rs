@@ -51,6 +51,20 @@ pub fn checkpoint(step: u64, sizes: &[usize]) -> Result<GradientCheckpoint> {
     Ok(ckpt)
 }
 
+/// A save record with a staging cost and a Lightning name.
+pub fn save_record() -> ckptstore::SaveRecord {
+    ckptstore::SaveRecord::default()
+        .with_staging(ckptstore::Staging::new(0.75, 0.125).expect("finite"))
+        .with_name("lightning:checkpoints/last.ckpt")
+}
+
+/// `checkpoint(step, &[100, 300_000])` with [`save_record`] and a loss.
+pub fn recorded(step: u64) -> Result<GradientCheckpoint> {
+    let mut c = checkpoint(step, &[100, 300_000])?.with_metric("loss", 0.5);
+    c.save_record = save_record();
+    Ok(c)
+}
+
 /// A checkpoint that is a pure function of `step` (fixed timestamp, fixed
 /// node ids), so a process that did not write it can check it byte for byte.
 pub fn deterministic(step: u64) -> GradientCheckpoint {

@@ -33,7 +33,7 @@ fn store_of_a_newer_format_is_refused() -> Result {
                 e,
                 Error::UnsupportedFormat {
                     found: 99,
-                    supported: 5,
+                    supported: 6,
                     ..
                 }
             ),

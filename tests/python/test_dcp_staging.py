@@ -196,5 +196,6 @@ def test_each_save_reports_its_cost_and_the_step_keeps_its_staging(tmp_path):
     listed = subprocess.run([ckpt, "ls", url, "--json"], capture_output=True, text=True)
     assert listed.returncode == 0, listed.stderr
     rows = {r["step"]: r for r in json.loads(listed.stdout)}
-    assert rows[1]["metrics"]["ckptstore.staging_s"] == pytest.approx(cost.staging_seconds)
-    assert "ckptstore.staging_s" not in rows[2]["metrics"]  # not staged
+    assert rows[1]["save_record"]["staging"]["staging_seconds"] == pytest.approx(cost.staging_seconds)
+    assert not rows[1]["metrics"]  # the record is not a metric
+    assert "save_record" not in rows[2]  # not staged

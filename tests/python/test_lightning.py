@@ -42,7 +42,8 @@ def test_killed_run_resumes_from_last_bit_identical(tmp_path, uninterrupted, mod
 
     with ckptstore.open(store, read_only=True) as s:
         steps = s.steps()
-        names = {n for step in steps for n in s.info(step).metrics if n.startswith("lightning:")}
+        names = {n for step in steps for n in s.info(step).save_record.names}
+        assert not any(n.startswith("lightning:") for step in steps for n in s.info(step).metrics)
     assert 1 <= len(steps) <= 3, steps
     # Every file left in the directory is a marker, and the markers are
     # exactly the names the store holds.
@@ -170,8 +171,11 @@ def test_async_saves_the_state_as_staged_and_returns_before_the_commit(tmp_path,
     io.teardown()
     with ckptstore.open(tmp_path / "run.ckpt", read_only=True) as s:
         assert s.steps() == [5]
-        metrics = s.info(5).metrics
-        assert metrics["ckptstore.staging_s"] > 0 and metrics["ckptstore.blocked_s"] > 0
+        record = s.info(5).save_record
+        assert record.staging_seconds > 0 and record.blocked_seconds > 0
+        assert len(record.names) == 1 and record.names[0].startswith("lightning:"), record
+        assert record.names[0].endswith("last.ckpt"), record
+        assert not s.info(5).metrics  # the record is not a metric
     import os
     import subprocess
 

@@ -322,3 +322,25 @@ def test_read_ranges_reads_bytes_of_entries_into_arrays(tmp_path):
                 store.read_ranges(3, reads)
         with pytest.raises(ValueError, match="read-only"):
             store.read_ranges(3, [("w", 0, np.frombuffer(b"abcd", np.uint8))])
+
+
+def test_a_save_record_is_a_typed_attribute_of_the_step(tmp_path):
+    record = ckptstore.SaveRecord(staging_seconds=0.5, blocked_seconds=0.25, names=["lightning:b", "lightning:a"])
+    assert (record.staging_seconds, record.blocked_seconds) == (0.5, 0.25)
+    assert record.names == ["lightning:a", "lightning:b"] and record
+    assert not ckptstore.SaveRecord() and ckptstore.SaveRecord(names=["x"]).staging_seconds is None
+    for bad in [dict(staging_seconds=1.0), dict(staging_seconds=-1.0, blocked_seconds=0.0),
+                dict(staging_seconds=float("nan"), blocked_seconds=0.0)]:
+        with pytest.raises(ValueError):
+            ckptstore.SaveRecord(**bad)
+    with ckptstore.open(tmp_path / "s.ckpt") as s:
+        s.save(1, {"w": np.ones(4)}, {"loss": 1.0}, record=record)
+        s.save_async(2, {"w": np.ones(4)}, record=ckptstore.SaveRecord(names=["n"])).result()
+        s.save(3, {"w": np.ones(4)})
+        assert s.info(1).save_record == record and s.info(1).metrics == {"loss": 1.0}
+        assert s.info(2).save_record.names == ["n"]
+        assert not s.info(3).save_record
+    remote = ckptstore.Remote(f"file://{tmp_path}/bucket")
+    shard = remote.upload_shard(4, 0, 1, {"w": np.ones(4)}, record=record)
+    remote.commit_global(4, [shard.shard])
+    assert remote.info(4).save_record == record

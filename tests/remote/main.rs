@@ -18,6 +18,7 @@ mod promise;
 mod remembered;
 mod replicate;
 mod retention;
+mod save_records;
 mod shards;
 mod tails;
 mod untrusted;

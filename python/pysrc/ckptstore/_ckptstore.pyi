@@ -20,6 +20,7 @@ __all__ = [
     "RawRemote",
     "RawStore",
     "ReplicationStatus",
+    "SaveRecord",
     "ShardInfo",
     "ShardStatus",
     "StepExistsError",
@@ -130,9 +131,33 @@ class StoreStats:
     def __getitem__(self, key: str) -> Any: ...
 
 @final
+class SaveRecord:
+    """How a step was saved: a typed attribute of the step, apart from its
+    metrics. `staging_seconds` and `blocked_seconds` are both given (a
+    staged save's cost) or both None; `names` are the names a framework
+    saved the step under (`lightning:<path>`)."""
+
+    def __new__(
+        cls,
+        *,
+        staging_seconds: Optional[float] = None,
+        blocked_seconds: Optional[float] = None,
+        names: Sequence[str] = ...,
+    ) -> "SaveRecord": ...
+    @property
+    def staging_seconds(self) -> Optional[float]: ...
+    @property
+    def blocked_seconds(self) -> Optional[float]: ...
+    @property
+    def names(self) -> List[str]: ...
+    def __bool__(self) -> bool: ...
+    def __eq__(self, other: object) -> bool: ...
+
+@final
 class StepInfo:
     """A stored step's metadata, read without its data: its metrics, each
-    untyped blob's length and each tensor's (dtype, shape)."""
+    untyped blob's length, each tensor's (dtype, shape) and how the step
+    was saved."""
 
     @property
     def step(self) -> int: ...
@@ -144,6 +169,8 @@ class StepInfo:
     def blobs(self) -> Dict[str, int]: ...
     @property
     def tensors(self) -> Dict[str, Tuple[str, List[int]]]: ...
+    @property
+    def save_record(self) -> SaveRecord: ...
     def __getitem__(self, key: str) -> Any: ...
 
 @final
@@ -334,9 +361,15 @@ class RawStore:
         blobs: List[_Blob],
         metrics: Dict[str, float],
         replace: bool = False,
+        record: Optional[SaveRecord] = None,
     ) -> CommitInfo: ...
     def save_async(
-        self, step: int, tensors: List[_Saved], blobs: List[_Blob], metrics: Dict[str, float]
+        self,
+        step: int,
+        tensors: List[_Saved],
+        blobs: List[_Blob],
+        metrics: Dict[str, float],
+        record: Optional[SaveRecord] = None,
     ) -> Handle: ...
     def flush(self) -> None: ...
     def load(self, step: Optional[int] = None) -> Optional[Dict[str, Any]]: ...
@@ -395,6 +428,7 @@ class RawRemote:
     def push(self, store: RawStore) -> PushReport: ...
     def steps(self) -> List[int]: ...
     def latest_step(self) -> Optional[int]: ...
+    def info(self, step: int) -> Optional[StepInfo]: ...
     def load(self, step: Optional[int] = None) -> Optional[Dict[str, Any]]: ...
     def pull(self, step: int, store: RawStore) -> CommitInfo: ...
     def save_shard(
@@ -403,6 +437,7 @@ class RawRemote:
         tensors: List[_Saved],
         blobs: List[_Blob],
         metrics: Dict[str, float],
+        record: Optional[SaveRecord] = None,
     ) -> ShardInfo: ...
     def load_shard(self, rank: int, step: Optional[int] = None) -> Optional[Dict[str, Any]]: ...
     def shards(self, step: int) -> ShardStatus: ...
@@ -419,6 +454,7 @@ class RawRemote:
         tensors: List[_Saved],
         blobs: List[_Blob],
         metrics: Dict[str, float],
+        record: Optional[SaveRecord] = None,
     ) -> ShardInfo: ...
     def upload_shard_from_store(
         self,
@@ -433,6 +469,7 @@ class RawRemote:
         tensors: List[_Saved],
         blobs: List[_Blob],
         metrics: Dict[str, float],
+        record: Optional[SaveRecord] = None,
     ) -> ShardInfo: ...
     def commit_global(self, step: int, shards: List[str]) -> None: ...
     def open_global(self, step: int, commit: Optional[str] = None) -> Optional[RawGlobalStep]: ...

@@ -4,7 +4,9 @@ and logged where the framework lets a plugin log."""
 
 import time
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Dict, Iterable, Optional, Tuple
+
+from ._ckptstore import SaveRecord
 
 
 @dataclass(frozen=True)
@@ -51,12 +53,16 @@ class Clock:
     def staged(self, seconds: float, blocked: Optional[float] = None) -> None:
         self.staging = (seconds, seconds if blocked is None else blocked)
 
-    def metrics(self) -> Dict[str, float]:
-        """The step's record of a staged save's staging (`ckptstore.staging_s`,
-        `ckptstore.blocked_s`, which `ckpt ls` shows); none for another."""
+    def record(self, names: Iterable[str] = ()) -> Optional[SaveRecord]:
+        """The step's save record: a staged save's staging (which `ckpt
+        show` shows) and `names`; None when there is neither."""
+        names = list(names)
+        if self.staging is None and not names:
+            return None
         if self.staging is None:
-            return {}
-        return {"ckptstore.staging_s": self.staging[0], "ckptstore.blocked_s": self.staging[1]}
+            return SaveRecord(names=names)
+        staging, blocked = self.staging
+        return SaveRecord(staging_seconds=staging, blocked_seconds=blocked, names=names)
 
     def cost(self, step: int, bytes_new: int, bytes_deduplicated: int) -> SaveCost:
         """The save's cost, now that it is durable."""

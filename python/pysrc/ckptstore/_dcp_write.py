@@ -20,7 +20,7 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.futures import Future
 
 from . import _dcp_json
-from ._ckptstore import Tensor
+from ._ckptstore import SaveRecord, Tensor
 from ._convert import step_number
 from ._cost import Clock, SaveCost
 from ._errors import StepExistsError
@@ -259,7 +259,7 @@ class StorageWriter(_storage.StorageWriter):
             if self._world > 1:
                 self._count(self._to.put_data(self._step, self._rank, self._world, values))
         else:
-            shard = self._count(self._to.put(self._step, self._rank, self._world, values, {}, self._overwrite))
+            shard = self._count(self._to.put(self._step, self._rank, self._world, values, None, self._overwrite))
             self._give_back()
             self._done()
         # Every rank reports its shard, also a rank with no items.
@@ -293,8 +293,8 @@ class StorageWriter(_storage.StorageWriter):
         self._bytes[1] += put.bytes_reused
         return put.shard
 
-    def _metrics(self) -> Dict[str, float]:
-        return {} if self._clock is None else self._clock.metrics()
+    def _record(self) -> Optional[SaveRecord]:
+        return None if self._clock is None else self._clock.record()
 
     def _done(self) -> None:
         """This rank's part is durable: its `cost`."""
@@ -308,7 +308,7 @@ class StorageWriter(_storage.StorageWriter):
         self._kept = {}
         values[METADATA] = _dcp_json.to_json(metadata)
         values.update(self._to.layout_entries(sizes))
-        put = self._to.put(self._step, self._rank, self._world, values, self._metrics(), self._overwrite)
+        put = self._to.put(self._step, self._rank, self._world, values, self._record(), self._overwrite)
         shards[self._rank] = self._count(put)
         self._give_back()
         self._to.commit(self._step, shards)

@@ -15,8 +15,10 @@ from ._ckptstore import (
     PushReport,
     RawGlobalStep,
     RawRemote,
+    SaveRecord,
     ShardInfo,
     ShardStatus,
+    StepInfo,
     VerifyReport,
 )
 from ._convert import Checkpoint, Value, checkpoint_of, metrics_of, optional_step, split_state, step_number
@@ -42,6 +44,12 @@ class Remote:
 
     def latest_step(self) -> Optional[int]:
         return self._raw.latest_step()
+
+    def info(self, step: int) -> Optional[StepInfo]:
+        """A complete step's metadata (metrics, entries, save record), or
+        None; a global step of several ranks raises ckptstore.Error (each
+        rank's shard has its own: `ckpt ls URL` lists rank 0's)."""
+        return self._raw.info(step_number(step))
 
     def load(self, step: Optional[int] = None) -> Optional[Checkpoint]:
         """A step pushed from one store (the latest if None), or None."""
@@ -93,6 +101,7 @@ class Remote:
         state: Mapping[str, Value],
         data_only: bool = False,
         metrics: Optional[Mapping[str, float]] = None,
+        record: Optional[SaveRecord] = None,
     ) -> ShardInfo:
         """Upload rank `rank`'s shard of global step `step` without completing
         the step; `info.shard` names it for `commit_global`. Its new chunks
@@ -100,10 +109,11 @@ class Remote:
         are not uploaded again (nothing is asked of the bucket per chunk).
         With `data_only`, only its chunks (no shard yet: a later
         upload_shard of the same data through this Remote finds them).
-        `metrics` are the shard's (rank 0's are the step's, `ckpt ls`)."""
+        `metrics` and `record` are the shard's (rank 0's are the step's,
+        `ckpt ls`)."""
         tensors, blobs = split_state(state)
         raw = self._raw.upload_shard_data if data_only else self._raw.upload_shard
-        return raw((step_number(step), int(rank), int(world_size)), tensors, blobs, metrics_of(metrics))
+        return raw((step_number(step), int(rank), int(world_size)), tensors, blobs, metrics_of(metrics), record)
 
     def upload_shard_from(
         self,

@@ -13,6 +13,7 @@ from ._ckptstore import (
     RawRemote,
     RawStore,
     ReplicationStatus,
+    SaveRecord,
     StepInfo,
     StoreStats,
     Tensor,
@@ -60,19 +61,25 @@ class Store:
         state: Mapping[str, Value],
         metrics: Optional[Mapping[str, float]] = None,
         replace: bool = False,
+        record: Optional[SaveRecord] = None,
     ) -> CommitInfo:
         """Commit `state` as `step`; durable when it returns. A stored step
         of that number raises StepExistsError, or with `replace=True` is
-        replaced in the same transaction (a crash leaves one or the other)."""
+        replaced in the same transaction (a crash leaves one or the other).
+        `record` says how the step was saved (`info(step).save_record`)."""
         tensors, blobs = split_state(state)
-        return self._raw.save(step_number(step), tensors, blobs, metrics_of(metrics), replace)
+        return self._raw.save(step_number(step), tensors, blobs, metrics_of(metrics), replace, record)
 
     def save_async(
-        self, step: int, state: Mapping[str, Value], metrics: Optional[Mapping[str, float]] = None
+        self,
+        step: int,
+        state: Mapping[str, Value],
+        metrics: Optional[Mapping[str, float]] = None,
+        record: Optional[SaveRecord] = None,
     ) -> Handle:
         """Queue `state` for commit in the background; the arrays are copied now."""
         tensors, blobs = split_state(state)
-        return Handle(self._raw.save_async(step_number(step), tensors, blobs, metrics_of(metrics)))
+        return Handle(self._raw.save_async(step_number(step), tensors, blobs, metrics_of(metrics), record))
 
     def flush(self) -> None:
         self._raw.flush()

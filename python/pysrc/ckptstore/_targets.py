@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, Hashable, List, Mapping, NamedTuple, Opt
 
 import numpy as np
 
-from ._ckptstore import HfExport
+from ._ckptstore import HfExport, SaveRecord
 from ._convert import step_number
 from ._remote import Remote
 from ._store import Store
@@ -90,9 +90,10 @@ class SaveTarget(Protocol):
         shard itself follows later (the coordinator's, beside the others')."""
 
     def put(
-        self, step: int, rank: int, world: int, values: Mapping[str, Any], metrics: Mapping[str, float], replace: bool
+        self, step: int, rank: int, world: int, values: Mapping[str, Any], record: Optional[SaveRecord], replace: bool
     ) -> Put:
-        """Store rank `rank`'s shard of `step`, durably."""
+        """Store rank `rank`'s shard of `step`, durably; `record`, how it
+        was saved (a staged save's cost), goes with the step."""
 
     def layout_entries(self, sizes: List[Dict[str, int]]) -> Dict[str, bytes]:
         """Entries the coordinator's shard holds beside DCP's metadata,
@@ -215,9 +216,9 @@ class Bucket:
         return Put(info.shard, info.bytes_uploaded, info.bytes_skipped)
 
     def put(
-        self, step: int, rank: int, world: int, values: Mapping[str, Any], metrics: Mapping[str, float], replace: bool
+        self, step: int, rank: int, world: int, values: Mapping[str, Any], record: Optional[SaveRecord], replace: bool
     ) -> Put:
-        info = self._remote.upload_shard(step, rank, world, values, metrics=metrics)
+        info = self._remote.upload_shard(step, rank, world, values, record=record)
         return Put(info.shard, info.bytes_uploaded, info.bytes_skipped)
 
     def layout_entries(self, sizes: List[Dict[str, int]]) -> Dict[str, bytes]:
@@ -331,10 +332,10 @@ class LocalStore:
         return Put("", 0, 0)  # the step is committed whole, by `put`
 
     def put(
-        self, step: int, rank: int, world: int, values: Mapping[str, Any], metrics: Mapping[str, float], replace: bool
+        self, step: int, rank: int, world: int, values: Mapping[str, Any], record: Optional[SaveRecord], replace: bool
     ) -> Put:
         with self._use() as store:
-            info = store.save(step, values, metrics, replace=replace)
+            info = store.save(step, values, replace=replace, record=record)
         return Put("", info.bytes_written, info.bytes_reused)
 
     def layout_entries(self, sizes: List[Dict[str, int]]) -> Dict[str, bytes]:

@@ -13,7 +13,7 @@ from typing import Any, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._ckptstore import CommitInfo, Tensor
+from ._ckptstore import CommitInfo, SaveRecord, Tensor
 from ._store import Store
 from ._cost import SaveCost
 from ._targets import Put
@@ -54,7 +54,7 @@ class TierShard:
         return Put("", 0, 0)  # the shard is committed whole, by `put`
 
     def put(
-        self, step: int, rank: int, world: int, values: Mapping[str, Any], metrics: Mapping[str, float], replace: bool
+        self, step: int, rank: int, world: int, values: Mapping[str, Any], record: Optional[SaveRecord], replace: bool
     ) -> Put:
         self.values = dict(values)
         self.info = self.store.save(step, values, replace=True)

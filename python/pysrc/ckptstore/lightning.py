@@ -52,8 +52,8 @@ removal or the end of the fit (`teardown`) waits for it and raises its
 failure. Each save's cost (`ckptstore.SaveCost`) is `last_cost` once it
 is durable; `ckptstore.lightning.SaveCosts()`, a callback, logs it with
 the trainer's logger (a `CheckpointIO` has no trainer to log with). The
-step of an async save keeps `ckptstore.blocked_s` and
-`ckptstore.staging_s` among its metrics.
+step of an async save records its staging in its save record
+(`Store.info(step).save_record`, which `ckpt show` prints).
 
 What it cannot do: Lightning strategies that save sharded state
 (FSDP with `state_dict_type="sharded"`, DeepSpeed, ModelParallelStrategy)
@@ -70,7 +70,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple, Union
 import numpy as np
 import torch
 
-from ._ckptstore import Tensor
+from ._ckptstore import SaveRecord, Tensor
 from ._cost import SaveCost
 from ._store import Store
 from ._store import open as open_store
@@ -91,8 +91,8 @@ except ImportError:  # the standalone package
 __all__ = ["CheckpointIO", "SaveCosts"]
 
 # A path's structure is the blob "lightning:<path>"; its tensors are named
-# "lightning:<path>/<key>/<key>...". Each name is also a metric of its
-# step ("lightning:<path>" = 1.0), which `ckpt ls` shows.
+# "lightning:<path>/<key>/<key>...". Each name is also in its step's save
+# record (`StepInfo.save_record.names`), which `ckpt ls` and `show` show.
 _PREFIX = "lightning:"
 _FORMAT = 1
 # Marker format 2 names the store relative to the marker, and the
@@ -195,8 +195,8 @@ class CheckpointIO(_CheckpointIO):
         values: Dict[str, Any] = self._others_at(store, step, name)
         values.update(tensors)
         values[_PREFIX + name] = blob
-        # An async save's staging is over: the step records it.
-        info = store.save(step, values, {**_metrics(values), **clock.metrics()}, replace=True)
+        # An async save's staging is over: the step records it, and its names.
+        info = store.save(step, values, replace=True, record=clock.record(_names(values)))
         self._drop(store, name, keep=step)
         if name != file:
             self._drop(store, file, keep=None)  # its name in a store of marker format 1
@@ -357,8 +357,10 @@ class CheckpointIO(_CheckpointIO):
             rest = self._others_at(store, step, name)
             if rest:
                 info = store.info(step)
-                kept = {k: v for k, v in (info.metrics if info else {}).items() if k.startswith("ckptstore.")}
-                store.save(step, rest, {**_metrics(rest), **kept}, replace=True)
+                staged = info.save_record if info else SaveRecord()
+                record = SaveRecord(staging_seconds=staged.staging_seconds,
+                                    blocked_seconds=staged.blocked_seconds, names=_names(rest))
+                store.save(step, rest, replace=True, record=record)
             else:
                 store.remove(step)
 
@@ -460,8 +462,10 @@ def _global_step(checkpoint: Dict[str, Any], name: str) -> int:
     return step
 
 
-def _metrics(values: Dict[str, Any]) -> Dict[str, float]:
-    return {n: 1.0 for n in values if n.startswith(_PREFIX) and isinstance(values[n], bytes)}
+def _names(values: Dict[str, Any]) -> List[str]:
+    """The step's names for its save record: `lightning:<name>` for each
+    checkpoint structure among `values`."""
+    return [n for n in values if n.startswith(_PREFIX) and isinstance(values[n], bytes)]
 
 
 def _owns(name: str, entry: str) -> bool:

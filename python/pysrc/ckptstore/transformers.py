@@ -37,8 +37,8 @@ mapped files stay readable if the Trainer's own rotation deletes it
 meanwhile. Each save's cost (`ckptstore.SaveCost`) is `last_cost` once
 it is durable, and is appended to the Trainer's `state.log_history` (as
 `checkpoint/blocked_s`, `checkpoint/durable_s`, ... at its step, kept in
-`trainer_state.json`); an async save's step keeps `ckptstore.blocked_s`
-among its metrics.
+`trainer_state.json`); an async save's step records its staging in its
+save record (`Store.info(step).save_record`, which `ckpt show` prints).
 
 What it cannot do: `load_best_model_at_end=True` reloads the best
 checkpoint from its directory at the end of training, which is no longer
@@ -135,7 +135,7 @@ class CheckpointCallback(TrainerCallback):
         steps; record what it cost (an async save's staging: the seconds it
         blocked the Trainer, opening the files)."""
         store = self._open()
-        info = store.save(step, values, {**metrics, **clock.metrics()}, replace=True)
+        info = store.save(step, values, metrics, replace=True, record=clock.record())
         shutil.rmtree(folder, ignore_errors=True)
         self._retain(store, args, state)
         cost = clock.cost(step, info.bytes_written, info.bytes_reused)

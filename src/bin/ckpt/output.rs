@@ -61,6 +61,18 @@ fn metrics(m: &std::collections::BTreeMap<String, f64>) -> String {
         .join(" ")
 }
 
+/// A listing's last column: the metrics, then the names the step was saved
+/// under.
+fn metrics_and_names(s: &StepSummary) -> String {
+    let names = s.save_record.names.iter().map(String::as_str);
+    let m = metrics(&s.metrics);
+    std::iter::once(m.as_str())
+        .filter(|m| !m.is_empty())
+        .chain(names)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// The steps as a table; with `ranks`, the number of ranks of each too.
 pub fn ls(summaries: &[StepSummary], ranks: Option<&BTreeMap<u64, u32>>, json: bool) -> Result {
     if json {
@@ -87,7 +99,7 @@ pub fn ls(summaries: &[StepSummary], ranks: Option<&BTreeMap<u64, u32>>, json: b
             bytes(s.logical_bytes),
             bytes(s.bytes_written),
             s.loss_cid.as_deref().unwrap_or("-"),
-            metrics(&s.metrics)
+            metrics_and_names(s)
         );
     }
     outln!("{} steps", summaries.len());
@@ -152,8 +164,9 @@ pub fn incomplete(steps: &[ShardStatus]) -> Result {
 }
 
 /// A step's manifest; with its summary, what its commit wrote new and
-/// what it shared with earlier steps, and what its save cost the caller
-/// when the saver recorded it (`ckptstore.*_s` metrics).
+/// what it shared with earlier steps; and its save record: what its save
+/// cost the caller, when the saver recorded it, and the names a framework
+/// saved it under.
 pub fn show(info: &StepInfo, summary: Option<&StepSummary>, pinned: bool, json: bool) -> Result {
     if json {
         let mut value = serde_json::to_value(info)?;
@@ -184,11 +197,15 @@ pub fn show(info: &StepInfo, summary: Option<&StepSummary>, pinned: bool, json: 
             bytes(shared)
         );
     }
-    let cost = |key: &str| info.metrics.get(key).copied();
-    if let (Some(blocked), Some(staging)) =
-        (cost("ckptstore.blocked_s"), cost("ckptstore.staging_s"))
-    {
-        outln!("save:      blocked {blocked:.3} s, staging {staging:.3} s");
+    if let Some(s) = info.save_record.staging {
+        outln!(
+            "save:      blocked {:.3} s, staging {:.3} s",
+            s.blocked_seconds,
+            s.staging_seconds
+        );
+    }
+    for name in &info.save_record.names {
+        outln!("saved as:  {name}");
     }
     outln!(
         "graph:     {} nodes, {} edges",

@@ -196,8 +196,39 @@ fn blob_longer_than_its_chunks_is_rejected() -> Result<()> {
 }
 
 #[test]
+fn a_save_record_is_format_4_and_round_trips() -> Result<()> {
+    let (mut ckpt, blobs, packed) = sample();
+    let plain = encode_manifest(&ckpt, &typed(&ckpt), &blobs, Some(&packed))?;
+    assert_ne!(plain[HASH_LEN], BINARY_RECORDED, "no record, no format 4");
+    ckpt.save_record = SaveRecord::default()
+        .with_staging(Staging::new(1.5, 0.0).expect("finite"))
+        .with_name("lightning:b")
+        .with_name("lightning:a");
+    let bytes = encode_manifest(&ckpt, &typed(&ckpt), &blobs, Some(&packed))?;
+    assert_eq!(bytes[HASH_LEN], BINARY_RECORDED);
+    let m = decode_manifest(9, &bytes)?;
+    assert_same(&m, &ckpt, &blobs);
+    assert_eq!(m.save_record, ckpt.save_record);
+    // Cut short anywhere in the record, or with its bytes changed to an
+    // empty record, it is damage.
+    let body = &bytes[HASH_LEN..];
+    for cut in 1..12 {
+        let short = &body[..body.len() - cut];
+        assert!(matches!(decode_body(9, short), Err(Error::Corrupt { .. })));
+    }
+    let mut empty = plain[HASH_LEN..].to_vec();
+    if empty[0] == BINARY {
+        empty.push(0); // no tensors
+    }
+    empty[0] = BINARY_RECORDED;
+    empty.extend([0, 0]); // no staging, no names
+    assert!(matches!(decode_body(9, &empty), Err(Error::Corrupt { .. })));
+    Ok(())
+}
+
+#[test]
 fn newer_manifest_formats_are_refused() {
-    for body in [&br#"{"format":99,"step":1}"#[..], &[4u8, 1, 0][..]] {
+    for body in [&br#"{"format":99,"step":1}"#[..], &[5u8, 1, 0][..]] {
         assert!(matches!(
             decode_body(1, body),
             Err(Error::UnsupportedFormat { .. })
@@ -225,6 +256,10 @@ mod proptests {
                 at: Placement::Packed { offset: 0 },
             },
         );
+        // A save record: the format 4 section is fuzzed too.
+        ckpt.save_record = SaveRecord::default()
+            .with_staging(Staging::new(0.5, 0.25).expect("finite"))
+            .with_name("lightning:a");
         // A typed blob: the format 3 section is fuzzed too.
         ckpt.set_tensor(
             "t",

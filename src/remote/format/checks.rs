@@ -55,6 +55,15 @@ impl RemoteManifest {
         for name in self.metrics.keys() {
             check_text("a metric name", name)?;
         }
+        for name in &self.save_record.names {
+            check_text("a name of its save record", name)?;
+        }
+        if let Err(e) = self.save_record.check(step) {
+            return Err(match e {
+                crate::Error::InvalidCheckpoint { reason, .. } => reason,
+                e => e.to_string(),
+            });
+        }
         let packed_len = match &self.packed {
             Some(p) if parse_hex(&p.hash).is_none() => {
                 return Err("the packed chunk's name is not a BLAKE3 hash".into())

@@ -347,6 +347,11 @@ pub(crate) struct RemoteManifest {
     /// Format 3: where each chunk it names lies in `packs`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) index: Option<crate::remote::format::pack_format::PackIndex>,
+    /// How the step was saved; left out when empty (a bucket written
+    /// before it keeps 0.4.0's record among `metrics`).
+    /// (Boxed: most manifests have none, and every commit body holds one.)
+    #[serde(default, skip_serializing_if = "no_record")]
+    pub(crate) save_record: Box<crate::SaveRecord>,
 }
 
 impl RemoteManifest {
@@ -411,8 +416,14 @@ impl RemoteManifest {
             packed,
             packs: None,
             index: None,
+            save_record: Box::new(ckpt.save_record.clone()),
         })
     }
+}
+
+#[allow(clippy::borrowed_box)] // serde passes the field by reference
+fn no_record(record: &Box<crate::SaveRecord>) -> bool {
+    record.is_empty()
 }
 
 /// Where one blob or tensor lies.

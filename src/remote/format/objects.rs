@@ -48,6 +48,7 @@ impl RemoteManifest {
             packed: self.packed.clone(),
             packs: self.packs.clone(),
             index: self.index.clone(),
+            save_record: Box::default(),
         }
     }
 }

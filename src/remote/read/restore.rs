@@ -15,7 +15,9 @@ use crate::format::manifest::{hex, Hash};
 use crate::remote::format::layout::{parse_hex, RemoteBlob, RemoteManifest};
 use crate::remote::format::pack_format::Object;
 use crate::remote::Remote;
-use crate::{CheckpointStore, CommitInfo, Dtype, Error, GradientCheckpoint, Result, Tensor};
+use crate::{
+    CheckpointStore, CommitInfo, Dtype, Error, GradientCheckpoint, Result, SaveRecord, Tensor,
+};
 
 /// Chunk downloads in flight at once: more than uploads, since a download
 /// waits on the server rather than on this process.
@@ -443,6 +445,11 @@ pub(crate) fn skeleton(m: RemoteManifest) -> Result<GradientCheckpoint> {
     ckpt.timestamp = m.timestamp;
     ckpt.loss_cid = m.loss_cid;
     ckpt.metrics = m.metrics;
+    ckpt.save_record = if m.save_record.is_empty() {
+        SaveRecord::from_legacy_metrics(&mut ckpt.metrics, |n| m.blobs.contains_key(n))
+    } else {
+        *m.save_record
+    };
     Ok(ckpt)
 }
 

@@ -10,7 +10,7 @@ use crate::remote::format::layout::{
 };
 use crate::remote::format::pack_format::Object;
 use crate::remote::{Commit, Remote};
-use crate::{Error, Result, StepSummary};
+use crate::{Error, Result, SaveRecord, StepSummary};
 
 /// A complete step's manifests.
 #[derive(Clone, Debug)]
@@ -275,14 +275,21 @@ fn check_single(
 
 /// The retention record of one manifest.
 fn summary(m: &RemoteManifest) -> StepSummary {
+    let mut metrics = m.metrics.clone();
+    let save_record = if m.save_record.is_empty() {
+        SaveRecord::from_legacy_metrics(&mut metrics, |n| m.blobs.contains_key(n))
+    } else {
+        (*m.save_record).clone()
+    };
     StepSummary {
         step: m.step,
         timestamp: m.timestamp,
         loss_cid: m.loss_cid.clone(),
-        metrics: m.metrics.clone(),
+        metrics,
         logical_bytes: m.blobs.values().fold(0, |n, b| n.saturating_add(b.len)),
         bytes_written: 0,
         blobs: m.blobs.len(),
+        save_record,
     }
 }
 
