@@ -17,7 +17,13 @@ $CKPT_TEST_BUCKET, through ckptstore.dcp (s3://) against AWS's
 s3torchconnector.dcp S3StorageWriter/S3StorageReader (path-style
 addressing), at 1 and 4 ranks, each contender under a prefix of its own;
 requests per GiB counted from the Garage log (--garage-log) by method.
-Ratio = s3torchconnector's time / ckptstore's.
+Ratio = s3torchconnector's time / ckptstore's. Then a replicated state
+(every tensor Replicate(), --replicated-mib) saved once and loaded at 4
+ranks by ckptstore striped (each byte read once, handed on), ckptstore
+with fan_out=False (each rank reads it all) and s3torchconnector:
+seconds, requests (Garage's log) and the bytes the ranks asked of the
+bucket (ckptstore's, counted in the process; s3torchconnector's are not
+seen from Python).
 """
 
 import argparse
@@ -50,7 +56,7 @@ def worker(mode, kind, target, world, rank, port, mib, step):
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 
     from ckptstore.dcp import StorageReader, StorageWriter
 
@@ -62,7 +68,9 @@ def worker(mode, kind, target, world, rank, port, mib, step):
         # Distinct values everywhere (nothing for dedup to find).
         n = rows * width
         full = (torch.arange(n, dtype=torch.float32) + i * n).reshape(rows, width) if mode == "save" else torch.zeros(rows, width)
-        state[f"w{i}"] = distribute_tensor(full, mesh, [Shard(0)])
+        placement = Replicate() if os.environ.get("CKPT_BENCH_REPLICATE") else Shard(0)
+        state[f"w{i}"] = distribute_tensor(full, mesh, [placement])
+    asked = _count_asked()
     dist.barrier()
     before, start = _rchar(), time.perf_counter()
     if kind == "s3torch":
@@ -78,23 +86,41 @@ def worker(mode, kind, target, world, rank, port, mib, step):
     elif mode == "save":
         writer = StorageWriter(target, step) if kind == "ckptstore" else dcp.FileSystemWriter(target)
         dcp.save(state, storage_writer=writer)
+    elif kind == "fs":
+        dcp.load(state, storage_reader=dcp.FileSystemReader(target))
     else:
-        reader = StorageReader(target, step) if kind == "ckptstore" else dcp.FileSystemReader(target)
-        dcp.load(state, storage_reader=reader)
+        dcp.load(state, storage_reader=StorageReader(target, step, fan_out=kind == "ckptstore"))
     dist.barrier()
     took, read = time.perf_counter() - start, _rchar() - before
-    print(f"RESULT {rank} {took:.6f} {read}", flush=True)
+    print(f"RESULT {rank} {took:.6f} {read} {asked[0]}", flush=True)
     dist.destroy_process_group()
 
 
-def run(mode, kind, target, world, mib, step):
+def _count_asked():
+    """Count the bytes this process asks of a bucket through ckptstore
+    (into a one-item list)."""
+    import ckptstore
+
+    asked = [0]
+    for name in ("read_pieces", "read_pieces_into"):
+        original = getattr(ckptstore.Remote, name)
+
+        def counted(self, opened, pieces, *rest, _original=original):
+            asked[0] += sum(p[3] for p in pieces)
+            return _original(self, opened, pieces, *rest)
+
+        setattr(ckptstore.Remote, name, counted)
+    return asked
+
+
+def run(mode, kind, target, world, mib, step, env=None):
     port = _port()
     procs = [
         subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), "--worker", mode, kind, target,
              str(world), str(r), str(port), str(mib), str(step)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
         )
         for r in range(world)
     ]
@@ -105,9 +131,9 @@ def run(mode, kind, target, world, mib, step):
             raise RuntimeError(f"{mode} {kind} at {world} ranks failed:\n{err[-2000:]}")
         for line in out.splitlines():
             if line.startswith("RESULT"):
-                _, rank, took, read = line.split()
-                results.append((int(rank), float(took), int(read)))
-    return max(t for _, t, _ in results), sorted(results)
+                _, rank, took, read, asked = line.split()
+                results.append((int(rank), float(took), int(read), int(asked)))
+    return max(r[1] for r in results), sorted(results)
 
 
 def _requests(log, since, prefix):
@@ -160,6 +186,34 @@ def main_s3(args):
             for k in ("ckptstore", "s3torch"):
                 detail = ", ".join(f"{m} {n}" for m, n in sorted(requests[(mode, k)].items()))
                 print(f"{'':>11}{k}: {detail}")
+    _replicated_s3(args, bucket, log, run_id)
+
+
+def _replicated_s3(args, bucket, log, run_id):
+    """A replicated state loaded at 4 ranks: ckptstore striped, ckptstore
+    per rank, s3torchconnector."""
+    mib, env = args.replicated_mib, {"CKPT_BENCH_REPLICATE": "1"}
+    print(f"replicated state: {mib} MiB of f32 tensors (4 MiB each, Replicate()) loaded at 4 ranks; "
+          f"medians of {args.reps}")
+    print(f"{'reader':>20} {'load s':>8} {'requests':>9} {'GET':>5} {'asked MiB':>10}")
+    targets = {}
+    for kind in ("ckptstore", "s3torch"):
+        prefix = f"bench-{run_id}-replicated-{kind}"
+        targets[kind] = (prefix, f"s3://{bucket}/{prefix}" + ("/" if kind == "s3torch" else ""))
+        run("save", kind, targets[kind][1], 4, mib, 1, env)
+    for kind in ("ckptstore", "ckptstore-per-rank", "s3torch"):
+        prefix, target = targets["s3torch" if kind == "s3torch" else "ckptstore"]
+        times, counted, asked = [], {}, 0
+        for rep in range(args.reps):
+            since = os.path.getsize(log)
+            took, ranks = run("load", kind, target, 4, mib, 1, env)
+            times.append(took)
+            if rep == 0:
+                time.sleep(0.5)  # the log is written behind the answers
+                counted, asked = _requests(log, since, prefix), sum(r[3] for r in ranks)
+        shown = f"{asked / 2**20:>10.1f}" if kind != "s3torch" else f"{'-':>10}"
+        print(f"{kind:>20} {statistics.median(times):>8.3f} {sum(counted.values()):>9} "
+              f"{counted.get('GET', 0):>5} {shown}")
 
 
 def main():
@@ -170,6 +224,7 @@ def main():
     ap.add_argument("--s3", action="store_true", help="against s3torchconnector on the S3 server of AWS_ENDPOINT_URL")
     ap.add_argument("--garage-log", default=None, help="the Garage server's log (default: beside $CKPT_GARAGE_CONFIG)")
     ap.add_argument("--ranks", default="1,4", help="the world sizes to run, comma-separated (default 1,4)")
+    ap.add_argument("--replicated-mib", type=int, default=256, help="the replicated state of --s3 (default 256)")
     ap.add_argument("--worker", nargs=8, help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.ranks = [int(r) for r in args.ranks.split(",")]
@@ -209,7 +264,7 @@ def main():
             target = f"file://{where}" if kind == "ckptstore" else where
             run("save", kind, target, 4, args.mib, 2)
             _, ranks = run("load", kind, target, 2, args.mib, 2)
-            per = ", ".join(f"rank {r}: {read / 2**20:.1f} MiB" for r, _, read in ranks)
+            per = ", ".join(f"rank {r}: {read / 2**20:.1f} MiB" for r, _, read, _ in ranks)
             print(f"  {kind:>9}: {per}")
     finally:
         shutil.rmtree(base, ignore_errors=True)

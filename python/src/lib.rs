@@ -88,6 +88,7 @@ fn _ckptstore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     tier::register(m)?;
     m.add("Error", m.py().get_type::<CkptError>())?;
     m.add("MAX_WORLD_SIZE", ckptstore::MAX_WORLD_SIZE)?;
+    m.add("CHUNK_BYTES", ckptstore::CHUNK_BYTES)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("StepExistsError", m.py().get_type::<StepExistsError>())?;
     m.add("CorruptError", m.py().get_type::<CorruptError>())?;

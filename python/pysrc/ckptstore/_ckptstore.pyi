@@ -5,6 +5,7 @@ import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, final
 
 __all__ = [
+    "CHUNK_BYTES",
     "MAX_WORLD_SIZE",
     "__version__",
     "Buffer",
@@ -47,6 +48,7 @@ __all__ = [
 ]
 
 MAX_WORLD_SIZE: int
+CHUNK_BYTES: int
 __version__: str
 
 class Error(Exception): ...

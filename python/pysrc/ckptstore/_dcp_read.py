@@ -1,23 +1,26 @@
 """ckptstore.dcp's StorageReader: one load reads one save of a step of
 a target (`_targets`), and of it the boxes its ranks take, in reads of
-neighbouring bytes."""
+neighbouring bytes; at several ranks, each byte once (`_fan_out`)."""
 
 import dataclasses
 import io
+from datetime import timedelta
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch.distributed.checkpoint import storage as _storage
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
-from . import _dcp_json
+from . import _dcp_json, _fan_out
 from ._ckptstore import dcp_box_span
 from ._convert import step_number
 from ._dcp_json import Where
 from ._targets import LoadTarget, Opened, Piece, UserTarget, check_sendable, is_step_id, load_target
+from ._tier_wire import DEFAULT_TIMEOUT, Group
 
 # A read item, the bytes it reads, the stored box they hold (dtype,
 # lengths, strides; None for bytes) and the tensor they go into (None for
@@ -34,14 +37,33 @@ class StorageReader(_storage.StorageReader):
     coordinator's step and commit go to every rank in its plan, and a rank
     that opened another commit (the step saved again meanwhile, or a newer
     latest) reads the coordinator's instead, or fails the load if that
-    save's layout differs from the one it planned with. Nothing here waits
-    on a collective of its own: a failure on any rank reaches every rank
-    through DCP's exchange."""
+    save's layout differs from the one it planned with.
 
-    def __init__(self, target: "UserTarget | LoadTarget", step: Optional[int] = None) -> None:
+    With `fan_out` (the default), a load of a bucket at several ranks
+    reads each byte once: the coordinator gives each stripe of the bytes
+    the ranks need to one rank, which reads it and hands it to the others
+    (`_fan_out`), over a gloo group of the reader's own, made by every
+    rank at its first such load (`timeout`: its collectives' timeout,
+    `DEFAULT_TIMEOUT` if None). That needs DCP's process group to be the
+    whole job (a load over a group of some ranks reads as without it);
+    a load at one rank, a `no_dist` load and a load of a local store (whose
+    opening reads the step whole) read as without it. `fan_out=False`:
+    every rank reads what it needs itself, and the load waits on no
+    collective but DCP's."""
+
+    def __init__(
+        self,
+        target: "UserTarget | LoadTarget",
+        step: Optional[int] = None,
+        *,
+        fan_out: bool = True,
+        timeout: Optional[timedelta] = None,
+    ) -> None:
         super().__init__()
         self._target = target
         self._from = load_target(target)
+        self._fan_out, self._timeout = fan_out, timeout
+        self._group: Optional[Group] = None
         self._step = None if step is None else step_number(step)
         self._resolved: Optional[int] = None
         self._commit: Optional[str] = None
@@ -52,7 +74,7 @@ class StorageReader(_storage.StorageReader):
     def __getstate__(self) -> Dict[str, Any]:
         # Sent as its arguments, where its target can be.
         check_sendable(self, self._from)
-        return {"target": self._target, "step": self._step}
+        return {"target": self._target, "step": self._step, "fan_out": self._fan_out, "timeout": self._timeout}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__init__(**state)  # type: ignore[misc]
@@ -100,17 +122,28 @@ class StorageReader(_storage.StorageReader):
         return plan
 
     def prepare_global_plan(self, plans: List[LoadPlan]) -> List[LoadPlan]:
-        # The coordinator's save is the load's: every rank reads it.
-        chosen = (self._resolved, self._commit)
-        return [dataclasses.replace(p, storage_data=chosen) for p in plans]
+        # The coordinator's save is the load's: every rank reads it; and,
+        # fanned out, the stripes each rank reads and hands on.
+        fans: List[Optional[_fan_out.FanPlan]] = [None] * len(plans)
+        if self._fans_out(len(plans)):
+            needs = [[self._piece(i, self._where[i.storage_index])[0] for i in p.items] for p in plans]
+            fans = [fan for fan in _fan_out.plan(needs)]
+        return [
+            dataclasses.replace(p, storage_data=(self._resolved, self._commit, fan)) for p, fan in zip(plans, fans)
+        ]
+
+    def _fans_out(self, world: int) -> bool:
+        """Whether a load at `world` ranks (DCP's) reads each byte once."""
+        whole_job = dist.is_available() and dist.is_initialized() and dist.get_world_size() == world
+        return self._fan_out and world > 1 and whole_job and self._from.fans_out
 
     def _follow(self, chosen: Any) -> None:
-        """Read the coordinator's save `chosen` (step, commit) if this rank
-        opened another; refuse one whose layout is not the one planned."""
-        if not isinstance(chosen, tuple) or chosen == (self._resolved, self._commit):
+        """Read the coordinator's save `chosen` (step, commit, ...) if this
+        rank opened another; refuse one whose layout is not the one planned."""
+        if not isinstance(chosen, tuple) or chosen[:2] == (self._resolved, self._commit):
             return
         planned = self._metadata.state_dict_metadata
-        step, commit = chosen
+        step, commit = chosen[:2]
         self._open(step, commit)
         if self._metadata.state_dict_metadata != planned:
             raise RuntimeError(
@@ -131,12 +164,25 @@ class StorageReader(_storage.StorageReader):
             failure = e
         if self._opened is None:
             raise failure or RuntimeError("read_data before read_metadata")
-        self._opened.read(
-            [piece for _, piece, _, _ in batch], dest, lambda i, data: self._put([batch[i]], [data], planner), failure
-        )
+        pieces = [piece for _, piece, _, _ in batch]
+        deliver = lambda i, data: self._put([batch[i]], [data], planner)  # noqa: E731
+        fan = plan.storage_data[2] if isinstance(plan.storage_data, tuple) else None
+        if fan is None:
+            self._opened.read(pieces, dest, deliver, failure)
+        else:
+            what = f"loading step {self._resolved} of {self._from.description}"
+            _fan_out.run(self._joined(), self._opened, fan, pieces, dest, deliver, failure, what)
         fut: Future[None] = Future()
         fut.set_result(None)
         return fut
+
+    def _joined(self) -> Group:
+        """The load's own group of every rank (made at its first fanned
+        out load: a collective every rank makes, all having the same plan)."""
+        if self._group is None:
+            wait = DEFAULT_TIMEOUT if self._timeout is None else self._timeout
+            self._group = Group(dist.new_group(backend="gloo", timeout=wait), dist.get_rank(), dist.get_world_size())
+        return self._group
 
     def _plan(self, plan: LoadPlan, planner: LoadPlanner) -> Tuple[List[Planned], Dict[int, np.ndarray]]:
         """What each read item reads, in the order the shards store their

@@ -113,6 +113,11 @@ class LoadTarget(Protocol):
     """Whether a reader over it may be sent to another process (pickled as
     its arguments)."""
 
+    fans_out: bool
+    """Whether a load of it at several ranks reads each byte once, by one
+    rank that hands it on (`_fan_out`): where its reads are ranged and
+    not collectives of their own."""
+
     def latest(self) -> Optional[int]:
         """Its newest complete step."""
 
@@ -194,6 +199,7 @@ class Bucket:
 
     many_ranks = True
     sendable = True
+    fans_out = True
 
     def __init__(self, url: str) -> None:
         self.url = self.description = url
@@ -311,6 +317,7 @@ class LocalStore:
 
     many_ranks = False
     sendable = False
+    fans_out = False  # its opening reads the step whole, on every rank
 
     def __init__(self, target: Union[str, "os.PathLike[str]", Store]) -> None:
         self._target = target

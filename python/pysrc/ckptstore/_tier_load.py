@@ -69,6 +69,7 @@ class TierSource:
 
     description = "the local tier"
     sendable = False
+    fans_out = False  # its reads are the tier's own collectives
     commit: Optional[str] = None
 
     def __init__(

@@ -8,6 +8,7 @@ messages run in rounds (a load's bytes, `stream`), and a failure flag
 reduced over every rank at each step where one may fail."""
 
 import pickle
+from datetime import timedelta
 
 from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple, TypeVar
 
@@ -20,6 +21,15 @@ from ._ckptstore import hash_arrays
 
 PIECE = 64 << 20
 """Bytes sent in one message."""
+
+DEFAULT_TIMEOUT = timedelta(minutes=10)
+"""The timeout of a group of the tier's (`Tiers(timeout=None)`) or of a
+striped load's (`StorageReader(timeout=None)`): how long a rank waits at
+one of its collectives for a rank that stopped answering (one that fails
+tells the others at once). Long enough for the slowest rank's commit of
+its shard and copies at disk speed; torch's default for NCCL groups.
+gloo's own default, 30 minutes, would hold a job whose rank died for half
+an hour."""
 
 HEADER = 33
 """A streamed message's header: 1 if its sender read its bytes, else 0;

@@ -42,15 +42,7 @@ from ._tier_load import Choice, Holding, ReadOf, ShardsLost, TierSource, choose
 from ._staging import Hashes, Pool
 from ._cost import Clock, SaveCost
 from ._tier_save import SIZES, TierShard, agree, record_of, send_copies
-from ._tier_wire import Group, TierFailure, attempt, described
-
-DEFAULT_TIMEOUT = timedelta(minutes=10)
-"""The tier's collectives' timeout when `Tiers(timeout=None)`: how long a
-rank waits at one of them for a rank that stopped answering (one that
-fails tells the others at once). Long enough for the slowest rank's
-commit of its shard and copies at disk speed; torch's default for
-NCCL groups. gloo's own default, 30 minutes, would hold a job whose
-rank died for half an hour."""
+from ._tier_wire import DEFAULT_TIMEOUT, Group, TierFailure, attempt, described
 
 
 class Tiers:

@@ -8,6 +8,14 @@ state is a function of SALT (default 0), so a loader knows every byte to
 expect; a load prints "ok <step>" when every tensor and value is
 bit-identical to it. CKPT_DIE_AFTER_WRITE=R kills rank R (os._exit) right
 after its data is written, before the coordinator's finish.
+
+CKPT_BIG_ROWS=N gives model.big N rows (1100: 1.3 MB, two chunks).
+Loads: CKPT_REPLICATE=1 places every tensor Replicate (saves too);
+CKPT_FAN_OUT=0 loads with fan_out=False; CKPT_STRIPE_CHUNKS=N cuts a
+striped load's stripes at N chunks; a load prints "read <bytes>", what
+the rank asked of the bucket. CKPT_DIE_IN_READ=R kills rank R at its
+first read of the bucket, CKPT_FAIL_IN_READ=R makes it raise there;
+CKPT_PG_TIMEOUT=S is the groups' timeout in seconds (default 60).
 """
 
 import datetime
@@ -23,7 +31,7 @@ from ckptstore.dcp import StorageReader, StorageWriter
 
 # A collective that waits longer than this fails the rank: a hang ends
 # the test in a minute, not in the default 30.
-TIMEOUT = datetime.timedelta(seconds=60)
+TIMEOUT = datetime.timedelta(seconds=int(os.environ.get("CKPT_PG_TIMEOUT", "60")))
 
 # (global shape, dtype, placement): Shard(0), Shard(1) and sizes the world
 # sizes do not divide, Replicate, bf16 and int64, one tensor of several
@@ -32,7 +40,7 @@ SPECS = {
     "model.a": ((10, 6), torch.float32, "shard0"),
     "model.b": ((5, 9), torch.bfloat16, "shard1"),
     "model.c": ((7,), torch.int64, "replicate"),
-    "model.big": ((1100, 300), torch.float32, "shard0"),
+    "model.big": ((int(os.environ.get("CKPT_BIG_ROWS", "1100")), 300), torch.float32, "shard0"),
     "optim.step": ((), torch.float32, "plain"),
 }
 
@@ -52,6 +60,8 @@ def state(mesh, salt, empty):
     out = {}
     for name, (shape, dtype, how) in SPECS.items():
         t = torch.zeros(shape, dtype=dtype) if empty else full(name, salt)
+        if os.environ.get("CKPT_REPLICATE") == "1" and how != "plain":
+            how = "replicate"
         if mesh is None or how == "plain":
             out[name] = t
         else:
@@ -59,6 +69,33 @@ def state(mesh, salt, empty):
             out[name] = distribute_tensor(t, mesh, [placement])
     out["extra"] = {"epoch": None if empty else 3 + salt, "name": None if empty else f"run-{salt}"}
     return out
+
+
+def count_reads(rank):
+    """Count the bytes this rank asks of the bucket (into a one-item list),
+    and die or fail at its first read where the environment says."""
+    import ckptstore
+    import ckptstore._fan_out
+    from ckptstore._ckptstore import CHUNK_BYTES
+
+    if os.environ.get("CKPT_STRIPE_CHUNKS"):
+        ckptstore._fan_out.STRIPE = int(os.environ["CKPT_STRIPE_CHUNKS"]) * CHUNK_BYTES
+    read = [0]
+    die = os.environ.get("CKPT_DIE_IN_READ") == str(rank)
+    fail = os.environ.get("CKPT_FAIL_IN_READ") == str(rank)
+    for name in ("read_pieces", "read_pieces_into"):
+        original = getattr(ckptstore.Remote, name)
+
+        def counted(self, opened, pieces, *rest, _original=original):
+            if die:
+                os._exit(9)
+            if fail:
+                raise OSError("injected: the bucket failed this read")
+            read[0] += sum(p[3] for p in pieces)
+            return _original(self, opened, pieces, *rest)
+
+        setattr(ckptstore.Remote, name, counted)
+    return read
 
 
 def main():
@@ -124,9 +161,12 @@ def main():
         import ckptstore._targets
 
         ckptstore._targets.BATCH_BYTES = 256 << 10
+        read = count_reads(rank)
         loaded = state(mesh, salt, empty=True)
-        reader = StorageReader(target, None if step < 0 else step)
+        fan_out = os.environ.get("CKPT_FAN_OUT") != "0"
+        reader = StorageReader(target, None if step < 0 else step, fan_out=fan_out, timeout=TIMEOUT)
         dcp.load(loaded, storage_reader=reader)
+        print(f"read {read[0]}", flush=True)
         for name in SPECS:
             t = loaded[name]
             got = t.full_tensor() if hasattr(t, "full_tensor") else t

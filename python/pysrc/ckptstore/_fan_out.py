@@ -1,0 +1,256 @@
+"""Striped loads (`ckptstore.dcp.StorageReader(..., fan_out=True)`): each
+byte a load needs is read from the target once, by one rank, and handed
+to every other rank that needs it.
+
+The coordinator, which sees every rank's reads, cuts the union of the
+byte ranges the ranks need into stripes (at most STRIPE bytes, cut on
+chunk boundaries so that no chunk is fetched by two readers) and gives
+each stripe to one reader: a rank that needs it, unless that would load
+it past its fair share, when the least loaded rank reads it. A rank reads
+its stripes one per phase; in each phase every reader sends each rank
+what it needs of its stripe, point to point over the load's own group,
+each message with its BLAKE3 checked where it lands (the reader's reads
+are checked against the target's chunk hashes as they are read). A
+failure on any rank (a read, a damaged message, a delivery) fails the
+phase on every rank."""
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ._ckptstore import CHUNK_BYTES
+from ._targets import Deliver, Opened, Piece
+from ._tier_fetch import Fetch
+from ._tier_wire import Group
+
+STRIPE = 32 * CHUNK_BYTES
+"""The most bytes one reader reads in one phase (whole chunks; a load of
+less than STRIPE a rank reads stripes of its share)."""
+
+# (peer, the ranges of the stripe that pass between the two, in order)
+Part = Tuple[int, List[Piece]]
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One rank's part of one phase: the stripe it reads (if any), what of
+    it the rank needs itself, what it sends to each peer, what it takes
+    from each."""
+
+    read: Optional[Piece]
+    keep: List[Piece]
+    sends: List[Part]
+    takes: List[Part]
+
+
+@dataclass(frozen=True)
+class FanPlan:
+    """One rank's phases (every rank has as many)."""
+
+    phases: List[Phase]
+
+
+def plan(needs: Sequence[Sequence[Piece]]) -> List[FanPlan]:
+    """Every rank's phases, for ranks needing `needs` (by rank)."""
+    world = len(needs)
+    wanted = [_merged(pieces) for pieces in needs]
+    union = _merged([(src, entry, a, b - a) for w in wanted for (src, entry), rs in w.items() for a, b in rs])
+    total = sum(b - a for rs in union.values() for a, b in rs)
+    # Stripes of a rank's share, in whole chunks, at most STRIPE: a small
+    # load is spread over the ranks too.
+    share = -(-total // max(1, world))
+    size = min(STRIPE, max(CHUNK_BYTES, -(-share // CHUNK_BYTES) * CHUNK_BYTES))
+    stripes = _stripes(union, size)
+    fair = total // max(1, world) + size
+    load = [0] * world
+    readers: List[List[Tuple[Piece, Dict[int, List[Piece]]]]] = [[] for _ in range(world)]
+    for stripe in stripes:
+        who = {r: parts for r in range(world) if (parts := _within(wanted[r], stripe))}
+        reader = min(who, key=lambda r: (load[r], r))
+        if load[reader] + stripe[3] > fair:
+            reader = min(range(world), key=lambda r: (load[r], r))
+        load[reader] += stripe[3]
+        readers[reader].append((stripe, who))
+    count = max((len(s) for s in readers), default=0)
+    phases: List[List[Phase]] = [[Phase(None, [], [], []) for _ in range(count)] for _ in range(world)]
+    for reader, own in enumerate(readers):
+        for j, (stripe, who) in enumerate(own):
+            sends = [(r, parts) for r, parts in who.items() if r != reader]
+            phases[reader][j] = Phase(stripe, who.get(reader, []), sends, phases[reader][j].takes)
+            for r, parts in sends:
+                phases[r][j].takes.append((reader, parts))
+    return [FanPlan(p) for p in phases]
+
+
+def _merged(pieces: Sequence[Piece]) -> Dict[Tuple[int, str], List[Tuple[int, int]]]:
+    """The byte ranges `pieces` cover, by (source rank, entry): sorted,
+    disjoint, not touching."""
+    spans: Dict[Tuple[int, str], List[Tuple[int, int]]] = {}
+    for src, entry, start, n in pieces:
+        if n > 0:
+            spans.setdefault((src, entry), []).append((start, start + n))
+    out: Dict[Tuple[int, str], List[Tuple[int, int]]] = {}
+    for key, ranges in spans.items():
+        merged: List[Tuple[int, int]] = []
+        for a, b in sorted(ranges):
+            if merged and a <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+            else:
+                merged.append((a, b))
+        out[key] = merged
+    return out
+
+
+def _stripes(union: Dict[Tuple[int, str], List[Tuple[int, int]]], size: int) -> List[Piece]:
+    """The ranges of `union` cut into stripes on multiples of `size` from
+    each entry's start, in (source rank, entry, start) order."""
+    out: List[Piece] = []
+    for (src, entry), ranges in sorted(union.items()):
+        for a, b in ranges:
+            while a < b:
+                end = min(b, (a // size + 1) * size)
+                out.append((src, entry, a, end - a))
+                a = end
+    return out
+
+
+def _within(ranges: Dict[Tuple[int, str], List[Tuple[int, int]]], stripe: Piece) -> List[Piece]:
+    """The parts of `ranges` inside `stripe`, in order."""
+    src, entry, start, n = stripe
+    end = start + n
+    return [
+        (src, entry, max(a, start), min(b, end) - max(a, start))
+        for a, b in ranges.get((src, entry), [])
+        if a < end and b > start
+    ]
+
+
+class _Landing:
+    """Where the bytes of ranges land in this rank's pieces: each range is
+    copied into every piece it overlaps (its target, or a buffer held until
+    delivered), and a piece whose bytes have all landed is delivered."""
+
+    def __init__(self, fetch: Fetch) -> None:
+        self.fetch = fetch
+        self._by_entry: Dict[Tuple[int, str], List[int]] = {}
+        self._got: Dict[int, int] = {}
+        for i, (src, entry, _, n) in enumerate(fetch.pieces):
+            if n == 0:
+                fetch.deliver(i)
+            else:
+                self._by_entry.setdefault((src, entry), []).append(i)
+
+    def direct(self, ranges: List[Piece]) -> Optional[np.ndarray]:
+        """The target memory one range lands in whole, where it lies within
+        exactly one piece that has a target."""
+        if len(ranges) != 1:
+            return None
+        src, entry, a, n = ranges[0]
+        over = [i for i in self._by_entry.get((src, entry), []) if _overlap(self.fetch.pieces[i], a, n)]
+        if len(over) != 1 or over[0] not in self.fetch.dest:
+            return None
+        _, _, start, length = self.fetch.pieces[over[0]]
+        if a < start or a + n > start + length:
+            return None
+        return self.fetch.dest[over[0]][a - start : a - start + n]
+
+    def land(self, ranges: List[Piece], data: np.ndarray) -> None:
+        at = 0
+        for src, entry, a, n in ranges:
+            for i in self._by_entry.get((src, entry), []):
+                _, _, start, length = self.fetch.pieces[i]
+                x, y = max(a, start), min(a + n, start + length)
+                if x >= y:
+                    continue
+                into = self.fetch.place(i)[x - start : y - start]
+                source = data[at + x - a : at + y - a]
+                if into.ctypes.data != source.ctypes.data:
+                    into[:] = source
+                self._got[i] = self._got.get(i, 0) + (y - x)
+                if self._got[i] == length:
+                    self.fetch.deliver(i)
+            at += n
+
+
+def _overlap(piece: Piece, a: int, n: int) -> bool:
+    return piece[2] < a + n and a < piece[2] + piece[3]
+
+
+class _Send:
+    """The one message of a phase to `peer`: its ranges of the stripe."""
+
+    def __init__(self, peer: int, stripe: Piece, data: Optional[np.ndarray], ranges: List[Piece]) -> None:
+        self.peer, self._stripe, self._data, self._ranges = peer, stripe, data, ranges
+        self._sent = False
+
+    def next(self) -> Optional[Tuple[np.ndarray, bool]]:
+        if self._sent:
+            return None
+        self._sent = True
+        if self._data is None:  # the read failed: the peer learns it, unsound
+            return np.zeros(sum(r[3] for r in self._ranges), dtype=np.uint8), False
+        base = self._stripe[2]
+        views = [self._data[a - base : a - base + n] for _, _, a, n in self._ranges]
+        return (views[0] if len(views) == 1 else np.concatenate(views)), True
+
+
+class _Take:
+    """The one message of a phase from `peer`: the ranges it sends."""
+
+    def __init__(self, peer: int, ranges: List[Piece], landing: _Landing) -> None:
+        self.peer, self._ranges, self._landing = peer, ranges, landing
+        self._size = sum(r[3] for r in ranges)
+        self._direct = landing.direct(ranges)
+        self._taken = False
+
+    def next(self) -> Optional[int]:
+        if self._taken:
+            return None
+        self._taken = True
+        return self._size
+
+    def buffer(self) -> np.ndarray:
+        return self._direct if self._direct is not None else np.empty(self._size, dtype=np.uint8)
+
+    def landed(self, data: np.ndarray, why: Optional[str], unread: bool) -> None:
+        if why is not None:
+            raise RuntimeError(f"rank {self.peer}'s bytes of a striped load did not arrive sound: {why}")
+        self._landing.land(self._ranges, data)
+
+
+def run(
+    group: Group,
+    opened: Opened,
+    fan: FanPlan,
+    pieces: Sequence[Piece],
+    dest: Dict[int, np.ndarray],
+    deliver: Deliver,
+    failure: Optional[BaseException],
+    what: str,
+) -> None:
+    """Hand each of `pieces` (this rank's) to `deliver` with its bytes (in
+    its `dest`, where given), reading from `opened` only the stripes `fan`
+    gives this rank: a collective of every rank of `group`. Any rank's
+    failure (`failure`, its planning) fails the call on every rank."""
+    group.check(failure, what)
+    fetch = Fetch(list(pieces), dest, deliver)
+    landing = _Landing(fetch)
+    for phase in fan.phases:
+        data: Optional[np.ndarray] = None
+        error: Optional[BaseException] = None
+        if phase.read is not None:
+            try:
+                data = np.empty(phase.read[3], dtype=np.uint8)
+                opened.read([phase.read], {0: data}, lambda i, d: None, None)
+                base = phase.read[2]
+                for kept in phase.keep:
+                    landing.land([kept], data[kept[2] - base : kept[2] - base + kept[3]])
+            except Exception as e:  # noqa: BLE001 - raised on every rank
+                data, error = None, e
+        sends = [_Send(peer, phase.read, data, ranges) for peer, ranges in phase.sends] if phase.read else []
+        broke = group.stream(sends, [_Take(peer, ranges, landing) for peer, ranges in phase.takes])
+        group.check(error or fetch.failure or broke, what)
+    missing = len(fetch.pieces) - len(fetch.done)
+    group.check(RuntimeError(f"{missing} pieces of this rank were in no stripe") if missing else None, what)
+
