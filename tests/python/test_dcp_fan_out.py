@@ -89,7 +89,7 @@ def test_the_plan_reads_each_byte_once_and_gives_each_rank_what_it_needs(seed, m
         needs.append(mine)
     plans = _fan_out.plan(needs)
     assert len({len(p.phases) for p in plans}) == 1  # every rank, as many phases
-    reads = [ph.read for p in plans for ph in p.phases if ph.read]
+    reads = [s for p in plans for ph in p.phases for s in ph.reads]
     read = [b for r in reads for b in sorted(_covered([r]))]
     assert len(read) == len(set(read)) == len(_covered([p for n in needs for p in n]))
     for stripe in reads:
@@ -99,10 +99,11 @@ def test_the_plan_reads_each_byte_once_and_gives_each_rank_what_it_needs(seed, m
         for j, ph in enumerate(p.phases):
             got += ph.keep + [r for _, rs in ph.takes for r in rs]
             for peer, rs in ph.takes:  # what a peer sends in that phase
-                assert (rank, rs) in plans[peer].phases[j].sends and _covered(rs) <= _covered([plans[peer].phases[j].read])
+                assert (rank, rs) in plans[peer].phases[j].sends and _covered(rs) <= _covered(plans[peer].phases[j].reads)
         assert sorted(b for r in got for b in _covered([r])) == sorted(_covered(needs[rank]))
     # The bytes are spread: no rank reads more than its share and a stripe.
-    loads = [sum(ph.read[3] for ph in p.phases if ph.read) for p in plans]
+    loads = [sum(s[3] for ph in p.phases for s in ph.reads) for p in plans]
+    assert all(sum(s[3] for s in ph.reads) <= 64 for p in plans for ph in p.phases)
     assert max(loads) <= len(read) // world + 2 * 64, loads
 
 

@@ -5,10 +5,12 @@ to every other rank that needs it.
 The coordinator, which sees every rank's reads, cuts the union of the
 byte ranges the ranks need into stripes (at most STRIPE bytes, cut on
 chunk boundaries so that no chunk is fetched by two readers) and gives
-each stripe to one reader: a rank that needs it, unless that would load
-it past its fair share, when the least loaded rank reads it. A rank reads
-its stripes one per phase; in each phase every reader sends each rank
-what it needs of its stripe, point to point over the load's own group,
+each stripe to one reader: a rank that needs it (the last stripe's reader
+within its share, else the least loaded), unless that would load it past
+its share and a stripe, when the least loaded rank reads it. A rank reads
+its stripes in phases of at most STRIPE bytes (in one call, so that
+neighbouring entries are fetched together); in each phase every reader
+sends each rank what it needs of its stripes, point to point over the load's own group,
 each message with its BLAKE3 checked where it lands (the reader's reads
 are checked against the target's chunk hashes as they are read). A
 failure on any rank (a read, a damaged message, a delivery) fails the
@@ -28,17 +30,17 @@ STRIPE = 32 * CHUNK_BYTES
 """The most bytes one reader reads in one phase (whole chunks; a load of
 less than STRIPE a rank reads stripes of its share)."""
 
-# (peer, the ranges of the stripe that pass between the two, in order)
+# (peer, the ranges of a phase's stripes that pass between the two, in order)
 Part = Tuple[int, List[Piece]]
 
 
 @dataclass(frozen=True)
 class Phase:
-    """One rank's part of one phase: the stripe it reads (if any), what of
-    it the rank needs itself, what it sends to each peer, what it takes
-    from each."""
+    """One rank's part of one phase: the stripes it reads (maybe none), what
+    of them the rank needs itself, what it sends to each peer, what it
+    takes from each."""
 
-    read: Optional[Piece]
+    reads: List[Piece]
     keep: List[Piece]
     sends: List[Part]
     takes: List[Part]
@@ -65,22 +67,44 @@ def plan(needs: Sequence[Sequence[Piece]]) -> List[FanPlan]:
     fair = total // max(1, world) + size
     load = [0] * world
     readers: List[List[Tuple[Piece, Dict[int, List[Piece]]]]] = [[] for _ in range(world)]
+    reader = -1
     for stripe in stripes:
         who = {r: parts for r in range(world) if (parts := _within(wanted[r], stripe))}
-        reader = min(who, key=lambda r: (load[r], r))
+        # The last stripe's reader goes on within its share (neighbouring
+        # entries are then fetched together), else the least loaded.
+        if reader not in who or load[reader] + stripe[3] > share:
+            reader = min(who, key=lambda r: (load[r], r))
         if load[reader] + stripe[3] > fair:
             reader = min(range(world), key=lambda r: (load[r], r))
         load[reader] += stripe[3]
         readers[reader].append((stripe, who))
-    count = max((len(s) for s in readers), default=0)
-    phases: List[List[Phase]] = [[Phase(None, [], [], []) for _ in range(count)] for _ in range(world)]
-    for reader, own in enumerate(readers):
-        for j, (stripe, who) in enumerate(own):
-            sends = [(r, parts) for r, parts in who.items() if r != reader]
-            phases[reader][j] = Phase(stripe, who.get(reader, []), sends, phases[reader][j].takes)
-            for r, parts in sends:
-                phases[r][j].takes.append((reader, parts))
+    batches = [_batches(own) for own in readers]
+    count = max((len(b) for b in batches), default=0)
+    phases: List[List[Phase]] = [[Phase([], [], [], []) for _ in range(count)] for _ in range(world)]
+    for reader, own in enumerate(batches):
+        for j, batch in enumerate(own):
+            to: Dict[int, List[Piece]] = {}
+            for _, who in batch:
+                for r, ranges in who.items():
+                    to.setdefault(r, []).extend(ranges)
+            sends = [(r, ranges) for r, ranges in to.items() if r != reader]
+            phases[reader][j] = Phase([s for s, _ in batch], to.get(reader, []), sends, phases[reader][j].takes)
+            for r, ranges in sends:
+                phases[r][j].takes.append((reader, ranges))
     return [FanPlan(p) for p in phases]
+
+
+def _batches(own: List[Tuple[Piece, Dict[int, List[Piece]]]]) -> List[List[Tuple[Piece, Dict[int, List[Piece]]]]]:
+    """A reader's stripes in phases of at most STRIPE bytes (one at least)."""
+    out: List[List[Tuple[Piece, Dict[int, List[Piece]]]]] = []
+    size = 0
+    for stripe in own:
+        if not out or size + stripe[0][3] > STRIPE:
+            out.append([])
+            size = 0
+        out[-1].append(stripe)
+        size += stripe[0][3]
+    return out
 
 
 def _merged(pieces: Sequence[Piece]) -> Dict[Tuple[int, str], List[Tuple[int, int]]]:
@@ -177,22 +201,46 @@ def _overlap(piece: Piece, a: int, n: int) -> bool:
     return piece[2] < a + n and a < piece[2] + piece[3]
 
 
-class _Send:
-    """The one message of a phase to `peer`: its ranges of the stripe."""
+class _Read:
+    """A phase's stripes, read into one buffer in one call; a range of them
+    as a view."""
 
-    def __init__(self, peer: int, stripe: Piece, data: Optional[np.ndarray], ranges: List[Piece]) -> None:
-        self.peer, self._stripe, self._data, self._ranges = peer, stripe, data, ranges
+    def __init__(self, opened: Opened, stripes: List[Piece]) -> None:
+        self.data = np.empty(sum(s[3] for s in stripes), dtype=np.uint8)
+        self._at: Dict[Tuple[int, str], List[Tuple[int, int, int]]] = {}
+        dest: Dict[int, np.ndarray] = {}
+        off = 0
+        for k, (src, entry, start, n) in enumerate(stripes):
+            self._at.setdefault((src, entry), []).append((start, start + n, off))
+            dest[k] = self.data[off : off + n]
+            off += n
+        opened.read(stripes, dest, lambda i, d: None, None)
+
+    def view(self, piece: Piece) -> np.ndarray:
+        src, entry, a, n = piece
+        start, _, off = next(s for s in self._at[(src, entry)] if s[0] <= a < s[1])
+        return self.data[off + a - start : off + a - start + n]
+
+    def message(self, ranges: List[Piece]) -> np.ndarray:
+        views = [self.view(r) for r in ranges]
+        return views[0] if len(views) == 1 else np.concatenate(views)
+
+
+class _Send:
+    """The one message of a phase to `peer`: its ranges of the stripes
+    (None: the read failed, and the peer learns it, unsound)."""
+
+    def __init__(self, peer: int, read: Optional[_Read], ranges: List[Piece]) -> None:
+        self.peer, self._read, self._ranges = peer, read, ranges
         self._sent = False
 
     def next(self) -> Optional[Tuple[np.ndarray, bool]]:
         if self._sent:
             return None
         self._sent = True
-        if self._data is None:  # the read failed: the peer learns it, unsound
+        if self._read is None:
             return np.zeros(sum(r[3] for r in self._ranges), dtype=np.uint8), False
-        base = self._stripe[2]
-        views = [self._data[a - base : a - base + n] for _, _, a, n in self._ranges]
-        return (views[0] if len(views) == 1 else np.concatenate(views)), True
+        return self._read.message(self._ranges), True
 
 
 class _Take:
@@ -237,18 +285,16 @@ def run(
     fetch = Fetch(list(pieces), dest, deliver)
     landing = _Landing(fetch)
     for phase in fan.phases:
-        data: Optional[np.ndarray] = None
+        read: Optional[_Read] = None
         error: Optional[BaseException] = None
-        if phase.read is not None:
+        if phase.reads:
             try:
-                data = np.empty(phase.read[3], dtype=np.uint8)
-                opened.read([phase.read], {0: data}, lambda i, d: None, None)
-                base = phase.read[2]
+                read = _Read(opened, phase.reads)
                 for kept in phase.keep:
-                    landing.land([kept], data[kept[2] - base : kept[2] - base + kept[3]])
+                    landing.land([kept], read.view(kept))
             except Exception as e:  # noqa: BLE001 - raised on every rank
-                data, error = None, e
-        sends = [_Send(peer, phase.read, data, ranges) for peer, ranges in phase.sends] if phase.read else []
+                read, error = None, e
+        sends = [_Send(peer, read, ranges) for peer, ranges in phase.sends]
         broke = group.stream(sends, [_Take(peer, ranges, landing) for peer, ranges in phase.takes])
         group.check(error or fetch.failure or broke, what)
     missing = len(fetch.pieces) - len(fetch.done)
