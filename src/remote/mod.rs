@@ -387,7 +387,7 @@ impl Remote {
     }
 
     /// Every chunk and pack object in the bucket: what a manifest may
-    /// need ([`RemoteManifest::objects`](format::layout::RemoteManifest::objects)).
+    /// need ([`RemoteManifest::objects`](format::manifest::RemoteManifest::objects)).
     pub(crate) fn objects(&self) -> Result<HashSet<format::pack_format::Object>> {
         let chunks = self
             .chunk_hashes()?

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from ckptstore import _fan_out
+from ckptstore import _fan_out, _tier_fetch
 from test_dcp import run
 
 # Stripes of one chunk: the 1.3 MB tensor takes several phases.
@@ -22,22 +22,28 @@ def _read(out):
     return [int(next(l for l in text.splitlines() if l.startswith("read ")).split()[1]) for _, text in out]
 
 
+def _read_once_by_four(target, step, env):
+    """Load `step` of `target` (replicated) at four ranks, striped and
+    not: without it every rank reads the whole step; with it the ranks
+    read it once between them, spread over all four. The step's bytes."""
+    striped = run("load", target, step, 4, env=env)
+    alone = run("load", target, step, 4, env={**env, "CKPT_FAN_OUT": "0"})
+    for out in (striped, alone):
+        assert all(text.strip().endswith(f"ok {step}") for _, text in out), out
+    per_rank = _read(alone)
+    assert min(per_rank) == max(per_rank) > 6_300_000, per_rank
+    whole = per_rank[0]
+    assert sum(_read(striped)) <= 1.1 * whole, (_read(striped), whole)
+    assert all(n > 0.15 * whole for n in _read(striped)), _read(striped)
+    return whole
+
+
 def test_a_replicated_state_is_read_once_and_handed_to_every_rank(tmp_path):
     url = f"file://{tmp_path}/bucket"
     # model.big of 6.3 MB: six chunks, six stripes for four ranks.
     env = {"CKPT_REPLICATE": "1", "CKPT_BIG_ROWS": "5280", **SMALL_STRIPES}
     run("save", url, 1, 4, env=env)
-    striped = run("load", url, 1, 4, env=env)
-    alone = run("load", url, 1, 4, env={**env, "CKPT_FAN_OUT": "0"})
-    for out in (striped, alone):
-        assert all(text.strip().endswith("ok 1") for _, text in out), out
-    per_rank = _read(alone)
-    # Without it, every rank reads the whole step; with it, the ranks
-    # read it once between them, spread over all four.
-    assert min(per_rank) == max(per_rank) > 6_300_000, per_rank
-    step = per_rank[0]
-    assert sum(_read(striped)) <= 1.1 * step, (_read(striped), step)
-    assert all(n > 0.15 * step for n in _read(striped)), _read(striped)
+    _read_once_by_four(url, 1, env)
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
@@ -51,19 +57,35 @@ def test_sharded_and_resharded_loads_read_each_stored_byte_at_most_once(tmp_path
     assert sum(_read(out)) <= whole, (_read(out), whole)
 
 
+def test_a_local_store_is_read_once_between_the_ranks_that_load_it(tmp_path):
+    path = tmp_path / "run.ckpt"
+    env = {"CKPT_BIG_ROWS": "5280", **SMALL_STRIPES}
+    run("save", path, 4, 1, env=env)  # a local store's step: one process
+    step = _read_once_by_four(path, 4, {**env, "CKPT_REPLICATE": "1"})
+    # Resharded (the step saved whole, loaded sharded at three ranks).
+    resharded = run("load", path, 4, 3, env=env)
+    assert all(text.strip().endswith("ok 4") for _, text in resharded), resharded
+    assert sum(_read(resharded)) <= _read(run("load", path, 4, 1, env=env))[0] <= step
+
+
 @pytest.mark.parametrize("how", ["CKPT_FAIL_IN_READ", "CKPT_DIE_IN_READ"])
-def test_a_reading_rank_that_fails_or_dies_fails_every_rank(tmp_path, how):
-    url = f"file://{tmp_path}/bucket"
+@pytest.mark.parametrize("kind", ["bucket", "store"])
+def test_a_reading_rank_that_fails_or_dies_fails_every_rank(tmp_path, how, kind):
     env = {"CKPT_REPLICATE": "1", **SMALL_STRIPES}
-    run("save", url, 3, 4, env=env)
+    if kind == "bucket":
+        target = f"file://{tmp_path}/bucket"
+        run("save", target, 3, 4, env=env)
+    else:
+        target = tmp_path / "run.ckpt"
+        run("save", target, 3, 1, env=env)
     started = time.monotonic()
-    out = run("load", url, 3, 4, env={**env, how: "1", "CKPT_PG_TIMEOUT": "15"}, expect_ok=False)
+    out = run("load", target, 3, 4, env={**env, how: "1", "CKPT_PG_TIMEOUT": "15"}, expect_ok=False)
     assert time.monotonic() - started < 120
     assert all(code != 0 for code, _ in out), [code for code, _ in out]
     assert not any("ok 3" in text for _, text in out)
     if how == "CKPT_FAIL_IN_READ":
         # Every rank raises, and the cause reaches them.
-        assert all("injected: the bucket failed this read" in text for _, text in out), out
+        assert all(f"injected: the {kind} failed this read" in text for _, text in out), out
     else:
         assert out[1][0] == 9
 
@@ -76,6 +98,8 @@ def _covered(pieces):
 @pytest.mark.parametrize("seed", range(20))
 def test_the_plan_reads_each_byte_once_and_gives_each_rank_what_it_needs(seed, monkeypatch):
     monkeypatch.setattr(_fan_out, "STRIPE", 64)
+    monkeypatch.setattr(_tier_fetch, "WINDOW", 48)
+    monkeypatch.setattr(_tier_fetch, "LEAST", 4)
     rnd = random.Random(seed)
     world = rnd.randint(2, 6)
     entries = [(rnd.randrange(world), f"e{i}", rnd.randint(1, 400)) for i in range(rnd.randint(1, 5))]
@@ -97,14 +121,23 @@ def test_the_plan_reads_each_byte_once_and_gives_each_rank_what_it_needs(seed, m
     for rank, p in enumerate(plans):
         got = []
         for j, ph in enumerate(p.phases):
-            got += ph.keep + [r for _, rs in ph.takes for r in rs]
-            for peer, rs in ph.takes:  # what a peer sends in that phase
-                assert (rank, rs) in plans[peer].phases[j].sends and _covered(rs) <= _covered(plans[peer].phases[j].reads)
+            got += ph.keep + [r for part in ph.takes for r in part.ranges]
+            for part in ph.takes:  # what a peer sends in that phase, cut alike
+                sent = plans[part.peer].phases[j].sends
+                assert _fan_out.Part(rank, part.ranges, part.size) in sent
+                assert _covered(part.ranges) <= _covered(plans[part.peer].phases[j].reads)
         assert sorted(b for r in got for b in _covered([r])) == sorted(_covered(needs[rank]))
     # The bytes are spread: no rank reads more than its share and a stripe.
     loads = [sum(s[3] for ph in p.phases for s in ph.reads) for p in plans]
     assert all(sum(s[3] for s in ph.reads) <= 64 for p in plans for ph in p.phases)
     assert max(loads) <= len(read) // world + 2 * 64, loads
+    # Bytes in transit: a rank's messages of a phase, each way, are at
+    # most WINDOW between them (each stream's message at most its part's
+    # size), unless LEAST bounds them.
+    for p in plans:
+        for ph in p.phases:
+            for parts in (ph.sends, ph.takes):
+                assert sum(min(part.size, sum(r[3] for r in part.ranges)) for part in parts) <= max(48, 4 * len(parts))
 
 
 def test_a_striped_load_asks_garage_for_fewer_ranges():
@@ -138,3 +171,45 @@ def test_a_striped_load_asks_garage_for_fewer_ranges():
     # striped load asks for each byte once, in GETs cut at its stripes
     # (14 against 24 for this 6.3 MB state of 6 chunks).
     assert ours and len(ours) < len(theirs), (len(ours), len(theirs))
+
+
+def test_a_striped_load_holds_a_bounded_window_in_transit(tmp_path):
+    """64 tensors of 64 KiB and one of 1.3 MB, replicated, at four ranks:
+    each rank reads about a quarter and sends it to three. Bytes in
+    transit are cut into messages that share WINDOW (256 KiB here), so a
+    rank holds its reads and about two windows, not a message of its
+    whole share per peer each way."""
+    url = f"file://{tmp_path}/bucket"
+    env = {"CKPT_REPLICATE": "1", "CKPT_MANY": "64", "CKPT_WINDOW": str(256 << 10)}
+    run("save", url, 4, 4, env=env)
+    out = run("load", url, 4, 4, env={**env, "CKPT_TRACE": "1"})
+    assert all(text.strip().endswith("ok 4") for _, text in out), out
+    peaks = [int(next(l for l in text.splitlines() if l.startswith("peak ")).split()[1]) for _, text in out]
+    share = max(_read(out))
+    assert all(peak <= share + 2 * (256 << 10) + (1 << 20) for peak in peaks), (peaks, share)
+
+
+def test_a_local_stores_load_reads_the_save_it_opened_or_fails(tmp_path):
+    """A load pins the save it opened by its content digest: a rank that
+    opened another save, or a step saved again while it is read, fails
+    with the reason, never mixing two saves."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    import ckptstore
+    from ckptstore._targets import LocalStore
+    from ckptstore.dcp import StorageWriter
+
+    path = tmp_path / "run.ckpt"
+    dcp.save({"w": torch.arange(1000.0)}, storage_writer=StorageWriter(path, 5), no_dist=True)
+    with ckptstore.open(path, read_only=True) as store:
+        (entry,) = store.info(5).tensors  # w's box
+    target = LocalStore(path)
+    opened = target.open(5, None)
+    assert opened.length(0, entry) == 4000
+    assert target.open(5, opened.commit).commit == opened.commit
+    dcp.save({"w": torch.arange(1000.0) + 1}, storage_writer=StorageWriter(path, 5), no_dist=True)
+    with pytest.raises(FileNotFoundError, match="saved again while this load opened it"):
+        target.open(5, opened.commit)
+    with pytest.raises(FileNotFoundError, match="removed or saved again while this load read it"):
+        opened.read([(0, entry, 0, 16)], {}, lambda i, d: None, None)

@@ -4,6 +4,7 @@ uninterrupted run; two paths at one global step are one step; top-k
 rotation removes steps; nothing unsafe is stored or loaded."""
 
 import json
+import os
 import pathlib
 
 import pytest
@@ -133,6 +134,29 @@ def test_the_store_is_the_truth_when_a_save_dies_before_its_marker(tmp_path, mon
     again.teardown()
     with ckptstore.open(tmp_path / "run.ckpt", read_only=True) as s:
         assert s.steps() == [12]
+
+
+def test_a_marker_file_half_written_by_a_killed_process_is_swept(tmp_path):
+    """A process killed between writing a marker's temporary file and
+    renaming it leaves `<marker>.<pid>.tmp`: the next save there removes
+    it (a dead process's, empty or a marker), and nothing else."""
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = int(dead.stdout)
+    d = tmp_path / "checkpoints"
+    first = cl.CheckpointIO(tmp_path / "run.ckpt")
+    first.save_checkpoint(_checkpoint(5, "old", torch.ones(4)), d / "last.ckpt")
+    first.teardown()
+    (d / f"last.ckpt.{pid}.tmp").write_bytes((d / "last.ckpt").read_bytes())
+    (d / f"epoch=0.ckpt.{pid}.tmp").write_bytes(b"")
+    (d / f"notes.{pid}.tmp").write_text("not a marker")
+    (d / f"mine.ckpt.{os.getpid()}.tmp").write_bytes(b"")  # a live process's
+    again = cl.CheckpointIO(tmp_path / "run.ckpt")
+    again.save_checkpoint(_checkpoint(8, "new", torch.ones(4)), d / "last.ckpt")
+    again.teardown()
+    assert sorted(f.name for f in d.iterdir()) == sorted(["last.ckpt", f"notes.{pid}.tmp", f"mine.ckpt.{os.getpid()}.tmp"])
 
 
 def test_loads_a_regular_checkpoint_file_and_reports_missing_names(tmp_path):

@@ -102,9 +102,11 @@ fn bad_urls_and_unreachable_servers_are_one_line_errors() -> Result {
         err.contains("ftp://host/x") && err.lines().count() == 1,
         "{err}"
     );
-    // Nothing listens on port 9: refused at once, retried, then one line.
+    // Nothing listens on port 9: refused at once, retried for the window
+    // (2 s here, 30 by default), then one line.
+    let started = std::time::Instant::now();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ckpt"))
-        .args(["ls", "s3://nobucket/x"])
+        .args(["ls", "s3://nobucket/x", "--retry-window", "2"])
         .env("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
         .env("AWS_ALLOW_HTTP", "true")
         .env("AWS_ACCESS_KEY_ID", "x")
@@ -117,6 +119,7 @@ fn bad_urls_and_unreachable_servers_are_one_line_errors() -> Result {
         err.contains("s3://nobucket/x") && err.lines().count() == 1,
         "{err}"
     );
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
     Ok(())
 }
 

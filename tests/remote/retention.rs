@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use ckptstore::{CheckpointStore, Remote, Retention};
+use ckptstore::{CheckpointStore, Remote, Retention, StoreOptions};
 
 use super::{checkpoint, store_with, Result};
 
@@ -373,5 +373,75 @@ fn a_global_step_is_repacked_shard_by_shard() -> Result {
     }
     let verified = fresh.verify()?;
     assert!(verified.is_ok() && verified.steps_ok == 2, "{verified:?}");
+    Ok(())
+}
+
+/// Retention's deletions hold against a push that lists the bucket rather
+/// than trust what the store remembers of it (the URL spelled with a
+/// trailing slash; a copy of the store adopting the prefix): nothing
+/// retention deleted is uploaded again.
+#[test]
+fn a_push_that_lists_the_bucket_uploads_nothing_retention_deleted() -> Result {
+    let dir = tempfile::tempdir()?;
+    let store = store_with(dir.path(), 0..4)?;
+    let remote = dir_remote(dir.path(), Duration::ZERO)?;
+    remote.push(&store)?;
+    let policy = Retention::new().keep_last(2);
+    assert_eq!(remote.apply_retention(&policy)?, vec![0, 1]);
+    let url = format!("file://{}/", dir.path().join("bucket").display());
+    let again = Remote::open(&url)?.push(&store)?;
+    assert!(again.steps_pushed.is_empty(), "{again:?}");
+    assert_eq!(again.bytes_uploaded, 0);
+    assert_eq!(remote.steps()?, vec![2, 3]);
+
+    let copy = dir.path().join("copy.ckpt");
+    store.copy_to(&copy, StoreOptions::new())?;
+    let copy = CheckpointStore::open(&copy)?;
+    remote.adopt(&copy)?;
+    let adopted = remote.push(&copy)?;
+    assert!(adopted.steps_pushed.is_empty(), "{adopted:?}");
+    assert_eq!(remote.steps()?, vec![2, 3]);
+    Ok(())
+}
+
+/// `verify` judges what readers get: a step saved twice is one step, and
+/// one whose pack was lost and which was then saved again (its older
+/// commits now broken) is sound at its newest commit.
+#[test]
+fn verify_judges_the_commit_readers_take() -> Result {
+    let dir = tempfile::tempdir()?;
+    let store = store_with(dir.path(), 1..2)?;
+    let remote = dir_remote(dir.path(), Duration::from_secs(3600))?;
+    remote.push(&store)?;
+    let packs = dir.path().join("bucket/packs");
+    let first: Vec<_> = std::fs::read_dir(&packs)?.collect::<std::io::Result<_>>()?;
+
+    // Saved again with other content: two commits of one step.
+    store.remove(1)?;
+    let mut changed = checkpoint(1)?;
+    changed.set_optimizer_state("adam_m", super::bytes(999, 300_000));
+    store.commit(&changed)?;
+    remote.push(&store)?;
+    assert_eq!(count(dir.path(), "commits"), 2);
+    let report = remote.verify()?;
+    assert_eq!(
+        (report.steps_ok, report.damaged.len()),
+        (1, 0),
+        "{report:?}"
+    );
+
+    // The first push's pack lost (the frozen tensor's chunks with it),
+    // then the step pushed again: its newest commit names what is there.
+    for entry in &first {
+        std::fs::remove_file(entry.path())?;
+    }
+    remote.repair(&store)?;
+    assert!(remote.get(1)? == Some(changed));
+    let report = remote.verify()?;
+    assert_eq!(
+        (report.steps_ok, report.damaged.len()),
+        (1, 0),
+        "{report:?}"
+    );
     Ok(())
 }

@@ -39,17 +39,17 @@ class StorageReader(_storage.StorageReader):
     latest) reads the coordinator's instead, or fails the load if that
     save's layout differs from the one it planned with.
 
-    With `fan_out` (the default), a load of a bucket at several ranks
-    reads each byte once: the coordinator gives each stripe of the bytes
+    With `fan_out` (the default), a load at several ranks reads each byte
+    of the target once (a bucket's or a local store's; the local tier has
+    its own exchange): the coordinator gives each stripe of the bytes
     the ranks need to one rank, which reads it and hands it to the others
     (`_fan_out`), over a gloo group of the reader's own, made by every
     rank at its first such load (`timeout`: its collectives' timeout,
     `DEFAULT_TIMEOUT` if None). That needs DCP's process group to be the
     whole job (a load over a group of some ranks reads as without it);
-    a load at one rank, a `no_dist` load and a load of a local store (whose
-    opening reads the step whole) read as without it. `fan_out=False`:
-    every rank reads what it needs itself, and the load waits on no
-    collective but DCP's."""
+    a load at one rank and a `no_dist` load read as without it.
+    `fan_out=False`: every rank reads what it needs itself, and the load
+    waits on no collective but DCP's."""
 
     def __init__(
         self,

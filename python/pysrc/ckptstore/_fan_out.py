@@ -10,11 +10,15 @@ within its share, else the least loaded), unless that would load it past
 its share and a stripe, when the least loaded rank reads it. A rank reads
 its stripes in phases of at most STRIPE bytes (in one call, so that
 neighbouring entries are fetched together); in each phase every reader
-sends each rank what it needs of its stripes, point to point over the load's own group,
-each message with its BLAKE3 checked where it lands (the reader's reads
-are checked against the target's chunk hashes as they are read). A
-failure on any rank (a read, a damaged message, a delivery) fails the
-phase on every rank."""
+sends each rank what it needs of its stripes, point to point over the
+load's own group, in messages sized as the tier's streams are (WINDOW
+shared among the streams of whichever end has more), each with its
+BLAKE3 checked where it lands (the reader's reads are checked against the
+target's chunk hashes as they are read). A rank holds, beside its
+targets, its phase's stripes and at most about WINDOW bytes in transit
+each way: a message within one of its targets lands there, any other in
+its stream's buffer. A failure on any rank (a read, a damaged message, a
+delivery) fails the phase on every rank."""
 
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -23,15 +27,23 @@ import numpy as np
 
 from ._ckptstore import CHUNK_BYTES
 from ._targets import Deliver, Opened, Piece
-from ._tier_fetch import Fetch
+from ._tier_fetch import Fetch, Segment, cut, message_size
 from ._tier_wire import Group
 
 STRIPE = 32 * CHUNK_BYTES
 """The most bytes one reader reads in one phase (whole chunks; a load of
 less than STRIPE a rank reads stripes of its share)."""
 
-# (peer, the ranges of a phase's stripes that pass between the two, in order)
-Part = Tuple[int, List[Piece]]
+
+@dataclass(frozen=True)
+class Part:
+    """What passes between a reader and a rank in one phase: the ranges of
+    the reader's stripes the rank needs, in order, in messages of `size`
+    bytes (the last shorter), which both ends cut alike."""
+
+    peer: int
+    ranges: List[Piece]
+    size: int
 
 
 @dataclass(frozen=True)
@@ -79,19 +91,39 @@ def plan(needs: Sequence[Sequence[Piece]]) -> List[FanPlan]:
         load[reader] += stripe[3]
         readers[reader].append((stripe, who))
     batches = [_batches(own) for own in readers]
-    count = max((len(b) for b in batches), default=0)
-    phases: List[List[Phase]] = [[Phase([], [], [], []) for _ in range(count)] for _ in range(world)]
-    for reader, own in enumerate(batches):
-        for j, batch in enumerate(own):
-            to: Dict[int, List[Piece]] = {}
-            for _, who in batch:
-                for r, ranges in who.items():
-                    to.setdefault(r, []).extend(ranges)
-            sends = [(r, ranges) for r, ranges in to.items() if r != reader]
-            phases[reader][j] = Phase([s for s, _ in batch], to.get(reader, []), sends, phases[reader][j].takes)
-            for r, ranges in sends:
-                phases[r][j].takes.append((reader, ranges))
+    phases: List[List[Phase]] = [[] for _ in range(world)]
+    for j in range(max((len(b) for b in batches), default=0)):
+        mine = [own[j] if j < len(own) else [] for own in batches]
+        for rank, phase in enumerate(_phase(mine)):
+            phases[rank].append(phase)
     return [FanPlan(p) for p in phases]
+
+
+def _phase(batches: List[List[Tuple[Piece, Dict[int, List[Piece]]]]]) -> List[Phase]:
+    """Every rank's part of one phase in which each rank reads its
+    `batches` (the stripes, with who needs what of them)."""
+    world = len(batches)
+    to: List[Dict[int, List[Piece]]] = [{} for _ in range(world)]  # by reader, then rank
+    for reader, batch in enumerate(batches):
+        for _, who in batch:
+            for r, ranges in who.items():
+                to[reader].setdefault(r, []).extend(ranges)
+    outs = [sum(1 for r in parts if r != reader) for reader, parts in enumerate(to)]
+    ins = [0] * world
+    for reader, parts in enumerate(to):
+        for r in parts:
+            ins[r] += r != reader
+    takes: List[List[Part]] = [[] for _ in range(world)]
+    sends: List[List[Part]] = [[] for _ in range(world)]
+    for reader, parts in enumerate(to):
+        for r, ranges in parts.items():
+            if r != reader:
+                size = message_size(outs[reader], ins[r])
+                sends[reader].append(Part(r, ranges, size))
+                takes[r].append(Part(reader, ranges, size))
+    return [
+        Phase([s for s, _ in batches[rank]], to[rank].get(rank, []), sends[rank], takes[rank]) for rank in range(world)
+    ]
 
 
 def _batches(own: List[Tuple[Piece, Dict[int, List[Piece]]]]) -> List[List[Tuple[Piece, Dict[int, List[Piece]]]]]:
@@ -226,45 +258,65 @@ class _Read:
         return views[0] if len(views) == 1 else np.concatenate(views)
 
 
-class _Send:
-    """The one message of a phase to `peer`: its ranges of the stripes
-    (None: the read failed, and the peer learns it, unsound)."""
+def _sub(ranges: List[Piece], segments: List[Segment]) -> List[Piece]:
+    """The parts of `ranges` a message's `segments` carry."""
+    return [(ranges[i][0], ranges[i][1], ranges[i][2] + at, n) for i, at, n in segments]
 
-    def __init__(self, peer: int, read: Optional[_Read], ranges: List[Piece]) -> None:
-        self.peer, self._read, self._ranges = peer, read, ranges
-        self._sent = False
+
+class _Send:
+    """The messages of a phase to one peer: its ranges of the stripes, cut
+    at its part's size (None: the read failed, and the peer learns it,
+    unsound)."""
+
+    def __init__(self, part: Part, read: Optional[_Read]) -> None:
+        self.peer, self._read, self._ranges = part.peer, read, part.ranges
+        self._messages = cut([r[3] for r in part.ranges], part.size)
 
     def next(self) -> Optional[Tuple[np.ndarray, bool]]:
-        if self._sent:
+        segments = next(self._messages, None)
+        if segments is None:
             return None
-        self._sent = True
         if self._read is None:
-            return np.zeros(sum(r[3] for r in self._ranges), dtype=np.uint8), False
-        return self._read.message(self._ranges), True
+            return np.zeros(sum(n for _, _, n in segments), dtype=np.uint8), False
+        return self._read.message(_sub(self._ranges, segments)), True
 
 
 class _Take:
-    """The one message of a phase from `peer`: the ranges it sends."""
+    """The messages of a phase from one peer, cut as its sender cuts them:
+    a message that lies within one of this rank's targets lands there, any
+    other in the stream's one buffer (of at most the part's size), copied
+    on as it lands."""
 
-    def __init__(self, peer: int, ranges: List[Piece], landing: _Landing) -> None:
-        self.peer, self._ranges, self._landing = peer, ranges, landing
-        self._size = sum(r[3] for r in ranges)
-        self._direct = landing.direct(ranges)
-        self._taken = False
+    def __init__(self, part: Part, landing: _Landing) -> None:
+        self.peer, self._ranges, self._landing = part.peer, part.ranges, landing
+        self._messages = cut([r[3] for r in part.ranges], part.size)
+        self._most = min(part.size, sum(r[3] for r in part.ranges))
+        self._scratch: Optional[np.ndarray] = None
+        self._carried: List[Piece] = []
+        self._size = 0
+        self._direct: Optional[np.ndarray] = None
 
     def next(self) -> Optional[int]:
-        if self._taken:
+        segments = next(self._messages, None)
+        if segments is None:
+            self._scratch = None
             return None
-        self._taken = True
+        self._carried = _sub(self._ranges, segments)
+        self._size = sum(n for _, _, n in segments)
+        self._direct = self._landing.direct(self._carried)
         return self._size
 
     def buffer(self) -> np.ndarray:
-        return self._direct if self._direct is not None else np.empty(self._size, dtype=np.uint8)
+        if self._direct is not None:
+            return self._direct
+        if self._scratch is None:
+            self._scratch = np.empty(self._most, dtype=np.uint8)
+        return self._scratch[: self._size]
 
     def landed(self, data: np.ndarray, why: Optional[str], unread: bool) -> None:
         if why is not None:
             raise RuntimeError(f"rank {self.peer}'s bytes of a striped load did not arrive sound: {why}")
-        self._landing.land(self._ranges, data)
+        self._landing.land(self._carried, data)
 
 
 def run(
@@ -294,8 +346,8 @@ def run(
                     landing.land([kept], read.view(kept))
             except Exception as e:  # noqa: BLE001 - raised on every rank
                 read, error = None, e
-        sends = [_Send(peer, read, ranges) for peer, ranges in phase.sends]
-        broke = group.stream(sends, [_Take(peer, ranges, landing) for peer, ranges in phase.takes])
+        sends = [_Send(part, read) for part in phase.sends]
+        broke = group.stream(sends, [_Take(part, landing) for part in phase.takes])
         group.check(error or fetch.failure or broke, what)
     missing = len(fetch.pieces) - len(fetch.done)
     group.check(RuntimeError(f"{missing} pieces of this rank were in no stripe") if missing else None, what)

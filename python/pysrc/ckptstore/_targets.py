@@ -13,6 +13,7 @@ import numpy as np
 
 from ._ckptstore import HfExport, SaveRecord
 from ._convert import step_number
+from ._dcp_json import torch_dtype
 from ._remote import Remote
 from ._store import Store
 from ._store import open as open_store
@@ -32,6 +33,23 @@ Deliver = Callable[[int, np.ndarray], None]
 
 BATCH_BYTES = 64 << 20
 """Bytes of stored boxes read at once by a load (not straight into place)."""
+
+
+def batches(pieces: Sequence[Piece], dest: Dict[int, np.ndarray]) -> List[List[int]]:
+    """The pieces without memory of their own (`dest`), in batches of
+    about BATCH_BYTES: a load holds the state and one batch, not a second
+    copy."""
+    out: List[List[int]] = []
+    size = BATCH_BYTES
+    for i, piece in enumerate(pieces):
+        if i in dest:
+            continue
+        if size >= BATCH_BYTES:
+            out.append([])
+            size = 0
+        out[-1].append(i)
+        size += piece[3]
+    return out
 
 
 class Put(NamedTuple):
@@ -286,27 +304,13 @@ class OpenedBucket:
             raise failure
         # Pieces with memory of their own are read in one call (no copy is
         # held, so the bucket gets as many ranges in flight as it takes);
-        # the rest in batches of about BATCH_BYTES, so that memory holds
-        # the state and one batch, not a second copy.
+        # the rest in batches (`batches`).
         direct = [i for i in range(len(pieces)) if i in dest]
         if direct:
             self._remote.read_pieces_into(self._opened, [pieces[i] for i in direct], [dest[i] for i in direct])
             for i in direct:
                 deliver(i, dest[i])
-        batch: List[int] = []
-        size = 0
-        for i, piece in enumerate(pieces):
-            if i in dest:
-                continue
-            batch.append(i)
-            size += piece[3]
-            if size >= BATCH_BYTES:
-                self._read_batch(pieces, batch, deliver)
-                batch, size = [], 0
-        self._read_batch(pieces, batch, deliver)
-
-    def _read_batch(self, pieces: Sequence[Piece], batch: List[int], deliver: Deliver) -> None:
-        if batch:
+        for batch in batches(pieces, dest):
             for i, data in zip(batch, self._remote.read_pieces(self._opened, [pieces[i] for i in batch])):
                 deliver(i, data)
 
@@ -317,7 +321,7 @@ class LocalStore:
 
     many_ranks = False
     sendable = False
-    fans_out = False  # its opening reads the step whole, on every rank
+    fans_out = True
 
     def __init__(self, target: Union[str, "os.PathLike[str]", Store]) -> None:
         self._target = target
@@ -352,13 +356,7 @@ class LocalStore:
         """Nothing: `put` committed the step."""
 
     def open(self, step: int, commit: Optional[str]) -> Opened:
-        with self._use(read_only=True) as store:
-            ck = store.load(step)
-        if ck is None:
-            raise FileNotFoundError(f"{self.description} has no step {step}")
-        if METADATA not in ck.tensors:
-            raise ValueError(f"step {step} of {self.description} was not saved by ckptstore.dcp")
-        return OpenedStep(ck.tensors)
+        return OpenedLocal(self, step, commit)
 
     def consolidate(self, step: int, path: "os.PathLike[str] | str", prefix: Optional[str]) -> List[str]:
         with self._use(read_only=True) as store:
@@ -373,27 +371,59 @@ class LocalStore:
             return store.export_hf(step, directory, max_shard_size, prefix, dtype)
 
 
-class OpenedStep:
-    """A local store's step, loaded whole."""
+class OpenedLocal:
+    """A local store's step, read in ranges: only the chunks holding a
+    piece's bytes, each hash-checked, and only from the save opened (its
+    content digest is the commit every rank reads)."""
 
-    commit: Optional[str] = None
+    def __init__(self, target: LocalStore, step: int, commit: Optional[str]) -> None:
+        self._target, self._step = target, step
+        with target._use(read_only=True) as store:
+            digest, info = store.content_digest(step), store.info(step)
+            if digest is None or info is None:
+                raise FileNotFoundError(f"{target.description} has no step {step}")
+            if commit is not None and digest != commit:
+                raise FileNotFoundError(f"step {step} of {target.description} was saved again while this load opened it")
+            if METADATA not in info.blobs:
+                raise ValueError(f"step {step} of {target.description} was not saved by ckptstore.dcp")
+            self.commit: Optional[str] = digest
+            self._lengths = dict(info.blobs)
+            for name, (dtype, shape) in info.tensors.items():
+                self._lengths[name] = torch_dtype(dtype, name).itemsize * int(np.prod(shape, dtype=np.int64))
+            self._metadata = np.empty(self._lengths[METADATA], dtype=np.uint8)
+            self._fill(store, [(METADATA, 0, self._metadata)])
 
-    def __init__(self, entries: Dict[str, np.ndarray]) -> None:
-        self.entries = entries
+    def _fill(self, store: Store, reads: List[Tuple[str, int, np.ndarray]]) -> None:
+        if not store.read_ranges(self._step, reads, digest=self.commit):
+            raise FileNotFoundError(
+                f"step {self._step} of {self._target.description} was removed or saved again while this load read it"
+            )
 
     def metadata(self) -> bytes:
-        return self.entries[METADATA].tobytes()
+        return self._metadata.tobytes()
 
     def length(self, rank: int, entry: str) -> int:
-        return int(self.entries[entry].nbytes)
+        if rank != 0 or entry not in self._lengths:
+            raise ValueError(f"step {self._step} of {self._target.description}: rank {rank} stored no entry {entry!r}")
+        return self._lengths[entry]
 
     def read(
         self, pieces: Sequence[Piece], dest: Dict[int, np.ndarray], deliver: Deliver, failure: Optional[BaseException]
     ) -> None:
         if failure is not None:
             raise failure
-        for i, (_, entry, start, n) in enumerate(pieces):
-            deliver(i, self.entries[entry].reshape(-1).view(np.uint8)[start : start + n])
+        # Pieces with memory of their own are read into it in one call; the
+        # rest in batches (`batches`), each handed on as read.
+        with self._target._use(read_only=True) as store:
+            direct = [i for i in range(len(pieces)) if i in dest]
+            self._fill(store, [(pieces[i][1], pieces[i][2], dest[i]) for i in direct])
+            for i in direct:
+                deliver(i, dest[i])
+            for batch in batches(pieces, dest):
+                datas = [np.empty(pieces[i][3], dtype=np.uint8) for i in batch]
+                self._fill(store, [(pieces[i][1], pieces[i][2], d) for i, d in zip(batch, datas)])
+                for i, data in zip(batch, datas):
+                    deliver(i, data)
 
 
 class _Using:

@@ -31,8 +31,9 @@ checkpoints/last.ckpt` shows where the state is; a marker copied away
 alone is not a checkpoint. The store is the truth: a load looks the path
 up in the store (the marker's step is a hint for humans), so a save
 killed between its commit and its marker loads the newer state. Names
-whose marker is gone (a save killed before writing it) are dropped the
-first time this process saves into their directory.
+whose marker is gone (a save killed before writing it) are dropped, and
+a marker's temporary file a killed process left is removed, the first
+time this process saves into their directory.
 
 Safety: tensors (model, optimizer moments, tensor-valued callback state)
 are typed tensors; the rest of the checkpoint is JSON (numbers, strings,
@@ -64,6 +65,7 @@ loaded on the CPU (`map_location` may name a device).
 
 import json
 import os
+import re
 import time
 from typing import Any, Dict, List, Optional, Set, Tuple, Union
 
@@ -366,10 +368,12 @@ class CheckpointIO(_CheckpointIO):
 
     def _sweep(self, store: Store, directory: str) -> None:
         """Once per process and directory: drop the names in `directory`
-        whose marker is missing (a save killed before writing it)."""
+        whose marker is missing (a save killed before writing it), and the
+        markers' temporary files that killed processes left."""
         if directory in self._swept:
             return
         self._swept.add(directory)
+        _remove_stale_temps(directory)
         for step in store.steps():
             for name in _names_at(store, step):
                 file = self._file(name)
@@ -545,6 +549,41 @@ def _write_marker(path: str, marker: Dict[str, Any]) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     _fsync_dir(directory)
+
+
+_TEMP = re.compile(r".+\.([0-9]+)\.tmp")
+
+
+def _remove_stale_temps(directory: str) -> None:
+    """Remove the temporary files `_write_marker` left in `directory` when
+    its process was killed: named `<marker>.<pid>.tmp` by a process no
+    longer alive, and empty or a marker (never another file)."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return
+    for name in names:
+        found = _TEMP.fullmatch(name)
+        if found is None or _alive(int(found.group(1))):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            ours = os.path.getsize(path) == 0 or _read_marker(path) is not None
+            if ours:
+                os.remove(path)
+        except FileNotFoundError:
+            continue
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` runs (this one included)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # another user's, or no such pid number: kept
+    return True
 
 
 def _fsync_dir(directory: str) -> None:

@@ -18,6 +18,10 @@ use clap::{Parser, Subcommand};
 pub(crate) struct Cli {
     #[command(subcommand)]
     pub(crate) command: Command,
+    /// How long a request to a bucket that fails (a server down or
+    /// restarting) is retried before the command fails, in seconds.
+    #[arg(long, global = true, value_name = "SECS", default_value_t = 30)]
+    pub(crate) retry_window: u64,
 }
 
 #[derive(Subcommand)]

@@ -33,6 +33,7 @@ const COMPACT_RETRY: Duration = Duration::from_millis(100);
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    remote::set_retry_window(std::time::Duration::from_secs(cli.retry_window));
     match run(cli.command) {
         Ok(code) => code,
         // The reader of our output went away (`ckpt ls | head`): done.

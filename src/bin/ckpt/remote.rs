@@ -3,11 +3,29 @@
 
 use std::path::Path;
 use std::process::ExitCode;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use ckptstore::{CheckpointStore, Error, Remote, Retention};
 
 use super::{bar, bytes_bar, explain, one_line, output, Result, EXIT_DAMAGED};
+
+/// How long a failing request to a bucket is retried (`--retry-window`).
+static RETRY_WINDOW: OnceLock<Duration> = OnceLock::new();
+
+/// Set the retry window of the buckets this command opens.
+pub(crate) fn set_retry_window(window: Duration) {
+    let _ = RETRY_WINDOW.set(window);
+}
+
+/// The bucket at `url`, its requests retried for the retry window.
+fn open_remote(url: &str) -> Result<Remote> {
+    let remote = Remote::open(url)?;
+    Ok(match RETRY_WINDOW.get() {
+        Some(window) if *window != remote.retry_window() => remote.with_retry_window(*window)?,
+        _ => remote,
+    })
+}
 
 /// Whether a store argument is a bucket URL rather than a path.
 pub(crate) fn is_url(arg: &str) -> bool {
@@ -18,7 +36,7 @@ pub(crate) fn is_url(arg: &str) -> bool {
 
 pub(crate) fn push(store: &Path, url: &str, adopt: bool, repair: bool) -> Result<ExitCode> {
     let s = super::open_read(store)?;
-    let remote = Remote::open(url)?;
+    let remote = open_remote(url)?;
     if adopt {
         remote.adopt(&s)?;
     }
@@ -241,7 +259,7 @@ fn warn_skipped(remote: &Remote) -> Result<()> {
 /// The bucket at `url`, for a command that only reads it (or deletes from
 /// it): a mistyped URL is an error, not an empty bucket.
 fn open_existing(url: &str) -> Result<Remote> {
-    let remote = Remote::open(url)?;
+    let remote = open_remote(url)?;
     if !remote.exists()? {
         return Err(Error::NoBucket {
             url: url.to_owned(),

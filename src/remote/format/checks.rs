@@ -6,9 +6,9 @@
 use crate::checkpoint::MAX_TEXT_BYTES;
 use crate::format::layout::{chunk_count, small_tail};
 use crate::remote::format::layout::{
-    parse_hex, GlobalManifest, RemoteBlob, RemoteManifest, RemoteTail, MANIFEST_FORMAT,
-    MANIFEST_FORMAT_TAILS, MAX_DIMS, MAX_WORLD_SIZE,
+    parse_hex, GlobalManifest, MANIFEST_FORMAT, MANIFEST_FORMAT_TAILS, MAX_DIMS, MAX_WORLD_SIZE,
 };
+use crate::remote::format::manifest::{RemoteBlob, RemoteManifest, RemoteTail};
 use crate::remote::format::pack_format::MANIFEST_FORMAT_PACKS;
 use crate::{Dtype, Tensor};
 

@@ -11,7 +11,10 @@
 //!                                          (format 2: large blobs' small ends in its packed chunk)
 //! commits/<step:020>-<gen:020>-<blake3 hex>
 //!                                          written last: the step is visible; names its manifest
-//! deleted/<step:020>-<blake3 hex>          that step was deleted by retention: push skips it
+//! deleted/<step:020>-<blake3 hex>          that step was deleted by retention: push skips it;
+//!                                          named by its manifest's hash and, for a pushed
+//!                                          format-3 step, by its unpacked manifest's too
+//!                                          ([`unpacked_hash`](super::manifest::RemoteManifest::unpacked_hash))
 //! locks/<push|gc>-<uuid>                   a push or a garbage collection in progress
 //! owner/<store uuid>                       the store whose run this prefix holds
 //! collections/latest                       a random id, rewritten by each garbage collection
@@ -34,17 +37,15 @@
 //!
 //! Objects in a bucket are untrusted input: every count, length and name
 //! is checked against the caps below before anything is allocated or
-//! added up ([`RemoteManifest::check`]); the same caps hold when pushing,
-//! so nothing this crate writes is refused when read back.
-
-use std::collections::BTreeMap;
+//! added up
+//! ([`RemoteManifest::check`](super::manifest::RemoteManifest::check));
+//! the same caps hold when pushing, so nothing this crate writes is
+//! refused when read back.
 
 use object_store::path::Path;
 use serde::{Deserialize, Serialize};
 
-use crate::format::layout::{chunk_lengths, small_tail};
-use crate::format::manifest::{hex, BlobRef, Hash, PackedRef, Placement};
-use crate::Dtype;
+use crate::format::manifest::{hex, Hash};
 
 /// The folder of content-addressed chunks.
 pub(crate) const CHUNKS: &str = "chunks";
@@ -72,7 +73,7 @@ pub(crate) const MAX_HINT_BYTES: u64 = 4096;
 /// with no blob tail.
 pub(crate) const MANIFEST_FORMAT: u32 = 1;
 /// The version of a shard manifest some of whose blobs end in the packed
-/// chunk ([`RemoteBlob::tail`]); 0.3 reads only format 1.
+/// chunk ([`RemoteBlob::tail`](super::manifest::RemoteBlob::tail)); 0.3 reads only format 1.
 pub(crate) const MANIFEST_FORMAT_TAILS: u32 = 2;
 
 /// The most ranks a global step may have.
@@ -323,162 +324,6 @@ pub(crate) fn parse_hex(s: &str) -> Option<Hash> {
         *byte = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
     }
     Some(out)
-}
-
-/// Which blobs are tensors: a blob's name to its dtype and shape.
-pub(crate) type TypeOf<'a> = dyn Fn(&str) -> Option<(Dtype, Vec<u64>)> + 'a;
-
-/// A step's manifest in the bucket.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub(crate) struct RemoteManifest {
-    pub(crate) format: u32,
-    pub(crate) step: u64,
-    pub(crate) timestamp: u64,
-    pub(crate) loss_cid: Option<String>,
-    pub(crate) metrics: BTreeMap<String, f64>,
-    /// The computation graph in the seed's JSON form, keys sorted.
-    pub(crate) graph: serde_json::Value,
-    pub(crate) blobs: BTreeMap<String, RemoteBlob>,
-    /// The step's small blobs, concatenated in name order: one chunk.
-    pub(crate) packed: Option<RemotePacked>,
-    /// Format 3: the packs its chunks lie in.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) packs: Option<Vec<crate::remote::format::pack_format::RemotePack>>,
-    /// Format 3: where each chunk it names lies in `packs`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) index: Option<crate::remote::format::pack_format::PackIndex>,
-    /// How the step was saved; left out when empty (a bucket written
-    /// before it keeps 0.4.0's record among `metrics`).
-    /// (Boxed: most manifests have none, and every commit body holds one.)
-    #[serde(default, skip_serializing_if = "no_record")]
-    pub(crate) save_record: Box<crate::SaveRecord>,
-}
-
-impl RemoteManifest {
-    /// The manifest of `ckpt` (its graph, metadata and `blobs`).
-    /// The bucket's form of a step: the one model of a step (`ckpt`'s
-    /// skeleton, each blob's length and placement, which blobs are tensors,
-    /// the packed bytes) in this codec. Chunks are named by hash.
-    pub(crate) fn from_model(
-        ckpt: &crate::GradientCheckpoint,
-        blobs: &BTreeMap<String, BlobRef>,
-        typed: &TypeOf<'_>,
-        packed: Option<&PackedRef>,
-    ) -> crate::Result<RemoteManifest> {
-        let blobs = blobs
-            .iter()
-            .map(|(name, blob)| {
-                let (chunks, offset) = match &blob.at {
-                    Placement::Packed { offset } => (None, Some(*offset)),
-                    Placement::Chunks(refs) => {
-                        (Some(refs.iter().map(|c| hex(&c.hash)).collect()), None)
-                    }
-                    Placement::Format1Chunks(hashes) => {
-                        (Some(hashes.iter().map(hex).collect()), None)
-                    }
-                };
-                let tensor = typed(name);
-                let entry = RemoteBlob {
-                    len: blob.len,
-                    chunks,
-                    offset,
-                    tail: None,
-                    dtype: tensor.as_ref().map(|(d, _)| d.name().to_owned()),
-                    shape: tensor.map(|(_, s)| s),
-                };
-                (name.clone(), entry)
-            })
-            .collect();
-        let packed = packed.map(|p| RemotePacked {
-            len: p.len,
-            hash: hex(&p.hash),
-        });
-        Self::of(ckpt, blobs, packed)
-    }
-
-    fn of(
-        ckpt: &crate::GradientCheckpoint,
-        blobs: BTreeMap<String, RemoteBlob>,
-        packed: Option<RemotePacked>,
-    ) -> crate::Result<RemoteManifest> {
-        let graph = serde_json::to_value(&ckpt.graph).map_err(|e| crate::Error::Json {
-            path: None,
-            source: Box::new(e),
-        })?;
-        Ok(RemoteManifest {
-            format: MANIFEST_FORMAT,
-            step: ckpt.step,
-            timestamp: ckpt.timestamp,
-            loss_cid: ckpt.loss_cid.clone(),
-            metrics: ckpt.metrics.clone(),
-            graph: canonical(graph),
-            blobs,
-            packed,
-            packs: None,
-            index: None,
-            save_record: Box::new(ckpt.save_record.clone()),
-        })
-    }
-}
-
-#[allow(clippy::borrowed_box)] // serde passes the field by reference
-fn no_record(record: &Box<crate::SaveRecord>) -> bool {
-    record.is_empty()
-}
-
-/// Where one blob or tensor lies.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub(crate) struct RemoteBlob {
-    pub(crate) len: u64,
-    /// Its chunks' hashes, in order (a large blob).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) chunks: Option<Vec<String>>,
-    /// Its offset in the packed chunk (a small blob).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) offset: Option<u64>,
-    /// Format 2: a chunked blob whose small end ([`small_tail`]: the last
-    /// pieces under 64 KiB) is not in `chunks` but in the packed chunk.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) tail: Option<RemoteTail>,
-    /// A tensor's dtype name and shape.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) dtype: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) shape: Option<Vec<u64>>,
-}
-
-/// Where a blob's small end lies in the packed chunk, and the hash of
-/// those bytes: a reader fetches and checks them alone.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub(crate) struct RemoteTail {
-    pub(crate) offset: u64,
-    pub(crate) hash: String,
-}
-
-/// The packed chunk of a step.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub(crate) struct RemotePacked {
-    pub(crate) len: u64,
-    pub(crate) hash: String,
-}
-
-impl RemoteBlob {
-    /// The lengths of its chunk objects, in order (none for a packed blob).
-    pub(crate) fn chunk_lengths(&self) -> impl Iterator<Item = usize> {
-        let len = usize::try_from(self.len).unwrap_or(usize::MAX);
-        let count = match &self.chunks {
-            Some(chunks) => chunks.len(),
-            None => 0,
-        };
-        chunk_lengths(len).take(count)
-    }
-
-    /// Bytes of its end that lie in the packed chunk (format 2): their
-    /// offset there and their length.
-    pub(crate) fn tail_bytes(&self) -> Option<(u64, u64)> {
-        let len = usize::try_from(self.len).ok()?;
-        Some((self.tail.as_ref()?.offset, small_tail(len).1 as u64))
-    }
 }
 
 /// The bytes of a manifest (JSON) and their hash, which names it.

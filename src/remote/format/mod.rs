@@ -1,9 +1,11 @@
-//! The bucket format: object names and the manifests' serde types
-//! (`layout`), bucket format 3's pack names and index (`pack_format`),
-//! what a manifest needs and where its chunks lie (`objects`), and the
-//! checks every object read passes before it is relied on (`checks`).
+//! The bucket format: object names and the small objects' serde types
+//! (`layout`), a step's manifest (`manifest`), bucket format 3's pack
+//! names and index (`pack_format`), what a manifest needs and where its
+//! chunks lie (`objects`), and the checks every object read passes before
+//! it is relied on (`checks`).
 
 pub(crate) mod checks;
 pub(crate) mod layout;
+pub(crate) mod manifest;
 pub(crate) mod objects;
 pub(crate) mod pack_format;

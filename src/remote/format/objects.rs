@@ -4,7 +4,8 @@
 use std::collections::BTreeMap;
 
 use crate::format::manifest::{hex, Hash};
-use crate::remote::format::layout::{parse_hex, RemoteManifest};
+use crate::remote::format::layout::parse_hex;
+use crate::remote::format::manifest::RemoteManifest;
 use crate::remote::format::pack_format::{Location, Object};
 
 impl RemoteManifest {

@@ -16,7 +16,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::format::manifest::{hex, Hash};
-use crate::remote::format::layout::{encode, GlobalManifest, RemoteManifest, ShardId};
+use crate::remote::format::layout::{encode, GlobalManifest, ShardId};
+use crate::remote::format::manifest::RemoteManifest;
 use crate::remote::format::pack_format::{Location, MANIFEST_FORMAT_PACKS};
 use crate::remote::read::restore::Want;
 use crate::remote::read::step::StepManifest;

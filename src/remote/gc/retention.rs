@@ -8,8 +8,9 @@ use std::collections::{BTreeSet, HashSet};
 use crate::format::manifest::Hash;
 use crate::remote::coordination::locks::LockKind;
 use crate::remote::format::layout::{
-    parse_chunk, parse_commit, RemoteManifest, ShardId, CHUNKS, MANIFESTS, PACKS, SHARDS,
+    parse_chunk, parse_commit, ShardId, CHUNKS, MANIFESTS, PACKS, SHARDS,
 };
+use crate::remote::format::manifest::RemoteManifest;
 use crate::remote::format::pack_format::Object;
 use crate::remote::read::step::StepManifest;
 use crate::remote::{Commit, Remote};
@@ -91,11 +92,15 @@ impl Remote {
         let commits = self.commits()?;
         for &step in &doomed {
             for c in commits.iter().filter(|c| c.step == step) {
-                let shards = match self.checked_manifest(*c, None)? {
-                    Ok(StepManifest::Sharded { ids, .. }) => ids,
-                    _ => Vec::new(),
+                let (shards, unpacked) = match self.checked_manifest(*c, None)? {
+                    Ok(StepManifest::Sharded { ids, .. }) => (ids, None),
+                    Ok(StepManifest::Single(m)) => (Vec::new(), m.unpacked_hash()?),
+                    Err(_) => (Vec::new(), None),
                 };
                 self.put(&self.layout.deleted(step, &c.hash), Vec::new())?;
+                if let Some(hash) = unpacked.filter(|h| *h != c.hash) {
+                    self.put(&self.layout.deleted(step, &hash), Vec::new())?;
+                }
                 self.delete(&self.layout.commit(c))?;
                 self.delete(&self.layout.manifest(step, &c.hash))?;
                 for id in &shards {

@@ -15,9 +15,9 @@ use crate::format::layout::small_tail;
 use crate::format::manifest::{hex, ChunkRef, Hash};
 use crate::remote::coordination::locks::Lock;
 use crate::remote::format::layout::{
-    encode, GlobalManifest, RemoteManifest, RemotePacked, RemoteTail, ShardId, MANIFEST_FORMAT,
-    MANIFEST_FORMAT_TAILS, MAX_WORLD_SIZE,
+    encode, GlobalManifest, ShardId, MANIFEST_FORMAT, MANIFEST_FORMAT_TAILS, MAX_WORLD_SIZE,
 };
+use crate::remote::format::manifest::{RemoteManifest, RemotePacked, RemoteTail};
 use crate::remote::format::pack_format::MANIFEST_FORMAT_PACKS;
 use crate::remote::read::step::StepManifest;
 use crate::remote::{Commit, Remote};

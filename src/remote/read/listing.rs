@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-use crate::remote::format::layout::RemoteManifest;
+use crate::remote::format::manifest::RemoteManifest;
 
 use crate::checkpoint::Incoming;
 use crate::remote::read::restore::{incoming, skeleton};

@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 
 use crate::format::manifest::Hash;
 use crate::remote::format::layout::ShardId;
-use crate::remote::format::layout::{RemoteBlob, RemoteManifest};
+use crate::remote::format::manifest::{RemoteBlob, RemoteManifest};
 use crate::remote::read::local::{place, Regions};
 use crate::remote::read::restore::{blob_chunks, packed_want, Want};
 use crate::remote::read::step::CommitBody;

@@ -12,7 +12,8 @@ use object_store::ObjectStoreExt;
 use crate::checkpoint::Incoming;
 use crate::format::layout::packed_slice;
 use crate::format::manifest::{hex, Hash};
-use crate::remote::format::layout::{parse_hex, RemoteBlob, RemoteManifest};
+use crate::remote::format::layout::parse_hex;
+use crate::remote::format::manifest::{RemoteBlob, RemoteManifest};
 use crate::remote::format::pack_format::Object;
 use crate::remote::Remote;
 use crate::{

@@ -4,10 +4,9 @@
 
 use std::collections::HashSet;
 
-use crate::format::manifest::{hex, Hash};
-use crate::remote::format::layout::{
-    parse_hex, GlobalManifest, RemoteManifest, ShardId, MAX_MANIFEST_BYTES,
-};
+use crate::format::manifest::Hash;
+use crate::remote::format::layout::{parse_hex, GlobalManifest, ShardId, MAX_MANIFEST_BYTES};
+use crate::remote::format::manifest::RemoteManifest;
 use crate::remote::format::pack_format::Object;
 use crate::remote::{Commit, Remote};
 use crate::{Error, Result, SaveRecord, StepSummary};
@@ -115,7 +114,8 @@ impl Remote {
         };
         let (step, key) = (commit.step, self.layout.url_of(&self.url, &key));
         if let Ok(m) = serde_json::from_slice::<RemoteManifest>(&bytes) {
-            return Ok(check_single(m, step, chunks)
+            return Ok(self
+                .check_single(m, step, chunks)
                 .map(CommitBody::Single)
                 .map_err(|why| format!("{key}: {why}")));
         }
@@ -158,7 +158,9 @@ impl Remote {
         let Ok(m) = serde_json::from_slice::<RemoteManifest>(&bytes) else {
             return Ok(Err(format!("{key} is not a manifest this build reads")));
         };
-        Ok(check_single(m, step, chunks).map_err(|why| format!("{key}: {why}")))
+        Ok(self
+            .check_single(m, step, chunks)
+            .map_err(|why| format!("{key}: {why}")))
     }
 
     /// Of `commits` (ascending), the newest that checks out against the
@@ -168,12 +170,27 @@ impl Remote {
         commits: &[Commit],
         chunks: &HashSet<Object>,
     ) -> Result<Option<(Commit, StepManifest)>> {
+        Ok(self.newest_or_why(commits, chunks)?.ok())
+    }
+
+    /// Of `commits` (ascending, one step's, at least one), the newest that
+    /// checks out against the bucket's `chunks`, or why the newest does not
+    /// when none does: what a reader gets of the step.
+    pub(crate) fn newest_or_why(
+        &self,
+        commits: &[Commit],
+        chunks: &HashSet<Object>,
+    ) -> Result<Checked<(Commit, StepManifest)>> {
+        let mut why = None;
         for c in commits.iter().rev() {
-            if let Ok(m) = self.checked_manifest(*c, Some(chunks))? {
-                return Ok(Some((*c, m)));
+            match self.checked_manifest(*c, Some(chunks))? {
+                Ok(m) => return Ok(Ok((*c, m))),
+                Err(reason) => {
+                    why.get_or_insert(reason);
+                }
             }
         }
-        Ok(None)
+        Ok(Err(why.unwrap_or_else(|| "it has no commit".to_owned())))
     }
 
     /// Step `step`'s newest commit that checks out against the bucket's
@@ -235,42 +252,38 @@ impl Remote {
         let chunks = self.objects()?;
         // Commits come sorted by step: one group per step.
         for of_step in commits.chunk_by(|a, b| a.step == b.step) {
-            let mut why = None;
-            for c in of_step.iter().rev() {
-                match self.checked_manifest(*c, Some(&chunks))? {
-                    Ok(m) => {
-                        complete.push((*c, m));
-                        why = None;
-                        break;
-                    }
-                    Err(reason) => {
-                        why.get_or_insert((c.step, reason));
-                    }
-                }
+            match self.newest_or_why(of_step, &chunks)? {
+                Ok(found) => complete.push(found),
+                Err(why) => skipped.push((of_step[0].step, why)),
             }
-            skipped.extend(why);
         }
         Ok((complete, skipped))
     }
 }
 
-/// `m` as step `step`'s manifest, if it passes its checks and (given the
-/// bucket's chunks) names only chunks that are there.
-fn check_single(
-    m: RemoteManifest,
-    step: u64,
-    chunks: Option<&HashSet<Object>>,
-) -> Checked<RemoteManifest> {
-    m.check(step)?;
-    if let Some(chunks) = chunks {
-        if let Some(o) = m.objects().into_iter().find(|o| !chunks.contains(o)) {
-            return Err(match o {
-                Object::Chunk(h) => format!("chunk {} is missing", hex(&h)),
-                Object::Pack(h) => format!("pack {} is missing", hex(&h)),
-            });
+impl Remote {
+    /// `m` as step `step`'s manifest, if it passes its checks and (given
+    /// the bucket's chunks and packs) names only objects that are there;
+    /// else why not, naming the object missing by its URL.
+    fn check_single(
+        &self,
+        m: RemoteManifest,
+        step: u64,
+        chunks: Option<&HashSet<Object>>,
+    ) -> Checked<RemoteManifest> {
+        m.check(step)?;
+        if let Some(chunks) = chunks {
+            if let Some(o) = m.objects().into_iter().find(|o| !chunks.contains(o)) {
+                let key = match o {
+                    Object::Chunk(h) => self.layout.chunk(&h),
+                    Object::Pack(h) => self.layout.pack(&h),
+                };
+                let url = self.layout.url_of(&self.url, &key);
+                return Err(format!("it names {url}, which is missing"));
+            }
         }
+        Ok(m)
     }
-    Ok(m)
 }
 
 /// The retention record of one manifest.

@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 
 use crate::format::manifest::Hash;
-use crate::remote::format::layout::RemoteManifest;
+use crate::remote::format::manifest::RemoteManifest;
 use crate::remote::read::restore::{blob_chunks, tail};
 use crate::remote::Remote;
 use crate::{Error, Result, VerifyReport};
@@ -12,13 +12,16 @@ use crate::{Error, Result, VerifyReport};
 const VERIFY_BATCH_BYTES: usize = 32 << 20;
 
 impl Remote {
-    /// Read every step in the bucket and check every hash: each commit's
-    /// manifest, and each chunk it names. A step whose manifest is missing,
-    /// damaged or not consistent (lengths, counts, names: see the caps in
-    /// the crate docs), or whose chunks are missing or fail their hash, is
-    /// reported in [`VerifyReport::damaged`] with the object at fault; `Err`
-    /// means the bucket could not be read at all. Reads every chunk once
-    /// per step, a batch of chunks in memory at a time.
+    /// Read every step in the bucket and check every hash, as readers get
+    /// it: each step's newest commit that checks out (its manifest there,
+    /// hashing right and consistent: lengths, counts, names, see the caps
+    /// in the crate docs; every object it names there), and each chunk it
+    /// names. Older commits of a step (superseded by a save again) are not
+    /// judged: readers never take them. A step none of whose commits
+    /// checks out, or whose chunks fail their hash, is reported in
+    /// [`VerifyReport::damaged`] with the object at fault; `Err` means the
+    /// bucket could not be read at all. Reads every chunk once per step, a
+    /// batch of chunks in memory at a time.
     ///
     /// ```
     /// use ckptstore::{CheckpointStore, ComputationGraphStore, GradientCheckpoint, Remote};
@@ -40,22 +43,29 @@ impl Remote {
     /// step is checked.
     pub fn verify_with(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<VerifyReport> {
         let mut report = VerifyReport::default();
-        for c in self.commits()? {
-            let checked = match self.checked_manifest(c, None)? {
-                Err(why) => Err(Error::corrupt(Some(c.step), format!("{}: {why}", self.url))),
-                Ok(m) => m.parts().iter().try_fold(0u64, |n, part| {
+        let commits = self.commits()?;
+        if commits.is_empty() {
+            return Ok(report);
+        }
+        let objects = self.objects()?;
+        // Commits come sorted by step: one group per step.
+        for of_step in commits.chunk_by(|a, b| a.step == b.step) {
+            let step = of_step[0].step;
+            let checked = match self.newest_or_why(of_step, &objects)? {
+                Ok((_, m)) => m.parts().iter().try_fold(0u64, |n, part| {
                     Ok(n.saturating_add(self.check_chunks(part)?))
                 }),
+                Err(why) => Err(Error::corrupt(Some(step), format!("{}: {why}", self.url))),
             };
             match checked {
                 Ok(bytes) => {
                     report.steps_ok += 1;
                     report.bytes_checked = report.bytes_checked.saturating_add(bytes);
-                    progress(c.step, bytes);
+                    progress(step, bytes);
                 }
                 Err(e @ Error::Corrupt { .. }) => {
-                    report.damaged.push((c.step, e));
-                    progress(c.step, 0);
+                    report.damaged.push((step, e));
+                    progress(step, 0);
                 }
                 Err(e) => return Err(e),
             }

@@ -186,3 +186,86 @@ fn commit_of(step: u64, p: &Pushed) -> Commit {
         hash: p.hash,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn commit(step: u64, generation: u64, hash: u8) -> Commit {
+        Commit {
+            step,
+            generation,
+            hash: [hash; 32],
+        }
+    }
+
+    /// A listing of a bucket whose newest commits are `newest`.
+    fn listed(newest: &[Commit]) -> Listing {
+        Listing {
+            newest: newest.iter().map(|c| (c.step, *c)).collect(),
+            deleted: HashSet::new(),
+            manifests: newest.iter().map(|c| (c.step, c.hash)).collect(),
+            chunks: HashSet::new(),
+            packs: HashSet::new(),
+            remembered: BTreeMap::new(),
+            repair: false,
+        }
+    }
+
+    fn present(v: &Verdict) -> Option<Commit> {
+        match v {
+            Verdict::Present(c) => Some(*c),
+            Verdict::Push(_) => None,
+        }
+    }
+
+    #[test]
+    fn a_step_retention_deleted_is_present_by_its_marker() {
+        let mut l = listed(&[]);
+        l.deleted.insert((3, [7; 32]));
+        let k = Knowledge::Listed(Box::new(l));
+        assert_eq!(present(&k.verdict(3, &[7; 32], &[])), Some(commit(3, 0, 7)));
+        // Other content at that step (a rollback and redo) is pushed.
+        assert!(present(&k.verdict(3, &[8; 32], &[])).is_none());
+        assert!(present(&k.verdict(4, &[7; 32], &[])).is_none());
+    }
+
+    #[test]
+    fn a_step_of_chunk_objects_is_present_when_its_manifest_and_chunks_are() {
+        let newest = commit(5, 2, 9);
+        let mut l = listed(&[newest]);
+        let chunks = [([1; 32], 10), ([2; 32], 20)];
+        l.chunks.insert([1; 32]);
+        let k = Knowledge::Listed(Box::new(l));
+        // A chunk missing: pushed again, after the newest commit.
+        match k.verdict(5, &[9; 32], &chunks) {
+            Verdict::Push(after) => assert_eq!(after, Some(newest)),
+            Verdict::Present(c) => panic!("present as {c:?}"),
+        }
+        let Knowledge::Listed(mut l) = k else {
+            unreachable!()
+        };
+        l.chunks.insert([2; 32]);
+        let k = Knowledge::Listed(l);
+        assert_eq!(present(&k.verdict(5, &[9; 32], &chunks)), Some(newest));
+        // Another manifest than the newest commit's: pushed.
+        assert!(present(&k.verdict(5, &[1; 32], &chunks)).is_none());
+    }
+
+    #[test]
+    fn what_a_store_remembers_is_pushed_unless_known_whole() {
+        let pushed = |whole| Pushed {
+            generation: 1,
+            hash: [4; 32],
+            whole,
+        };
+        let k = Knowledge::Remembered([(2, pushed(true)), (3, pushed(false))].into());
+        assert_eq!(k.whole_unread(2).map(|p| p.hash), Some([4; 32]));
+        assert!(k.whole_unread(3).is_none() && k.whole_unread(4).is_none());
+        match k.verdict(3, &[4; 32], &[]) {
+            Verdict::Push(after) => assert_eq!(after, Some(commit(3, 1, 4))),
+            Verdict::Present(c) => panic!("present as {c:?}"),
+        }
+        assert_eq!(k.newest_below(3), Some(commit(2, 1, 4)));
+    }
+}

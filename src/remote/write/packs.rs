@@ -19,7 +19,8 @@ use bytes::Bytes;
 
 use crate::format::manifest::{hex, Hash};
 use crate::remote::coordination::locks::Lock;
-use crate::remote::format::layout::{parse_hex, RemoteManifest};
+use crate::remote::format::layout::parse_hex;
+use crate::remote::format::manifest::RemoteManifest;
 use crate::remote::format::pack_format::{pack_name, Location, PackIndex, RemotePack};
 use crate::remote::Remote;
 use crate::{Error, Result};

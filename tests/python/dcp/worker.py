@@ -13,9 +13,15 @@ CKPT_BIG_ROWS=N gives model.big N rows (1100: 1.3 MB, two chunks).
 Loads: CKPT_REPLICATE=1 places every tensor Replicate (saves too);
 CKPT_FAN_OUT=0 loads with fan_out=False; CKPT_STRIPE_CHUNKS=N cuts a
 striped load's stripes at N chunks; a load prints "read <bytes>", what
-the rank asked of the bucket. CKPT_DIE_IN_READ=R kills rank R at its
-first read of the bucket, CKPT_FAIL_IN_READ=R makes it raise there;
+the rank asked of the bucket or the local store. CKPT_DIE_IN_READ=R kills rank R at its
+first read of the bucket or of the store's state, CKPT_FAIL_IN_READ=R
+makes it raise there;
 CKPT_PG_TIMEOUT=S is the groups' timeout in seconds (default 60).
+CKPT_MANY=N adds N tensors of 64 KiB; CKPT_WINDOW=B sets the bytes a
+striped load has in transit each way (_tier_fetch.WINDOW); with
+CKPT_TRACE=1 a load prints "peak <bytes>", the most memory Python and
+numpy held during dcp.load (tracemalloc; tensors are torch's, not
+counted).
 """
 
 import datetime
@@ -43,6 +49,7 @@ SPECS = {
     "model.big": ((int(os.environ.get("CKPT_BIG_ROWS", "1100")), 300), torch.float32, "shard0"),
     "optim.step": ((), torch.float32, "plain"),
 }
+SPECS.update({f"many.{i}": ((16384,), torch.float32, "shard0") for i in range(int(os.environ.get("CKPT_MANY", "0")))})
 
 
 def full(name, salt):
@@ -72,7 +79,8 @@ def state(mesh, salt, empty):
 
 
 def count_reads(rank):
-    """Count the bytes this rank asks of the bucket (into a one-item list),
+    """Count the bytes this rank asks of the bucket or the local store
+    (into a one-item list),
     and die or fail at its first read where the environment says."""
     import ckptstore
     import ckptstore._fan_out
@@ -95,6 +103,20 @@ def count_reads(rank):
             return _original(self, opened, pieces, *rest)
 
         setattr(ckptstore.Remote, name, counted)
+    from ckptstore._targets import METADATA
+
+    original_ranges = ckptstore.Store.read_ranges
+
+    def counted_ranges(self, step, reads, **kwargs):
+        state = any(name != METADATA for name, _, _ in reads)  # not the opening's
+        if die and state:
+            os._exit(9)
+        if fail and state:
+            raise OSError("injected: the store failed this read")
+        read[0] += sum(a.nbytes for name, _, a in reads if name != METADATA)  # the state's bytes
+        return original_ranges(self, step, reads, **kwargs)
+
+    ckptstore.Store.read_ranges = counted_ranges
     return read
 
 
@@ -161,11 +183,23 @@ def main():
         import ckptstore._targets
 
         ckptstore._targets.BATCH_BYTES = 256 << 10
+        if os.environ.get("CKPT_WINDOW"):
+            import ckptstore._tier_fetch
+
+            ckptstore._tier_fetch.WINDOW = int(os.environ["CKPT_WINDOW"])
         read = count_reads(rank)
         loaded = state(mesh, salt, empty=True)
         fan_out = os.environ.get("CKPT_FAN_OUT") != "0"
         reader = StorageReader(target, None if step < 0 else step, fan_out=fan_out, timeout=TIMEOUT)
+        trace = os.environ.get("CKPT_TRACE") == "1"
+        if trace:
+            import tracemalloc
+
+            tracemalloc.start()
         dcp.load(loaded, storage_reader=reader)
+        if trace:
+            print(f"peak {tracemalloc.get_traced_memory()[1]}", flush=True)
+            tracemalloc.stop()
         print(f"read {read[0]}", flush=True)
         for name in SPECS:
             t = loaded[name]
