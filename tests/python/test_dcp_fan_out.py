@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from ckptstore import _fan_out, _tier_fetch
+from ckptstore import _fan_out
 from test_dcp import run
 
 # Stripes of one chunk: the 1.3 MB tensor takes several phases.
@@ -95,11 +95,14 @@ def _covered(pieces):
     return {(src, entry, b) for src, entry, a, n in pieces for b in range(a, a + n)}
 
 
+@pytest.mark.parametrize("restricted", [False, True], ids=["any-reader", "holders-only"])
 @pytest.mark.parametrize("seed", range(20))
-def test_the_plan_reads_each_byte_once_and_gives_each_rank_what_it_needs(seed, monkeypatch):
+def test_the_plan_reads_each_byte_once_and_gives_each_rank_what_it_needs(seed, restricted, monkeypatch):
+    # `restricted`: each shard may be read only by some ranks (the local
+    # tier's holders of it), as `readers` says.
     monkeypatch.setattr(_fan_out, "STRIPE", 64)
-    monkeypatch.setattr(_tier_fetch, "WINDOW", 48)
-    monkeypatch.setattr(_tier_fetch, "LEAST", 4)
+    monkeypatch.setattr(_fan_out, "WINDOW", 48)
+    monkeypatch.setattr(_fan_out, "LEAST", 4)
     rnd = random.Random(seed)
     world = rnd.randint(2, 6)
     entries = [(rnd.randrange(world), f"e{i}", rnd.randint(1, 400)) for i in range(rnd.randint(1, 5))]
@@ -111,8 +114,14 @@ def test_the_plan_reads_each_byte_once_and_gives_each_rank_what_it_needs(seed, m
                 a = rnd.randrange(length)
                 mine.append((src, entry, a, rnd.randint(0, length - a)))
         needs.append(mine)
-    plans = _fan_out.plan(needs)
+    readers = None
+    if restricted:
+        readers = {src: rnd.sample(range(world), rnd.randint(1, world)) for src in range(world)}
+    plans = _fan_out.plan(needs, readers)
     assert len({len(p.phases) for p in plans}) == 1  # every rank, as many phases
+    if readers is not None:
+        for rank, p in enumerate(plans):
+            assert all(rank in readers[s[0]] for ph in p.phases for s in ph.reads), (rank, readers)
     reads = [s for p in plans for ph in p.phases for s in ph.reads]
     read = [b for r in reads for b in sorted(_covered([r]))]
     assert len(read) == len(set(read)) == len(_covered([p for n in needs for p in n]))
@@ -130,7 +139,8 @@ def test_the_plan_reads_each_byte_once_and_gives_each_rank_what_it_needs(seed, m
     # The bytes are spread: no rank reads more than its share and a stripe.
     loads = [sum(s[3] for ph in p.phases for s in ph.reads) for p in plans]
     assert all(sum(s[3] for s in ph.reads) <= 64 for p in plans for ph in p.phases)
-    assert max(loads) <= len(read) // world + 2 * 64, loads
+    if readers is None:
+        assert max(loads) <= len(read) // world + 2 * 64, loads
     # Bytes in transit: a rank's messages of a phase, each way, are at
     # most WINDOW between them (each stream's message at most its part's
     # size), unless LEAST bounds them.
@@ -138,6 +148,11 @@ def test_the_plan_reads_each_byte_once_and_gives_each_rank_what_it_needs(seed, m
         for ph in p.phases:
             for parts in (ph.sends, ph.takes):
                 assert sum(min(part.size, sum(r[3] for r in part.ranges)) for part in parts) <= max(48, 4 * len(parts))
+
+
+def test_a_plan_with_a_shard_no_rank_may_read_is_refused():
+    with pytest.raises(ValueError, match="no rank may read rank 1's shard"):
+        _fan_out.plan([[(1, "e", 0, 10)], []], {0: [0], 1: []})
 
 
 def test_a_striped_load_asks_garage_for_fewer_ranges():

@@ -224,7 +224,7 @@ def test_bytes_damaged_in_flight_are_refused_and_the_next_holder_serves(tmp_path
 
 
 def test_streams_are_cut_in_messages_of_a_bounded_size():
-    from ckptstore._tier_fetch import LEAST, WINDOW, cut, message_size
+    from ckptstore._fan_out import LEAST, WINDOW, cut, message_size
 
     assert list(cut([5, 0, 3, 9], 4)) == [
         [(0, 0, 4)], [(0, 4, 1), (2, 0, 3)], [(3, 0, 4)], [(3, 4, 4)], [(3, 8, 1)]

@@ -40,12 +40,12 @@ class StorageReader(_storage.StorageReader):
     save's layout differs from the one it planned with.
 
     With `fan_out` (the default), a load at several ranks reads each byte
-    of the target once (a bucket's or a local store's; the local tier has
-    its own exchange): the coordinator gives each stripe of the bytes
+    of the target once: the coordinator gives each stripe of the bytes
     the ranks need to one rank, which reads it and hands it to the others
     (`_fan_out`), over a gloo group of the reader's own, made by every
     rank at its first such load (`timeout`: its collectives' timeout,
-    `DEFAULT_TIMEOUT` if None). That needs DCP's process group to be the
+    `DEFAULT_TIMEOUT` if None; the local tier's loads use the tier's
+    group, a stripe of a shard read by a rank that holds it). That needs DCP's process group to be the
     whole job (a load over a group of some ranks reads as without it);
     a load at one rank and a `no_dist` load read as without it.
     `fan_out=False`: every rank reads what it needs itself, and the load
@@ -127,7 +127,7 @@ class StorageReader(_storage.StorageReader):
         fans: List[Optional[_fan_out.FanPlan]] = [None] * len(plans)
         if self._fans_out(len(plans)):
             needs = [[self._piece(i, self._where[i.storage_index])[0] for i in p.items] for p in plans]
-            fans = [fan for fan in _fan_out.plan(needs)]
+            fans = [fan for fan in _fan_out.plan(needs, self._from.readers)]
         return [
             dataclasses.replace(p, storage_data=(self._resolved, self._commit, fan)) for p, fan in zip(plans, fans)
         ]
@@ -177,8 +177,11 @@ class StorageReader(_storage.StorageReader):
         return fut
 
     def _joined(self) -> Group:
-        """The load's own group of every rank (made at its first fanned
-        out load: a collective every rank makes, all having the same plan)."""
+        """The target's group, else the load's own group of every rank
+        (made at its first fanned out load: a collective every rank makes,
+        all having the same plan)."""
+        if self._from.group is not None:
+            return self._from.group
         if self._group is None:
             wait = DEFAULT_TIMEOUT if self._timeout is None else self._timeout
             self._group = Group(dist.new_group(backend="gloo", timeout=wait), dist.get_rank(), dist.get_world_size())

@@ -18,21 +18,79 @@ target's chunk hashes as they are read). A rank holds, beside its
 targets, its phase's stripes and at most about WINDOW bytes in transit
 each way: a message within one of its targets lands there, any other in
 its stream's buffer. A failure on any rank (a read, a damaged message, a
-delivery) fails the phase on every rank."""
+delivery) fails the phase on every rank.
+
+The local tier's loads run the same phases: a stripe of a rank's shard is
+read only by a rank holding it (`readers`: its own store's, or a copy's),
+from that rank's stores. A reader that cannot read a stripe sound, or
+whose message arrives damaged, is told to every rank at the end of the
+phase (`Refused`, raised on every rank), and the tier loads again without
+it (`_tiers`)."""
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
 from ._ckptstore import CHUNK_BYTES
 from ._targets import Deliver, Opened, Piece
-from ._tier_fetch import Fetch, Segment, cut, message_size
-from ._tier_wire import Group
+from ._tier_wire import Group, TierFailure, described
 
 STRIPE = 32 * CHUNK_BYTES
 """The most bytes one reader reads in one phase (whole chunks; a load of
 less than STRIPE a rank reads stripes of its share)."""
+
+WINDOW = 64 << 20
+"""Bytes a rank has in flight each way in a phase, one message a stream at
+a time (shared among its streams)."""
+
+LEAST = 64 << 10
+"""A stream's least message size (a rank sending to or taking from more
+than WINDOW / LEAST ranks holds LEAST bytes a stream)."""
+
+# (index of a range in a stream, offset in the range, length)
+Segment = Tuple[int, int, int]
+
+# (rank that read or sent the bytes, source rank of the shard, why)
+Refusal = Tuple[int, int, str]
+
+
+class Refused(RuntimeError):
+    """Bytes of some shards could not be had sound from the ranks that read
+    them: each (holder, source rank, why). Raised on every rank at the end
+    of a phase, with every rank's refusals."""
+
+    def __init__(self, what: str, refusals: List[Refusal]) -> None:
+        super().__init__(what, refusals)  # pickled by its arguments (DCP sends it)
+        self.what, self.refusals = what, refusals
+
+    def __str__(self) -> str:
+        told = "; ".join(f"rank {src}'s shard as read by rank {holder}: {why}" for holder, src, why in self.refusals)
+        return f"{self.what}: {told}"
+
+
+def message_size(sender_streams: int, receiver_streams: int) -> int:
+    """The size of a stream's messages: WINDOW shared by the streams of
+    whichever end has more."""
+    return max(LEAST, WINDOW // max(1, sender_streams, receiver_streams))
+
+
+def cut(lengths: Sequence[int], size: int) -> Iterator[List[Segment]]:
+    """The messages of a stream of ranges of `lengths`, one after the
+    other, cut every `size` bytes (the last message shorter)."""
+    message: List[Segment] = []
+    room = size
+    for i, n in enumerate(lengths):
+        at = 0
+        while at < n:
+            take = min(room, n - at)
+            message.append((i, at, take))
+            at, room = at + take, room - take
+            if room == 0:
+                yield message
+                message, room = [], size
+    if message:
+        yield message
 
 
 @dataclass(frozen=True)
@@ -65,8 +123,10 @@ class FanPlan:
     phases: List[Phase]
 
 
-def plan(needs: Sequence[Sequence[Piece]]) -> List[FanPlan]:
-    """Every rank's phases, for ranks needing `needs` (by rank)."""
+def plan(needs: Sequence[Sequence[Piece]], readers: Optional[Mapping[int, Sequence[int]]] = None) -> List[FanPlan]:
+    """Every rank's phases, for ranks needing `needs` (by rank); where
+    `readers` is given, a stripe of source rank S's shard is read by one
+    of `readers[S]` (raises `ValueError` if there is none)."""
     world = len(needs)
     wanted = [_merged(pieces) for pieces in needs]
     union = _merged([(src, entry, a, b - a) for w in wanted for (src, entry), rs in w.items() for a, b in rs])
@@ -78,25 +138,45 @@ def plan(needs: Sequence[Sequence[Piece]]) -> List[FanPlan]:
     stripes = _stripes(union, size)
     fair = total // max(1, world) + size
     load = [0] * world
-    readers: List[List[Tuple[Piece, Dict[int, List[Piece]]]]] = [[] for _ in range(world)]
+    read_by: List[List[Tuple[Piece, Dict[int, List[Piece]]]]] = [[] for _ in range(world)]
     reader = -1
     for stripe in stripes:
         who = {r: parts for r in range(world) if (parts := _within(wanted[r], stripe))}
-        # The last stripe's reader goes on within its share (neighbouring
-        # entries are then fetched together), else the least loaded.
-        if reader not in who or load[reader] + stripe[3] > share:
-            reader = min(who, key=lambda r: (load[r], r))
-        if load[reader] + stripe[3] > fair:
-            reader = min(range(world), key=lambda r: (load[r], r))
+        pool = _pool(readers, stripe[0], world)
+        # Where only some ranks may read a shard (the tier's holders, each
+        # reading its own disk), the first of them that needs the stripe
+        # (its own store's rank first) reads it, whatever its share.
+        # Otherwise a rank that needs it and may read it: the last
+        # stripe's reader goes on within its share (neighbouring entries
+        # are then fetched together), else the least loaded.
+        holding = [] if readers is None else [r for r in readers.get(stripe[0], []) if r in who]
+        if holding:
+            reader = holding[0]
+        else:
+            eligible = [r for r in who if r in pool] or sorted(pool)
+            if reader not in eligible or load[reader] + stripe[3] > share:
+                reader = min(eligible, key=lambda r: (load[r], r))
+            if load[reader] + stripe[3] > fair:
+                reader = min(pool, key=lambda r: (load[r], r))
         load[reader] += stripe[3]
-        readers[reader].append((stripe, who))
-    batches = [_batches(own) for own in readers]
+        read_by[reader].append((stripe, who))
+    batches = [_batches(own) for own in read_by]
     phases: List[List[Phase]] = [[] for _ in range(world)]
     for j in range(max((len(b) for b in batches), default=0)):
         mine = [own[j] if j < len(own) else [] for own in batches]
         for rank, phase in enumerate(_phase(mine)):
             phases[rank].append(phase)
     return [FanPlan(p) for p in phases]
+
+
+def _pool(readers: Optional[Mapping[int, Sequence[int]]], src: int, world: int) -> Set[int]:
+    """The ranks that may read source rank `src`'s shard."""
+    if readers is None:
+        return set(range(world))
+    pool = {r for r in readers.get(src, []) if 0 <= r < world}
+    if not pool:
+        raise ValueError(f"no rank may read rank {src}'s shard")
+    return pool
 
 
 def _phase(batches: List[List[Tuple[Piece, Dict[int, List[Piece]]]]]) -> List[Phase]:
@@ -185,15 +265,19 @@ def _within(ranges: Dict[Tuple[int, str], List[Tuple[int, int]]], stripe: Piece)
 class _Landing:
     """Where the bytes of ranges land in this rank's pieces: each range is
     copied into every piece it overlaps (its target, or a buffer held until
-    delivered), and a piece whose bytes have all landed is delivered."""
+    delivered), and a piece whose bytes have all landed is delivered (a
+    failure to deliver is kept, to be raised on every rank)."""
 
-    def __init__(self, fetch: Fetch) -> None:
-        self.fetch = fetch
+    def __init__(self, pieces: List[Piece], dest: Dict[int, np.ndarray], deliver: Deliver) -> None:
+        self.pieces, self.dest, self._deliver = pieces, dest, deliver
+        self.done: Set[int] = set()
+        self.failure: Optional[BaseException] = None
+        self._held: Dict[int, np.ndarray] = {}
         self._by_entry: Dict[Tuple[int, str], List[int]] = {}
         self._got: Dict[int, int] = {}
-        for i, (src, entry, _, n) in enumerate(fetch.pieces):
+        for i, (src, entry, _, n) in enumerate(pieces):
             if n == 0:
-                fetch.deliver(i)
+                self._hand(i)
             else:
                 self._by_entry.setdefault((src, entry), []).append(i)
 
@@ -203,30 +287,49 @@ class _Landing:
         if len(ranges) != 1:
             return None
         src, entry, a, n = ranges[0]
-        over = [i for i in self._by_entry.get((src, entry), []) if _overlap(self.fetch.pieces[i], a, n)]
-        if len(over) != 1 or over[0] not in self.fetch.dest:
+        over = [i for i in self._by_entry.get((src, entry), []) if _overlap(self.pieces[i], a, n)]
+        if len(over) != 1 or over[0] not in self.dest:
             return None
-        _, _, start, length = self.fetch.pieces[over[0]]
+        _, _, start, length = self.pieces[over[0]]
         if a < start or a + n > start + length:
             return None
-        return self.fetch.dest[over[0]][a - start : a - start + n]
+        return self.dest[over[0]][a - start : a - start + n]
 
     def land(self, ranges: List[Piece], data: np.ndarray) -> None:
         at = 0
         for src, entry, a, n in ranges:
             for i in self._by_entry.get((src, entry), []):
-                _, _, start, length = self.fetch.pieces[i]
+                _, _, start, length = self.pieces[i]
                 x, y = max(a, start), min(a + n, start + length)
                 if x >= y:
                     continue
-                into = self.fetch.place(i)[x - start : y - start]
+                into = self._place(i)[x - start : y - start]
                 source = data[at + x - a : at + y - a]
                 if into.ctypes.data != source.ctypes.data:
                     into[:] = source
                 self._got[i] = self._got.get(i, 0) + (y - x)
                 if self._got[i] == length:
-                    self.fetch.deliver(i)
+                    self._hand(i)
             at += n
+
+    def _place(self, i: int) -> np.ndarray:
+        """Where piece `i`'s bytes go: its target, or a buffer of its own
+        (held until it is delivered)."""
+        dest = self.dest.get(i)
+        if dest is None:
+            dest = self._held.get(i)
+            if dest is None:
+                dest = self._held[i] = np.empty(self.pieces[i][3], dtype=np.uint8)
+        return dest
+
+    def _hand(self, i: int) -> None:
+        data = self._place(i)
+        self._held.pop(i, None)
+        self.done.add(i)
+        try:
+            self._deliver(i, data)
+        except Exception as e:  # noqa: BLE001 - raised on every rank
+            self.failure = self.failure or e
 
 
 def _overlap(piece: Piece, a: int, n: int) -> bool:
@@ -287,8 +390,9 @@ class _Take:
     other in the stream's one buffer (of at most the part's size), copied
     on as it lands."""
 
-    def __init__(self, part: Part, landing: _Landing) -> None:
+    def __init__(self, part: Part, landing: _Landing, refusals: List[Refusal]) -> None:
         self.peer, self._ranges, self._landing = part.peer, part.ranges, landing
+        self._refusals = refusals
         self._messages = cut([r[3] for r in part.ranges], part.size)
         self._most = min(part.size, sum(r[3] for r in part.ranges))
         self._scratch: Optional[np.ndarray] = None
@@ -314,9 +418,12 @@ class _Take:
         return self._scratch[: self._size]
 
     def landed(self, data: np.ndarray, why: Optional[str], unread: bool) -> None:
-        if why is not None:
-            raise RuntimeError(f"rank {self.peer}'s bytes of a striped load did not arrive sound: {why}")
-        self._landing.land(self._carried, data)
+        # A message its sender could not read: the sender tells why.
+        if why is None:
+            self._landing.land(self._carried, data)
+        elif not unread:
+            for src in dict.fromkeys(r[0] for r in self._carried):
+                self._refusals.append((self.peer, src, why))
 
 
 def run(
@@ -332,23 +439,41 @@ def run(
     """Hand each of `pieces` (this rank's) to `deliver` with its bytes (in
     its `dest`, where given), reading from `opened` only the stripes `fan`
     gives this rank: a collective of every rank of `group`. Any rank's
-    failure (`failure`, its planning) fails the call on every rank."""
+    failure (`failure`, its planning) fails the call on every rank; bytes
+    a reader could not read sound (`opened` raised `Refused`) or that
+    arrived damaged raise `Refused` on every rank, with every rank's."""
     group.check(failure, what)
-    fetch = Fetch(list(pieces), dest, deliver)
-    landing = _Landing(fetch)
+    landing = _Landing(list(pieces), dest, deliver)
     for phase in fan.phases:
         read: Optional[_Read] = None
         error: Optional[BaseException] = None
+        refusals: List[Refusal] = []
         if phase.reads:
             try:
                 read = _Read(opened, phase.reads)
                 for kept in phase.keep:
                     landing.land([kept], read.view(kept))
+            except Refused as e:
+                read, refusals = None, list(e.refusals)
             except Exception as e:  # noqa: BLE001 - raised on every rank
                 read, error = None, e
         sends = [_Send(part, read) for part in phase.sends]
-        broke = group.stream(sends, [_Take(part, landing) for part in phase.takes])
-        group.check(error or fetch.failure or broke, what)
-    missing = len(fetch.pieces) - len(fetch.done)
+        broke = group.stream(sends, [_Take(part, landing, refusals) for part in phase.takes])
+        _settle(group, error or landing.failure or broke, refusals, what)
+    missing = len(landing.pieces) - len(landing.done)
     group.check(RuntimeError(f"{missing} pieces of this rank were in no stripe") if missing else None, what)
 
+
+def _settle(group: Group, failure: Optional[BaseException], refusals: List[Refusal], what: str) -> None:
+    """The end of a phase, on every rank (one collective): any rank's
+    failure raised (this rank's own where it failed, else a `TierFailure`
+    naming every rank's), else every rank's refusals (`Refused`)."""
+    mine = None if failure is None and not refusals else (None if failure is None else described(failure), refusals)
+    told = group.gather_if_any(mine)
+    failed = [f"rank {r}: {f}" for r, (f, _) in told if f is not None]
+    if failure is not None:
+        raise failure
+    if failed:
+        raise TierFailure(f"{what}: " + "; ".join(failed))
+    if told:
+        raise Refused(what, list(dict.fromkeys(x for _, (_, rs) in told for x in rs)))

@@ -17,6 +17,7 @@ from ._dcp_json import torch_dtype
 from ._remote import Remote
 from ._store import Store
 from ._store import open as open_store
+from ._tier_wire import Group
 
 METADATA = ".dcp/metadata.json"
 """The entry of the coordinator's shard that holds DCP's metadata."""
@@ -133,8 +134,15 @@ class LoadTarget(Protocol):
 
     fans_out: bool
     """Whether a load of it at several ranks reads each byte once, by one
-    rank that hands it on (`_fan_out`): where its reads are ranged and
-    not collectives of their own."""
+    rank that hands it on (`_fan_out`): where its reads are ranged."""
+
+    readers: Optional[Dict[int, List[int]]]
+    """The ranks that may read each source rank's shard in such a load
+    (the local tier's holders); None: any rank."""
+
+    group: Optional[Group]
+    """The group such a load exchanges over (the local tier's own); None:
+    the reader makes one of its own."""
 
     def latest(self) -> Optional[int]:
         """Its newest complete step."""
@@ -218,6 +226,8 @@ class Bucket:
     many_ranks = True
     sendable = True
     fans_out = True
+    readers: Optional[Dict[int, List[int]]] = None
+    group: Optional[Group] = None
 
     def __init__(self, url: str) -> None:
         self.url = self.description = url
@@ -322,6 +332,8 @@ class LocalStore:
     many_ranks = False
     sendable = False
     fans_out = True
+    readers: Optional[Dict[int, List[int]]] = None
+    group: Optional[Group] = None
 
     def __init__(self, target: Union[str, "os.PathLike[str]", Store]) -> None:
         self._target = target

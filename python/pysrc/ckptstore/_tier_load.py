@@ -1,20 +1,33 @@
 """A load from the node-local tier (`ckptstore.dcp.Tiers.load`): what
 every rank holds, the newest save that the surviving stores can restore
-whole, and DCP's reads served from each rank's own stores or, over the
-tier's group, from the ranks that hold the shards or their copies."""
+whole, and DCP's reads striped as a bucket's are (`_fan_out`), each
+stripe read by a rank holding that shard (its own store, or a copy) from
+its stores and handed to the ranks that need it."""
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
 from ._ckptstore import tier_evaluate, tier_holders, tier_pick
-from ._targets import Deliver, Opened, Piece
-from ._tier_fetch import ReadOf, ShardsLost, fetch
+from ._errors import Error
+from ._fan_out import Refusal, Refused
+from ._targets import Deliver, Opened, Piece, batches
 from ._tier_layout import Record, records_in
 from ._tier_wire import Group
 
 __all__ = ["Choice", "Holding", "ReadOf", "ShardsLost", "TierSource", "choose"]
+
+# Fill each (entry, start, array) with bytes of rank `src`'s shard (of the
+# content digest given) from this rank's stores, every chunk hash-checked;
+# raises (`Error`, `OSError`, `ValueError`) if no store here holds it sound.
+ReadOf = Callable[[int, str, List[Tuple[str, int, np.ndarray]]], None]
+
+
+class ShardsLost(Error):
+    """No surviving rank holds some shard of the step being loaded (or
+    every holder's copy failed its hash check)."""
+
 
 # (kind "own" or "copy", source rank, step, content digest)
 Holding = Tuple[str, int, int, str]
@@ -64,19 +77,31 @@ def choose(
 class TierSource:
     """The local tier as the target of one load (`ckptstore.dcp.StorageReader`
     over it): the chosen save, its metadata and entry sizes as given, and
-    each piece read from `read_of` (this rank's stores) or streamed from
-    the rank serving that shard (`fetch`, collectives every rank joins)."""
+    each piece read from `read_of` (this rank's stores). At several ranks
+    the load is striped over the tier's group, each stripe of a shard read
+    by one of its holders not `refused` (by source rank, in the order of
+    `Choice.holders`)."""
 
     description = "the local tier"
     sendable = False
-    fans_out = False  # its reads are the tier's own collectives
-    commit: Optional[str] = None
+    fans_out = True
 
     def __init__(
-        self, group: Group, choice: Choice, read_of: ReadOf, metadata: str, sizes: List[Dict[str, int]]
+        self,
+        group: Group,
+        choice: Choice,
+        read_of: ReadOf,
+        metadata: str,
+        sizes: List[Dict[str, int]],
+        refused: Set[Tuple[int, int]],
     ) -> None:
-        self._group, self._choice, self._read_of = group, choice, read_of
+        self.group: Optional[Group] = group
+        self._rank, self._choice, self._read_of = group.rank, choice, read_of
         self._metadata, self._sizes = metadata, sizes
+        self.readers: Optional[Dict[int, List[int]]] = {
+            src: [h for h in hs if (h, src) not in refused] for src, hs in choice.holders.items()
+        }
+        self.commit: Optional[str] = None
 
     def latest(self) -> Optional[int]:
         return self._choice.record.step
@@ -98,5 +123,31 @@ class TierSource:
     def read(
         self, pieces: Sequence[Piece], dest: Dict[int, np.ndarray], deliver: Deliver, failure: Optional[BaseException]
     ) -> None:
+        """Read `pieces` from this rank's stores (those without memory of
+        their own in batches); raises `Refused` naming each shard no store
+        here could read sound."""
+        if failure is not None:
+            raise failure
         record = self._choice.record
-        fetch(self._group, self._choice.holders, record.digests, record.step, self._read_of, list(pieces), dest, deliver, failure)
+        refusals: List[Refusal] = []
+        failed: Set[int] = set()
+        held: Dict[int, np.ndarray] = {}
+        for batch in [[i for i in range(len(pieces)) if i in dest]] + batches(pieces, dest):
+            by_src: Dict[int, List[int]] = {}
+            for i in batch:
+                by_src.setdefault(pieces[i][0], []).append(i)
+            for src, idx in by_src.items():
+                if src in failed:
+                    continue
+                places = [dest[i] if i in dest else held.setdefault(i, np.empty(pieces[i][3], np.uint8)) for i in idx]
+                try:
+                    self._read_of(src, record.digests[src], [(pieces[i][1], pieces[i][2], a) for i, a in zip(idx, places)])
+                except (Error, OSError, ValueError) as e:
+                    failed.add(src)
+                    refusals.append((self._rank, src, str(e)))
+                    continue
+                for i, a in zip(idx, places):
+                    held.pop(i, None)
+                    deliver(i, a)
+        if refusals:
+            raise Refused(f"loading step {record.step} from the local tier", refusals)

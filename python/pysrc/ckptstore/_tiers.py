@@ -8,7 +8,7 @@ import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 import torch.distributed as dist
@@ -24,6 +24,7 @@ from ._store import Store
 from ._store import open as open_store
 from ._dcp_read import StorageReader
 from ._dcp_write import StorageWriter
+from ._fan_out import Refused
 from ._targets import METADATA, is_bucket_url, remote_of
 from ._tier_layout import (
     Topology,
@@ -379,9 +380,7 @@ class Tiers:
                 if why and self._rank == 0:
                     warnings.warn(f"ckptstore.dcp.Tiers: {why}; restoring step {choice.record.step}", stacklevel=2)
                 try:
-                    metadata, sizes = self._layout(choice, opened)
-                    read_of: ReadOf = lambda src, d, reads: _read(opened, src, choice.record.step, d, reads)  # noqa: E731
-                    self._dcp_load(state, StorageReader(TierSource(self._group, choice, read_of, metadata, sizes)))
+                    self._load_tier(state, choice, opened)
                     return choice.record.step
                 except (CheckpointException, ShardsLost) as e:
                     if self._bucket is None:
@@ -391,6 +390,36 @@ class Tiers:
             for _, _, store in opened:
                 store.close()
         return self._load_bucket(state, wanted, why)
+
+    def _load_tier(self, state: Dict[str, Any], choice: Choice, opened: List[Tuple[str, int, Store]]) -> None:
+        """Load `choice` from the local tier: a striped load whose stripes
+        each holder reads from its stores; a holder that could not serve a
+        shard sound is refused, with a warning, and the load runs again
+        without it (every rank learns the same refusals at the same point)."""
+        step = choice.record.step
+        metadata, sizes = self._layout(choice, opened)
+        read_of: ReadOf = lambda src, d, reads: _read(opened, src, step, d, reads)  # noqa: E731
+        refused: Set[Tuple[int, int]] = set()  # (holder, source rank)
+        while True:
+            source = TierSource(self._group, choice, read_of, metadata, sizes, refused)
+            lost = sorted(src for src, hs in (source.readers or {}).items() if not hs)
+            if lost:
+                raise ShardsLost(f"step {step}: no surviving rank holds a sound copy of the shards of ranks {lost}")
+            try:
+                self._dcp_load(state, StorageReader(source))
+                return
+            except CheckpointException as e:
+                told = {k: why for k, why in _refusals(e).items() if k not in refused}
+                if not told:
+                    raise
+                for (holder, src), why in told.items():
+                    if self._rank == 0:
+                        warnings.warn(
+                            f"ckptstore.dcp.Tiers: rank {src}'s shard of step {step} as held by "
+                            f"rank {holder} is refused ({why}); another holder serves it",
+                            stacklevel=3,
+                        )
+                refused |= set(told)
 
     def _load_bucket(self, state: Dict[str, Any], wanted: Optional[int], why: str) -> int:
         what = "no step" if wanted is None else f"no step {wanted}"
@@ -532,6 +561,17 @@ def _state_dicts(state: Dict[str, Any]) -> Dict[str, Any]:
     """`state` with each `Stateful` value (a model, an optimizer wrapper)
     replaced by its `state_dict()`, as DCP's save does."""
     return {key: value.state_dict() if isinstance(value, Stateful) else value for key, value in state.items()}
+
+
+def _refusals(e: CheckpointException) -> Dict[Tuple[int, int], str]:
+    """The refusals a load failed with (`_fan_out.Refused`, raised on every
+    rank alike): why, by (holder, source rank)."""
+    out: Dict[Tuple[int, int], str] = {}
+    for failure in e.failures.values():
+        if isinstance(failure[0], Refused):
+            for holder, src, why in failure[0].refusals:
+                out.setdefault((holder, src), why)
+    return out
 
 
 def _first_line(e: BaseException) -> str:

@@ -18,7 +18,7 @@ first read of the bucket or of the store's state, CKPT_FAIL_IN_READ=R
 makes it raise there;
 CKPT_PG_TIMEOUT=S is the groups' timeout in seconds (default 60).
 CKPT_MANY=N adds N tensors of 64 KiB; CKPT_WINDOW=B sets the bytes a
-striped load has in transit each way (_tier_fetch.WINDOW); with
+striped load has in transit each way (_fan_out.WINDOW); with
 CKPT_TRACE=1 a load prints "peak <bytes>", the most memory Python and
 numpy held during dcp.load (tracemalloc; tensors are torch's, not
 counted).
@@ -184,9 +184,9 @@ def main():
 
         ckptstore._targets.BATCH_BYTES = 256 << 10
         if os.environ.get("CKPT_WINDOW"):
-            import ckptstore._tier_fetch
+            import ckptstore._fan_out
 
-            ckptstore._tier_fetch.WINDOW = int(os.environ["CKPT_WINDOW"])
+            ckptstore._fan_out.WINDOW = int(os.environ["CKPT_WINDOW"])
         read = count_reads(rank)
         loaded = state(mesh, salt, empty=True)
         fan_out = os.environ.get("CKPT_FAN_OUT") != "0"
