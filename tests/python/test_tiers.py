@@ -207,6 +207,18 @@ def test_a_load_holds_its_share_and_a_bounded_window_whatever_it_serves(tmp_path
         assert peak - before <= 256 << 20, f"rank {rank}: {(peak - before) >> 20} MiB over its share\n{text[-2000:]}"
 
 
+def test_a_replicated_tensor_is_read_from_the_tier_once_and_handed_to_every_rank(tmp_path):
+    # A 4 MiB replicated tensor, stored once (in one rank's shard): a load
+    # at 4 ranks reads it from the local tier once, by a rank holding it,
+    # which sends it to the others (summed over the ranks' store reads).
+    env = {"CKPT_TIERS_REPLICATED_MIB": "4"}
+    job(tmp_path, ["save:1"], env=env)
+    out = job(tmp_path, ["load:1"], env=env)
+    assert said(out, "ok 1")
+    read = [int(line.split()[2]) for _, text in out for line in text.splitlines() if line.startswith("read 1 ")]
+    assert len(read) == 4 and (4 << 20) <= sum(read) <= (4 << 20) + (64 << 10), read
+
+
 def test_bytes_damaged_in_flight_are_refused_and_the_next_holder_serves(tmp_path):
     # 3 nodes of 1 rank, 2 copies of each shard; node 2's directory lost:
     # rank 0 streams rank 2's shard from its copy to the ranks reading it,

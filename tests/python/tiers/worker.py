@@ -235,9 +235,21 @@ def main():
     if many:
         SPECS.clear()
         SPECS.update({f"model.t{i:03}": ((128 * world, 8), torch.float32, "shard0") for i in range(many)})
+    if os.environ.get("CKPT_TIERS_REPLICATED_MIB"):
+        SPECS.clear()
+        rows = int(os.environ["CKPT_TIERS_REPLICATED_MIB"]) * 256
+        SPECS.update({"model.r": ((rows, 1024), torch.float32, "replicate"), "model.s": ((8 * world, 4), torch.float32, "shard0")})
     counting = os.environ.get("CKPT_TIERS_COUNT") == "1"
     if counting:
         count_collectives(received)
+    read = [0]  # bytes this rank read from its stores
+    original_read_ranges = ckptstore.Store.read_ranges
+
+    def read_ranges(self, step, reads, **kwargs):
+        read[0] += sum(a.nbytes for _, _, a in reads)
+        return original_read_ranges(self, step, reads, **kwargs)
+
+    ckptstore.Store.read_ranges = read_ranges
     per_node = int(os.environ.get("CKPT_TIERS_PER_NODE", "2"))
     tiers = Tiers(
         local,
@@ -313,7 +325,9 @@ def main():
                 with open("/proc/self/clear_refs", "w") as f:
                     f.write("5")
                 rss = memory("VmRSS")
+            read_before = read[0]
             got = tiers.load(loaded, None if arg == "any" else int(arg))
+            print(f"read {arg} {read[0] - read_before}", flush=True)
             if BIG_MIB:
                 print(f"memory {arg} {rss} {memory('VmHWM')}", flush=True)
             if counting:
