@@ -12,6 +12,7 @@ mod cluster;
 mod coordinated;
 mod counted;
 mod faults;
+mod format3;
 mod garage;
 mod hf;
 mod promise;

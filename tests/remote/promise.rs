@@ -423,7 +423,7 @@ fn a_bucket_of_0_3_0_still_reads() -> Result {
 }
 
 /// Step `step` of the 0.3.0 fixture, as it was made.
-fn fixture_step(step: u64) -> Result<GradientCheckpoint> {
+pub(crate) fn fixture_step(step: u64) -> Result<GradientCheckpoint> {
     let mut g = ComputationGraphStore::new();
     let id = g.add_node(ComputationNode::new("matmul", vec!["cid_x".into()]));
     g.record_output(&id, format!("cid_y_{step}"))?;
