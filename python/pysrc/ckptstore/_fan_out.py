@@ -60,13 +60,14 @@ class Refused(RuntimeError):
     them: each (holder, source rank, why). Raised on every rank at the end
     of a phase, with every rank's refusals."""
 
-    def __init__(self, what: str, refusals: List[Refusal]) -> None:
+    def __init__(self, what: str, refusals: Optional[List[Refusal]] = None) -> None:
+        refusals = list(refusals or [])
         super().__init__(what, refusals)  # pickled by its arguments (DCP sends it)
         self.what, self.refusals = what, refusals
 
     def __str__(self) -> str:
         told = "; ".join(f"rank {src}'s shard as read by rank {holder}: {why}" for holder, src, why in self.refusals)
-        return f"{self.what}: {told}"
+        return f"{self.what}: {told}" if told else self.what
 
 
 def message_size(sender_streams: int, receiver_streams: int) -> int:
