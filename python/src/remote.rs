@@ -146,8 +146,11 @@ impl RawRemote {
     }
 
     /// Upload rank `rank`'s shard of global step `step` without completing
-    /// the step (`commit_global` does); its ShardInfo names it.
-    #[pyo3(signature = (shard, tensors, blobs, metrics, record = None))]
+    /// the step (`commit_global` does); its ShardInfo names it. With
+    /// `commit` (every rank's shard, by rank; this rank's entry is not
+    /// read), the step is completed with them under the same lock.
+    #[pyo3(signature = (shard, tensors, blobs, metrics, record = None, commit = None))]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn upload_shard(
         &self,
         py: Python<'_>,
@@ -156,9 +159,20 @@ impl RawRemote {
         blobs: Vec<(String, Vec<u8>)>,
         metrics: BTreeMap<String, f64>,
         record: Option<PyRef<'_, crate::record::SaveRecord>>,
+        commit: Option<Vec<String>>,
     ) -> PyResult<results::ShardInfo> {
         let ckpt = checkpoint(shard.0, blobs, metrics, record.as_deref());
-        self.shard_call(py, shard, &tensors, ckpt, ShardUpload::Manifest)
+        let Some(shards) = commit else {
+            return self.shard_call(py, shard, &tensors, ckpt, ShardUpload::Manifest);
+        };
+        let borrowed = borrowed(&tensors)?;
+        let info = py
+            .detach(|| {
+                self.remote
+                    .upload_shard_and_commit(shard, &ckpt, &borrowed, &shards)
+            })
+            .map_err(py_err)?;
+        Ok((&info).into())
     }
 
     /// Upload every step of `store` the bucket lacks (with this remote's

@@ -195,3 +195,49 @@ fn the_newest_step_is_found_without_listing_every_commit() -> Result {
     }
     Ok(())
 }
+
+/// A coordinator's save in one lock cycle (issue 53, item 6): its shard
+/// and the step's commit under one push lock, its own shard not read
+/// back. An unchanged one-rank save costs at most 10 requests, where the
+/// two calls (`upload_shard`, then `commit_global`) cost more.
+#[test]
+fn a_coordinators_save_is_one_lock_cycle() -> Result {
+    let counting = Arc::new(Failing::new(Arc::new(InMemory::new()), 0));
+    let remote = Remote::with_store(counting.clone(), "run", "mem://run")?;
+    let none = std::collections::BTreeMap::new();
+    let save = |step: u64, combined: bool| -> Result<usize> {
+        let mut same = shard(1, 0, 1)?;
+        same.step = step;
+        counting.reset();
+        if combined {
+            remote.upload_shard_and_commit((step, 0, 1), &same, &none, &[String::new()])?;
+        } else {
+            let name = remote.upload_shard(step, 0, 1, &same)?.shard;
+            remote.commit_global(step, &[name])?;
+        }
+        Ok(counting.requests())
+    };
+    save(1, true)?;
+    let (one, two) = (save(2, true)?, save(3, false)?);
+    eprintln!("an unchanged one-rank save: {one} requests in one lock cycle, {two} in two");
+    assert!(
+        one <= 10 && one < two,
+        "{one} requests in one cycle, {two} in two"
+    );
+    assert_eq!(remote.steps()?, vec![1, 2, 3]);
+    let mut want = shard(1, 0, 1)?;
+    want.step = 2;
+    assert!(remote.get_shard(2, 0)? == Some(want));
+    // The other ranks' names are checked before anything is uploaded.
+    let err = remote
+        .upload_shard_and_commit(
+            (4, 0, 2),
+            &shard(4, 0, 1)?,
+            &none,
+            &[String::new(), "x".into()],
+        )
+        .expect_err("a name that is no hash");
+    assert!(err.to_string().contains("is not a hash"), "{err}");
+    assert_eq!(remote.steps()?, vec![1, 2, 3]);
+    Ok(())
+}

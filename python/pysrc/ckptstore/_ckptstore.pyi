@@ -457,6 +457,7 @@ class RawRemote:
         blobs: List[_Blob],
         metrics: Dict[str, float],
         record: Optional[SaveRecord] = None,
+        commit: Optional[List[str]] = None,
     ) -> ShardInfo: ...
     def upload_shard_from_store(
         self,

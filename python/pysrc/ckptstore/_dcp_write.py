@@ -308,10 +308,9 @@ class StorageWriter(_storage.StorageWriter):
         self._kept = {}
         values[METADATA] = _dcp_json.to_json(metadata)
         values.update(self._to.layout_entries(sizes))
-        put = self._to.put(self._step, self._rank, self._world, values, self._record(), self._overwrite)
+        put = self._to.finish(self._step, self._rank, self._world, values, self._record(), self._overwrite, shards)
         shards[self._rank] = self._count(put)
         self._give_back()
-        self._to.commit(self._step, shards)
         self._done()
 
 

@@ -102,6 +102,7 @@ class Remote:
         data_only: bool = False,
         metrics: Optional[Mapping[str, float]] = None,
         record: Optional[SaveRecord] = None,
+        commit: Optional[List[str]] = None,
     ) -> ShardInfo:
         """Upload rank `rank`'s shard of global step `step` without completing
         the step; `info.shard` names it for `commit_global`. Its new chunks
@@ -109,11 +110,18 @@ class Remote:
         are not uploaded again (nothing is asked of the bucket per chunk).
         With `data_only`, only its chunks (no shard yet: a later
         upload_shard of the same data through this Remote finds them).
+        With `commit` (every rank's shard, by rank; this rank's entry is
+        not read), the step is then completed with them as `commit_global`
+        does, under the same lock: a coordinator's save in one lock cycle.
         `metrics` and `record` are the shard's (rank 0's are the step's,
         `ckpt ls`)."""
         tensors, blobs = split_state(state)
-        raw = self._raw.upload_shard_data if data_only else self._raw.upload_shard
-        return raw((step_number(step), int(rank), int(world_size)), tensors, blobs, metrics_of(metrics), record)
+        shard = (step_number(step), int(rank), int(world_size))
+        if data_only:
+            if commit is not None:
+                raise ValueError("upload_shard: data_only uploads no shard to commit")
+            return self._raw.upload_shard_data(shard, tensors, blobs, metrics_of(metrics), record)
+        return self._raw.upload_shard(shard, tensors, blobs, metrics_of(metrics), record, commit)
 
     def upload_shard_from(
         self,

@@ -118,8 +118,19 @@ class SaveTarget(Protocol):
         """Entries the coordinator's shard holds beside DCP's metadata,
         from every rank's entry sizes."""
 
-    def commit(self, step: int, shards: List[str]) -> None:
-        """Complete `step` with exactly `shards` (by rank)."""
+    def finish(
+        self,
+        step: int,
+        rank: int,
+        world: int,
+        values: Mapping[str, Any],
+        record: Optional[SaveRecord],
+        replace: bool,
+        shards: List[str],
+    ) -> Put:
+        """The coordinator's end of a save: store its shard as `put` does,
+        then complete `step` with exactly `shards` (by rank; this rank's
+        entry is the shard just stored)."""
 
 
 class LoadTarget(Protocol):
@@ -258,11 +269,22 @@ class Bucket:
     def layout_entries(self, sizes: List[Dict[str, int]]) -> Dict[str, bytes]:
         return {}
 
-    def commit(self, step: int, shards: List[str]) -> None:
-        missing = [r for r, s in enumerate(shards) if not s]
+    def finish(
+        self,
+        step: int,
+        rank: int,
+        world: int,
+        values: Mapping[str, Any],
+        record: Optional[SaveRecord],
+        replace: bool,
+        shards: List[str],
+    ) -> Put:
+        missing = [r for r, s in enumerate(shards) if not s and r != rank]
         if missing:
             raise ValueError(f"step {step}: no shard reported by ranks {missing}")
-        self._remote.commit_global(step, shards)
+        # One lock cycle: the coordinator's shard, then the commit.
+        info = self._remote.upload_shard(step, rank, world, values, record=record, commit=shards)
+        return Put(info.shard, info.bytes_uploaded, info.bytes_skipped)
 
     def open(self, step: int, commit: Optional[str]) -> Opened:
         return OpenedBucket(self._remote, step, commit, self.url)
@@ -364,8 +386,18 @@ class LocalStore:
     def layout_entries(self, sizes: List[Dict[str, int]]) -> Dict[str, bytes]:
         return {}
 
-    def commit(self, step: int, shards: List[str]) -> None:
-        """Nothing: `put` committed the step."""
+    def finish(
+        self,
+        step: int,
+        rank: int,
+        world: int,
+        values: Mapping[str, Any],
+        record: Optional[SaveRecord],
+        replace: bool,
+        shards: List[str],
+    ) -> Put:
+        # One process: its shard, committed, is the step.
+        return self.put(step, rank, world, values, record, replace)
 
     def open(self, step: int, commit: Optional[str]) -> Opened:
         return OpenedLocal(self, step, commit)

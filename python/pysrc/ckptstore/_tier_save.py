@@ -63,9 +63,19 @@ class TierShard:
     def layout_entries(self, sizes: List[Dict[str, int]]) -> Dict[str, bytes]:
         return {SIZES: json.dumps(sizes, separators=(",", ":")).encode()}
 
-    def commit(self, step: int, shards: List[str]) -> None:
-        """Nothing here: every rank records the save once every shard and
-        copy is durable (`agree`, `Tiers`)."""
+    def finish(
+        self,
+        step: int,
+        rank: int,
+        world: int,
+        values: Mapping[str, Any],
+        record: Optional[SaveRecord],
+        replace: bool,
+        shards: List[str],
+    ) -> Put:
+        # Committed as any rank's shard: every rank records the save once
+        # every shard and copy is durable (`agree`, `Tiers`).
+        return self.put(step, rank, world, values, record, replace)
 
 
 def entry_bytes(value: Any) -> np.ndarray:

@@ -127,65 +127,119 @@ impl Remote {
     /// missing, damaged or names a chunk the bucket lacks;
     /// [`Error::Remote`] when the bucket fails.
     pub fn commit_global(&self, step: u64, shards: &[String]) -> Result<()> {
-        let invalid = |reason: String| Error::InvalidCheckpoint { step, reason };
-        let world_size = u32::try_from(shards.len())
-            .ok()
-            .filter(|&n| (1..=MAX_WORLD_SIZE).contains(&n))
-            .ok_or_else(|| {
-                invalid(format!(
-                    "{} shards: a global step has 1 to {MAX_WORLD_SIZE}",
-                    shards.len()
-                ))
-            })?;
-        let ids: Vec<ShardId> = shards
-            .iter()
-            .zip(0..)
-            .map(|(name, rank)| {
-                let hash: Hash = crate::remote::format::layout::parse_hex(name)
-                    .ok_or_else(|| invalid(format!("shard {rank}: {name:?} is not a hash")))?;
-                Ok(ShardId {
-                    rank,
-                    world_size,
-                    hash,
-                })
-            })
-            .collect::<Result<_>>()?;
-        self.with_push_lock(|_| {
-            for id in &ids {
-                let m = self
-                    .checked_shard(step, id, None)?
-                    .map_err(|why| Error::corrupt(Some(step), why))?;
-                // A shard of packs was written after its rank saw (or put)
-                // its packs there under its own push lock, and a young
-                // shard's packs are not collected: a request per rank.
-                if m.packs.is_some() {
-                    continue;
-                }
-                let named: Vec<Hash> = crate::remote::format::objects::chunks_of(&m).collect();
-                let there = self.present(named.iter().copied())?;
-                if let Some(gone) = named.iter().find(|h| !there.contains(*h)) {
-                    return Err(Error::corrupt(
-                        Some(step),
-                        format!(
-                            "shard {} names chunk {} that {} lacks",
-                            id.rank,
-                            hex(gone),
-                            self.url
-                        ),
-                    ));
-                }
-            }
-            let global = GlobalManifest {
-                format: MANIFEST_FORMAT,
+        let ids = shard_ids(step, shards, None)?;
+        self.with_push_lock(|_| self.commit_locked(step, &ids, None))
+    }
+
+    /// [`upload_shard_borrowed`](Self::upload_shard_borrowed) of the
+    /// coordinator's own shard with [`ShardUpload::Manifest`], then
+    /// [`commit_global`](Self::commit_global) of `shards` with this rank's
+    /// entry the shard just uploaded (what `shards` holds there is not
+    /// read), under one push lock: a coordinator's save in one lock
+    /// cycle, its own shard not read back. The other ranks' names are
+    /// checked before anything is uploaded.
+    ///
+    /// # Errors
+    /// As [`upload_shard_borrowed`](Self::upload_shard_borrowed) and
+    /// [`commit_global`](Self::commit_global); no commit is written if the
+    /// upload fails.
+    pub fn upload_shard_and_commit(
+        &self,
+        (step, rank, world_size): (u64, u32, u32),
+        ckpt: &GradientCheckpoint,
+        tensors: &BTreeMap<String, TensorRef<'_>>,
+        shards: &[String],
+    ) -> Result<ShardInfo> {
+        check_borrowed(ckpt, tensors)?;
+        let plan = Plan::with_borrowed(ckpt, tensors);
+        Self::check_shard_args(step, rank, world_size, plan.ckpt)?;
+        if usize::try_from(world_size).ok() != Some(shards.len()) {
+            return Err(Error::InvalidCheckpoint {
                 step,
-                world_size,
-                shards: ids.iter().map(|id| hex(&id.hash)).collect(),
-            };
-            let (bytes, hash) = encode(step, &global)?;
-            let newest = self.commit_times(step)?.last().map(|(c, _)| *c);
-            self.put_step(&Commit::after(newest, step, hash), bytes)
+                reason: format!("{} shards named for a world of {world_size}", shards.len()),
+            });
+        }
+        let mut ids = shard_ids(step, shards, Some(rank))?;
+        self.with_push_lock(|lock| {
+            let info =
+                self.put_shard(step, rank, world_size, &plan, lock, ShardUpload::Manifest)?;
+            let own = &mut ids[rank as usize];
+            own.hash = crate::remote::format::layout::parse_hex(&info.shard)
+                .ok_or_else(|| Error::corrupt(Some(step), "the shard just uploaded has no hash"))?;
+            self.commit_locked(step, &ids, Some(rank))?;
+            Ok(info)
         })
     }
+
+    /// Check each shard of `ids` but `own` (written under this very lock)
+    /// is there and whole, then write the step's manifest and commit.
+    fn commit_locked(&self, step: u64, ids: &[ShardId], own: Option<u32>) -> Result<()> {
+        for id in ids.iter().filter(|id| Some(id.rank) != own) {
+            let m = self
+                .checked_shard(step, id, None)?
+                .map_err(|why| Error::corrupt(Some(step), why))?;
+            // A shard of packs was written after its rank saw (or put)
+            // its packs there under its own push lock, and a young
+            // shard's packs are not collected: a request per rank.
+            if m.packs.is_some() {
+                continue;
+            }
+            let named: Vec<Hash> = crate::remote::format::objects::chunks_of(&m).collect();
+            let there = self.present(named.iter().copied())?;
+            if let Some(gone) = named.iter().find(|h| !there.contains(*h)) {
+                return Err(Error::corrupt(
+                    Some(step),
+                    format!(
+                        "shard {} names chunk {} that {} lacks",
+                        id.rank,
+                        hex(gone),
+                        self.url
+                    ),
+                ));
+            }
+        }
+        let global = GlobalManifest {
+            format: MANIFEST_FORMAT,
+            step,
+            world_size: ids.first().map_or(0, |id| id.world_size),
+            shards: ids.iter().map(|id| hex(&id.hash)).collect(),
+        };
+        let (bytes, hash) = encode(step, &global)?;
+        let newest = self.commit_times(step)?.last().map(|(c, _)| *c);
+        self.put_step(&Commit::after(newest, step, hash), bytes)
+    }
+}
+
+/// The shards of a global step as `commit_global` is given them, by rank;
+/// `own`'s entry is not read (its hash is filled in once uploaded).
+fn shard_ids(step: u64, shards: &[String], own: Option<u32>) -> Result<Vec<ShardId>> {
+    let invalid = |reason: String| Error::InvalidCheckpoint { step, reason };
+    let world_size = u32::try_from(shards.len())
+        .ok()
+        .filter(|&n| (1..=MAX_WORLD_SIZE).contains(&n))
+        .ok_or_else(|| {
+            invalid(format!(
+                "{} shards: a global step has 1 to {MAX_WORLD_SIZE}",
+                shards.len()
+            ))
+        })?;
+    shards
+        .iter()
+        .zip(0..)
+        .map(|(name, rank)| {
+            let hash: Hash = if Some(rank) == own {
+                Hash::default()
+            } else {
+                crate::remote::format::layout::parse_hex(name)
+                    .ok_or_else(|| invalid(format!("shard {rank}: {name:?} is not a hash")))?
+            };
+            Ok(ShardId {
+                rank,
+                world_size,
+                hash,
+            })
+        })
+        .collect()
 }
 
 /// HEAD requests in flight at once.
