@@ -59,7 +59,8 @@ def run(folder, world=2, steps=STEPS, target="-", **options):
         out.append((p.returncode, text))
     for rank, (code, text) in enumerate(out):
         assert code == 0 and "done" in text.splitlines(), f"rank {rank} of {world} failed ({code}):\n{text[-3000:]}"
-    return [line.split() for line in out[0][1].splitlines() if line.split()[:1] in (["resumed"], ["step"], ["final"])]
+    keep = (["resumed"], ["step"], ["final"], ["committed"])
+    return [line.split() for line in out[0][1].splitlines() if line.split()[:1] in keep]
 
 
 def killed(folder, world, at, **options):
@@ -120,6 +121,16 @@ def test_a_save_at_two_ranks_loads_at_one_and_at_three(tmp_path, reference):
         resumed = run(tmp_path, world=world, exclude="dataloader")[0]
         assert resumed[1:3] == [str(STEPS), steps[STEPS]], world
         assert resumed[3] == "0"
+
+
+@pytest.mark.parametrize("mode", ["async", "async_with_pinned_mem"])
+def test_close_waits_for_the_save_in_flight(tmp_path, mode):
+    # Each save's writes start a second late; the loop leaves after step
+    # 3's save returned (in flight) and closes: step 3 is committed when
+    # close returns (torchtitan 0.3.0's own close does not wait).
+    lines = run(tmp_path, world=1, stop_at=3, slow_save=1, **{"async": mode})
+    committed = next(w[1:] for w in lines if w[0] == "committed")
+    assert committed == ["1", "2", "3"], lines
 
 
 def test_keep_latest_k_keeps_the_newest_steps_in_the_bucket(tmp_path):

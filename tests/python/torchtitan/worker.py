@@ -11,13 +11,16 @@ TARGET: a bucket URL or "-" (None: a bucket in FOLDER). Options:
 manager=ckptstore|torchtitan, async=disabled|async|async_with_pinned_mem,
 interval=N, keep=K, last_hf=1 (the last step model-only, in HF),
 kill=SECONDS (SIGKILL this process after a random delay up to it),
-exclude=dataloader, initial=PATH, local=DIR (the node-local tier, `{node}`
+exclude=dataloader, initial=PATH, stop_at=K (leave the loop after step
+K's save, then close), slow_save=S (each save's writes start S seconds
+late: a fault on top of the real writer), local=DIR (the node-local tier, `{node}`
 in it the node's index; nodes of one rank) and upload_every=K.
 
 Prints "resumed S <digest> <position>" (the state as loaded, S 0 when
 fresh; the digest of every value but the dataloader's, whole tensors;
 the dataloader's position), "step S <digest> <position>" after each
-step's update, "final <digest>", and "done"; rank 0 writes the model's
+step's update, "committed <steps>" (ckptstore's manager: the bucket's
+steps after close), "final <digest>", and "done"; rank 0 writes the model's
 whole tensors to FOLDER/final-model.pt."""
 
 import hashlib
@@ -26,6 +29,7 @@ import random
 import signal
 import sys
 import threading
+import time
 from datetime import timedelta
 
 import torch
@@ -140,7 +144,19 @@ def main():
     if "kill" in options:
         delay = random.uniform(0, float(options["kill"]))
         threading.Timer(delay, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
-    while train.step < steps:
+    if "slow_save" in options:
+        # A fault on top of the real writer: each rank's write lags.
+        import ckptstore._dcp_write as write_module
+
+        original = write_module.StorageWriter.write_data
+
+        def slow(self, *args, **kwargs):
+            time.sleep(float(options["slow_save"]))
+            return original(self, *args, **kwargs)
+
+        write_module.StorageWriter.write_data = slow
+    stop_at = int(options.get("stop_at", steps))
+    while train.step < stop_at:
         train.step += 1
         model(data.next()).pow(2).mean().backward()
         checkpointer.maybe_wait_for_staging()
@@ -150,6 +166,10 @@ def main():
         print("step", train.step, digest(model, opt, lr, train), data.position, flush=True)
         checkpointer.save(train.step, last_step=train.step == steps)
     checkpointer.close()
+    if hasattr(checkpointer, "target"):
+        import ckptstore
+
+        print("committed", *ckptstore.Remote(checkpointer.target).steps(), flush=True)
     print("final", digest(model, opt, lr, train), flush=True)
     weights = {k: whole(v) for k, v in model.state_dict().items()}
     if rank == 0:
