@@ -5,8 +5,9 @@
 
 use crate::checkpoint::MAX_TEXT_BYTES;
 use crate::format::layout::{chunk_count, small_tail};
+use crate::remote::format::hash::HexHash;
 use crate::remote::format::layout::{
-    parse_hex, GlobalManifest, MANIFEST_FORMAT, MANIFEST_FORMAT_TAILS, MAX_DIMS, MAX_WORLD_SIZE,
+    GlobalManifest, MANIFEST_FORMAT, MANIFEST_FORMAT_TAILS, MAX_DIMS, MAX_WORLD_SIZE,
 };
 use crate::remote::format::manifest::{RemoteBlob, RemoteManifest, RemoteTail};
 use crate::remote::format::pack_format::MANIFEST_FORMAT_PACKS;
@@ -64,12 +65,8 @@ impl RemoteManifest {
                 e => e.to_string(),
             });
         }
-        let packed_len = match &self.packed {
-            Some(p) if parse_hex(&p.hash).is_none() => {
-                return Err("the packed chunk's name is not a BLAKE3 hash".into())
-            }
-            p => p.as_ref().map(|p| p.len),
-        };
+        // Hashes were decoded with the body (`HexHash`): none is checked here.
+        let packed_len = self.packed.as_ref().map(|p| p.len);
         let mut total: u64 = 0;
         for (name, blob) in &self.blobs {
             check_text("a blob name", name)?;
@@ -96,24 +93,21 @@ impl RemoteManifest {
                 ))
             }
         };
-        if packs.iter().any(|p| parse_hex(&p.hash).is_none()) {
-            return Err("a pack's name is not a BLAKE3 hash".into());
-        }
         if packs.len() > index.len() {
             return Err(format!("{} packs for {} chunks", packs.len(), index.len()));
         }
         let mut named = 0usize;
-        let mut check = |hash: &str, len: u64| -> std::result::Result<(), String> {
+        let mut check = |hash: &HexHash, len: u64| -> std::result::Result<(), String> {
             named += 1;
             let Some(&(pack, at)) = index.get(hash) else {
-                return Err(format!("chunk {hash:.64} is in no pack"));
+                return Err(format!("chunk {hash} is in no pack"));
             };
             let inside = usize::try_from(pack)
                 .ok()
                 .and_then(|p| packs.get(p))
                 .is_some_and(|p| at.checked_add(len).is_some_and(|end| end <= p.len));
             if !inside {
-                return Err(format!("chunk {hash:.64} lies outside its pack"));
+                return Err(format!("chunk {hash} lies outside its pack"));
             }
             Ok(())
         };
@@ -154,9 +148,6 @@ impl RemoteBlob {
                         self.len,
                         chunks.len()
                     ));
-                }
-                if chunks.iter().any(|h| parse_hex(h).is_none()) {
-                    return Err(format!("blob {name:?}: a chunk name is not a BLAKE3 hash"));
                 }
             }
             (None, Some(offset)) if self.tail.is_none() => {
@@ -209,11 +200,6 @@ impl RemoteTail {
                 "blob {name:?}: its tail lies outside the packed bytes"
             ));
         }
-        if parse_hex(&self.hash).is_none() {
-            return Err(format!(
-                "blob {name:?}: its tail's hash is not a BLAKE3 hash"
-            ));
-        }
         Ok(pieces)
     }
 }
@@ -262,14 +248,17 @@ mod tests {
     /// A shard of one 1 MiB blob: a chunk and a 128-byte tail at `offset`
     /// of packed bytes of `packed` bytes.
     fn manifest(format: u32, offset: u64, packed: u64, tail_hash: &str) -> RemoteManifest {
+        serde_json::from_value(json(format, offset, packed, tail_hash)).expect("a manifest")
+    }
+
+    fn json(format: u32, offset: u64, packed: u64, tail_hash: &str) -> serde_json::Value {
         let h = "ab".repeat(32);
-        let json = serde_json::json!({
+        serde_json::json!({
             "format": format, "step": 1, "timestamp": 0, "loss_cid": null, "metrics": {},
             "graph": {"edges": [], "nodes": {}},
             "blobs": {"w": {"len": 1 << 20, "chunks": [h], "tail": {"offset": offset, "hash": tail_hash}}},
             "packed": {"len": packed, "hash": h},
-        });
-        serde_json::from_value(json).expect("a manifest")
+        })
     }
 
     #[test]
@@ -280,8 +269,11 @@ mod tests {
         assert!(outside.contains("outside the packed bytes"), "{outside}");
         let old = manifest(1, 100, 228, &h).check(1).expect_err("format 1");
         assert!(old.contains("format 1"), "{old}");
-        let bad = manifest(2, 100, 228, "zz").check(1).expect_err("bad hash");
-        assert!(bad.contains("not a BLAKE3 hash"), "{bad}");
+        // A hash that is not one is refused as the body is decoded.
+        let bad = serde_json::from_value::<RemoteManifest>(json(2, 100, 228, "zz"))
+            .expect_err("bad hash")
+            .to_string();
+        assert!(bad.contains("64 lowercase hex digits"), "{bad}");
         let huge = manifest(2, u64::MAX, 228, &h)
             .check(1)
             .expect_err("overflow");

@@ -46,6 +46,8 @@ use object_store::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::format::manifest::{hex, Hash};
+pub(crate) use crate::remote::format::hash::parse_hex;
+use crate::remote::format::hash::HexHash;
 
 /// The folder of content-addressed chunks.
 pub(crate) const CHUNKS: &str = "chunks";
@@ -307,23 +309,25 @@ pub(crate) struct GlobalManifest {
     pub(crate) format: u32,
     pub(crate) step: u64,
     pub(crate) world_size: u32,
-    pub(crate) shards: Vec<String>,
+    pub(crate) shards: Vec<HexHash>,
+}
+
+impl GlobalManifest {
+    /// The manifest of global step `step` made of the shards `ids`, by
+    /// rank (every one of the same world size): the one constructor.
+    pub(crate) fn of(step: u64, ids: &[ShardId]) -> GlobalManifest {
+        GlobalManifest {
+            format: MANIFEST_FORMAT,
+            step,
+            world_size: u32::try_from(ids.len()).unwrap_or(u32::MAX),
+            shards: ids.iter().map(|id| HexHash(id.hash)).collect(),
+        }
+    }
 }
 
 /// A chunk object's hash, from its name.
 pub(crate) fn parse_chunk(name: &str) -> Option<Hash> {
     parse_hex(name)
-}
-
-pub(crate) fn parse_hex(s: &str) -> Option<Hash> {
-    if s.len() != 64 {
-        return None;
-    }
-    let mut out = [0u8; 32];
-    for (i, byte) in out.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(out)
 }
 
 /// The bytes of a manifest (JSON) and their hash, which names it.

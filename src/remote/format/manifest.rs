@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::format::layout::{chunk_lengths, small_tail};
-use crate::format::manifest::{hex, BlobRef, Hash, PackedRef, Placement};
+use crate::format::manifest::{BlobRef, Hash, PackedRef, Placement};
+use crate::remote::format::hash::HexHash;
 use crate::remote::format::layout::{canonical, encode, MANIFEST_FORMAT};
 use crate::remote::format::pack_format::MANIFEST_FORMAT_PACKS;
 use crate::Dtype;
@@ -58,10 +59,10 @@ impl RemoteManifest {
                 let (chunks, offset) = match &blob.at {
                     Placement::Packed { offset } => (None, Some(*offset)),
                     Placement::Chunks(refs) => {
-                        (Some(refs.iter().map(|c| hex(&c.hash)).collect()), None)
+                        (Some(refs.iter().map(|c| HexHash(c.hash)).collect()), None)
                     }
                     Placement::Format1Chunks(hashes) => {
-                        (Some(hashes.iter().map(hex).collect()), None)
+                        (Some(hashes.iter().map(|h| HexHash(*h)).collect()), None)
                     }
                 };
                 let tensor = typed(name);
@@ -78,7 +79,7 @@ impl RemoteManifest {
             .collect();
         let packed = packed.map(|p| RemotePacked {
             len: p.len,
-            hash: hex(&p.hash),
+            hash: HexHash(p.hash),
         });
         Self::of(ckpt, blobs, packed)
     }
@@ -136,7 +137,7 @@ pub(crate) struct RemoteBlob {
     pub(crate) len: u64,
     /// Its chunks' hashes, in order (a large blob).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) chunks: Option<Vec<String>>,
+    pub(crate) chunks: Option<Vec<HexHash>>,
     /// Its offset in the packed chunk (a small blob).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) offset: Option<u64>,
@@ -156,14 +157,14 @@ pub(crate) struct RemoteBlob {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub(crate) struct RemoteTail {
     pub(crate) offset: u64,
-    pub(crate) hash: String,
+    pub(crate) hash: HexHash,
 }
 
 /// The packed chunk of a step.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub(crate) struct RemotePacked {
     pub(crate) len: u64,
-    pub(crate) hash: String,
+    pub(crate) hash: HexHash,
 }
 
 impl RemoteBlob {
@@ -209,10 +210,10 @@ mod tests {
         let mut packed = before.clone();
         packed.format = MANIFEST_FORMAT_PACKS;
         packed.packs = Some(vec![RemotePack {
-            hash: "cd".repeat(32),
+            hash: HexHash([0xcd; 32]),
             len: 1 << 20,
         }]);
-        packed.index = Some([("ab".repeat(32), (0, 0))].into());
+        packed.index = Some([(HexHash([0xab; 32]), (0, 0))].into());
         // Read back from its bytes, as retention reads it.
         let (bytes, packed_hash) = encode(7, &packed)?;
         let read: RemoteManifest = serde_json::from_slice(&bytes).expect("decodes");
@@ -225,7 +226,7 @@ mod tests {
         if let Some(b) = tailed.blobs.get_mut("w") {
             b.tail = Some(RemoteTail {
                 offset: 0,
-                hash: "ef".repeat(32),
+                hash: HexHash([0xef; 32]),
             });
         }
         assert_eq!(tailed.unpacked_hash()?, None);

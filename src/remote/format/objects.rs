@@ -3,8 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use crate::format::manifest::{hex, Hash};
-use crate::remote::format::layout::parse_hex;
+use crate::format::manifest::Hash;
+use crate::remote::format::hash::HexHash;
 use crate::remote::format::manifest::RemoteManifest;
 use crate::remote::format::pack_format::{Location, Object};
 
@@ -16,21 +16,16 @@ impl RemoteManifest {
         let (Some(packs), Some(index)) = (&self.packs, &self.index) else {
             return Some((Object::Chunk(*hash), None));
         };
-        let &(pack, at) = index.get(&hex(hash))?;
+        let &(pack, at) = index.get(&HexHash(*hash))?;
         let pack = packs.get(usize::try_from(pack).ok()?)?;
-        let name = parse_hex(&pack.hash)?;
-        Some((Object::Pack(name), Some(at)))
+        Some((Object::Pack(pack.hash.0), Some(at)))
     }
 
     /// The objects it needs: its packs (format 3), else its chunks and
     /// its packed chunk.
     pub(crate) fn objects(&self) -> Vec<Object> {
         if let Some(packs) = &self.packs {
-            return packs
-                .iter()
-                .filter_map(|p| parse_hex(&p.hash))
-                .map(Object::Pack)
-                .collect();
+            return packs.iter().map(|p| Object::Pack(p.hash.0)).collect();
         }
         chunks_of(self).map(Object::Chunk).collect()
     }
@@ -65,11 +60,11 @@ impl RemoteManifest {
             .filter_map(|(chunk, &(pack, at))| {
                 let pack = packs.get(usize::try_from(pack).ok()?)?;
                 let location = Location {
-                    pack: parse_hex(&pack.hash)?,
+                    pack: pack.hash.0,
                     pack_len: pack.len,
                     at,
                 };
-                Some((parse_hex(chunk)?, location))
+                Some((chunk.0, location))
             })
             .collect()
     }
@@ -87,7 +82,7 @@ impl RemoteManifest {
         let packed = self.packed.iter().map(|p| (&p.hash, p.len));
         blobs
             .chain(packed)
-            .filter_map(|(h, n)| Some((parse_hex(h)?, n)))
+            .map(|(h, n)| (h.0, n))
             .filter(|(h, _)| seen.insert(*h))
             .collect()
     }
@@ -99,5 +94,5 @@ pub(crate) fn chunks_of(m: &RemoteManifest) -> impl Iterator<Item = Hash> + '_ {
         .values()
         .flat_map(|b| b.chunks.iter().flatten())
         .chain(m.packed.iter().map(|p| &p.hash))
-        .filter_map(|h| parse_hex(h))
+        .map(|h| h.0)
 }

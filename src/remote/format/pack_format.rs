@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::format::manifest::Hash;
+use crate::remote::format::hash::HexHash;
 
 /// The version of a shard manifest whose chunks lie in packs.
 pub(crate) const MANIFEST_FORMAT_PACKS: u32 = 3;
@@ -28,13 +29,13 @@ pub(crate) enum Object {
 /// A pack a format 3 manifest names: its name's hash and its length.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct RemotePack {
-    pub(crate) hash: String,
+    pub(crate) hash: HexHash,
     pub(crate) len: u64,
 }
 
 /// A format 3 manifest's index: each chunk it names (hex) to the number
 /// of its pack in `packs` and its offset there.
-pub(crate) type PackIndex = BTreeMap<String, (u32, u64)>;
+pub(crate) type PackIndex = BTreeMap<HexHash, (u32, u64)>;
 
 /// Where a chunk lies in a pack.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

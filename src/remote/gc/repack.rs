@@ -135,12 +135,7 @@ impl Remote {
                     new_shards.push(shard);
                     new_ids.push(id);
                 }
-                let global = GlobalManifest {
-                    format: crate::remote::format::layout::MANIFEST_FORMAT,
-                    step,
-                    world_size: u32::try_from(new_ids.len()).unwrap_or(u32::MAX),
-                    shards: new_ids.iter().map(|id| hex(&id.hash)).collect(),
-                };
+                let global = GlobalManifest::of(step, &new_ids);
                 let (bytes, hash) = encode(step, &global)?;
                 let now = StepManifest::Sharded {
                     shards: new_shards,

@@ -10,9 +10,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use crate::engine::plan::{check_borrowed, Plan};
 use crate::format::manifest::{hex, Hash};
-use crate::remote::format::layout::{
-    encode, GlobalManifest, ShardId, MANIFEST_FORMAT, MAX_WORLD_SIZE,
-};
+use crate::remote::format::layout::{encode, GlobalManifest, ShardId, MAX_WORLD_SIZE};
 use crate::remote::global::shards::ShardUpload;
 use crate::remote::{Commit, Remote, ShardInfo};
 use crate::{Error, GradientCheckpoint, Result, TensorRef};
@@ -198,12 +196,7 @@ impl Remote {
                 ));
             }
         }
-        let global = GlobalManifest {
-            format: MANIFEST_FORMAT,
-            step,
-            world_size: ids.first().map_or(0, |id| id.world_size),
-            shards: ids.iter().map(|id| hex(&id.hash)).collect(),
-        };
+        let global = GlobalManifest::of(step, ids);
         let (bytes, hash) = encode(step, &global)?;
         let newest = self.commit_times(step)?.last().map(|(c, _)| *c);
         self.put_step(&Commit::after(newest, step, hash), bytes)

@@ -14,8 +14,9 @@ use crate::engine::plan::Plan;
 use crate::format::layout::small_tail;
 use crate::format::manifest::{hex, ChunkRef, Hash};
 use crate::remote::coordination::locks::Lock;
+use crate::remote::format::hash::HexHash;
 use crate::remote::format::layout::{
-    encode, GlobalManifest, ShardId, MANIFEST_FORMAT, MANIFEST_FORMAT_TAILS, MAX_WORLD_SIZE,
+    encode, GlobalManifest, ShardId, MANIFEST_FORMAT_TAILS, MAX_WORLD_SIZE,
 };
 use crate::remote::format::manifest::{RemoteManifest, RemotePacked, RemoteTail};
 use crate::remote::format::pack_format::MANIFEST_FORMAT_PACKS;
@@ -251,12 +252,8 @@ impl Remote {
         if chosen.len() != usize::try_from(ours.world_size).unwrap_or(usize::MAX) {
             return self.names_shard(newest.map(|(c, _)| c), ours);
         }
-        let global = GlobalManifest {
-            format: MANIFEST_FORMAT,
-            step,
-            world_size: ours.world_size,
-            shards: chosen.values().map(|id| hex(&id.hash)).collect(),
-        };
+        let chosen_ids: Vec<ShardId> = chosen.values().copied().collect();
+        let global = GlobalManifest::of(step, &chosen_ids);
         let (bytes, hash) = encode(step, &global)?;
         self.put_step(&Commit::after(newest.map(|(c, _)| c), step, hash), bytes)?;
         Ok(chosen.get(&ours.rank) == Some(ours))
@@ -443,7 +440,7 @@ fn shard_manifest<'a>(plan: &Plan<'a>) -> Result<ShardData<'a>> {
     let packed = (!packed.is_empty()).then(|| (*blake3::hash(&packed).as_bytes(), packed));
     manifest.packed = packed.as_ref().map(|(hash, bytes)| RemotePacked {
         len: bytes.len() as u64,
-        hash: hex(hash),
+        hash: HexHash(*hash),
     });
     // Refused before anything is uploaded (its packs are added later).
     manifest.check_to_write(ckpt.step)?;
@@ -478,7 +475,7 @@ fn pack_tails<'a>(
             let hash = blake3::hash(&packed[offset..]);
             blob.tail = Some(RemoteTail {
                 offset: offset as u64,
-                hash: hex(hash.as_bytes()),
+                hash: HexHash(*hash.as_bytes()),
             });
             manifest.format = MANIFEST_FORMAT_TAILS;
         }

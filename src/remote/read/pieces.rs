@@ -131,7 +131,7 @@ impl Remote {
         commits.reverse();
         for commit in commits {
             let (ids, shards) = match self.read_commit(commit, None)? {
-                Ok(CommitBody::Single(m)) => (vec![None], vec![OnceLock::from(m)]),
+                Ok(CommitBody::Single(m)) => (vec![None], vec![OnceLock::from(*m)]),
                 Ok(CommitBody::Sharded(ids)) => {
                     let n = ids.len();
                     (
@@ -339,8 +339,7 @@ fn parts<'a>(
         let packed = packed()?;
         let at = packed.at.unwrap_or(0) + at;
         let object = packed.object;
-        let hash = crate::remote::format::layout::parse_hex(&tail.hash)
-            .ok_or_else(|| Error::corrupt(Some(step), format!("{name:?}: a bad tail hash")))?;
+        let hash = tail.hash.0;
         let len = usize::try_from(n).unwrap_or(usize::MAX);
         let want = Want {
             what: name,

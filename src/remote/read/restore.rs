@@ -12,7 +12,6 @@ use object_store::ObjectStoreExt;
 use crate::checkpoint::Incoming;
 use crate::format::layout::packed_slice;
 use crate::format::manifest::{hex, Hash};
-use crate::remote::format::layout::parse_hex;
 use crate::remote::format::manifest::{RemoteBlob, RemoteManifest};
 use crate::remote::format::pack_format::Object;
 use crate::remote::Remote;
@@ -488,7 +487,7 @@ pub(crate) fn blob_chunks<'a>(
     hashes
         .iter()
         .zip(blob.chunk_lengths())
-        .map(|(h, n)| Want::chunk(name, m, parse(m.step, name, h)?, n))
+        .map(|(h, n)| Want::chunk(name, m, h.0, n))
         .collect()
 }
 
@@ -503,7 +502,7 @@ pub(crate) fn tail<'p>(
     let (Some((at, len)), Some(t)) = (blob.tail_bytes(), &blob.tail) else {
         return Ok(&[]);
     };
-    let want = parse(step, name, &t.hash)?;
+    let want = t.hash.0;
     packed_slice(packed, at, len)
         .filter(|bytes| *blake3::hash(bytes).as_bytes() == want)
         .ok_or_else(|| {
@@ -519,11 +518,7 @@ pub(crate) fn packed_want(m: &RemoteManifest) -> Result<Option<Want<'static>>> {
     let Some(p) = &m.packed else {
         return Ok(None);
     };
-    let hash = parse(m.step, "packed blobs", &p.hash)?;
+    let hash = p.hash.0;
     let len = usize::try_from(p.len).unwrap_or(usize::MAX);
     Want::chunk("packed blobs", m, hash, len).map(Some)
-}
-
-fn parse(step: u64, what: &str, h: &str) -> Result<Hash> {
-    parse_hex(h).ok_or_else(|| Error::corrupt(Some(step), format!("{what}: bad chunk name {h:?}")))
 }

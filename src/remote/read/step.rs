@@ -5,7 +5,8 @@
 use std::collections::HashSet;
 
 use crate::format::manifest::Hash;
-use crate::remote::format::layout::{parse_hex, GlobalManifest, ShardId, MAX_MANIFEST_BYTES};
+use crate::remote::format::hash::HexHash;
+use crate::remote::format::layout::{GlobalManifest, ShardId, MAX_MANIFEST_BYTES};
 use crate::remote::format::manifest::RemoteManifest;
 use crate::remote::format::pack_format::Object;
 use crate::remote::{Commit, Remote};
@@ -62,7 +63,7 @@ impl StepManifest {
 /// shards of a global step (not read yet).
 #[derive(Clone, Debug)]
 pub(crate) enum CommitBody {
-    Single(RemoteManifest),
+    Single(Box<RemoteManifest>),
     Sharded(Vec<ShardId>),
 }
 
@@ -85,7 +86,7 @@ impl Remote {
         chunks: Option<&HashSet<Object>>,
     ) -> Result<Checked> {
         let ids = match self.read_commit(commit, chunks)? {
-            Ok(CommitBody::Single(m)) => return Ok(Ok(StepManifest::Single(m))),
+            Ok(CommitBody::Single(m)) => return Ok(Ok(StepManifest::Single(*m))),
             Ok(CommitBody::Sharded(ids)) => ids,
             Err(why) => return Ok(Err(why)),
         };
@@ -116,7 +117,7 @@ impl Remote {
         if let Ok(m) = serde_json::from_slice::<RemoteManifest>(&bytes) {
             return Ok(self
                 .check_single(m, step, chunks)
-                .map(CommitBody::Single)
+                .map(|m| CommitBody::Single(Box::new(m)))
                 .map_err(|why| format!("{key}: {why}")));
         }
         let Ok(global) = serde_json::from_slice::<GlobalManifest>(&bytes) else {
@@ -126,17 +127,14 @@ impl Remote {
             return Ok(Err(format!("{key}: {why}")));
         }
         let world_size = global.world_size;
-        let mut ids = Vec::with_capacity(global.shards.len());
-        for (rank, hash) in (0..world_size).zip(&global.shards) {
-            let Some(hash) = parse_hex(hash) else {
-                return Ok(Err(format!("{key}: shard {rank} is not named by a hash")));
-            };
-            ids.push(ShardId {
+        let ids = (0..world_size)
+            .zip(&global.shards)
+            .map(|(rank, hash)| ShardId {
                 rank,
                 world_size,
-                hash,
-            });
-        }
+                hash: hash.0,
+            })
+            .collect();
         Ok(Ok(CommitBody::Sharded(ids)))
     }
 
@@ -307,20 +305,20 @@ fn summary(m: &RemoteManifest) -> StepSummary {
 }
 
 /// Bytes of the chunks of `m` not in `seen`, which takes them.
-pub(crate) fn new_bytes(m: &RemoteManifest, seen: &mut HashSet<String>) -> u64 {
+pub(crate) fn new_bytes(m: &RemoteManifest, seen: &mut HashSet<HexHash>) -> u64 {
     let mut bytes = 0;
     for blob in m.blobs.values() {
         let Some(hashes) = &blob.chunks else {
             continue;
         };
         for (hash, n) in hashes.iter().zip(blob.chunk_lengths()) {
-            if seen.insert(hash.clone()) {
+            if seen.insert(*hash) {
                 bytes = u64::saturating_add(bytes, n as u64);
             }
         }
     }
     if let Some(p) = &m.packed {
-        if seen.insert(p.hash.clone()) {
+        if seen.insert(p.hash) {
             bytes = bytes.saturating_add(p.len);
         }
     }

@@ -17,9 +17,9 @@ use std::collections::{BTreeMap, HashMap};
 
 use bytes::Bytes;
 
-use crate::format::manifest::{hex, Hash};
+use crate::format::manifest::Hash;
 use crate::remote::coordination::locks::Lock;
-use crate::remote::format::layout::parse_hex;
+use crate::remote::format::hash::HexHash;
 use crate::remote::format::manifest::RemoteManifest;
 use crate::remote::format::pack_format::{pack_name, Location, PackIndex, RemotePack};
 use crate::remote::Remote;
@@ -156,13 +156,13 @@ pub(crate) fn index_of(
     let packs = lens
         .iter()
         .map(|(pack, &len)| RemotePack {
-            hash: hex(pack),
+            hash: HexHash(*pack),
             len,
         })
         .collect();
     let index = located
         .iter()
-        .map(|(chunk, l)| (hex(chunk), (number[&l.pack], l.at)))
+        .map(|(chunk, l)| (HexHash(*chunk), (number[&l.pack], l.at)))
         .collect();
     Some((packs, index))
 }
@@ -226,7 +226,7 @@ impl Remote {
             if !self.reassert(lock)? {
                 return Ok(packed(packs, index));
             }
-            let named: Vec<Hash> = packs.iter().filter_map(|p| parse_hex(&p.hash)).collect();
+            let named: Vec<Hash> = packs.iter().map(|p| p.hash.0).collect();
             let gone = self.missing_packs(&named)?;
             if gone.is_empty() {
                 return Ok(packed(packs, index));
@@ -370,9 +370,9 @@ mod tests {
         assert!(list.windows(2).all(|w| w[0].hash < w[1].hash));
         let old = list
             .iter()
-            .position(|p| p.hash == hex(&[9; 32]))
+            .position(|p| p.hash == HexHash([9; 32]))
             .expect("listed");
-        assert_eq!(index[&hex(&h(2))], (u32::try_from(old)?, 100));
+        assert_eq!(index[&HexHash(h(2))], (u32::try_from(old)?, 100));
         let again = index_of([h(3), h(2), h(1)].into_iter(), locate).expect("all known");
         assert_eq!(again, (list, index));
         assert!(index_of([h(4)].into_iter(), locate).is_none());

@@ -1,0 +1,114 @@
+//! A BLAKE3 hash as the bucket's objects hold it: 64 lowercase hex digits
+//! in JSON and in object names, 32 bytes in memory. Decoded once, where an
+//! object is read (a body naming anything else is not one this build
+//! reads), never re-parsed where it is used.
+
+use std::fmt;
+
+use serde::de::{self, Deserializer, Visitor};
+use serde::{Deserialize, Serialize, Serializer};
+
+use crate::format::manifest::{hex, Hash};
+
+/// A hash in a bucket object's body (a chunk, a pack, a packed chunk, a
+/// shard manifest).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct HexHash(pub(crate) Hash);
+
+impl HexHash {
+    /// `s` if it is 64 lowercase hex digits.
+    pub(crate) fn parse(s: &str) -> Option<HexHash> {
+        parse_hex(s).map(HexHash)
+    }
+}
+
+/// The bytes 64 lowercase hex digits spell; None for anything else.
+pub(crate) fn parse_hex(s: &str) -> Option<Hash> {
+    fn digit(c: u8) -> Option<u8> {
+        match c {
+            b'0'..=b'9' => Some(c - b'0'),
+            b'a'..=b'f' => Some(c - b'a' + 10),
+            _ => None,
+        }
+    }
+    let bytes = s.as_bytes();
+    if bytes.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (byte, pair) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+        *byte = digit(pair[0])? << 4 | digit(pair[1])?;
+    }
+    Some(out)
+}
+
+impl From<Hash> for HexHash {
+    fn from(h: Hash) -> Self {
+        HexHash(h)
+    }
+}
+
+impl fmt::Display for HexHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&hex(&self.0))
+    }
+}
+
+impl fmt::Debug for HexHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "HexHash({self})")
+    }
+}
+
+impl Serialize for HexHash {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&hex(&self.0))
+    }
+}
+
+impl<'de> Deserialize<'de> for HexHash {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct HexVisitor;
+        impl Visitor<'_> for HexVisitor {
+            type Value = HexHash;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a hash: 64 lowercase hex digits")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<HexHash, E> {
+                HexHash::parse(s).ok_or_else(|| E::invalid_value(de::Unexpected::Str(s), &self))
+            }
+        }
+        d.deserialize_str(HexVisitor)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hash_is_64_lowercase_hex_digits_both_ways() {
+        let h = HexHash([0xab; 32]);
+        let json = serde_json::to_string(&h).expect("encodes");
+        assert_eq!(json, format!("\"{}\"", "ab".repeat(32)));
+        assert_eq!(serde_json::from_str::<HexHash>(&json).expect("decodes"), h);
+        for bad in [
+            "AB".repeat(32),
+            "ab".repeat(31),
+            "+b".repeat(32),
+            "ab".repeat(33),
+            "gg".repeat(32),
+        ] {
+            assert!(HexHash::parse(&bad).is_none(), "{bad}");
+            assert!(
+                serde_json::from_str::<HexHash>(&format!("\"{bad}\"")).is_err(),
+                "{bad}"
+            );
+        }
+        assert!(serde_json::from_str::<HexHash>("7").is_err());
+        // Lowercase hex sorts as the bytes do: maps keyed by hash keep
+        // the order they were written in.
+        let (lo, hi) = (HexHash([0x0f; 32]), HexHash([0xa0; 32]));
+        assert!(lo < hi && lo.to_string() < hi.to_string());
+    }
+}
