@@ -26,9 +26,13 @@ run() { "$PY" bench/python/torchtitan_run.py "$@" 2>&1 | grep -E "^(resumed|step
 echo "--- ckptstore, killed after step 25"
 run "$work/ours" --steps 40 --interval 10 --kill-at 25 || true
 echo "--- ckptstore, resumed"
-ours="$(run "$work/ours" --steps 40 --interval 10 | tee /dev/stderr | sed -n 's/^final //p')"
+out="$(run "$work/ours" --steps 40 --interval 10)"
+echo "$out"
+ours="$(sed -n 's/^final //p' <<<"$out")"
 echo "--- torchtitan's own checkpointer, uninterrupted"
-theirs="$(run "$work/theirs" --steps 40 --interval 10 --manager torchtitan | tee /dev/stderr | sed -n 's/^final //p')"
+out="$(run "$work/theirs" --steps 40 --interval 10 --manager torchtitan)"
+echo "$out"
+theirs="$(sed -n 's/^final //p' <<<"$out")"
 if [ -n "$ours" ] && [ "$ours" = "$theirs" ]; then
     echo "torchtitan check: the resumed run ends in the same state as torchtitan's own ($ours)"
 else
