@@ -186,11 +186,27 @@ class CheckpointManager(_TitanManager):  # type: ignore[misc]
         if self.last_save_in_hf:
             states = self.sd_adapter.to_hf(states)
         save(states, storage_writer=StorageWriter(self.target, curr_step))
-        if self.last_save_in_hf and _rank() == 0:
-            export_hf(self.target, curr_step, os.path.join(self.folder, f"step-{curr_step}"))
-        if _distributed():
-            dist.barrier()
+        if self.last_save_in_hf:
+            self._export_hf(curr_step)
         self._retain()
+
+    def _export_hf(self, step: int) -> None:
+        """Rank 0 exports step `step` as HF shards into `<folder>/step-N`;
+        its failure is raised on every rank (none waits on it)."""
+        failure: Optional[str] = None
+        if _rank() == 0:
+            try:
+                export_hf(self.target, step, os.path.join(self.folder, f"step-{step}"))
+            except Exception as e:  # noqa: BLE001 - told to every rank
+                if not _distributed():
+                    raise
+                failure = f"{type(e).__name__}: {e}"
+        if _distributed():
+            told = [failure]
+            dist.broadcast_object_list(told, src=0)
+            failure = told[0]
+        if failure is not None:
+            raise RuntimeError(f"step {step} was saved, but rank 0 could not export it to Hugging Face shards: {failure}")
 
     # Loads.
 
