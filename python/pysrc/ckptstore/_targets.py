@@ -53,6 +53,29 @@ def batches(pieces: Sequence[Piece], dest: Dict[int, np.ndarray]) -> List[List[i
     return out
 
 
+def read_in_batches(
+    pieces: Sequence[Piece],
+    dest: Dict[int, np.ndarray],
+    deliver: Deliver,
+    fill: Callable[[List[int], List[np.ndarray]], List[int]],
+) -> None:
+    """Read `pieces` as a target's `Opened.read` does: those with memory of
+    their own (`dest`) in one call, the rest in `batches`; `fill(batch,
+    arrays)` fills the arrays of the pieces `batch` and returns those it
+    filled, each then handed to `deliver`."""
+    direct = [i for i in range(len(pieces)) if i in dest]
+    runs = [(direct, lambda: [dest[i] for i in direct])] + [
+        (batch, lambda batch=batch: [np.empty(pieces[i][3], dtype=np.uint8) for i in batch])
+        for batch in batches(pieces, dest)
+    ]
+    for batch, arrays_of in runs:
+        if not batch:
+            continue
+        arrays = dict(zip(batch, arrays_of()))  # a batch's buffers, made when it is read
+        for i in fill(batch, [arrays[i] for i in batch]):
+            deliver(i, arrays[i])
+
+
 class Put(NamedTuple):
     """A shard put into a target: its name there ("" where shards have
     none), and the bytes it added and found already stored."""
@@ -334,17 +357,14 @@ class OpenedBucket:
     ) -> None:
         if failure is not None:
             raise failure
-        # Pieces with memory of their own are read in one call (no copy is
-        # held, so the bucket gets as many ranges in flight as it takes);
-        # the rest in batches (`batches`).
-        direct = [i for i in range(len(pieces)) if i in dest]
-        if direct:
-            self._remote.read_pieces_into(self._opened, [pieces[i] for i in direct], [dest[i] for i in direct])
-            for i in direct:
-                deliver(i, dest[i])
-        for batch in batches(pieces, dest):
-            for i, data in zip(batch, self._remote.read_pieces(self._opened, [pieces[i] for i in batch])):
-                deliver(i, data)
+        # Pieces with memory of their own in one call (no copy is held, so
+        # the bucket gets as many ranges in flight as it takes).
+
+        def fill(batch: List[int], arrays: List[np.ndarray]) -> List[int]:
+            self._remote.read_pieces_into(self._opened, [pieces[i] for i in batch], arrays)
+            return batch
+
+        read_in_batches(pieces, dest, deliver, fill)
 
 
 class LocalStore:
@@ -456,18 +476,13 @@ class OpenedLocal:
     ) -> None:
         if failure is not None:
             raise failure
-        # Pieces with memory of their own are read into it in one call; the
-        # rest in batches (`batches`), each handed on as read.
         with self._target._use(read_only=True) as store:
-            direct = [i for i in range(len(pieces)) if i in dest]
-            self._fill(store, [(pieces[i][1], pieces[i][2], dest[i]) for i in direct])
-            for i in direct:
-                deliver(i, dest[i])
-            for batch in batches(pieces, dest):
-                datas = [np.empty(pieces[i][3], dtype=np.uint8) for i in batch]
-                self._fill(store, [(pieces[i][1], pieces[i][2], d) for i, d in zip(batch, datas)])
-                for i, data in zip(batch, datas):
-                    deliver(i, data)
+
+            def fill(batch: List[int], arrays: List[np.ndarray]) -> List[int]:
+                self._fill(store, [(pieces[i][1], pieces[i][2], a) for i, a in zip(batch, arrays)])
+                return batch
+
+            read_in_batches(pieces, dest, deliver, fill)
 
 
 class _Using:

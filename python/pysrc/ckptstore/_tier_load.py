@@ -12,7 +12,7 @@ import numpy as np
 from ._ckptstore import tier_evaluate, tier_holders, tier_pick
 from ._errors import Error
 from ._fan_out import Refusal, Refused
-from ._targets import Deliver, Opened, Piece, batches
+from ._targets import Deliver, Opened, Piece, read_in_batches
 from ._tier_layout import Record, records_in
 from ._tier_wire import Group
 
@@ -131,23 +131,24 @@ class TierSource:
         record = self._choice.record
         refusals: List[Refusal] = []
         failed: Set[int] = set()
-        held: Dict[int, np.ndarray] = {}
-        for batch in [[i for i in range(len(pieces)) if i in dest]] + batches(pieces, dest):
-            by_src: Dict[int, List[int]] = {}
-            for i in batch:
-                by_src.setdefault(pieces[i][0], []).append(i)
-            for src, idx in by_src.items():
+
+        def fill(batch: List[int], arrays: List[np.ndarray]) -> List[int]:
+            filled: List[int] = []
+            by_src: Dict[int, List[Tuple[int, np.ndarray]]] = {}
+            for i, a in zip(batch, arrays):
+                by_src.setdefault(pieces[i][0], []).append((i, a))
+            for src, places in by_src.items():
                 if src in failed:
                     continue
-                places = [dest[i] if i in dest else held.setdefault(i, np.empty(pieces[i][3], np.uint8)) for i in idx]
                 try:
-                    self._read_of(src, record.digests[src], [(pieces[i][1], pieces[i][2], a) for i, a in zip(idx, places)])
+                    self._read_of(src, record.digests[src], [(pieces[i][1], pieces[i][2], a) for i, a in places])
                 except (Error, OSError, ValueError) as e:
                     failed.add(src)
                     refusals.append((self._rank, src, str(e)))
                     continue
-                for i, a in zip(idx, places):
-                    held.pop(i, None)
-                    deliver(i, a)
+                filled += [i for i, _ in places]
+            return filled
+
+        read_in_batches(pieces, dest, deliver, fill)
         if refusals:
             raise Refused(f"loading step {record.step} from the local tier", refusals)

@@ -173,6 +173,9 @@ class CheckpointManager(_TitanManager):  # type: ignore[misc]
             Remote(self.target).gc(keep_last=self.keep_latest_k)
 
     def _purge_stale_checkpoints(self) -> None:
+        # torchtitan's hook deletes `step-N` directories; only its own
+        # `_save` (replaced above) calls it, and here it is the bucket's
+        # retention should anything else.
         self._retain()
 
     def _save_last_step(self, curr_step: int) -> None:
