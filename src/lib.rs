@@ -93,6 +93,7 @@ pub use checkpoint::{GradientCheckpoint, MAX_TEXT_BYTES};
 /// The length of a blob's chunks, all but its last few (which are shorter):
 /// ranged reads cut on multiples of it from a blob's start share no chunk.
 pub const CHUNK_BYTES: usize = format::layout::CHUNK_SIZE;
+pub use engine::hashing::ChunkHasher;
 pub use error::{Cause, Error, Result};
 pub use exchange::dcp::{BoxSpan, DcpDtype, DcpIndex, DcpTensor, DCP_METADATA};
 pub use exchange::dcp_doc::{DcpChunk, DcpDocument, DcpEntry, DcpPathPart, DcpWhere, DCP_FORMAT};

@@ -215,6 +215,45 @@ impl ChunkHashes {
     }
 }
 
+/// Chunk hashes of `nbytes` bytes taken a piece at a time, in order, as
+/// the pieces become ready (a device's copy landing): every piece but the
+/// last `PIECE_ALIGN` bytes or a multiple.
+#[pyclass(module = "ckptstore._ckptstore", name = "ChunkHasher")]
+pub(crate) struct ChunkHasher(Option<ckptstore::ChunkHasher>);
+
+#[pymethods]
+impl ChunkHasher {
+    #[classattr]
+    const PIECE_ALIGN: usize = ckptstore::ChunkHasher::PIECE_ALIGN;
+
+    #[new]
+    fn new(nbytes: u64) -> Self {
+        ChunkHasher(Some(ckptstore::ChunkHasher::new(nbytes)))
+    }
+
+    /// Hash the next piece (a C-contiguous array) on every core, the GIL
+    /// released.
+    fn update(&mut self, py: Python<'_>, piece: Bound<'_, PyAny>) -> PyResult<()> {
+        let bytes = borrow_bytes(&piece)?;
+        let hasher = self
+            .0
+            .as_mut()
+            .ok_or_else(|| PyValueError::new_err("the hasher is finished"))?;
+        let threads = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+        py.detach(|| hasher.update(bytes, threads))
+            .map_err(crate::py_err)
+    }
+
+    /// The hashes of the whole.
+    fn finish(&mut self) -> PyResult<ChunkHashes> {
+        let hasher = self
+            .0
+            .take()
+            .ok_or_else(|| PyValueError::new_err("the hasher is finished"))?;
+        hasher.finish().map(ChunkHashes).map_err(crate::py_err)
+    }
+}
+
 /// Copy each `(source, destination)` pair of C-contiguous arrays (the
 /// same number of bytes; the destinations writable and apart from every
 /// other array given) on every core, the GIL released, hashing each chunk

@@ -79,6 +79,7 @@ fn _ckptstore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<arrays::Buffer>()?;
     m.add_class::<global_step::RawGlobalStep>()?;
     m.add_class::<arrays::ChunkHashes>()?;
+    m.add_class::<arrays::ChunkHasher>()?;
     m.add_function(pyo3::wrap_pyfunction!(arrays::hash_arrays, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(arrays::copy_hashed, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(dcp::dcp_box_span, m)?)?;

@@ -214,6 +214,102 @@ impl ChunkHashes {
     }
 }
 
+/// The chunk hashes of `len` bytes taken a piece at a time, in order, as
+/// the pieces become ready (a copy from a device lands a piece after
+/// another): each piece but the last a whole number of chunks, so that
+/// the chunks are those of the whole.
+///
+/// ```
+/// use ckptstore::{ChunkHasher, ChunkHashes};
+/// let state = vec![7u8; 3 << 20];
+/// let mut hasher = ChunkHasher::new(state.len() as u64);
+/// let (first, rest) = state.split_at(ChunkHasher::PIECE_ALIGN);
+/// hasher.update(first, 2)?;
+/// hasher.update(rest, 2)?;
+/// assert_eq!(hasher.finish()?, ChunkHashes::of(&state));
+/// # Ok::<(), ckptstore::Error>(())
+/// ```
+#[derive(Debug)]
+pub struct ChunkHasher {
+    len: u64,
+    at: u64,
+    hashes: Vec<Hash>,
+}
+
+impl ChunkHasher {
+    /// What the length of every piece but the last is a multiple of (the
+    /// store's whole chunks).
+    pub const PIECE_ALIGN: usize = crate::format::layout::CHUNK_SIZE;
+
+    /// Hashes of `len` bytes, none taken yet.
+    pub fn new(len: u64) -> ChunkHasher {
+        ChunkHasher {
+            len,
+            at: 0,
+            hashes: Vec::new(),
+        }
+    }
+
+    /// Hash the next piece, on up to `threads` threads.
+    ///
+    /// # Errors
+    /// [`Error::InvalidTensor`] when the piece runs past `len`, or is not
+    /// the last and not whole chunks (nothing is hashed).
+    pub fn update(&mut self, piece: &[u8], threads: usize) -> Result<()> {
+        let end = self.at + piece.len() as u64;
+        if end > self.len || (end < self.len && piece.len() % Self::PIECE_ALIGN != 0) {
+            return Err(Error::InvalidTensor {
+                name: None,
+                reason: format!(
+                    "a piece of {} bytes at {} of {} bytes hashed by chunks",
+                    piece.len(),
+                    self.at,
+                    self.len
+                ),
+            });
+        }
+        let first = self.hashes.len();
+        let chunks: Vec<&[u8]> = split(piece).collect();
+        self.hashes.resize(first + chunks.len(), [0; 32]);
+        let jobs: Vec<(&[u8], &mut Hash)> =
+            chunks.into_iter().zip(&mut self.hashes[first..]).collect();
+        let threads = if piece.len() < PARALLEL_MIN_BYTES {
+            1
+        } else {
+            threads
+        };
+        run_parallel(jobs, threads, &|_, (chunk, slot)| {
+            *slot = *blake3::hash(chunk).as_bytes();
+            Ok(())
+        })?;
+        self.at = end;
+        Ok(())
+    }
+
+    /// The hashes of the whole (none for bytes that are packed).
+    ///
+    /// # Errors
+    /// [`Error::InvalidTensor`] when pieces of fewer than `len` bytes were
+    /// hashed.
+    pub fn finish(self) -> Result<ChunkHashes> {
+        if self.at != self.len {
+            return Err(Error::InvalidTensor {
+                name: None,
+                reason: format!("{} bytes of {} hashed by chunks", self.at, self.len),
+            });
+        }
+        let hashes = if hashed_chunks(usize::try_from(self.len).unwrap_or(usize::MAX)) == 0 {
+            Vec::new()
+        } else {
+            self.hashes
+        };
+        Ok(ChunkHashes {
+            len: self.len,
+            hashes,
+        })
+    }
+}
+
 /// How many chunk hashes bytes of `len` have: none when they are packed.
 fn hashed_chunks(len: usize) -> usize {
     if len < PACK_BELOW {
@@ -317,6 +413,35 @@ pub(crate) fn run_parallel<T: Send>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hashes_taken_a_piece_at_a_time_are_those_of_the_whole() -> Result<()> {
+        let align = ChunkHasher::PIECE_ALIGN;
+        for len in [0, 100, PACK_BELOW, 3 * align, 5 * align + 70_000] {
+            let bytes = data(len);
+            for per in [1, 2, 3] {
+                let mut hasher = ChunkHasher::new(len as u64);
+                for piece in bytes.chunks(per * align) {
+                    hasher.update(piece, 2)?;
+                }
+                assert_eq!(hasher.finish()?, ChunkHashes::of(&bytes), "{len} {per}");
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn a_piece_off_the_chunks_or_too_few_bytes_is_refused() -> Result<()> {
+        let align = ChunkHasher::PIECE_ALIGN;
+        let bytes = data(3 * align);
+        let mut hasher = ChunkHasher::new(bytes.len() as u64);
+        assert!(hasher.update(&bytes[..=align], 1).is_err());
+        hasher.update(&bytes[..align], 1)?;
+        assert!(hasher.update(&bytes[..3 * align], 1).is_err()); // past the end
+        assert!(ChunkHasher::new(10).finish().is_err());
+        assert!(hasher.finish().is_err());
+        Ok(())
+    }
 
     fn data(len: usize) -> Vec<u8> {
         (0..len)

@@ -114,10 +114,11 @@ def test_the_plan_reads_each_byte_once_and_gives_each_rank_what_it_needs(seed, r
                 a = rnd.randrange(length)
                 mine.append((src, entry, a, rnd.randint(0, length - a)))
         needs.append(mine)
-    readers = None
+    readers = nodes = None
     if restricted:
         readers = {src: rnd.sample(range(world), rnd.randint(1, world)) for src in range(world)}
-    plans = _fan_out.plan(needs, readers)
+        nodes = [rank // rnd.randint(1, 2) for rank in range(world)]
+    plans = _fan_out.plan(needs, readers, nodes)
     assert len({len(p.phases) for p in plans}) == 1  # every rank, as many phases
     if readers is not None:
         for rank, p in enumerate(plans):
@@ -148,6 +149,25 @@ def test_the_plan_reads_each_byte_once_and_gives_each_rank_what_it_needs(seed, r
         for ph in p.phases:
             for parts in (ph.sends, ph.takes):
                 assert sum(min(part.size, sum(r[3] for r in part.ranges)) for part in parts) <= max(48, 4 * len(parts))
+
+
+def test_a_stripe_no_rank_needing_it_holds_is_read_on_the_node_that_needs_it():
+    # Two nodes of two ranks; rank 0's shard is held by rank 0 (node 0)
+    # and by a copy at rank 2 (node 1); only rank 3 (node 1) needs it:
+    # rank 2 reads it and hands it on within node 1. Without nodes known,
+    # the least loaded holder reads it (rank 0, across the network).
+    needs = [[], [], [], [(0, "e", 0, 100)]]
+    readers = {0: [0, 2], 1: [1, 3], 2: [2, 0], 3: [3, 1]}
+    for nodes, reader in (([0, 0, 1, 1], 2), (None, 0)):
+        plans = _fan_out.plan(needs, readers, nodes)
+        assert [r for r, p in enumerate(plans) if any(ph.reads for ph in p.phases)] == [reader]
+        assert [part.peer for ph in plans[3].phases for part in ph.takes] == [reader]
+    # Needed on both nodes (ranks 3 and 4 on node 0, rank 0 on node 1),
+    # held on both by ranks that do not need it: read on node 0.
+    piece = (2, "e", 0, 100)
+    needs = [[piece], [], [], [piece], [piece], []]
+    plans = _fan_out.plan(needs, {2: [1, 5]}, [1, 1, 1, 0, 0, 0])
+    assert [r for r, p in enumerate(plans) if any(ph.reads for ph in p.phases)] == [5]
 
 
 def test_a_plan_with_a_shard_no_rank_may_read_is_refused():

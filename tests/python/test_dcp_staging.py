@@ -52,12 +52,12 @@ def test_the_next_async_save_reuses_the_staged_copy_once_the_save_before_is_done
     url = f"file://{tmp_path}/bucket"
     live = state(1)
     dcp.async_save(live, storage_writer=StorageWriter(url, 1), no_dist=True).result()
-    staged = [v for k, v in _dcp_write._POOL._free.items() if k[1] == url]
+    staged = [v for k, (v, _) in _dcp_write._POOL._free.items() if k[1] == url]
     assert len(staged) == 1
     first = staged[0]["w"].data_ptr()
     live["w"].add_(5)
     dcp.async_save(live, storage_writer=StorageWriter(url, 2), no_dist=True).result()
-    (again,) = [v for k, v in _dcp_write._POOL._free.items() if k[1] == url]
+    (again,) = [v for k, (v, _) in _dcp_write._POOL._free.items() if k[1] == url]
     assert again["w"].data_ptr() == first
     assert torch.equal(loaded(url, 2)["w"], torch.arange(300_000, dtype=torch.float32) + 6)
     assert same(loaded(url, 1), state(1))
@@ -184,7 +184,9 @@ def test_each_save_reports_its_cost_and_the_step_keeps_its_staging(tmp_path):
     response.upload_completion.result(timeout=60)
     cost = writer.cost
     assert cost is not None and cost.step == 1
-    assert 0 < cost.staging_seconds < cost.durable_seconds and cost.blocked_seconds == 0
+    # Blocked: the call alone (the copy's structure made on the caller's
+    # thread), not the copy.
+    assert 0 <= cost.blocked_seconds < cost.staging_seconds < cost.durable_seconds
     assert cost.bytes_new >= 1_200_000 and cost.bytes_deduplicated == 0
     # The same state again: nothing new to write.
     again = StorageWriter(url, 2)

@@ -344,6 +344,40 @@ def test_ckpt_ls_lists_a_tier_directory(tmp_path, bucket):
     assert "in bucket" in text and "durable s" in text
 
 
+def test_background_staging_returns_before_the_copy_and_saves_the_state_at_staging(tmp_path, monkeypatch):
+    import threading
+    import warnings
+
+    import torch
+
+    from ckptstore import _staging
+    from ckptstore.dcp import Tiers
+
+    gate = threading.Event()
+    real = _staging.copy_hashed
+    monkeypatch.setattr(_staging, "copy_hashed", lambda pairs: gate.wait(30) and real(pairs))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        tiers = Tiers(f"{tmp_path}/node{{node}}", background_staging=True)
+        live = {"w": torch.arange(100_000, dtype=torch.float32)}
+        response = tiers.async_save(live, 1)
+        assert not response.staging_completion.done()  # the copy waits on the gate
+        gate.set()
+        response.staging_completion.result(timeout=30)
+        live["w"].add_(1000)
+        cost = response.upload_completion.result(timeout=60)
+        assert 0 <= cost.blocked_seconds < cost.staging_seconds <= cost.durable_seconds
+        into = {"w": torch.zeros(100_000)}
+        assert tiers.load(into, step=1) == 1 and torch.equal(into["w"], torch.arange(100_000, dtype=torch.float32))
+        # A save right after an async one comes after it.
+        second = tiers.async_save(live, 2)
+        second.staging_completion.result(timeout=30)
+        live["w"].zero_()
+        assert tiers.save(live, 3).step == 3 and second.upload_completion.done()
+        assert tiers.load(into, step=2) == 2 and torch.equal(into["w"], torch.arange(100_000, dtype=torch.float32) + 1000)
+        tiers.close()
+
+
 def test_a_failed_save_is_raised_once_and_a_failed_async_save_by_the_next_call(tmp_path):
     import warnings
 

@@ -9,6 +9,7 @@ __all__ = [
     "MAX_WORLD_SIZE",
     "__version__",
     "Buffer",
+    "ChunkHasher",
     "ChunkHashes",
     "CommitInfo",
     "CorruptError",
@@ -297,6 +298,15 @@ class Buffer:
 class Handle:
     def done(self) -> bool: ...
     def result(self) -> CommitInfo: ...
+
+@final
+class ChunkHasher:
+    """Chunk hashes of some bytes taken a piece at a time, in order."""
+
+    PIECE_ALIGN: int
+    def __new__(cls, nbytes: int) -> "ChunkHasher": ...
+    def update(self, piece: Any) -> None: ...
+    def finish(self) -> ChunkHashes: ...
 
 def hash_arrays(arrays: List[Any]) -> List[str]: ...
 def copy_hashed(pairs: List[Tuple[Any, Any]]) -> List[ChunkHashes]: ...

@@ -127,7 +127,7 @@ class StorageReader(_storage.StorageReader):
         fans: List[Optional[_fan_out.FanPlan]] = [None] * len(plans)
         if self._fans_out(len(plans)):
             needs = [[self._piece(i, self._where[i.storage_index])[0] for i in p.items] for p in plans]
-            fans = [fan for fan in _fan_out.plan(needs, self._from.readers)]
+            fans = [fan for fan in _fan_out.plan(needs, self._from.readers, self._from.nodes)]
         return [
             dataclasses.replace(p, storage_data=(self._resolved, self._commit, fan)) for p, fan in zip(plans, fans)
         ]

@@ -9,7 +9,7 @@ import threading
 import time
 import weakref
 from concurrent.futures import Future as _Staging
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, Dict, Hashable, List, Optional, Tuple, Union
 
 import numpy as np
@@ -26,7 +26,7 @@ from ._cost import Clock, SaveCost
 from ._errors import StepExistsError
 from ._dcp_json import Where
 from ._targets import METADATA, Put, SaveTarget, UserTarget, check_sendable, is_step_id, save_target
-from ._staging import Hashes, Pool, Staged, hashes_of
+from ._staging import Hashes, Pool, Staged, Staging, hashes_of
 
 # The staged copies of async saves, reused by the next save to the same
 # target once the one that used it is done (`StorageWriter.stage`).
@@ -93,9 +93,14 @@ class StorageWriter(_storage.StorageWriter):
     the writer stages (see `stage`): with `background_staging` the copy
     runs on a thread of its own and `async_save` returns at once, an
     `AsyncSaveResponse` whose `staging_completion` says when the state may
-    change again; with `shared_memory` new staged copies are made in shared
-    memory, so that in DCP's process mode they reach its process without
-    a copy."""
+    change again; with `block_on_staging` as well, it returns once the
+    copy is made (`staging_completion` already resolved: for a loop that
+    changes the state right away); with `shared_memory` new staged copies
+    are made in shared memory, so that in DCP's process mode they reach
+    its process without a copy. A device's tensors (a GPU's) are staged
+    into pinned host memory kept for the next save, at most
+    `staging_budget` bytes of it (and never more than the host has
+    available: `StagingBudgetError` instead)."""
 
     def __init__(
         self,
@@ -105,6 +110,8 @@ class StorageWriter(_storage.StorageWriter):
         *,
         background_staging: bool = False,
         shared_memory: bool = False,
+        block_on_staging: bool = False,
+        staging_budget: Optional[int] = None,
     ) -> None:
         super().__init__()
         self._target = target
@@ -113,6 +120,8 @@ class StorageWriter(_storage.StorageWriter):
         self._overwrite = bool(overwrite)
         self._background = bool(background_staging)
         self._shared = bool(shared_memory)
+        self._block = bool(block_on_staging)
+        self._budget = staging_budget
         self._rank, self._world = 0, 1
         self._coordinator = True
         self._kept: Dict[str, Any] = {}
@@ -136,6 +145,7 @@ class StorageWriter(_storage.StorageWriter):
         return {
             "target": self._target, "step": self._step, "overwrite": self._overwrite,
             "background_staging": self._background, "shared_memory": self._shared,
+            "block_on_staging": self._block, "staging_budget": self._budget,
             "hashes": list(self._hashes.values()),
             "staged": self._staged if self._clock is None else self._clock.staging,
         }
@@ -180,26 +190,36 @@ class StorageWriter(_storage.StorageWriter):
         process mode too: a copy is free again once DCP's process has
         saved it). The bytes of host tensors are copied on every core and
         hashed in the same pass; the save writes them without reading them
-        again. With `background_staging`, a future of the copy: the caller
-        may change the state once it is done."""
+        again. A device's tensors are copied on its side stream, after the
+        work queued before the call. With `background_staging`, a future
+        of the copy: the caller may change the state once it is done."""
         self._clock = Clock()
-        if self._background:
-            return _STAGER.submit(self._stage_now, state_dict, True)
-        return self._stage_now(state_dict, False)
-
-    def _stage_now(self, state_dict: Dict[str, Any], background: bool) -> Dict[str, Any]:
         started = time.perf_counter()
         key = (os.getpid(), self._to.pool_key)
-        copy: Staged = _POOL.stage(key, state_dict, shared=self._shared)
+        staging = _POOL.begin(key, state_dict, shared=self._shared, budget=self._budget)
+        if self._background:
+            begun = time.perf_counter() - started
+            done = _STAGER.submit(self._staged_now, key, staging, started, None if self._block else begun)
+            if self._block:
+                wait([done])
+            return done
+        return self._staged_now(key, staging, started, None)
+
+    def _staged_now(self, key: Hashable, staging: Staging, started: float, blocked: Optional[float]) -> Dict[str, Any]:
+        """The staged state, once `staging` is done; `blocked`: how long
+        the caller waited, if not until now."""
+        try:
+            copy: Staged = staging.finish()
+        except BaseException:
+            _POOL.give_back(key, staging.state)
+            raise
         out = _StagedState(copy.state)
         self._lent = _Lent(key, copy.state)
         weakref.finalize(out, self._lent.give_back)
         self._hashes = copy.hashes
-        staging = time.perf_counter() - started
-        # Blocked: the call alone with a background copy (a few
-        # microseconds, taken as none), else the copy.
+        seconds = time.perf_counter() - started
         assert self._clock is not None
-        self._clock.staged(staging, 0.0 if background else staging)
+        self._clock.staged(seconds, seconds if blocked is None else blocked)
         return out
 
     def synchronize_staging(self) -> None:

@@ -22,7 +22,9 @@ delivery) fails the phase on every rank.
 
 The local tier's loads run the same phases: a stripe of a rank's shard is
 read only by a rank holding it (`readers`: its own store's, or a copy's),
-from that rank's stores. A reader that cannot read a stripe sound, or
+from that rank's stores: the first holder that needs it, else a holder on
+the node where most of the ranks needing it are (`nodes`: a node's ranks
+hand bytes to each other without the network). A reader that cannot read a stripe sound, or
 whose message arrives damaged, is told to every rank at the end of the
 phase (`Refused`, raised on every rank), and the tier loads again without
 it (`_tiers`)."""
@@ -124,10 +126,16 @@ class FanPlan:
     phases: List[Phase]
 
 
-def plan(needs: Sequence[Sequence[Piece]], readers: Optional[Mapping[int, Sequence[int]]] = None) -> List[FanPlan]:
+def plan(
+    needs: Sequence[Sequence[Piece]],
+    readers: Optional[Mapping[int, Sequence[int]]] = None,
+    nodes: Optional[Sequence[int]] = None,
+) -> List[FanPlan]:
     """Every rank's phases, for ranks needing `needs` (by rank); where
     `readers` is given, a stripe of source rank S's shard is read by one
-    of `readers[S]` (raises `ValueError` if there is none)."""
+    of `readers[S]` (raises `ValueError` if there is none); where `nodes`
+    (each rank's node) is given, a stripe no rank that needs it may read
+    is read on the node where most of its ranks are, if a rank there may."""
     world = len(needs)
     wanted = [_merged(pieces) for pieces in needs]
     union = _merged([(src, entry, a, b - a) for w in wanted for (src, entry), rs in w.items() for a, b in rs])
@@ -154,7 +162,7 @@ def plan(needs: Sequence[Sequence[Piece]], readers: Optional[Mapping[int, Sequen
         if holding:
             reader = holding[0]
         else:
-            eligible = [r for r in who if r in pool] or sorted(pool)
+            eligible = [r for r in who if r in pool] or _nearest(pool, who, nodes)
             if reader not in eligible or load[reader] + stripe[3] > share:
                 reader = min(eligible, key=lambda r: (load[r], r))
             if load[reader] + stripe[3] > fair:
@@ -168,6 +176,18 @@ def plan(needs: Sequence[Sequence[Piece]], readers: Optional[Mapping[int, Sequen
         for rank, phase in enumerate(_phase(mine)):
             phases[rank].append(phase)
     return [FanPlan(p) for p in phases]
+
+
+def _nearest(pool: Set[int], who: Mapping[int, object], nodes: Optional[Sequence[int]]) -> List[int]:
+    """The ranks of `pool` on the node where most of the ranks `who` are
+    (all of `pool` if `nodes` is not known or no rank of it is there)."""
+    if nodes is None:
+        return sorted(pool)
+    count: Dict[int, int] = {}
+    for r in who:
+        count[nodes[r]] = count.get(nodes[r], 0) + 1
+    best = max((count.get(nodes[r], 0) for r in pool), default=0)
+    return sorted(r for r in pool if best == 0 or count.get(nodes[r], 0) == best)
 
 
 def _pool(readers: Optional[Mapping[int, Sequence[int]]], src: int, world: int) -> Set[int]:

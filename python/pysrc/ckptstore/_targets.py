@@ -174,6 +174,11 @@ class LoadTarget(Protocol):
     """The ranks that may read each source rank's shard in such a load
     (the local tier's holders); None: any rank."""
 
+    nodes: Optional[List[int]]
+    """Each rank's node, where the target knows it (the local tier's
+    layout): a stripe no rank needing it may read is read on the node of
+    the ranks that need it. None: not known."""
+
     group: Optional[Group]
     """The group such a load exchanges over (the local tier's own); None:
     the reader makes one of its own."""
@@ -261,6 +266,7 @@ class Bucket:
     sendable = True
     fans_out = True
     readers: Optional[Dict[int, List[int]]] = None
+    nodes: Optional[List[int]] = None
     group: Optional[Group] = None
 
     def __init__(self, url: str) -> None:
@@ -375,6 +381,7 @@ class LocalStore:
     sendable = False
     fans_out = True
     readers: Optional[Dict[int, List[int]]] = None
+    nodes: Optional[List[int]] = None
     group: Optional[Group] = None
 
     def __init__(self, target: Union[str, "os.PathLike[str]", Store]) -> None:

@@ -80,7 +80,8 @@ class TierSource:
     each piece read from `read_of` (this rank's stores). At several ranks
     the load is striped over the tier's group, each stripe of a shard read
     by one of its holders not `refused` (by source rank, in the order of
-    `Choice.holders`)."""
+    `Choice.holders`), on the node of the ranks needing it where one is
+    there (`nodes`: each rank's node)."""
 
     description = "the local tier"
     sendable = False
@@ -94,6 +95,7 @@ class TierSource:
         metadata: str,
         sizes: List[Dict[str, int]],
         refused: Set[Tuple[int, int]],
+        nodes: List[int],
     ) -> None:
         self.group: Optional[Group] = group
         self._rank, self._choice, self._read_of = group.rank, choice, read_of
@@ -101,6 +103,7 @@ class TierSource:
         self.readers: Optional[Dict[int, List[int]]] = {
             src: [h for h in hs if (h, src) not in refused] for src, hs in choice.holders.items()
         }
+        self.nodes: Optional[List[int]] = nodes
         self.commit: Optional[str] = None
 
     def latest(self) -> Optional[int]:

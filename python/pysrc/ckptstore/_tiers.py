@@ -64,7 +64,9 @@ class Tiers:
     `load` are collectives: every rank calls them, in the same order. The
     ranks talk over two gloo groups of the tier's own (made here, with
     `timeout`), never the job's, so training's collectives and a
-    background save or upload never meet. docs/tiers.md has the details."""
+    background save or upload never meet. With `background_staging`,
+    `async_save` returns before its copy is made (see there).
+    docs/tiers.md has the details."""
 
     def __init__(
         self,
@@ -76,6 +78,7 @@ class Tiers:
         ranks_per_node: Optional[int] = None,
         *,
         timeout: Optional[timedelta] = None,
+        background_staging: bool = False,
     ) -> None:
         for name, value, least in (("peers", peers, 0), ("durable_every", durable_every, 1), ("keep_local", keep_local, 1)):
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
@@ -84,6 +87,7 @@ class Tiers:
             raise ValueError(f"Tiers(bucket={bucket!r}): a bucket URL (s3://... or file://...)")
         self._bucket = None if bucket is None else str(bucket)
         self._peers, self._every, self._keep = peers, durable_every, keep_local
+        self._background = bool(background_staging)
         if dist.is_available() and dist.is_initialized():
             rank, world = dist.get_rank(), dist.get_world_size()
             wait = DEFAULT_TIMEOUT if timeout is None else timeout
@@ -109,6 +113,7 @@ class Tiers:
         self._lock = threading.Lock()
         self._work = threading.Lock()
         self._saver = ThreadPoolExecutor(1, thread_name_prefix="ckptstore-tiers-save")
+        self._stager = ThreadPoolExecutor(1, thread_name_prefix="ckptstore-tiers-stage")
         self._uploader = ThreadPoolExecutor(1, thread_name_prefix="ckptstore-tiers-upload")
         self._running: List["Future[Any]"] = []
         self._saves = 0
@@ -135,24 +140,38 @@ class Tiers:
 
     def async_save(self, state: Dict[str, Any], step: int) -> AsyncSaveResponse:
         """Save `state` as step `step` in the background, as DCP's
-        `async_save` does: `staging_completion` is done when the call
-        returns (the state was copied to host memory: it may change from
-        then on), `upload_completion` when the step is complete on the
-        local tier; its result is the save's `SaveCost`. A failure is
-        raised by that future and by the next `save`, `async_save`, `load`
-        or `wait`. The host copy is kept and reused by the next
-        `async_save` once this save is done (no new memory for a state of
-        the same layout): a tier holds one staged copy of the state
-        between saves (`close` frees it)."""
+        `async_save` does: `staging_completion` is done once the state was
+        copied to host memory (it may change from then on; a GPU's tensors
+        are copied on a side stream after the work queued before the
+        call): when the call returns, or later with the tier's
+        `background_staging`; `upload_completion` when the step is
+        complete on the local tier; its result is the save's `SaveCost`. A failure is raised by
+        those futures and by the next `save`, `async_save`, `load` or
+        `wait`. The host copy is kept and reused by the next `async_save`
+        once this save is done (no new memory for a state of the same
+        layout): a tier holds one staged copy of the state between saves
+        (`close` frees it)."""
         self._check()
-        clock = Clock()
-        copied = self._pool.stage(None, _state_dicts(state))
-        clock.staged(time.perf_counter() - clock.started)
-        staging: "Future[None]" = Future()
-        staging.set_result(None)
-        durable = self._submit(copied.state, step_number(step), clock, copied.hashes)
-        # Free for the next async_save once this save is done with it.
-        durable.add_done_callback(lambda _: self._pool.give_back(None, copied.state))
+        clock, step = Clock(), step_number(step)
+        staging, copy = self._pool.in_background(
+            None, _state_dicts(state), self._stager,
+            lambda begun: clock.staged(
+                time.perf_counter() - clock.started, begun - clock.started if self._background else None
+            ),
+        )
+        if not self._background:
+            staging.result()
+
+        def save_now() -> SaveCost:
+            copied = copy.result()
+            try:
+                return self._save_now(copied.state, step, clock, copied.hashes)
+            finally:  # free for the next async_save
+                self._pool.give_back(None, copied.state)
+
+        durable = self._saver.submit(save_now)  # in order with the saves before and after
+        with self._work:
+            self._running.append(durable)
         # DCP types its future as Future[None]; its result here is the SaveCost.
         return AsyncSaveResponse(staging_completion=staging, upload_completion=durable)  # type: ignore[arg-type]
 
@@ -173,6 +192,7 @@ class Tiers:
             self.wait()
         finally:
             self._saver.shutdown()
+            self._stager.shutdown()
             self._uploader.shutdown()
             self._close_stores()
             self._pool.clear(None)
@@ -400,8 +420,9 @@ class Tiers:
         metadata, sizes = self._layout(choice, opened)
         read_of: ReadOf = lambda src, d, reads: _read(opened, src, step, d, reads)  # noqa: E731
         refused: Set[Tuple[int, int]] = set()  # (holder, source rank)
+        nodes = [self._topology.node_of(r) for r in range(self._group.world)]
         while True:
-            source = TierSource(self._group, choice, read_of, metadata, sizes, refused)
+            source = TierSource(self._group, choice, read_of, metadata, sizes, refused, nodes)
             lost = sorted(src for src, hs in (source.readers or {}).items() if not hs)
             if lost:
                 raise ShardsLost(f"step {step}: no surviving rank holds a sound copy of the shards of ranks {lost}")

@@ -38,13 +38,26 @@ reference; device tensors copied to the host) from `write_data` to
 `finish`. Its data is uploaded in `write_data`, beside the other ranks';
 `finish` uploads its shard manifest with the metadata (the chunks are
 there: they are hashed again, not uploaded again).
+
+Async saves (`dcp.async_save(state, storage_writer=StorageWriter(...))`)
+stage through the writer: host tensors are copied on every core and
+hashed in the same pass; a GPU's tensors go into an arena of host memory
+pinned once and kept for the next save of the same layout, copied on a
+side stream after the work queued before the call and hashed piece by
+piece as the copies land (`StagingBudgetError` where the arena would
+take more host memory than allowed or available). The GPU lines are
+few (`_arena._Cuda`) and checked by scripts/gpu-check.sh on a machine
+with a GPU; everything else of staging is tested on the CPU.
 """
 
 from ._cost import SaveCost
+from ._arena import StagingBudgetError
 from ._dcp_export import consolidate, export_hf
 from ._dcp_read import StorageReader
 from ._dcp_write import StorageWriter
 from ._targets import METADATA
 from ._tiers import Tiers
 
-__all__ = ["StorageWriter", "StorageReader", "Tiers", "SaveCost", "METADATA", "consolidate", "export_hf"]
+__all__ = [
+    "StorageWriter", "StorageReader", "Tiers", "SaveCost", "METADATA", "StagingBudgetError", "consolidate", "export_hf",
+]

@@ -44,7 +44,7 @@ def main(url):
         live["d"].to_local().add_(1)
         live["extra"]["epoch"] += 1
         response.upload_completion.result()
-        (copy,) = [v for k, v in _dcp_write._POOL._free.items() if k[1] == url]
+        (copy,) = [v for k, (v, _) in _dcp_write._POOL._free.items() if k[1] == url]
         assert copy["w"].is_shared(), "staged in shared memory"
         first = first or copy["w"].data_ptr()
         if step == 2 and copy["w"].data_ptr() == first:
