@@ -9,7 +9,9 @@ use crate::remote::format::hash::HexHash;
 use crate::remote::format::layout::{
     GlobalManifest, MANIFEST_FORMAT, MANIFEST_FORMAT_TAILS, MAX_DIMS, MAX_WORLD_SIZE,
 };
-use crate::remote::format::manifest::{RemoteBlob, RemoteManifest, RemoteTail};
+use crate::remote::format::manifest::{
+    RemoteBlob, RemoteManifest, RemotePlace, RemoteTail, RemoteTensor,
+};
 use crate::remote::format::pack_format::MANIFEST_FORMAT_PACKS;
 use crate::{Dtype, Tensor};
 
@@ -42,7 +44,7 @@ impl RemoteManifest {
                 self.format
             ));
         }
-        let tails = self.blobs.values().any(|b| b.tail.is_some());
+        let tails = self.blobs.values().any(|b| b.tail().is_some());
         if tails && self.format < MANIFEST_FORMAT_TAILS {
             return Err(format!(
                 "a blob tail in a manifest of format {}",
@@ -112,8 +114,7 @@ impl RemoteManifest {
             Ok(())
         };
         for blob in self.blobs.values() {
-            let Some(chunks) = &blob.chunks else { continue };
-            for (hash, len) in chunks.iter().zip(blob.chunk_lengths()) {
+            for (hash, len) in blob.chunks().iter().zip(blob.chunk_lengths()) {
                 check(hash, len as u64)?;
             }
         }
@@ -132,55 +133,51 @@ impl RemoteManifest {
 
 impl RemoteBlob {
     fn check(&self, name: &str, packed_len: Option<u64>) -> std::result::Result<(), String> {
-        match (&self.chunks, self.offset) {
-            (Some(chunks), None) => {
+        match &self.place {
+            RemotePlace::Chunks { hashes, tail } => {
                 let len = usize::try_from(self.len).ok();
-                let expected = match &self.tail {
+                let expected = match tail {
                     None => len.map(chunk_count),
                     Some(tail) => {
                         let pieces = tail.check(name, len, packed_len)?;
                         len.map(|n| chunk_count(n) - pieces)
                     }
                 };
-                if expected != Some(chunks.len()) {
+                if expected != Some(hashes.len()) {
                     return Err(format!(
                         "blob {name:?}: {} bytes cannot lie in {} chunks",
                         self.len,
-                        chunks.len()
+                        hashes.len()
                     ));
                 }
             }
-            (None, Some(offset)) if self.tail.is_none() => {
+            RemotePlace::Packed { offset } => {
                 let end = offset.checked_add(self.len);
                 if packed_len.is_none_or(|p| end.is_none_or(|end| end > p)) {
                     return Err(format!("blob {name:?} lies outside the packed bytes"));
                 }
             }
-            _ => return Err(format!("blob {name:?} has no place (chunks or offset)")),
         }
-        match (&self.dtype, &self.shape) {
-            (None, None) => Ok(()),
-            (Some(dtype), Some(shape)) => {
-                let dtype = Dtype::from_name(dtype)
-                    .ok_or_else(|| format!("tensor {name:?}: unknown dtype {dtype:.32?}"))?;
-                if shape.len() > MAX_DIMS {
-                    return Err(format!(
-                        "tensor {name:?} has more than {MAX_DIMS} dimensions"
-                    ));
-                }
-                let want = Tensor::expected_bytes(dtype, shape)
-                    .map_err(|reason| format!("tensor {name:?}: {reason}"))?;
-                if want != self.len {
-                    return Err(format!(
-                        "tensor {name:?}: shape {shape:?} of {dtype} needs {want} bytes, \
-                         the manifest says {}",
-                        self.len
-                    ));
-                }
-                Ok(())
-            }
-            _ => Err(format!("blob {name:?} has a dtype or a shape, not both")),
+        let Some(RemoteTensor { dtype, shape }) = &self.tensor else {
+            return Ok(());
+        };
+        let dtype = Dtype::from_name(dtype)
+            .ok_or_else(|| format!("tensor {name:?}: unknown dtype {dtype:.32?}"))?;
+        if shape.len() > MAX_DIMS {
+            return Err(format!(
+                "tensor {name:?} has more than {MAX_DIMS} dimensions"
+            ));
         }
+        let want = Tensor::expected_bytes(dtype, shape)
+            .map_err(|reason| format!("tensor {name:?}: {reason}"))?;
+        if want != self.len {
+            return Err(format!(
+                "tensor {name:?}: shape {shape:?} of {dtype} needs {want} bytes, \
+                 the manifest says {}",
+                self.len
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -56,23 +56,25 @@ impl RemoteManifest {
         let blobs = blobs
             .iter()
             .map(|(name, blob)| {
-                let (chunks, offset) = match &blob.at {
-                    Placement::Packed { offset } => (None, Some(*offset)),
-                    Placement::Chunks(refs) => {
-                        (Some(refs.iter().map(|c| HexHash(c.hash)).collect()), None)
-                    }
-                    Placement::Format1Chunks(hashes) => {
-                        (Some(hashes.iter().map(|h| HexHash(*h)).collect()), None)
-                    }
+                let place = match &blob.at {
+                    Placement::Packed { offset } => RemotePlace::Packed { offset: *offset },
+                    Placement::Chunks(refs) => RemotePlace::Chunks {
+                        hashes: refs.iter().map(|c| HexHash(c.hash)).collect(),
+                        tail: None,
+                    },
+                    Placement::Format1Chunks(hashes) => RemotePlace::Chunks {
+                        hashes: hashes.iter().map(|h| HexHash(*h)).collect(),
+                        tail: None,
+                    },
                 };
-                let tensor = typed(name);
+                let tensor = typed(name).map(|(d, shape)| RemoteTensor {
+                    dtype: d.name().to_owned(),
+                    shape,
+                });
                 let entry = RemoteBlob {
                     len: blob.len,
-                    chunks,
-                    offset,
-                    tail: None,
-                    dtype: tensor.as_ref().map(|(d, _)| d.name().to_owned()),
-                    shape: tensor.map(|(_, s)| s),
+                    place,
+                    tensor,
                 };
                 (name.clone(), entry)
             })
@@ -116,7 +118,7 @@ impl RemoteManifest {
     /// that hash already). Retention marks a deleted step under both
     /// hashes, so that a push that lists the bucket finds the marker.
     pub(crate) fn unpacked_hash(&self) -> crate::Result<Option<Hash>> {
-        let tails = self.blobs.values().any(|b| b.tail.is_some());
+        let tails = self.blobs.values().any(|b| b.tail().is_some());
         if self.format != MANIFEST_FORMAT_PACKS || tails {
             return Ok(None);
         }
@@ -131,25 +133,92 @@ fn no_record(record: &Box<crate::SaveRecord>) -> bool {
     record.is_empty()
 }
 
-/// Where one blob or tensor lies.
+/// Where one blob or tensor lies, and a tensor's dtype and shape. Decoded
+/// from its wire form ([`WireBlob`]): a blob with no place, or two, or
+/// with a dtype and no shape, is no blob this build reads.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "WireBlob", into = "WireBlob")]
 pub(crate) struct RemoteBlob {
     pub(crate) len: u64,
-    /// Its chunks' hashes, in order (a large blob).
+    pub(crate) place: RemotePlace,
+    pub(crate) tensor: Option<RemoteTensor>,
+}
+
+/// Where a blob's bytes lie.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum RemotePlace {
+    /// A large blob: its chunks' hashes, in order; format 2: its small
+    /// end ([`small_tail`]: the last pieces under 64 KiB) is not among
+    /// them but in the packed chunk (`tail`).
+    Chunks {
+        hashes: Vec<HexHash>,
+        tail: Option<RemoteTail>,
+    },
+    /// A small blob: at `offset` in the packed chunk.
+    Packed { offset: u64 },
+}
+
+/// A tensor's dtype (by name) and shape.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct RemoteTensor {
+    pub(crate) dtype: String,
+    pub(crate) shape: Vec<u64>,
+}
+
+/// A blob as JSON has it (the bucket's format): each part optional.
+#[derive(Clone, Serialize, Deserialize)]
+struct WireBlob {
+    len: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) chunks: Option<Vec<HexHash>>,
-    /// Its offset in the packed chunk (a small blob).
+    chunks: Option<Vec<HexHash>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) offset: Option<u64>,
-    /// Format 2: a chunked blob whose small end ([`small_tail`]: the last
-    /// pieces under 64 KiB) is not in `chunks` but in the packed chunk.
+    offset: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) tail: Option<RemoteTail>,
-    /// A tensor's dtype name and shape.
+    tail: Option<RemoteTail>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) dtype: Option<String>,
+    dtype: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) shape: Option<Vec<u64>>,
+    shape: Option<Vec<u64>>,
+}
+
+impl TryFrom<WireBlob> for RemoteBlob {
+    type Error = String;
+
+    fn try_from(w: WireBlob) -> std::result::Result<RemoteBlob, String> {
+        let place = match (w.chunks, w.offset, w.tail) {
+            (Some(hashes), None, tail) => RemotePlace::Chunks { hashes, tail },
+            (None, Some(offset), None) => RemotePlace::Packed { offset },
+            _ => return Err("a blob with no place (chunks, or an offset alone)".to_owned()),
+        };
+        let tensor = match (w.dtype, w.shape) {
+            (None, None) => None,
+            (Some(dtype), Some(shape)) => Some(RemoteTensor { dtype, shape }),
+            _ => return Err("a blob with a dtype or a shape, not both".to_owned()),
+        };
+        Ok(RemoteBlob {
+            len: w.len,
+            place,
+            tensor,
+        })
+    }
+}
+
+impl From<RemoteBlob> for WireBlob {
+    fn from(b: RemoteBlob) -> WireBlob {
+        let (chunks, offset, tail) = match b.place {
+            RemotePlace::Chunks { hashes, tail } => (Some(hashes), None, tail),
+            RemotePlace::Packed { offset } => (None, Some(offset), None),
+        };
+        let (dtype, shape) = b.tensor.map(|t| (t.dtype, t.shape)).unzip();
+        WireBlob {
+            len: b.len,
+            chunks,
+            offset,
+            tail,
+            dtype,
+            shape,
+        }
+    }
 }
 
 /// Where a blob's small end lies in the packed chunk, and the hash of
@@ -168,21 +237,33 @@ pub(crate) struct RemotePacked {
 }
 
 impl RemoteBlob {
+    /// Its chunks' hashes, in order (none for a packed blob).
+    pub(crate) fn chunks(&self) -> &[HexHash] {
+        match &self.place {
+            RemotePlace::Chunks { hashes, .. } => hashes,
+            RemotePlace::Packed { .. } => &[],
+        }
+    }
+
+    /// Format 2: where its small end lies in the packed chunk.
+    pub(crate) fn tail(&self) -> Option<&RemoteTail> {
+        match &self.place {
+            RemotePlace::Chunks { tail, .. } => tail.as_ref(),
+            RemotePlace::Packed { .. } => None,
+        }
+    }
+
     /// The lengths of its chunk objects, in order (none for a packed blob).
     pub(crate) fn chunk_lengths(&self) -> impl Iterator<Item = usize> {
         let len = usize::try_from(self.len).unwrap_or(usize::MAX);
-        let count = match &self.chunks {
-            Some(chunks) => chunks.len(),
-            None => 0,
-        };
-        chunk_lengths(len).take(count)
+        chunk_lengths(len).take(self.chunks().len())
     }
 
     /// Bytes of its end that lie in the packed chunk (format 2): their
     /// offset there and their length.
     pub(crate) fn tail_bytes(&self) -> Option<(u64, u64)> {
         let len = usize::try_from(self.len).ok()?;
-        Some((self.tail.as_ref()?.offset, small_tail(len).1 as u64))
+        Some((self.tail()?.offset, small_tail(len).1 as u64))
     }
 }
 
@@ -223,13 +304,59 @@ mod tests {
         // blob tails is not a pushed step.
         assert_eq!(before.unpacked_hash()?, None);
         let mut tailed = read.clone();
-        if let Some(b) = tailed.blobs.get_mut("w") {
-            b.tail = Some(RemoteTail {
+        if let Some(RemotePlace::Chunks { tail, .. }) =
+            tailed.blobs.get_mut("w").map(|b| &mut b.place)
+        {
+            *tail = Some(RemoteTail {
                 offset: 0,
                 hash: HexHash([0xef; 32]),
             });
         }
         assert_eq!(tailed.unpacked_hash()?, None);
         Ok(())
+    }
+
+    #[test]
+    fn a_blob_decodes_to_one_place_and_encodes_back_as_it_was() {
+        let h = "ab".repeat(32);
+        let valid = [
+            serde_json::json!({"len": 1 << 20, "chunks": [h]}),
+            serde_json::json!({"len": 1 << 20, "chunks": [h], "tail": {"offset": 4, "hash": h},
+                "dtype": "F32", "shape": [262_144]}),
+            serde_json::json!({"len": 12, "offset": 0, "dtype": "U8", "shape": [3, 4]}),
+            serde_json::json!({"len": 0, "chunks": []}),
+        ];
+        for json in valid {
+            let blob: RemoteBlob = serde_json::from_value(json.clone()).expect("a blob");
+            assert_eq!(serde_json::to_value(&blob).ok(), Some(json));
+        }
+        let packed: RemoteBlob =
+            serde_json::from_value(serde_json::json!({"len": 5, "offset": 9})).expect("a blob");
+        assert_eq!(packed.place, RemotePlace::Packed { offset: 9 });
+        assert!(packed.chunks().is_empty() && packed.tail().is_none() && packed.tensor.is_none());
+        let crafted = [
+            (serde_json::json!({"len": 5}), "no place"),
+            (
+                serde_json::json!({"len": 5, "offset": 1, "chunks": [h]}),
+                "no place",
+            ),
+            (
+                serde_json::json!({"len": 5, "offset": 1, "tail": {"offset": 0, "hash": h}}),
+                "no place",
+            ),
+            (
+                serde_json::json!({"len": 5, "offset": 1, "dtype": "U8"}),
+                "not both",
+            ),
+            (
+                serde_json::json!({"len": 5, "offset": 1, "shape": [5]}),
+                "not both",
+            ),
+            (serde_json::json!({"len": -1, "offset": 1}), "invalid value"),
+        ];
+        for (json, why) in crafted {
+            let e = serde_json::from_value::<RemoteBlob>(json.clone()).expect_err("refused");
+            assert!(e.to_string().contains(why), "{json}: {e}");
+        }
     }
 }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use crate::format::manifest::Hash;
 use crate::remote::format::hash::HexHash;
-use crate::remote::format::manifest::RemoteManifest;
+use crate::remote::format::manifest::{RemoteBlob, RemoteManifest};
 use crate::remote::format::pack_format::{Location, Object};
 
 impl RemoteManifest {
@@ -76,7 +76,7 @@ impl RemoteManifest {
     pub(crate) fn chunk_lengths(&self) -> Vec<(Hash, u64)> {
         let mut seen = std::collections::HashSet::new();
         let blobs = self.blobs.values().flat_map(|b| {
-            let hashes = b.chunks.iter().flatten();
+            let hashes = b.chunks().iter();
             hashes.zip(b.chunk_lengths().map(|n| n as u64))
         });
         let packed = self.packed.iter().map(|p| (&p.hash, p.len));
@@ -92,7 +92,7 @@ impl RemoteManifest {
 pub(crate) fn chunks_of(m: &RemoteManifest) -> impl Iterator<Item = Hash> + '_ {
     m.blobs
         .values()
-        .flat_map(|b| b.chunks.iter().flatten())
+        .flat_map(RemoteBlob::chunks)
         .chain(m.packed.iter().map(|p| &p.hash))
         .map(|h| h.0)
 }

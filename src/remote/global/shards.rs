@@ -18,7 +18,7 @@ use crate::remote::format::hash::HexHash;
 use crate::remote::format::layout::{
     encode, GlobalManifest, ShardId, MANIFEST_FORMAT_TAILS, MAX_WORLD_SIZE,
 };
-use crate::remote::format::manifest::{RemoteManifest, RemotePacked, RemoteTail};
+use crate::remote::format::manifest::{RemoteManifest, RemotePacked, RemotePlace, RemoteTail};
 use crate::remote::format::pack_format::MANIFEST_FORMAT_PACKS;
 use crate::remote::read::step::StepManifest;
 use crate::remote::{Commit, Remote};
@@ -460,7 +460,11 @@ fn pack_tails<'a>(
     let mut kept = Vec::with_capacity(pieces.len());
     let mut pieces = pieces.into_iter();
     for blob in manifest.blobs.values_mut() {
-        let Some(chunks) = blob.chunks.as_mut() else {
+        let RemotePlace::Chunks {
+            hashes: chunks,
+            tail,
+        } = &mut blob.place
+        else {
             continue;
         };
         let (small, _) = small_tail(usize::try_from(blob.len).unwrap_or(usize::MAX));
@@ -473,7 +477,7 @@ fn pack_tails<'a>(
                 packed.extend_from_slice(bytes);
             }
             let hash = blake3::hash(&packed[offset..]);
-            blob.tail = Some(RemoteTail {
+            *tail = Some(RemoteTail {
                 offset: offset as u64,
                 hash: HexHash(*hash.as_bytes()),
             });

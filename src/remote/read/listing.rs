@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-use crate::remote::format::manifest::RemoteManifest;
+use crate::remote::format::manifest::{RemoteManifest, RemotePlace};
 
 use crate::checkpoint::Incoming;
 use crate::remote::read::restore::{incoming, skeleton};
@@ -196,7 +196,10 @@ fn single(step: u64, m: StepManifest) -> Result<RemoteManifest> {
 
 /// Bytes of the chunks a restore of `m` downloads.
 fn fetch_bytes(m: &RemoteManifest) -> u64 {
-    let chunked = m.blobs.values().filter(|b| b.chunks.is_some());
+    let chunked = m
+        .blobs
+        .values()
+        .filter(|b| matches!(b.place, RemotePlace::Chunks { .. }));
     // A blob's tail is in the packed chunk.
     let in_chunks = chunked.map(|b| b.len - b.tail_bytes().map_or(0, |(_, n)| n));
     in_chunks.sum::<u64>() + m.packed.as_ref().map_or(0, |p| p.len)

@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 
 use crate::format::manifest::Hash;
 use crate::remote::format::layout::ShardId;
-use crate::remote::format::manifest::{RemoteBlob, RemoteManifest};
+use crate::remote::format::manifest::{RemoteBlob, RemoteManifest, RemotePlace};
 use crate::remote::read::local::{place, Regions};
 use crate::remote::read::restore::{blob_chunks, packed_want, Want};
 use crate::remote::read::step::CommitBody;
@@ -204,7 +204,7 @@ impl Remote {
         Ok(m.blobs
             .iter()
             .map(|(name, b)| {
-                let tensor = b.dtype.clone().zip(b.shape.clone());
+                let tensor = b.tensor.clone().map(|t| (t.dtype, t.shape));
                 (name.clone(), EntryInfo { len: b.len, tensor })
             })
             .collect())
@@ -331,10 +331,10 @@ fn parts<'a>(
             Error::corrupt(Some(step), format!("{name:?} needs absent packed bytes"))
         })
     };
-    if let Some(at) = blob.offset {
-        parts.push((packed()?, 0, blob.len, at));
+    if let RemotePlace::Packed { offset } = blob.place {
+        parts.push((packed()?, 0, blob.len, offset));
     }
-    if let (Some((at, n)), Some(tail)) = (blob.tail_bytes(), &blob.tail) {
+    if let (Some((at, n)), Some(tail)) = (blob.tail_bytes(), blob.tail()) {
         // At its offset in the packed chunk, wherever that lies.
         let packed = packed()?;
         let at = packed.at.unwrap_or(0) + at;

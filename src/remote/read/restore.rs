@@ -12,7 +12,7 @@ use object_store::ObjectStoreExt;
 use crate::checkpoint::Incoming;
 use crate::format::layout::packed_slice;
 use crate::format::manifest::{hex, Hash};
-use crate::remote::format::manifest::{RemoteBlob, RemoteManifest};
+use crate::remote::format::manifest::{RemoteBlob, RemoteManifest, RemotePlace, RemoteTensor};
 use crate::remote::format::pack_format::Object;
 use crate::remote::Remote;
 use crate::{
@@ -117,7 +117,9 @@ impl<'r> Blobs<'r> {
         let mut batch = Vec::new();
         let mut bytes = 0;
         for (name, blob) in self.pending.by_ref() {
-            bytes += blob.chunks.as_ref().map_or(0, |_| blob.len);
+            if let RemotePlace::Chunks { .. } = blob.place {
+                bytes += blob.len;
+            }
             batch.push((name, blob));
             if bytes >= BATCH_BYTES {
                 break;
@@ -130,8 +132,8 @@ impl<'r> Blobs<'r> {
         let mut pieces = self.remote.fetch(step, &wanted, progress)?.into_iter();
         drop(wanted);
         for (name, blob) in batch {
-            let data = match (&blob.chunks, blob.offset) {
-                (Some(hashes), None) => {
+            let data = match &blob.place {
+                RemotePlace::Chunks { hashes, .. } => {
                     // Sized by what arrived (each piece checked against its
                     // hash and length), not by what the manifest claims.
                     let got: Vec<_> = pieces.by_ref().take(hashes.len()).collect();
@@ -142,10 +144,9 @@ impl<'r> Blobs<'r> {
                     data.extend_from_slice(tail(step, &name, &blob, &self.packed)?);
                     data
                 }
-                (None, Some(offset)) => packed_slice(&self.packed, offset, blob.len)
+                RemotePlace::Packed { offset } => packed_slice(&self.packed, *offset, blob.len)
                     .ok_or_else(|| corrupt(format!("blob {name:?} is outside the packed bytes")))?
                     .to_vec(),
-                _ => return Err(corrupt(format!("blob {name:?} has no place"))),
             };
             if data.len() as u64 != blob.len {
                 return Err(corrupt(format!("blob {name:?} has the wrong length")));
@@ -455,8 +456,8 @@ pub(crate) fn skeleton(m: RemoteManifest) -> Result<GradientCheckpoint> {
 
 /// Blob `name` as a commit takes it: its length, dtype and shape.
 pub(crate) fn incoming(step: u64, name: String, blob: &RemoteBlob) -> Result<Incoming> {
-    let tensor = match (&blob.dtype, &blob.shape) {
-        (Some(dtype), Some(shape)) => {
+    let tensor = match &blob.tensor {
+        Some(RemoteTensor { dtype, shape }) => {
             let dtype = Dtype::from_name(dtype).ok_or_else(|| {
                 Error::corrupt(
                     Some(step),
@@ -465,7 +466,7 @@ pub(crate) fn incoming(step: u64, name: String, blob: &RemoteBlob) -> Result<Inc
             })?;
             Some((dtype, shape.clone()))
         }
-        _ => None,
+        None => None,
     };
     Ok(Incoming {
         name,
@@ -481,10 +482,7 @@ pub(crate) fn blob_chunks<'a>(
     name: &'a str,
     blob: &RemoteBlob,
 ) -> Result<Vec<Want<'a>>> {
-    let Some(hashes) = &blob.chunks else {
-        return Ok(Vec::new());
-    };
-    hashes
+    blob.chunks()
         .iter()
         .zip(blob.chunk_lengths())
         .map(|(h, n)| Want::chunk(name, m, h.0, n))
@@ -499,7 +497,7 @@ pub(crate) fn tail<'p>(
     blob: &RemoteBlob,
     packed: &'p [u8],
 ) -> Result<&'p [u8]> {
-    let (Some((at, len)), Some(t)) = (blob.tail_bytes(), &blob.tail) else {
+    let (Some((at, len)), Some(t)) = (blob.tail_bytes(), blob.tail()) else {
         return Ok(&[]);
     };
     let want = t.hash.0;

@@ -308,10 +308,7 @@ fn summary(m: &RemoteManifest) -> StepSummary {
 pub(crate) fn new_bytes(m: &RemoteManifest, seen: &mut HashSet<HexHash>) -> u64 {
     let mut bytes = 0;
     for blob in m.blobs.values() {
-        let Some(hashes) = &blob.chunks else {
-            continue;
-        };
-        for (hash, n) in hashes.iter().zip(blob.chunk_lengths()) {
+        for (hash, n) in blob.chunks().iter().zip(blob.chunk_lengths()) {
             if seen.insert(*hash) {
                 bytes = u64::saturating_add(bytes, n as u64);
             }
