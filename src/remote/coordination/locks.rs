@@ -175,15 +175,27 @@ impl Remote {
 }
 
 /// What a lock (or an owner object) says: who wrote it, for a person
-/// looking at the bucket.
+/// looking at the bucket (no reader relies on it).
+#[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct LockBody {
+    pub(crate) pid: u32,
+    pub(crate) host: String,
+    pub(crate) unix_ms: i64,
+}
+
+/// This process's [`LockBody`], as JSON.
 pub(crate) fn lock_body() -> Vec<u8> {
-    let host = std::env::var("HOSTNAME").unwrap_or_default();
-    format!(
-        "{{\"pid\":{},\"host\":{host:?},\"unix_ms\":{}}}",
-        std::process::id(),
-        system_millis()
-    )
-    .into_bytes()
+    body_of(std::env::var("HOSTNAME").unwrap_or_default())
+}
+
+fn body_of(host: String) -> Vec<u8> {
+    let body = LockBody {
+        pid: std::process::id(),
+        host,
+        unix_ms: system_millis(),
+    };
+    // A struct of a number, a string and a number always serializes.
+    serde_json::to_vec(&body).unwrap_or_default()
 }
 
 fn system_millis() -> i64 {
@@ -191,4 +203,25 @@ fn system_millis() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
     i64::try_from(since.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lock_body_is_json_whatever_the_host_name() {
+        for host in [
+            "node-7",
+            "a \"quoted\" \\ name",
+            "tab\there",
+            "\u{1b}[31m",
+            "ünïcode",
+        ] {
+            let body = body_of(host.to_owned());
+            let read: LockBody = serde_json::from_slice(&body).expect("JSON");
+            assert_eq!((read.pid, read.host.as_str()), (std::process::id(), host));
+            assert!(read.unix_ms > 0);
+        }
+    }
 }
