@@ -22,7 +22,7 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use crate::format::manifest::Hash;
 use crate::{Error, Result};
 pub(crate) use format::layout::Commit;
-use format::layout::{parse_chunk, parse_commit, Layout, COMMITS, DELETED, MANIFESTS};
+use format::layout::{parse_chunk, Layout, StepHash, COMMITS, DELETED, MANIFESTS};
 pub use format::layout::{MAX_MANIFEST_BYTES, MAX_WORLD_SIZE};
 pub use format::pack_format::DEFAULT_PACK_BYTES;
 
@@ -362,7 +362,8 @@ impl Remote {
         Ok(self
             .list_names(MANIFESTS)?
             .iter()
-            .filter_map(|n| parse_commit(n.strip_suffix(".json")?))
+            .filter_map(|n| n.strip_suffix(".json")?.parse::<StepHash>().ok())
+            .map(|n| (n.step, n.hash))
             .collect())
     }
 
@@ -371,7 +372,8 @@ impl Remote {
         Ok(self
             .list_names(DELETED)?
             .iter()
-            .filter_map(|n| parse_commit(n))
+            .filter_map(|n| n.parse::<StepHash>().ok())
+            .map(|n| (n.step, n.hash))
             .collect())
     }
 

@@ -42,6 +42,9 @@
 //! the same caps hold when pushing, so nothing this crate writes is
 //! refused when read back.
 
+use std::fmt;
+use std::str::FromStr;
+
 use object_store::path::Path;
 use serde::{Deserialize, Serialize};
 
@@ -96,25 +99,61 @@ pub(crate) struct Commit {
     pub(crate) hash: Hash,
 }
 
-impl Commit {
-    /// The commit a name in `commits/` stands for.
-    pub(crate) fn parse(name: &str) -> Option<Commit> {
-        let (step, rest) = name.split_once('-')?;
-        if step.len() != 20 {
-            return None;
-        }
-        let (generation, hash) = match rest.split_once('-') {
-            Some((generation, hash)) if generation.len() == 20 => (generation.parse().ok()?, hash),
-            Some(_) => return None,
-            None => (0, rest),
-        };
-        Some(Commit {
-            step: step.parse().ok()?,
-            generation,
-            hash: parse_hex(hash)?,
-        })
-    }
+/// A name in the bucket that is not of the form its folder's names take.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct NotAName;
 
+impl fmt::Display for NotAName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("not a name of this bucket's form")
+    }
+}
+
+/// The commit a name in `commits/` stands for:
+/// `SSSSSSSSSSSSSSSSSSSS[-GGGGGGGGGGGGGGGGGGGG]-HASH`.
+impl FromStr for Commit {
+    type Err = NotAName;
+
+    fn from_str(name: &str) -> Result<Commit, NotAName> {
+        let parse = || {
+            let (step, rest) = name.split_once('-')?;
+            if step.len() != 20 {
+                return None;
+            }
+            let (generation, hash) = match rest.split_once('-') {
+                Some((g, hash)) if g.len() == 20 => (g.parse().ok()?, hash),
+                Some(_) => return None,
+                None => (0, rest),
+            };
+            Some(Commit {
+                step: step.parse().ok()?,
+                generation,
+                hash: parse_hex(hash)?,
+            })
+        };
+        parse().ok_or(NotAName)
+    }
+}
+
+/// Its name in `commits/` (generation 0, written before generations,
+/// without one).
+impl fmt::Display for Commit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.generation == 0 {
+            write!(f, "{:020}-{}", self.step, hex(&self.hash))
+        } else {
+            write!(
+                f,
+                "{:020}-{:020}-{}",
+                self.step,
+                self.generation,
+                hex(&self.hash)
+            )
+        }
+    }
+}
+
+impl Commit {
     /// The commit that makes `hash` step `step`'s content, given the
     /// step's newest commit: that one again if it names the same manifest
     /// (a repair rewrites it), else one generation newer.
@@ -137,19 +176,6 @@ impl Commit {
             step: self.step,
             generation: self.generation,
             manifest: hex(&self.hash),
-        }
-    }
-
-    pub(crate) fn name(&self) -> String {
-        if self.generation == 0 {
-            format!("{:020}-{}", self.step, hex(&self.hash))
-        } else {
-            format!(
-                "{:020}-{:020}-{}",
-                self.step,
-                self.generation,
-                hex(&self.hash)
-            )
         }
     }
 }
@@ -219,11 +245,14 @@ impl Layout {
     }
 
     pub(crate) fn manifest(&self, step: u64, hash: &Hash) -> Path {
-        self.key(MANIFESTS, &format!("{step:020}-{}.json", hex(hash)))
+        self.key(
+            MANIFESTS,
+            &format!("{}.json", StepHash { step, hash: *hash }),
+        )
     }
 
     pub(crate) fn commit(&self, commit: &Commit) -> Path {
-        self.key(COMMITS, &commit.name())
+        self.key(COMMITS, &commit.to_string())
     }
 
     pub(crate) fn owner(&self, store_id: &str) -> Path {
@@ -234,12 +263,12 @@ impl Layout {
         self.prefix.clone().join(SHARDS).join(format!("{step:020}"))
     }
 
-    pub(crate) fn shard(&self, step: u64, id: &ShardId) -> Path {
-        self.shard_folder(step).join(id.name())
+    pub(crate) fn shard(&self, step: u64, id: &ShardName) -> Path {
+        self.shard_folder(step).join(id.to_string())
     }
 
     pub(crate) fn deleted(&self, step: u64, hash: &Hash) -> Path {
-        self.key(DELETED, &format!("{step:020}-{}", hex(hash)))
+        self.key(DELETED, &StepHash { step, hash: *hash }.to_string())
     }
 
     pub(crate) fn lock(&self, name: &str) -> Path {
@@ -258,47 +287,74 @@ impl Layout {
 }
 
 /// The step and manifest hash a deletion marker's (or a manifest's without
-/// its `.json`) name carries.
-pub(crate) fn parse_commit(name: &str) -> Option<(u64, Hash)> {
-    let (step, hash) = name.split_once('-')?;
-    if step.len() != 20 {
-        return None;
-    }
-    Some((step.parse().ok()?, parse_hex(hash)?))
+/// its `.json`) name carries: `SSSSSSSSSSSSSSSSSSSS-HASH`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct StepHash {
+    pub(crate) step: u64,
+    pub(crate) hash: Hash,
 }
 
-/// One rank's shard manifest, as its name says.
+impl FromStr for StepHash {
+    type Err = NotAName;
+
+    fn from_str(name: &str) -> Result<StepHash, NotAName> {
+        let (step, hash) = name.split_once('-').ok_or(NotAName)?;
+        if step.len() != 20 {
+            return Err(NotAName);
+        }
+        Ok(StepHash {
+            step: step.parse().map_err(|_| NotAName)?,
+            hash: parse_hex(hash).ok_or(NotAName)?,
+        })
+    }
+}
+
+impl fmt::Display for StepHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:020}-{}", self.step, hex(&self.hash))
+    }
+}
+
+/// One rank's shard manifest, as its name in a step's shard folder says:
+/// `RRRRRR-of-WWWWWW-HASH.json`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub(crate) struct ShardId {
+pub(crate) struct ShardName {
     pub(crate) rank: u32,
     pub(crate) world_size: u32,
     pub(crate) hash: Hash,
 }
 
-impl ShardId {
-    fn name(&self) -> String {
-        format!(
+impl fmt::Display for ShardName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
             "{:06}-of-{:06}-{}.json",
             self.rank,
             self.world_size,
             hex(&self.hash)
         )
     }
+}
 
-    /// The shard a name in a step's shard folder stands for; `None` for a
-    /// name of another form, a world size over [`MAX_WORLD_SIZE`] or a
-    /// rank not below it.
-    pub(crate) fn parse(name: &str) -> Option<ShardId> {
-        let stem = name.strip_suffix(".json")?;
-        let (rank, rest) = stem.split_once("-of-")?;
-        let (world, hash) = rest.split_once('-')?;
-        let id = ShardId {
-            rank: rank.parse().ok()?,
-            world_size: world.parse().ok()?,
-            hash: parse_hex(hash)?,
+/// Refused: a name of another form, a world size over
+/// [`MAX_WORLD_SIZE`] or a rank not below it.
+impl FromStr for ShardName {
+    type Err = NotAName;
+
+    fn from_str(name: &str) -> Result<ShardName, NotAName> {
+        let parse = || {
+            let stem = name.strip_suffix(".json")?;
+            let (rank, rest) = stem.split_once("-of-")?;
+            let (world, hash) = rest.split_once('-')?;
+            let id = ShardName {
+                rank: rank.parse().ok()?,
+                world_size: world.parse().ok()?,
+                hash: parse_hex(hash)?,
+            };
+            let sane = id.world_size <= MAX_WORLD_SIZE && id.rank < id.world_size;
+            sane.then_some(id)
         };
-        let sane = id.world_size <= MAX_WORLD_SIZE && id.rank < id.world_size;
-        sane.then_some(id)
+        parse().ok_or(NotAName)
     }
 }
 
@@ -315,7 +371,7 @@ pub(crate) struct GlobalManifest {
 impl GlobalManifest {
     /// The manifest of global step `step` made of the shards `ids`, by
     /// rank (every one of the same world size): the one constructor.
-    pub(crate) fn of(step: u64, ids: &[ShardId]) -> GlobalManifest {
+    pub(crate) fn of(step: u64, ids: &[ShardName]) -> GlobalManifest {
         GlobalManifest {
             format: MANIFEST_FORMAT,
             step,
@@ -413,31 +469,52 @@ mod tests {
         let c = layout.commit(&legacy);
         assert_eq!(c.as_ref(), format!("runs/a/commits/{:020}-{}", 42, hex(&h)));
         let name = c.filename().expect("has a name");
-        assert_eq!(Commit::parse(name), Some(legacy));
-        assert_eq!(parse_commit(name), Some((42, h)));
+        assert_eq!(name.parse(), Ok(legacy));
+        assert_eq!(name.parse(), Ok(StepHash { step: 42, hash: h }));
         let redo = Commit {
             generation: 3,
             ..legacy
         };
         let name = layout.commit(&redo);
-        assert_eq!(Commit::parse(name.filename().expect("named")), Some(redo));
-        assert_eq!(parse_commit("42-ab"), None);
-        assert_eq!(Commit::parse(&format!("{:020}-7-{}", 1, hex(&h))), None);
-        let shard = ShardId {
+        assert_eq!(name.filename().expect("named").parse(), Ok(redo));
+        assert_eq!("42-ab".parse::<StepHash>(), Err(NotAName));
+        assert_eq!(
+            format!("{:020}-7-{}", 1, hex(&h)).parse::<Commit>(),
+            Err(NotAName)
+        );
+        let shard = ShardName {
             rank: 1,
             world_size: 4,
             hash: h,
         };
         let key = layout.shard(9, &shard);
-        assert_eq!(ShardId::parse(key.filename().expect("named")), Some(shard));
+        assert_eq!(key.filename().expect("named").parse(), Ok(shard));
         let absurd = format!("000000-of-1000000000-{}.json", hex(&h));
-        assert_eq!(ShardId::parse(&absurd), None);
+        assert_eq!(absurd.parse::<ShardName>(), Err(NotAName));
         let outside = format!("000004-of-000004-{}.json", hex(&h));
-        assert_eq!(ShardId::parse(&outside), None);
+        assert_eq!(outside.parse::<ShardName>(), Err(NotAName));
         assert_eq!(parse_chunk(&hex(&h)), Some(h));
         assert_eq!(parse_chunk("zz"), None);
         let name = layout.manifest(7, &h);
         assert_eq!(name.extension(), Some("json"));
+        let deleted = layout.deleted(7, &h);
+        assert_eq!(
+            deleted.filename().expect("named").parse(),
+            Ok(StepHash { step: 7, hash: h })
+        );
+        // Every name reads back as what made it.
+        for step in [0, 1, u64::MAX] {
+            for generation in [0, 1, u64::MAX] {
+                let c = Commit {
+                    step,
+                    generation,
+                    hash: h,
+                };
+                assert_eq!(c.to_string().parse(), Ok(c));
+            }
+            let n = StepHash { step, hash: h };
+            assert_eq!(n.to_string().parse(), Ok(n));
+        }
     }
 
     #[test]

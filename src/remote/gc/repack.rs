@@ -16,7 +16,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::format::manifest::{hex, Hash};
-use crate::remote::format::layout::{encode, GlobalManifest, ShardId};
+use crate::remote::format::layout::{encode, GlobalManifest, ShardName};
 use crate::remote::format::manifest::RemoteManifest;
 use crate::remote::format::pack_format::{Location, MANIFEST_FORMAT_PACKS};
 use crate::remote::read::restore::Want;
@@ -130,7 +130,7 @@ impl Remote {
                 for (shard, id) in shards.iter().zip(ids) {
                     let shard = relocated(shard, moved)?;
                     let (bytes, hash) = encode(step, &shard)?;
-                    let id = ShardId { hash, ..*id };
+                    let id = ShardName { hash, ..*id };
                     self.put(&self.layout.shard(step, &id), bytes)?;
                     new_shards.push(shard);
                     new_ids.push(id);

@@ -8,7 +8,7 @@ use std::collections::{BTreeSet, HashSet};
 use crate::format::manifest::Hash;
 use crate::remote::coordination::locks::LockKind;
 use crate::remote::format::layout::{
-    parse_chunk, parse_commit, ShardId, CHUNKS, MANIFESTS, PACKS, SHARDS,
+    parse_chunk, ShardName, StepHash, CHUNKS, MANIFESTS, PACKS, SHARDS,
 };
 use crate::remote::format::manifest::RemoteManifest;
 use crate::remote::format::pack_format::Object;
@@ -148,7 +148,7 @@ impl Remote {
                 current.push((c, m));
             }
         }
-        let named_shards = |current: &[(Commit, StepManifest)]| -> HashSet<(u64, ShardId)> {
+        let named_shards = |current: &[(Commit, StepManifest)]| -> HashSet<(u64, ShardName)> {
             let ids = current.iter().flat_map(|(c, m)| match m {
                 StepManifest::Sharded { ids, .. } => ids.iter().map(|id| (c.step, *id)).collect(),
                 StepManifest::Single(_) => Vec::new(),
@@ -191,7 +191,8 @@ impl Remote {
         let named: HashSet<(u64, Hash)> = current.iter().map(|(c, _)| (c.step, c.hash)).collect();
         let (manifests, _) = self.sweep(MANIFESTS, cutoff, &mut report, |key| {
             let stem = key.strip_suffix(".json").unwrap_or(key);
-            parse_commit(stem).is_some_and(|id| named.contains(&id))
+            stem.parse::<StepHash>()
+                .is_ok_and(|n| named.contains(&(n.step, n.hash)))
         })?;
         report.manifests_deleted += manifests;
         let (chunks, bytes) = self.sweep(CHUNKS, cutoff, &mut report, |key| {
@@ -275,13 +276,13 @@ impl Remote {
 
     /// Every shard in the bucket: its step, its name, its last
     /// modification (ms since the epoch).
-    pub(crate) fn list_shards(&self) -> Result<Vec<(u64, ShardId, i64)>> {
+    pub(crate) fn list_shards(&self) -> Result<Vec<(u64, ShardName, i64)>> {
         let found = self.list_under(&self.layout.folder(SHARDS), 2)?;
         Ok(found
             .into_iter()
             .filter_map(|(parts, meta)| {
                 let step = parts[0].parse().ok()?;
-                let id = ShardId::parse(&parts[1])?;
+                let id: ShardName = parts[1].parse().ok()?;
                 Some((step, id, meta.last_modified.timestamp_millis()))
             })
             .collect())

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use crate::engine::plan::{check_borrowed, Plan};
 use crate::format::manifest::{hex, Hash};
-use crate::remote::format::layout::{encode, GlobalManifest, ShardId, MAX_WORLD_SIZE};
+use crate::remote::format::layout::{encode, GlobalManifest, ShardName, MAX_WORLD_SIZE};
 use crate::remote::global::shards::ShardUpload;
 use crate::remote::{Commit, Remote, ShardInfo};
 use crate::{Error, GradientCheckpoint, Result, TensorRef};
@@ -171,7 +171,7 @@ impl Remote {
 
     /// Check each shard of `ids` but `own` (written under this very lock)
     /// is there and whole, then write the step's manifest and commit.
-    fn commit_locked(&self, step: u64, ids: &[ShardId], own: Option<u32>) -> Result<()> {
+    fn commit_locked(&self, step: u64, ids: &[ShardName], own: Option<u32>) -> Result<()> {
         for id in ids.iter().filter(|id| Some(id.rank) != own) {
             let m = self
                 .checked_shard(step, id, None)?
@@ -205,7 +205,7 @@ impl Remote {
 
 /// The shards of a global step as `commit_global` is given them, by rank;
 /// `own`'s entry is not read (its hash is filled in once uploaded).
-fn shard_ids(step: u64, shards: &[String], own: Option<u32>) -> Result<Vec<ShardId>> {
+fn shard_ids(step: u64, shards: &[String], own: Option<u32>) -> Result<Vec<ShardName>> {
     let invalid = |reason: String| Error::InvalidCheckpoint { step, reason };
     let world_size = u32::try_from(shards.len())
         .ok()
@@ -226,7 +226,7 @@ fn shard_ids(step: u64, shards: &[String], own: Option<u32>) -> Result<Vec<Shard
                 crate::remote::format::layout::parse_hex(name)
                     .ok_or_else(|| invalid(format!("shard {rank}: {name:?} is not a hash")))?
             };
-            Ok(ShardId {
+            Ok(ShardName {
                 rank,
                 world_size,
                 hash,

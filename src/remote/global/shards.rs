@@ -16,7 +16,7 @@ use crate::format::manifest::{hex, ChunkRef, Hash};
 use crate::remote::coordination::locks::Lock;
 use crate::remote::format::hash::HexHash;
 use crate::remote::format::layout::{
-    encode, GlobalManifest, ShardId, MANIFEST_FORMAT_TAILS, MAX_WORLD_SIZE,
+    encode, GlobalManifest, ShardName, MANIFEST_FORMAT_TAILS, MAX_WORLD_SIZE,
 };
 use crate::remote::format::manifest::{RemoteManifest, RemotePacked, RemotePlace, RemoteTail};
 use crate::remote::format::pack_format::MANIFEST_FORMAT_PACKS;
@@ -179,7 +179,7 @@ impl Remote {
             shard: String::new(),
         };
         let (bytes, hash) = encode(step, &manifest)?;
-        let id = ShardId {
+        let id = ShardName {
             rank,
             world_size,
             hash,
@@ -222,15 +222,15 @@ impl Remote {
     /// (written after the step's newest commit; of a rank's, the newest),
     /// write the step's manifest and a commit of a newer generation.
     /// Whether the step's newest commit then names shard `ours`.
-    fn finalize(&self, step: u64, ours: &ShardId) -> Result<bool> {
+    fn finalize(&self, step: u64, ours: &ShardName) -> Result<bool> {
         let commits = self.commit_times(step)?;
         let newest = commits.last().copied();
         let since = newest.map_or(i64::MIN, |(_, t)| t);
-        let mut attempt: Vec<(i64, ShardId)> = self
+        let mut attempt: Vec<(i64, ShardName)> = self
             .list_under(&self.layout.shard_folder(step), 1)?
             .into_iter()
             .filter_map(|(name, meta)| {
-                let id = ShardId::parse(&name[0])?;
+                let id: ShardName = name[0].parse().ok()?;
                 let t = meta.last_modified.timestamp_millis();
                 (id.world_size == ours.world_size && t > since).then_some((t, id))
             })
@@ -238,7 +238,7 @@ impl Remote {
         // Newest first; of shards written in the same millisecond, the
         // smallest hash, so that every rank that finalizes picks the same.
         attempt.sort_by(|(ta, a), (tb, b)| tb.cmp(ta).then(a.hash.cmp(&b.hash)));
-        let mut chosen: BTreeMap<u32, ShardId> = BTreeMap::new();
+        let mut chosen: BTreeMap<u32, ShardName> = BTreeMap::new();
         for (_, id) in &attempt {
             if chosen.contains_key(&id.rank) {
                 continue;
@@ -252,7 +252,7 @@ impl Remote {
         if chosen.len() != usize::try_from(ours.world_size).unwrap_or(usize::MAX) {
             return self.names_shard(newest.map(|(c, _)| c), ours);
         }
-        let chosen_ids: Vec<ShardId> = chosen.values().copied().collect();
+        let chosen_ids: Vec<ShardName> = chosen.values().copied().collect();
         let global = GlobalManifest::of(step, &chosen_ids);
         let (bytes, hash) = encode(step, &global)?;
         self.put_step(&Commit::after(newest.map(|(c, _)| c), step, hash), bytes)?;
@@ -260,7 +260,7 @@ impl Remote {
     }
 
     /// Whether `commit` (a global step's) names shard `id`.
-    fn names_shard(&self, commit: Option<Commit>, id: &ShardId) -> Result<bool> {
+    fn names_shard(&self, commit: Option<Commit>, id: &ShardName) -> Result<bool> {
         let Some(commit) = commit else {
             return Ok(false);
         };
@@ -271,10 +271,10 @@ impl Remote {
     }
 
     /// Every shard object of `step`.
-    fn shard_ids(&self, step: u64) -> Result<Vec<ShardId>> {
+    fn shard_ids(&self, step: u64) -> Result<Vec<ShardName>> {
         let folder = self.layout.shard_folder(step);
         let names = self.list_keys(&folder)?;
-        Ok(names.iter().filter_map(|n| ShardId::parse(n)).collect())
+        Ok(names.iter().filter_map(|n| n.parse().ok()).collect())
     }
 
     /// Rank `rank`'s shard of global step `step`, restored with every chunk
@@ -290,7 +290,7 @@ impl Remote {
                 None => Ok(None),
             };
         }
-        let mut ids: Vec<ShardId> = self.shard_ids(step)?;
+        let mut ids: Vec<ShardName> = self.shard_ids(step)?;
         ids.sort();
         for id in ids.iter().filter(|id| id.rank == rank) {
             if let Ok(m) = self.checked_shard(step, id, Some(&chunks))? {

@@ -63,7 +63,7 @@ impl Remote {
                 let (Some(name), None) = (parts.next(), parts.next()) else {
                     continue;
                 };
-                match Commit::parse(name.as_ref()) {
+                match name.as_ref().parse::<Commit>().ok() {
                     Some(c) if in_range(&c) => {
                         found.push((c, meta.last_modified.timestamp_millis()));
                     }

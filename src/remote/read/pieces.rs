@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::OnceLock;
 
 use crate::format::manifest::Hash;
-use crate::remote::format::layout::ShardId;
+use crate::remote::format::layout::ShardName;
 use crate::remote::format::manifest::{RemoteBlob, RemoteManifest, RemotePlace};
 use crate::remote::read::local::{place, Regions};
 use crate::remote::read::restore::{blob_chunks, packed_want, Want};
@@ -38,7 +38,7 @@ pub struct GlobalStep {
     /// The name of the commit object it was opened from.
     commit: String,
     /// Each rank's shard, by rank: its name, and its manifest once read.
-    ids: Vec<Option<ShardId>>,
+    ids: Vec<Option<ShardName>>,
     shards: Vec<OnceLock<RemoteManifest>>,
     /// The bucket's collection mark when it was opened: what its shards
     /// say of the packs is remembered under it.
@@ -126,7 +126,7 @@ impl Remote {
         let mut commits: Vec<_> = self
             .commits_of(step)?
             .into_iter()
-            .filter(|c| only.is_none_or(|name| c.name() == name))
+            .filter(|c| only.is_none_or(|name| c.to_string() == name))
             .collect();
         commits.reverse();
         for commit in commits {
@@ -143,7 +143,7 @@ impl Remote {
             };
             let global = GlobalStep {
                 step,
-                commit: commit.name(),
+                commit: commit.to_string(),
                 ids,
                 shards,
                 mark,

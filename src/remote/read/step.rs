@@ -6,7 +6,7 @@ use std::collections::HashSet;
 
 use crate::format::manifest::Hash;
 use crate::remote::format::hash::HexHash;
-use crate::remote::format::layout::{GlobalManifest, ShardId, MAX_MANIFEST_BYTES};
+use crate::remote::format::layout::{GlobalManifest, ShardName, MAX_MANIFEST_BYTES};
 use crate::remote::format::manifest::RemoteManifest;
 use crate::remote::format::pack_format::Object;
 use crate::remote::{Commit, Remote};
@@ -20,7 +20,7 @@ pub(crate) enum StepManifest {
     /// A global step: each rank's shard, by rank.
     Sharded {
         shards: Vec<RemoteManifest>,
-        ids: Vec<ShardId>,
+        ids: Vec<ShardName>,
     },
 }
 
@@ -64,7 +64,7 @@ impl StepManifest {
 #[derive(Clone, Debug)]
 pub(crate) enum CommitBody {
     Single(Box<RemoteManifest>),
-    Sharded(Vec<ShardId>),
+    Sharded(Vec<ShardName>),
 }
 
 /// Steps none of whose commits checks out, each with why its newest does
@@ -129,7 +129,7 @@ impl Remote {
         let world_size = global.world_size;
         let ids = (0..world_size)
             .zip(&global.shards)
-            .map(|(rank, hash)| ShardId {
+            .map(|(rank, hash)| ShardName {
                 rank,
                 world_size,
                 hash: hash.0,
@@ -144,7 +144,7 @@ impl Remote {
     pub(crate) fn checked_shard(
         &self,
         step: u64,
-        id: &ShardId,
+        id: &ShardName,
         chunks: Option<&HashSet<Object>>,
     ) -> Result<Checked<RemoteManifest>> {
         let key = self.layout.shard(step, id);
