@@ -15,7 +15,7 @@ mod results;
 mod store;
 mod tier;
 
-use ckptstore::Error;
+use ckptstore::{BucketError, Error};
 use pyo3::exceptions::{PyOSError, PyValueError};
 use pyo3::prelude::*;
 
@@ -60,11 +60,13 @@ pub(crate) fn py_err(e: Error) -> PyErr {
         Error::InvalidTensor { .. }
         | Error::InvalidCheckpoint { .. }
         | Error::InvalidOptions(_)
-        | Error::InvalidUrl { .. }
-        | Error::ShardedStep { .. }
-        | Error::WorldSizeMismatch { .. }
-        | Error::PrefixOwned { .. }
-        | Error::RangeNotStored { .. } => PyValueError::new_err(msg),
+        | Error::RangeNotStored { .. }
+        | Error::Bucket(
+            BucketError::InvalidUrl { .. }
+            | BucketError::ShardedStep { .. }
+            | BucketError::WorldSizeMismatch { .. }
+            | BucketError::PrefixOwned { .. },
+        ) => PyValueError::new_err(msg),
         e if e.is_io() => PyOSError::new_err(msg),
         _ => CkptError::new_err(msg),
     }

@@ -18,7 +18,11 @@ use crate::{py_err, CkptError};
 /// once the store is closed).
 fn closing_error(e: ckptstore::Error) -> PyErr {
     match e {
-        ckptstore::Error::ReplicationFailed { url, steps, source } => CkptError::new_err(format!(
+        ckptstore::Error::Bucket(ckptstore::BucketError::ReplicationFailed {
+            url,
+            steps,
+            source,
+        }) => CkptError::new_err(format!(
             "replication to {url} failed and the store is closing: steps {steps:?} are not \
              in the bucket; the next store opened with replicate_to on this file uploads \
              them (or run `ckpt push`): {source}"

@@ -3,6 +3,7 @@
 //! bucket alone. See [`layout`] for the names in the bucket.
 
 mod coordination;
+mod error;
 mod format;
 mod gc;
 mod global;
@@ -21,6 +22,7 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
 use crate::format::manifest::Hash;
 use crate::{Error, Result};
+pub use error::BucketError;
 pub(crate) use format::layout::Commit;
 use format::layout::{parse_chunk, Layout, StepHash, COMMITS, DELETED, MANIFESTS};
 pub use format::layout::{MAX_MANIFEST_BYTES, MAX_WORLD_SIZE};
@@ -106,11 +108,14 @@ impl Remote {
     /// commit names it). Nothing is requested yet.
     ///
     /// # Errors
-    /// [`Error::InvalidUrl`] for another scheme or a malformed URL.
+    /// [`BucketError::InvalidUrl`](crate::BucketError::InvalidUrl) for another scheme or a malformed URL.
     pub fn open(url: &str) -> Result<Remote> {
-        let invalid = |reason: &str| Error::InvalidUrl {
-            url: url.to_owned(),
-            reason: reason.to_owned(),
+        let invalid = |reason: &str| -> Error {
+            BucketError::InvalidUrl {
+                url: url.to_owned(),
+                reason: reason.to_owned(),
+            }
+            .into()
         };
         if let Some(rest) = url.strip_prefix("s3://") {
             let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
@@ -138,12 +143,13 @@ impl Remote {
     /// at `prefix` in it; `url` names it in errors.
     ///
     /// # Errors
-    /// [`Error::InvalidUrl`] when `prefix` is not a valid object path.
+    /// [`BucketError::InvalidUrl`](crate::BucketError::InvalidUrl) when `prefix` is not a valid object path.
     pub fn with_store(store: Arc<dyn ObjectStore>, prefix: &str, url: &str) -> Result<Remote> {
-        let prefix = Path::parse(prefix.trim_matches('/')).map_err(|e| Error::InvalidUrl {
-            url: url.to_owned(),
-            reason: e.to_string(),
-        })?;
+        let prefix =
+            Path::parse(prefix.trim_matches('/')).map_err(|e| BucketError::InvalidUrl {
+                url: url.to_owned(),
+                reason: e.to_string(),
+            })?;
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -175,7 +181,7 @@ impl Remote {
     /// its own policy).
     ///
     /// # Errors
-    /// [`Error::Remote`] if the client cannot be configured again.
+    /// [`BucketError::Request`](crate::BucketError::Request) if the client cannot be configured again.
     pub fn with_retry_window(mut self, window: Duration) -> Result<Remote> {
         if let Some(bucket) = &self.s3_bucket {
             self.store = s3::s3_store(&self.url, bucket, window)?;
@@ -238,7 +244,7 @@ impl Remote {
         })?;
         match listed.map_err(|e| self.error("listing", &prefix, e)) {
             Ok(()) => Ok(true),
-            Err(Error::NoBucket { .. }) => Ok(false),
+            Err(Error::Bucket(BucketError::NoBucket { .. })) => Ok(false),
             Err(e) => Err(e),
         }
     }
@@ -249,7 +255,7 @@ impl Remote {
     }
 
     /// Run `f`, a request for `key`, to completion; its error becomes
-    /// [`Error::Remote`] (or [`Error::NoBucket`]).
+    /// [`BucketError::Request`](crate::BucketError::Request) (or [`BucketError::NoBucket`](crate::BucketError::NoBucket)).
     fn block_on<T>(
         &self,
         op: &str,
@@ -283,10 +289,11 @@ impl Remote {
         match put {
             Ok(_) => Ok(()),
             // S3 answers a write to a missing bucket with 404.
-            Err(object_store::Error::NotFound { source, .. }) => Err(Error::NoBucket {
+            Err(object_store::Error::NotFound { source, .. }) => Err(BucketError::NoBucket {
                 url: self.url.clone(),
                 source: Some(source),
-            }),
+            }
+            .into()),
             Err(e) => Err(self.error("writing", key, e)),
         }
     }
@@ -429,10 +436,11 @@ impl Remote {
 fn remote_error(url: &str, object: &str, op: &str, e: object_store::Error) -> Error {
     let op = match s3::answer_of(&e) {
         Some(s3::S3Answer::NoSuchBucket) => {
-            return Error::NoBucket {
+            return BucketError::NoBucket {
                 url: url.to_owned(),
                 source: Some(Box::new(e)),
             }
+            .into()
         }
         Some(s3::S3Answer::NoInstanceCredentials { .. }) => format!(
             "{op} (no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or run \
@@ -440,12 +448,13 @@ fn remote_error(url: &str, object: &str, op: &str, e: object_store::Error) -> Er
         ),
         None => op.to_owned(),
     };
-    Error::Remote {
+    BucketError::Request {
         op,
         url: object.to_owned(),
         reason: reason(&e),
         source: Box::new(e),
     }
+    .into()
 }
 
 /// What `e` says, without the store's own form of the object's path

@@ -450,7 +450,7 @@ impl CheckpointStore {
     /// # Errors
     /// [`Error::AsyncCommitFailed`] naming every background commit that
     /// failed since the last `flush` and whose handle has not reported
-    /// it); [`Error::ReplicationFailed`] when that push failed (it is
+    /// it); [`BucketError::ReplicationFailed`](crate::BucketError::ReplicationFailed) when that push failed (it is
     /// retried in the background). The store keeps working.
     pub fn flush(&self) -> Result<()> {
         self.check_process()?;

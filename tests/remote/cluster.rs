@@ -10,7 +10,7 @@ use std::process::Command;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use ckptstore::{CheckpointStore, Error, GradientCheckpoint, Remote, StoreOptions};
+use ckptstore::{BucketError, CheckpointStore, Error, GradientCheckpoint, Remote, StoreOptions};
 
 use super::garage::fresh_prefix;
 use super::Result;
@@ -196,7 +196,7 @@ fn two_nodes_down_fail_clearly_and_the_store_goes_on() -> Result {
         started.elapsed()
     );
     match &err {
-        Error::ReplicationFailed { url: u, steps, .. } => {
+        Error::Bucket(BucketError::ReplicationFailed { url: u, steps, .. }) => {
             assert_eq!(u, &url);
             assert_eq!(steps, &vec![1]);
         }

@@ -453,7 +453,10 @@ fn reads_of_a_missing_bucket_say_so() -> Result {
     ] {
         let e = e.expect_err(what);
         assert!(
-            matches!(e, ckptstore::Error::NoBucket { .. }),
+            matches!(
+                e,
+                ckptstore::Error::Bucket(ckptstore::BucketError::NoBucket { .. })
+            ),
             "{what}: {e:?}"
         );
         assert!(

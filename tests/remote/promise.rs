@@ -9,8 +9,8 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use ckptstore::{
-    CheckpointStore, ComputationGraphStore, ComputationNode, Dtype, Error, GradientCheckpoint,
-    Remote, StoreOptions, Tensor,
+    BucketError, CheckpointStore, ComputationGraphStore, ComputationNode, Dtype, Error,
+    GradientCheckpoint, Remote, StoreOptions, Tensor,
 };
 use object_store::local::LocalFileSystem;
 
@@ -155,7 +155,7 @@ fn a_prefix_holds_one_run() -> Result {
     assert_eq!(report.steps_pushed.len(), 8);
     assert_eq!(remote.owner()?, Some(first.store_id()?));
     match remote.push(&second) {
-        Err(e @ Error::PrefixOwned { .. }) => {
+        Err(e @ Error::Bucket(BucketError::PrefixOwned { .. })) => {
             let message = e.to_string();
             assert!(message.contains(&first.store_id()?), "{message}");
             assert!(message.contains(&second.store_id()?), "{message}");
@@ -191,7 +191,7 @@ fn a_prefix_holds_one_run() -> Result {
     }
     assert!(matches!(
         remote.push(&first),
-        Err(Error::PrefixOwned { .. })
+        Err(Error::Bucket(BucketError::PrefixOwned { .. }))
     ));
     Ok(())
 }
@@ -229,7 +229,9 @@ fn race_for(url: &str, dir: &Path) -> Result {
                     barrier.wait();
                     match remote.push(store) {
                         Ok(_) => true,
-                        Err(Error::PrefixOwned { .. } | Error::RemoteBusy { .. }) => false,
+                        Err(Error::Bucket(
+                            BucketError::PrefixOwned { .. } | BucketError::Busy { .. },
+                        )) => false,
                         Err(e) => panic!("{e}"),
                     }
                 })

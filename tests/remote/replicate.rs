@@ -3,7 +3,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use ckptstore::{CheckpointStore, Error, Remote, StoreOptions};
+use ckptstore::{BucketError, CheckpointStore, Error, Remote, StoreOptions};
 use object_store::memory::InMemory;
 
 use super::{checkpoint, faults, Result};
@@ -52,7 +52,7 @@ fn a_failing_bucket_is_retried_and_reported_never_lost() -> Result {
     store.commit(&checkpoint(0)?)?;
     store.commit(&checkpoint(1)?)?;
     match store.flush() {
-        Err(Error::ReplicationFailed { url, steps, .. }) => {
+        Err(Error::Bucket(BucketError::ReplicationFailed { url, steps, .. })) => {
             assert_eq!((url.as_str(), steps), ("mem://down", vec![0, 1]));
         }
         other => panic!("flush with the bucket down: {other:?}"),
@@ -161,7 +161,7 @@ fn a_panicking_replication_thread_is_reported_not_waited_for() -> Result {
         .open(dir.path().join("run.ckpt"))?;
     store.commit(&checkpoint(0)?)?;
     match store.flush() {
-        Err(Error::ReplicationFailed { steps, source, .. }) => {
+        Err(Error::Bucket(BucketError::ReplicationFailed { steps, source, .. })) => {
             assert_eq!(steps, vec![0]);
             assert!(source.to_string().contains("panicked"), "{source}");
         }

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use ckptstore::{ComputationGraphStore, Error, GradientCheckpoint, Remote, Retention};
+use ckptstore::{BucketError, ComputationGraphStore, Error, GradientCheckpoint, Remote, Retention};
 use object_store::memory::InMemory;
 
 use super::{bytes, faults, Result};
@@ -89,10 +89,10 @@ fn a_step_is_visible_only_when_every_shard_landed() -> Result {
     assert_eq!(whole_global_steps(&remote, 4)?, vec![4, 5]);
     assert!(matches!(
         remote.get(5),
-        Err(Error::ShardedStep {
+        Err(Error::Bucket(BucketError::ShardedStep {
             step: 5,
             world_size: 4
-        })
+        }))
     ));
     // A retry of a landed shard uploads nothing and leaves one shard.
     let again = remote.commit_shard(5, 2, 4, &shard(5, 2)?)?;
@@ -114,12 +114,12 @@ fn ranks_that_disagree_on_the_world_size_are_told() -> Result {
     let remote = dir_remote(dir.path())?;
     remote.commit_shard(1, 0, 4, &shard(1, 0)?)?;
     match remote.commit_shard(1, 1, 2, &shard(1, 1)?) {
-        Err(Error::WorldSizeMismatch {
+        Err(Error::Bucket(BucketError::WorldSizeMismatch {
             step: 1,
             ours: 2,
             theirs: 4,
             ..
-        }) => {}
+        })) => {}
         other => panic!("{other:?}"),
     }
     assert!(

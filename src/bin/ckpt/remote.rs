@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use ckptstore::{CheckpointStore, Error, Remote, Retention};
+use ckptstore::{BucketError, CheckpointStore, Error, Remote, Retention};
 
 use super::{bar, bytes_bar, explain, one_line, output, Result, EXIT_DAMAGED};
 
@@ -261,11 +261,11 @@ fn warn_skipped(remote: &Remote) -> Result<()> {
 fn open_existing(url: &str) -> Result<Remote> {
     let remote = open_remote(url)?;
     if !remote.exists()? {
-        return Err(Error::NoBucket {
+        let none = BucketError::NoBucket {
             url: url.to_owned(),
             source: None,
-        }
-        .into());
+        };
+        return Err(Error::from(none).into());
     }
     Ok(remote)
 }

@@ -24,8 +24,9 @@ use object_store::path::Path;
 use object_store::ObjectStoreExt;
 
 use crate::remote::format::layout::LOCKS;
+use crate::remote::BucketError;
 use crate::remote::Remote;
-use crate::{Error, Result};
+use crate::Result;
 
 /// How often a push waiting for a collection looks again.
 const POLL: Duration = Duration::from_millis(200);
@@ -158,7 +159,7 @@ impl Remote {
                 return Ok(());
             }
             if started.elapsed() >= self.grace {
-                return Err(Error::RemoteBusy {
+                return Err(BucketError::Busy {
                     url: self.url.clone(),
                     detail: format!(
                         "a garbage collection holds {LOCKS}/{} for longer than the grace \
@@ -166,7 +167,8 @@ impl Remote {
                         collections.join(", "),
                         self.grace.as_secs()
                     ),
-                });
+                }
+                .into());
             }
             std::thread::sleep(POLL.min(self.grace / 8));
             self.refresh(lock)?;

@@ -12,8 +12,9 @@
 
 use crate::remote::coordination::locks::lock_body;
 use crate::remote::format::layout::OWNER;
+use crate::remote::BucketError;
 use crate::remote::Remote;
-use crate::{CheckpointStore, Error, Result};
+use crate::{CheckpointStore, Result};
 
 /// The name of a claim starts so.
 const CLAIM: &str = "claim-";
@@ -37,8 +38,8 @@ impl Remote {
     /// Claim the prefix for the store `id` unless it holds another run.
     ///
     /// # Errors
-    /// [`Error::PrefixOwned`] when another store's run is there;
-    /// [`Error::RemoteBusy`] when other stores keep claiming it at the same
+    /// [`BucketError::PrefixOwned`](crate::BucketError::PrefixOwned) when another store's run is there;
+    /// [`BucketError::Busy`](crate::BucketError::Busy) when other stores keep claiming it at the same
     /// moment.
     pub(crate) fn claim(&self, id: &str) -> Result<()> {
         let own_claim = format!("{CLAIM}{id}");
@@ -47,11 +48,12 @@ impl Remote {
                 if owner == id {
                     return Ok(());
                 }
-                return Err(Error::PrefixOwned {
+                return Err(BucketError::PrefixOwned {
                     url: self.url.clone(),
                     owner,
                     ours: id.to_owned(),
-                });
+                }
+                .into());
             }
             let claim = self.layout.owner(&own_claim);
             self.put(&claim, lock_body())?;
@@ -67,12 +69,13 @@ impl Remote {
             let wait = u64::try_from(jitter).unwrap_or(0) + 20 * u64::from(attempt);
             std::thread::sleep(std::time::Duration::from_millis(wait));
         }
-        Err(Error::RemoteBusy {
+        Err(BucketError::Busy {
             url: self.url.clone(),
             detail: "other stores claimed this prefix at the same moment, again and again; \
                      push again"
                 .into(),
-        })
+        }
+        .into())
     }
 
     /// Make this prefix hold `store`'s run from now on, whoever held it: for

@@ -79,7 +79,7 @@ impl Remote {
     /// # Errors
     /// [`Error::InvalidOptions`](crate::Error::InvalidOptions) for a policy
     /// that keeps nothing (see [`Retention::allow_deleting_all`]);
-    /// [`Error::Remote`](crate::Error::Remote) when the bucket fails.
+    /// [`BucketError::Request`](crate::BucketError::Request) when the bucket fails.
     pub fn apply_retention(&self, policy: &Retention) -> Result<Vec<u64>> {
         Ok(self.gc(policy)?.steps_removed)
     }
@@ -118,7 +118,7 @@ impl Remote {
     /// a push is in flight.
     ///
     /// # Errors
-    /// [`Error::Remote`](crate::Error::Remote) when the bucket fails.
+    /// [`BucketError::Request`](crate::BucketError::Request) when the bucket fails.
     pub fn collect_garbage(&self) -> Result<GcReport> {
         let lock = self.write_lock(LockKind::Gc)?;
         let result = self.live_locks(LockKind::Push, &lock).and_then(|pushes| {

@@ -123,7 +123,7 @@ impl Remote {
     /// [`Error::InvalidCheckpoint`] for no shards, too many, or a name
     /// that is not a hash; [`Error::Corrupt`] naming the shard when one is
     /// missing, damaged or names a chunk the bucket lacks;
-    /// [`Error::Remote`] when the bucket fails.
+    /// [`BucketError::Request`](crate::BucketError::Request) when the bucket fails.
     pub fn commit_global(&self, step: u64, shards: &[String]) -> Result<()> {
         let ids = shard_ids(step, shards, None)?;
         self.with_push_lock(|_| self.commit_locked(step, &ids, None))

@@ -18,7 +18,7 @@ impl Remote {
     /// not complete or was not saved through DCP.
     ///
     /// # Errors
-    /// [`Error::Corrupt`] when the metadata is damaged; [`Error::Remote`]
+    /// [`Error::Corrupt`] when the metadata is damaged; [`BucketError::Request`](crate::BucketError::Request)
     /// when the bucket fails.
     pub fn dcp_index(&self, step: u64) -> Result<Option<DcpIndex>> {
         Ok(self.dcp_open(step)?.map(|(_, index, _)| index))
@@ -43,7 +43,7 @@ impl Remote {
     ///
     /// # Errors
     /// [`Error::Corrupt`] for a damaged manifest or chunk;
-    /// [`Error::Remote`] when the bucket fails.
+    /// [`BucketError::Request`](crate::BucketError::Request) when the bucket fails.
     pub fn dcp_metadata(&self, global: &GlobalStep) -> Result<Option<Vec<u8>>> {
         for rank in 0..global.world_size() {
             if let Some(e) = self.entries(global, rank)?.get(DCP_METADATA) {

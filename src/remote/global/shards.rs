@@ -21,6 +21,7 @@ use crate::remote::format::layout::{
 use crate::remote::format::manifest::{RemoteManifest, RemotePacked, RemotePlace, RemoteTail};
 use crate::remote::format::pack_format::MANIFEST_FORMAT_PACKS;
 use crate::remote::read::step::StepManifest;
+use crate::remote::BucketError;
 use crate::remote::{Commit, Remote};
 use crate::{CheckpointStore, Error, GradientCheckpoint, Result};
 
@@ -100,10 +101,10 @@ impl Remote {
     /// ```
     ///
     /// # Errors
-    /// [`Error::WorldSizeMismatch`] when shards of the step with another
+    /// [`BucketError::WorldSizeMismatch`](crate::BucketError::WorldSizeMismatch) when shards of the step with another
     /// world size are there; [`Error::InvalidCheckpoint`] for a rank not
     /// below `world_size` or a checkpoint of another step;
-    /// [`Error::Remote`] when the bucket fails.
+    /// [`BucketError::Request`](crate::BucketError::Request) when the bucket fails.
     pub fn commit_shard(
         &self,
         step: u64,
@@ -208,12 +209,13 @@ impl Remote {
             .iter()
             .find(|id| id.world_size != world_size)
         {
-            Some(other) => Err(Error::WorldSizeMismatch {
+            Some(other) => Err(BucketError::WorldSizeMismatch {
                 url: self.url.clone(),
                 step,
                 ours: world_size,
                 theirs: other.world_size,
-            }),
+            }
+            .into()),
             None => Ok(()),
         }
     }

@@ -5,6 +5,7 @@
 use std::collections::HashSet;
 
 use crate::remote::format::manifest::{RemoteManifest, RemotePlace};
+use crate::remote::BucketError;
 
 use crate::checkpoint::Incoming;
 use crate::remote::read::restore::{incoming, skeleton};
@@ -61,8 +62,8 @@ impl Remote {
     ///
     /// # Errors
     /// [`Error::Corrupt`] when a chunk is missing or fails its hash check
-    /// (naming the URL); [`Error::Remote`] when the bucket fails;
-    /// [`Error::ShardedStep`] for a global step of several ranks (read its
+    /// (naming the URL); [`BucketError::Request`](crate::BucketError::Request) when the bucket fails;
+    /// [`BucketError::ShardedStep`](crate::BucketError::ShardedStep) for a global step of several ranks (read its
     /// shards with [`get_shard`](Self::get_shard)).
     pub fn get(&self, step: u64) -> Result<Option<GradientCheckpoint>> {
         self.get_with(step, &mut |_, _| {})
@@ -165,7 +166,7 @@ impl Remote {
     /// `None` if the bucket has no complete copy of it.
     ///
     /// # Errors
-    /// [`Error::ShardedStep`] for a global step of several ranks (see
+    /// [`BucketError::ShardedStep`](crate::BucketError::ShardedStep) for a global step of several ranks (see
     /// [`get_shard`](Self::get_shard)).
     pub fn info(&self, step: u64) -> Result<Option<StepInfo>> {
         let Some((_, m)) = self.complete_step(step, &self.objects()?)? else {
@@ -187,10 +188,11 @@ fn single(step: u64, m: StepManifest) -> Result<RemoteManifest> {
     match m {
         StepManifest::Single(m) => Ok(m),
         StepManifest::Sharded { mut shards, .. } if shards.len() == 1 => Ok(shards.remove(0)),
-        StepManifest::Sharded { shards, .. } => Err(Error::ShardedStep {
+        StepManifest::Sharded { shards, .. } => Err(BucketError::ShardedStep {
             step,
             world_size: u32::try_from(shards.len()).unwrap_or(u32::MAX),
-        }),
+        }
+        .into()),
     }
 }
 

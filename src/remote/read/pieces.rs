@@ -102,7 +102,7 @@ impl Remote {
     /// Chunks are checked when read.
     ///
     /// # Errors
-    /// [`Error::Remote`] when the bucket fails.
+    /// [`BucketError::Request`](crate::BucketError::Request) when the bucket fails.
     pub fn open_global(&self, step: u64) -> Result<Option<GlobalStep>> {
         self.open_global_where(step, None)
     }
@@ -112,7 +112,7 @@ impl Remote {
     /// commit is gone or does not check out.
     ///
     /// # Errors
-    /// [`Error::Remote`] when the bucket fails.
+    /// [`BucketError::Request`](crate::BucketError::Request) when the bucket fails.
     pub fn open_global_commit(&self, step: u64, commit: &str) -> Result<Option<GlobalStep>> {
         self.open_global_where(step, Some(commit))
     }
@@ -163,7 +163,7 @@ impl Remote {
     /// # Errors
     /// [`Error::Corrupt`] naming the step and shard when one is missing or
     /// damaged (a step is opened on its commit's manifest alone);
-    /// [`Error::Remote`] when the bucket fails.
+    /// [`BucketError::Request`](crate::BucketError::Request) when the bucket fails.
     pub(crate) fn load_shards(
         &self,
         global: &GlobalStep,
@@ -218,7 +218,7 @@ impl Remote {
     /// # Errors
     /// [`Error::InvalidCheckpoint`] for a piece outside its entry;
     /// [`Error::Corrupt`] naming the step and chunk when a chunk is missing
-    /// or damaged; [`Error::Remote`] when the bucket fails.
+    /// or damaged; [`BucketError::Request`](crate::BucketError::Request) when the bucket fails.
     pub fn read_pieces(&self, global: &GlobalStep, pieces: &[Piece<'_>]) -> Result<Vec<Vec<u8>>> {
         self.load_shards(global, pieces.iter().map(|p| p.0))?;
         let mut outs: Vec<Vec<u8>> = Vec::with_capacity(pieces.len());

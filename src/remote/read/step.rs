@@ -227,7 +227,7 @@ impl Remote {
     /// reports them as damaged.
     ///
     /// # Errors
-    /// [`Error::Remote`] when the bucket fails.
+    /// [`BucketError::Request`](crate::BucketError::Request) when the bucket fails.
     pub fn skipped_steps(&self) -> Result<Vec<(u64, String)>> {
         Ok(self.sort_steps()?.1)
     }

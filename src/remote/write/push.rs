@@ -108,8 +108,8 @@ impl Remote {
     /// ```
     ///
     /// # Errors
-    /// [`Error::Remote`](crate::Error::Remote) when the bucket cannot be reached or refuses a
-    /// request (after bounded retries); [`Error::RemoteBusy`](crate::Error::RemoteBusy) when a
+    /// [`BucketError::Request`](crate::BucketError::Request) when the bucket cannot be reached or refuses a
+    /// request (after bounded retries); [`BucketError::Busy`](crate::BucketError::Busy) when a
     /// garbage collection of the bucket holds its lock for longer than the
     /// grace period; store errors as for reads.
     pub fn push(&self, store: &CheckpointStore) -> Result<PushReport> {

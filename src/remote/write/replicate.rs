@@ -15,6 +15,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::remote::BucketError;
 use crate::remote::Remote;
 use crate::store::{Replica, Replication};
 use crate::{CheckpointStore, Error, ReplicationStatus, Result, StoreOptions};
@@ -195,11 +196,12 @@ impl Replicator {
                     .into_iter()
                     .filter(|s| !confirmed.contains(s))
                     .collect();
-                Err(Error::ReplicationFailed {
+                Err(BucketError::ReplicationFailed {
                     url: self.remote.url().to_owned(),
                     steps,
                     source,
-                })
+                }
+                .into())
             }
         }
     }
