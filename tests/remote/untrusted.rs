@@ -10,7 +10,7 @@ use super::common::ckpt;
 use super::{store_with, Result};
 
 /// Steps a crafted commit names, each with what is wrong with it.
-const CRAFTED: [(u64, &str); 8] = [
+const CRAFTED: [(u64, &str); 10] = [
     (10, "a blob of 2^40 bytes in one chunk"),
     (11, "a blob of u64::MAX bytes"),
     (12, "two blobs of 2^63 bytes"),
@@ -19,6 +19,8 @@ const CRAFTED: [(u64, &str); 8] = [
     (15, "a global step of 10^9 ranks"),
     (16, "a manifest that is not JSON"),
     (17, "a tensor whose shape overflows"),
+    (18, "a blob with no place"),
+    (19, "a tensor with a dtype and no shape"),
 ];
 
 /// A directory bucket with step 1 pushed and the crafted steps beside it,
@@ -51,6 +53,15 @@ fn crafted_bucket(dir: &Path) -> Result<String> {
                     "shards": []});
             }
             17 => blobs["head"]["shape"] = serde_json::json!([u64::MAX, u64::MAX]),
+            18 => {
+                let blob = blobs["adam_m"].as_object_mut().ok_or("a blob")?;
+                blob.remove("chunks");
+                blob.remove("offset");
+            }
+            19 => {
+                let blob = blobs["head"].as_object_mut().ok_or("a blob")?;
+                blob.remove("shape");
+            }
             _ => {}
         }
         let bytes = if step == 16 {
@@ -87,8 +98,17 @@ fn crafted_objects_give_clear_errors() -> Result {
     listed.sort_unstable();
     listed.dedup();
     assert_eq!(remote.steps()?, listed);
-    let skipped: Vec<u64> = remote.skipped_steps()?.iter().map(|(s, _)| *s).collect();
-    assert_eq!(skipped, CRAFTED.map(|(s, _)| s).to_vec());
+    let skipped = remote.skipped_steps()?;
+    let steps: Vec<u64> = skipped.iter().map(|(s, _)| *s).collect();
+    assert_eq!(steps, CRAFTED.map(|(s, _)| s).to_vec());
+    // A body the decoder refuses says why, and where.
+    for (step, why) in [(18, "no place"), (19, "not both")] {
+        let (_, reason) = &skipped[steps.iter().position(|s| *s == step).ok_or("skipped")?];
+        assert!(
+            reason.contains(why) && reason.contains("manifests/"),
+            "{reason}"
+        );
+    }
     assert_eq!(remote.latest_step()?, Some(1));
     for (step, what) in CRAFTED {
         assert_eq!(remote.get(step)?, None, "{what}");

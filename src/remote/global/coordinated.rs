@@ -175,7 +175,7 @@ impl Remote {
         for id in ids.iter().filter(|id| Some(id.rank) != own) {
             let m = self
                 .checked_shard(step, id, None)?
-                .map_err(|why| Error::corrupt(Some(step), why))?;
+                .map_err(|why| Error::corrupt(Some(step), why.to_string()))?;
             // A shard of packs was written after its rank saw (or put)
             // its packs there under its own push lock, and a young
             // shard's packs are not collected: a request per rank.

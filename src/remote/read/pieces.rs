@@ -181,7 +181,7 @@ impl Remote {
             }
             let m = self
                 .checked_shard(global.step, id, None)?
-                .map_err(|why| Error::corrupt(Some(global.step), why))?;
+                .map_err(|why| Error::corrupt(Some(global.step), why.to_string()))?;
             if let Some(mark) = &global.mark {
                 self.learn(std::slice::from_ref(&m), mark)?;
             }

@@ -71,9 +71,47 @@ pub(crate) enum CommitBody {
 /// not.
 type Skipped = Vec<(u64, String)>;
 
-/// What a commit stands for, or why a reader cannot rely on it (naming
-/// the object at fault).
-pub(crate) type Checked<T = StepManifest> = std::result::Result<T, String>;
+/// What a commit stands for, or why a reader cannot rely on it.
+pub(crate) type Checked<T = StepManifest> = std::result::Result<T, Rejected>;
+
+/// Why a reader cannot rely on a commit, naming the object at fault by
+/// its URL: a reader takes the step's newest commit that none of these
+/// befalls.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Rejected {
+    /// The manifest (or a shard) is not in the bucket.
+    Missing { url: String },
+    /// Its bytes do not hash to the hash its name gives.
+    WrongHash { url: String },
+    /// It could not be read whole (over the size cap).
+    Unreadable { detail: String },
+    /// Its bytes are no manifest this build decodes.
+    Undecodable { url: String, why: String },
+    /// Decoded, and refused by its checks ([`RemoteManifest::check`]).
+    Refused { url: String, why: String },
+    /// It names an object (a chunk or a pack) the bucket does not hold.
+    Incomplete { url: String, object: String },
+    /// The step has no commit at all.
+    NoCommit,
+}
+
+impl std::fmt::Display for Rejected {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Rejected::Missing { url } => write!(f, "{url} is missing"),
+            Rejected::WrongHash { url } => write!(f, "{url} fails its hash check"),
+            Rejected::Unreadable { detail } => f.write_str(detail),
+            Rejected::Undecodable { url, why } => {
+                write!(f, "{url} is not a manifest this build reads ({why})")
+            }
+            Rejected::Refused { url, why } => write!(f, "{url}: {why}"),
+            Rejected::Incomplete { url, object } => {
+                write!(f, "{url}: it names {object}, which is missing")
+            }
+            Rejected::NoCommit => f.write_str("it has no commit"),
+        }
+    }
+}
 
 impl Remote {
     /// What `commit` stands for, if its manifest is there, hashes right, is
@@ -113,18 +151,20 @@ impl Remote {
             Ok(bytes) => bytes,
             Err(why) => return Ok(Err(why)),
         };
-        let (step, key) = (commit.step, self.layout.url_of(&self.url, &key));
-        if let Ok(m) = serde_json::from_slice::<RemoteManifest>(&bytes) {
-            return Ok(self
-                .check_single(m, step, chunks)
-                .map(|m| CommitBody::Single(Box::new(m)))
-                .map_err(|why| format!("{key}: {why}")));
-        }
+        let (step, url) = (commit.step, self.layout.url_of(&self.url, &key));
+        let single = match serde_json::from_slice::<RemoteManifest>(&bytes) {
+            Ok(m) => {
+                let checked = self.check_single(m, step, chunks, &url);
+                return Ok(checked.map(|m| CommitBody::Single(Box::new(m))));
+            }
+            Err(e) => e,
+        };
         let Ok(global) = serde_json::from_slice::<GlobalManifest>(&bytes) else {
-            return Ok(Err(format!("{key} is not a manifest this build reads")));
+            let why = single.to_string();
+            return Ok(Err(Rejected::Undecodable { url, why }));
         };
         if let Err(why) = global.check(step) {
-            return Ok(Err(format!("{key}: {why}")));
+            return Ok(Err(Rejected::Refused { url, why }));
         }
         let world_size = global.world_size;
         let ids = (0..world_size)
@@ -152,13 +192,14 @@ impl Remote {
             Ok(bytes) => bytes,
             Err(why) => return Ok(Err(why)),
         };
-        let key = self.layout.url_of(&self.url, &key);
-        let Ok(m) = serde_json::from_slice::<RemoteManifest>(&bytes) else {
-            return Ok(Err(format!("{key} is not a manifest this build reads")));
-        };
-        Ok(self
-            .check_single(m, step, chunks)
-            .map_err(|why| format!("{key}: {why}")))
+        let url = self.layout.url_of(&self.url, &key);
+        match serde_json::from_slice::<RemoteManifest>(&bytes) {
+            Ok(m) => Ok(self.check_single(m, step, chunks, &url)),
+            Err(e) => Ok(Err(Rejected::Undecodable {
+                url,
+                why: e.to_string(),
+            })),
+        }
     }
 
     /// Of `commits` (ascending), the newest that checks out against the
@@ -188,7 +229,7 @@ impl Remote {
                 }
             }
         }
-        Ok(Err(why.unwrap_or_else(|| "it has no commit".to_owned())))
+        Ok(Err(why.unwrap_or(Rejected::NoCommit)))
     }
 
     /// Step `step`'s newest commit that checks out against the bucket's
@@ -208,15 +249,15 @@ impl Remote {
         key: &object_store::path::Path,
         hash: &Hash,
     ) -> Result<Checked<bytes::Bytes>> {
-        let name = || self.layout.url_of(&self.url, key);
+        let url = || self.layout.url_of(&self.url, key);
         let bytes = match self.get_bytes(key, MAX_MANIFEST_BYTES) {
             Ok(Some(bytes)) => bytes,
-            Ok(None) => return Ok(Err(format!("{} is missing", name()))),
-            Err(Error::Corrupt { detail, .. }) => return Ok(Err(detail)),
+            Ok(None) => return Ok(Err(Rejected::Missing { url: url() })),
+            Err(Error::Corrupt { detail, .. }) => return Ok(Err(Rejected::Unreadable { detail })),
             Err(e) => return Err(e),
         };
         if blake3::hash(&bytes).as_bytes() != hash {
-            return Ok(Err(format!("{} fails its hash check", name())));
+            return Ok(Err(Rejected::WrongHash { url: url() }));
         }
         Ok(Ok(bytes))
     }
@@ -252,7 +293,7 @@ impl Remote {
         for of_step in commits.chunk_by(|a, b| a.step == b.step) {
             match self.newest_or_why(of_step, &chunks)? {
                 Ok(found) => complete.push(found),
-                Err(why) => skipped.push((of_step[0].step, why)),
+                Err(why) => skipped.push((of_step[0].step, why.to_string())),
             }
         }
         Ok((complete, skipped))
@@ -260,24 +301,29 @@ impl Remote {
 }
 
 impl Remote {
-    /// `m` as step `step`'s manifest, if it passes its checks and (given
-    /// the bucket's chunks and packs) names only objects that are there;
-    /// else why not, naming the object missing by its URL.
+    /// `m` (read from `url`) as step `step`'s manifest, if it passes its
+    /// checks and (given the bucket's chunks and packs) names only objects
+    /// that are there; else why not, naming the object missing by its URL.
     fn check_single(
         &self,
         m: RemoteManifest,
         step: u64,
         chunks: Option<&HashSet<Object>>,
+        url: &str,
     ) -> Checked<RemoteManifest> {
-        m.check(step)?;
+        if let Err(why) = m.check(step) {
+            let url = url.to_owned();
+            return Err(Rejected::Refused { url, why });
+        }
         if let Some(chunks) = chunks {
             if let Some(o) = m.objects().into_iter().find(|o| !chunks.contains(o)) {
                 let key = match o {
                     Object::Chunk(h) => self.layout.chunk(&h),
                     Object::Pack(h) => self.layout.pack(&h),
                 };
-                let url = self.layout.url_of(&self.url, &key);
-                return Err(format!("it names {url}, which is missing"));
+                let object = self.layout.url_of(&self.url, &key);
+                let url = url.to_owned();
+                return Err(Rejected::Incomplete { url, object });
             }
         }
         Ok(m)
