@@ -280,4 +280,44 @@ mod tests {
         let bare = manifest(3, 100, 228, &h).check(1).expect_err("no packs");
         assert!(bare.contains("packs and an index"), "{bare}");
     }
+
+    #[test]
+    fn a_global_manifest_is_decoded_and_checked_before_any_shard_is_read() {
+        let h = "ab".repeat(32);
+        let global = |format: u32, step: u64, world: u64, shards: usize| {
+            serde_json::json!({"format": format, "step": step, "world_size": world,
+                "shards": vec![h.clone(); shards]})
+        };
+        let read = |v: serde_json::Value| serde_json::from_value::<GlobalManifest>(v);
+        let ok = read(global(1, 9, 2, 2)).expect("decodes");
+        assert_eq!(ok.check(9), Ok(()));
+        assert_eq!(ok, GlobalManifest::of(9, &ok_names(&ok)));
+        for (v, step, why) in [
+            (global(2, 9, 2, 2), 9, "format 2"),
+            (global(1, 8, 2, 2), 9, "step 8"),
+            (global(1, 9, 0, 0), 9, "world size of 0"),
+            (global(1, 9, u64::from(MAX_WORLD_SIZE) + 1, 0), 9, "at most"),
+            (global(1, 9, 3, 2), 9, "2 shards for a world size of 3"),
+        ] {
+            let e = read(v).expect("decodes").check(step).expect_err("refused");
+            assert!(e.contains(why), "{e}");
+        }
+        // Not a hash, or a world size past u32: refused as it is decoded.
+        let mut bad = global(1, 9, 1, 1);
+        bad["shards"][0] = "xyz".into();
+        assert!(read(bad).is_err());
+        assert!(read(global(1, 9, 1 << 33, 1)).is_err());
+    }
+
+    fn ok_names(m: &GlobalManifest) -> Vec<crate::remote::format::layout::ShardName> {
+        let world_size = m.world_size;
+        (0..world_size)
+            .zip(&m.shards)
+            .map(|(rank, hash)| crate::remote::format::layout::ShardName {
+                rank,
+                world_size,
+                hash: hash.0,
+            })
+            .collect()
+    }
 }

@@ -527,4 +527,27 @@ mod tests {
             r#"{"a":{"c":2,"d":[1,{"y":1,"z":0}]},"b":1}"#
         );
     }
+
+    #[test]
+    fn a_step_saved_again_is_one_generation_newer_unless_its_manifest_is_the_same() {
+        let (a, b) = ([1; 32], [2; 32]);
+        let first = Commit::after(None, 5, a);
+        assert_eq!((first.step, first.generation, first.hash), (5, 1, a));
+        // The same manifest again (a repair): the same commit.
+        assert_eq!(Commit::after(Some(first), 5, a), first);
+        // Other content: newer, and its name sorts after.
+        let second = Commit::after(Some(first), 5, b);
+        assert_eq!((second.generation, second.hash), (2, b));
+        assert!(second.to_string() > first.to_string() && second > first);
+        // A commit of 0.3 (generation 0) is followed by generation 1.
+        let legacy = Commit {
+            step: 5,
+            generation: 0,
+            hash: a,
+        };
+        assert_eq!(Commit::after(Some(legacy), 5, b).generation, 1);
+        // Ordered as commits (a listing sorts what it parsed), not by name:
+        // a name without a generation may sort after one with.
+        assert!(legacy < Commit::after(Some(legacy), 5, b));
+    }
 }

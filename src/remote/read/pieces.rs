@@ -388,3 +388,73 @@ fn regions<'o>(
     }
     Ok(by_chunk.into_iter().enumerate().collect())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn global() -> GlobalStep {
+        GlobalStep {
+            step: 4,
+            commit: String::new(),
+            ids: vec![None],
+            shards: vec![OnceLock::new()],
+            mark: None,
+        }
+    }
+
+    /// The ranges of fetched chunk `i` that `regions` gives, with the
+    /// bytes of the piece's buffer each fills (as offsets in the buffer).
+    fn placed(jobs: &[(usize, Regions<'_>)], base: usize) -> Vec<(usize, usize, usize, usize)> {
+        let mut out = Vec::new();
+        for (i, regions) in jobs {
+            for (within, region) in regions {
+                let at = region.as_ptr() as usize - base;
+                out.push((*i, within.start, within.end, at));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_piece_is_placed_from_the_chunks_that_cover_it() -> Result<()> {
+        let g = global();
+        // Entry "w": chunk 0 holds [0, 256), chunk 1 [256, 512); entry "s"
+        // lies at 1000 in the packed chunk (2).
+        let pieces: [Piece<'_>; 2] = [(0, "w", 100, 300), (0, "s", 10, 20)];
+        let plans = vec![
+            vec![(0, 0, 256, 0), (1, 256, 256, 0)],
+            vec![(2, 0, 50, 1000)],
+        ];
+        let mut a = vec![0u8; 300];
+        let mut b = vec![0u8; 20];
+        let (base_a, base_b) = (a.as_ptr() as usize, b.as_ptr() as usize);
+        let mut outs: Vec<&mut [u8]> = vec![&mut a, &mut b];
+        let jobs = regions(&g, &pieces, &plans, 3, &mut outs)?;
+        let mut got = placed(&jobs[..2], base_a);
+        got.extend(placed(&jobs[2..], base_b));
+        // Chunk 0's bytes 100..256 fill the first 156 bytes, chunk 1's
+        // first 144 the rest; bytes 1010..1030 of the packed chunk fill "s".
+        assert_eq!(
+            got,
+            vec![(0, 100, 256, 0), (1, 0, 144, 156), (2, 1010, 1030, 0)]
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn a_piece_its_chunks_do_not_cover_exactly_is_refused() {
+        let g = global();
+        let pieces: [Piece<'_>; 1] = [(0, "w", 0, 300)];
+        for spans in [
+            vec![(0, 0, 100, 0), (1, 150, 150, 0)], // a gap
+            vec![(0, 0, 200, 0), (1, 100, 200, 0)], // an overlap
+            vec![(0, 0, 200, 0)],                   // short
+        ] {
+            let mut a = vec![0u8; 300];
+            let mut outs: Vec<&mut [u8]> = vec![&mut a];
+            let e = regions(&g, &pieces, &[spans], 2, &mut outs).expect_err("refused");
+            assert!(e.to_string().contains("do not cover"), "{e}");
+        }
+    }
+}
