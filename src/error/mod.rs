@@ -2,6 +2,11 @@
 
 use std::path::PathBuf;
 
+#[cfg(feature = "remote")]
+mod bucket;
+#[cfg(feature = "remote")]
+pub use bucket::BucketError;
+
 /// A dependency's error, kept as [`source()`](std::error::Error::source)
 /// only, so that no dependency's type is part of this crate's API.
 pub type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -20,7 +25,7 @@ pub enum Error {
     /// refused, or holds what this operation cannot use: its own error.
     #[cfg(feature = "remote")]
     #[error(transparent)]
-    Bucket(#[from] crate::remote::BucketError),
+    Bucket(#[from] BucketError),
 
     /// A file or directory could not be read or written.
     #[error("{op} {path}: {source}")]
@@ -408,7 +413,7 @@ impl Error {
     /// assert!(matches!(e.bucket(), Some(BucketError::InvalidUrl { .. })));
     /// ```
     #[cfg(feature = "remote")]
-    pub fn bucket(&self) -> Option<&crate::remote::BucketError> {
+    pub fn bucket(&self) -> Option<&BucketError> {
         match self {
             Error::Bucket(e) => Some(e),
             _ => None,

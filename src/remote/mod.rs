@@ -3,7 +3,6 @@
 //! bucket alone. See [`layout`] for the names in the bucket.
 
 mod coordination;
-mod error;
 mod format;
 mod gc;
 mod global;
@@ -20,9 +19,9 @@ use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
+pub use crate::error::BucketError;
 use crate::format::manifest::Hash;
 use crate::{Error, Result};
-pub use error::BucketError;
 pub(crate) use format::layout::Commit;
 use format::layout::{parse_chunk, Layout, StepHash, COMMITS, DELETED, MANIFESTS};
 pub use format::layout::{MAX_MANIFEST_BYTES, MAX_WORLD_SIZE};

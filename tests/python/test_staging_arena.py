@@ -179,3 +179,26 @@ def test_block_on_staging_returns_with_the_copy_made(tmp_path, monkeypatch):
     assert response.staging_completion.done() and gate.is_set()
     response.upload_completion.result(timeout=60)
     assert writer.cost.blocked_seconds == writer.cost.staging_seconds >= 0.4
+
+
+def test_lightnings_async_save_stages_through_the_arena(tmp_path):
+    import ckptstore.lightning as cl
+    from test_lightning import _checkpoint
+
+    io = cl.CheckpointIO(tmp_path / "run.ckpt", asynchronous=True)
+    w = torch.randn(256, 1024)
+    want = w.clone()
+    io.save_checkpoint(_checkpoint(3, "last", w), tmp_path / "last.ckpt")
+    w.add_(1)  # after the call: not in step 3
+    assert torch.equal(io.load_checkpoint(tmp_path / "last.ckpt")["state_dict"]["w"], want)  # waits
+    # The copy, given back with its arena, held the tensors in it.
+    ((copy, arena),) = io._pool._free.values()
+    staged = [t for t in copy.values() if t.numel() > 0]
+    start, end = arena.memory.data_ptr(), arena.memory.data_ptr() + arena.memory.numel()
+    assert staged and all(start <= t.data_ptr() < end for t in staged)
+    # The next save of the same layout stages into the same arena.
+    io.save_checkpoint(_checkpoint(4, "last", w), tmp_path / "last.ckpt")
+    assert torch.equal(io.load_checkpoint(tmp_path / "last.ckpt")["state_dict"]["w"], w)
+    ((_, again),) = io._pool._free.values()
+    assert again is arena
+    io.teardown()

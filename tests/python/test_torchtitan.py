@@ -183,3 +183,6 @@ def test_a_target_that_is_no_bucket_url_is_refused():
 
     with pytest.raises(ValueError, match="a bucket URL"):
         CheckpointManager.Config(target=f"/tmp/{uuid.uuid4().hex}")
+    for wait in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="timeout_seconds"):
+            CheckpointManager.Config(timeout_seconds=wait)

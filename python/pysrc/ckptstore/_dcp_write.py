@@ -208,11 +208,7 @@ class StorageWriter(_storage.StorageWriter):
     def _staged_now(self, key: Hashable, staging: Staging, started: float, blocked: Optional[float]) -> Dict[str, Any]:
         """The staged state, once `staging` is done; `blocked`: how long
         the caller waited, if not until now."""
-        try:
-            copy: Staged = staging.finish()
-        except BaseException:
-            _POOL.give_back(key, staging.state)
-            raise
+        copy: Staged = staging.finish()  # a failure gives the copy back
         out = _StagedState(copy.state)
         self._lent = _Lent(key, copy.state)
         weakref.finalize(out, self._lent.give_back)

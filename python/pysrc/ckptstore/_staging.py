@@ -77,16 +77,32 @@ class Pool:
         return self.begin(key, state, shared, budget).finish()
 
     def begin(self, key: Hashable, state: Any, shared: bool = False, budget: Optional[int] = None) -> "Staging":
-        """`stage` begun on the caller's thread (the device copies queued
-        after the work its streams have queued); `finish()` (any thread)
-        waits for them and does the rest."""
-        with self._lock:
-            old, arena = self._free.pop(key, (None, None))
-        out = begin(state, old, shared, arena, budget)
-        if out.arena is not None:
+        """`stage` begun: where `state` has a device's tensors, their
+        copies are queued now, on the caller's thread (after the work its
+        streams have queued); `finish()` (any thread) does the rest and
+        waits (a state of host tensors only is staged by `finish()`
+        whole). A failure of `finish()` gives the copy back."""
+
+        def now() -> Begun:
             with self._lock:
-                self._arenas[id(out.state)] = out.arena
-        return out
+                old, arena = self._free.pop(key, (None, None))
+            out = begin(state, old, shared, arena, budget)
+            if out.arena is not None:
+                with self._lock:
+                    self._arenas[id(out.state)] = out.arena
+            return out
+
+        def done(begun: Begun) -> Staged:
+            try:
+                return begun.finish()
+            except BaseException:
+                self.give_back(key, begun.state)
+                raise
+
+        if has_device_tensors(state):
+            begun = now()
+            return Staging(lambda: done(begun))
+        return Staging(lambda: done(now()))
 
     def give_back(self, key: Hashable, copied: Any) -> None:
         with self._lock:
@@ -111,7 +127,6 @@ class Pool:
             try:
                 copied = pending.finish()
             except BaseException as e:
-                self.give_back(key, pending.state)
                 done.set_exception(e)
                 raise
             staged(begun)
@@ -122,6 +137,13 @@ class Pool:
 
 
 class Staging:
+    """A stage begun (`Pool.begin`): `finish()` makes the copy."""
+
+    def __init__(self, finish: Callable[[], Staged]) -> None:
+        self.finish = finish
+
+
+class Begun:
     """A stage begun (`begin`): the copy's structure, its device tensors'
     copies in flight; `finish()` copies and hashes the host tensors and
     waits for the device's, with their hashes."""
@@ -148,7 +170,7 @@ def staged(value: Any, reuse: Any = None, shared: bool = False) -> Staged:
     return begin(value, reuse, shared).finish()
 
 
-def begin(value: Any, reuse: Any = None, shared: bool = False, arena: Optional[Arena] = None, budget: Optional[int] = None) -> Staging:
+def begin(value: Any, reuse: Any = None, shared: bool = False, arena: Optional[Arena] = None, budget: Optional[int] = None) -> Begun:
     """A copy of a state's value that later changes to the state leave
     alone, begun: tensors copied to host memory (into the tensor at the
     same place of `reuse`, a copy an earlier call made and no save holds
@@ -174,16 +196,26 @@ def begin(value: Any, reuse: Any = None, shared: bool = False, arena: Optional[A
         arena = None
     pairs: List[Tuple[torch.Tensor, torch.Tensor]] = []
     state = _copy(value, reuse, shared, pairs, views)
-    return Staging(state, pairs, arena, copying)
+    return Begun(state, pairs, arena, copying)
+
+
+def has_device_tensors(value: Any) -> bool:
+    """Whether `value` holds a tensor staged through an arena."""
+    found: List[torch.Tensor] = []
+    _devices(value, found)
+    return bool(found)
 
 
 def _devices(value: Any, out: List[torch.Tensor]) -> None:
     """The local tensors of `value` staged through an arena, in the order
     `_copy` meets them."""
     if isinstance(value, torch.Tensor):
-        local = _local(value.detach())
-        if _in_arena(local):
-            out.append(local)
+        # The device first: a host tensor (a DTensor's too) is passed over
+        # without a dispatch.
+        if value.device.type in _arena.DEVICES:
+            local = _local(value.detach())
+            if _in_arena(local):
+                out.append(local)
     elif isinstance(value, dict):
         for v in value.values():
             _devices(v, out)
@@ -217,7 +249,7 @@ def _copy(value: Any, reuse: Any, shared: bool, pairs: List[Tuple[torch.Tensor, 
 
 
 def _tensor(value: torch.Tensor, reuse: Any, shared: bool, pairs: List[Tuple[torch.Tensor, torch.Tensor]], views: "deque[torch.Tensor]") -> torch.Tensor:
-    in_arena = _in_arena(_local(value))
+    in_arena = value.device.type in _arena.DEVICES and _in_arena(_local(value))
     if in_arena:
         out = _over(value, views.popleft())  # copied by the arena's `Copy`
     elif _same_layout(value, reuse):

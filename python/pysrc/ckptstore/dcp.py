@@ -46,8 +46,10 @@ pinned once and kept for the next save of the same layout, copied on a
 side stream after the work queued before the call and hashed piece by
 piece as the copies land (`StagingBudgetError` where the arena would
 take more host memory than allowed or available). The GPU lines are
-few (`_arena._Cuda`) and checked by scripts/gpu-check.sh on a machine
-with a GPU; everything else of staging is tested on the CPU.
+few (`_arena._Cuda`: `cudaHostRegister` through `torch.cuda.cudart()`,
+a `torch.cuda.Stream`, events) and are checked by scripts/gpu-check.sh
+on a machine with a GPU (written for torch 2.11 and later; not yet run
+on one); everything else of staging is tested on the CPU (torch 2.15).
 """
 
 from ._cost import SaveCost

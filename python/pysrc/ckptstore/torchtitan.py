@@ -44,6 +44,7 @@ import copy
 import dataclasses
 import os
 from concurrent.futures import Future
+from datetime import timedelta
 from typing import Any, Dict, Optional, cast
 
 import torch
@@ -85,12 +86,19 @@ class CheckpointManager(_TitanManager):  # type: ignore[misc]
         upload_every: int = 1
         """With `local`: every how many saves one goes to `target`."""
 
+        timeout_seconds: float = 600.0
+        """How long a rank waits on the others in the manager's own
+        collectives (its gloo group for async saves, the local tier's)
+        before the save or load fails on it."""
+
         def __post_init__(self) -> None:
             _TitanManager.Config.__post_init__(self)
             if self.target is not None and not is_bucket_url(self.target):
                 raise ValueError(f"checkpoint.target={self.target!r}: a bucket URL (s3://... or file://...) or None")
             if self.peers < 0 or self.upload_every < 1:
                 raise ValueError("checkpoint.peers must be >= 0 and checkpoint.upload_every >= 1")
+            if not self.timeout_seconds > 0:
+                raise ValueError(f"checkpoint.timeout_seconds={self.timeout_seconds!r}: a number of seconds above 0")
 
     def __init__(self, config: Config, **kwargs: Any) -> None:
         # torchtitan's own set-up, less its purge thread and its gloo group
@@ -102,8 +110,9 @@ class CheckpointManager(_TitanManager):  # type: ignore[misc]
             return
         self.keep_latest_k = config.keep_latest_k
         self.async_mode = AsyncMode(config.async_mode)
+        wait = timedelta(seconds=config.timeout_seconds)
         if self.async_mode != AsyncMode.DISABLED and _distributed():
-            self.pg = cast(dist.ProcessGroup, dist.new_group(backend="gloo"))
+            self.pg = cast(dist.ProcessGroup, dist.new_group(backend="gloo", timeout=wait))
         folder = os.path.abspath(self.folder)
         self.target = config.target or "file://" + folder
         if self.target.startswith("file://"):
@@ -111,7 +120,7 @@ class CheckpointManager(_TitanManager):  # type: ignore[misc]
         self.tiers: Optional[Tiers] = None
         if config.local is not None:
             keep = max(2, config.keep_latest_k or 2)
-            self.tiers = Tiers(config.local, self.target, config.peers, config.upload_every, keep)
+            self.tiers = Tiers(config.local, self.target, config.peers, config.upload_every, keep, timeout=wait)
 
     # Saves.
 

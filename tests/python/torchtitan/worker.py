@@ -132,7 +132,9 @@ def main():
         from ckptstore.torchtitan import CheckpointManager
 
         tier = {"local": options["local"], "upload_every": int(options.get("upload_every", "1"))} if "local" in options else {}
-        config = CheckpointManager.Config(target=None if target == "-" else target, **tier, **common)
+        # A short timeout: a rank that hangs fails the others within a minute.
+        config = CheckpointManager.Config(target=None if target == "-" else target, **tier, **common,
+                                          timeout_seconds=60.0)
     else:
         from torchtitan.components.checkpointer import CheckpointManager
 

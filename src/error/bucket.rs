@@ -1,9 +1,10 @@
-//! The bucket's errors: one type, [`BucketError`], wrapped by one variant
-//! of the crate's error ([`Error::Bucket`](crate::Error::Bucket)); each
-//! object store's failures are mapped to it in one place (`s3.rs` and
-//! `Remote`'s request wrapper), never by message text.
+//! The bucket's errors (`remote`): one type, [`BucketError`], wrapped by
+//! one variant of the crate's error ([`Error::Bucket`](crate::Error::Bucket)),
+//! and kept beside it so that the error layer names nothing above it; each
+//! object store's failures are mapped to it in one place (`remote/s3.rs`
+//! and `Remote`'s request wrapper), never by message text.
 
-use crate::error::Cause;
+use super::Cause;
 
 /// What went wrong with a bucket. `#[non_exhaustive]`: match the variants
 /// you handle and keep a catch-all arm.
