@@ -26,7 +26,7 @@ from ._cost import Clock, SaveCost
 from ._errors import StepExistsError
 from ._dcp_json import Where
 from ._targets import METADATA, Put, SaveTarget, UserTarget, check_sendable, is_step_id, save_target
-from ._staging import Hashes, Pool, Staged, Staging, hashes_of
+from ._staging import Hashes, Pending, Pool, Staged, hashes_of
 
 # The staged copies of async saves, reused by the next save to the same
 # target once the one that used it is done (`StorageWriter.stage`).
@@ -205,7 +205,7 @@ class StorageWriter(_storage.StorageWriter):
             return done
         return self._staged_now(key, staging, started, None)
 
-    def _staged_now(self, key: Hashable, staging: Staging, started: float, blocked: Optional[float]) -> Dict[str, Any]:
+    def _staged_now(self, key: Hashable, staging: Pending, started: float, blocked: Optional[float]) -> Dict[str, Any]:
         """The staged state, once `staging` is done; `blocked`: how long
         the caller waited, if not until now."""
         copy: Staged = staging.finish()  # a failure gives the copy back

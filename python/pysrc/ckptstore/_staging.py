@@ -76,7 +76,7 @@ class Pool:
         `budget` bytes of host memory (and what the host has available)."""
         return self.begin(key, state, shared, budget).finish()
 
-    def begin(self, key: Hashable, state: Any, shared: bool = False, budget: Optional[int] = None) -> "Staging":
+    def begin(self, key: Hashable, state: Any, shared: bool = False, budget: Optional[int] = None) -> "Pending":
         """`stage` begun: where `state` has a device's tensors, their
         copies are queued now, on the caller's thread (after the work its
         streams have queued); `finish()` (any thread) does the rest and
@@ -101,8 +101,8 @@ class Pool:
 
         if has_device_tensors(state):
             begun = now()
-            return Staging(lambda: done(begun))
-        return Staging(lambda: done(now()))
+            return Pending(lambda: done(begun))
+        return Pending(lambda: done(now()))
 
     def give_back(self, key: Hashable, copied: Any) -> None:
         with self._lock:
@@ -136,7 +136,7 @@ class Pool:
         return done, thread.submit(finish)
 
 
-class Staging:
+class Pending:
     """A stage begun (`Pool.begin`): `finish()` makes the copy."""
 
     def __init__(self, finish: Callable[[], Staged]) -> None:

@@ -145,9 +145,9 @@ class Tiers:
         are copied on a side stream after the work queued before the
         call): when the call returns, or later with the tier's
         `background_staging`; `upload_completion` when the step is
-        complete on the local tier; its result is the save's `SaveCost`. A failure is raised by
-        those futures and by the next `save`, `async_save`, `load` or
-        `wait`. The host copy is kept and reused by the next `async_save`
+        complete on the local tier; its result is the save's `SaveCost`.
+        A failure is raised by those futures and by the next `save`,
+        `async_save`, `load` or `wait`. The host copy is kept and reused by the next `async_save`
         once this save is done (no new memory for a state of the same
         layout): a tier holds one staged copy of the state between saves
         (`close` frees it)."""
