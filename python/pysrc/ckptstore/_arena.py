@@ -11,6 +11,7 @@ source runs the same carving, copies and hashing with copies that are
 done when issued (the tests' way in; `ckptstore._staging` copies plain
 host tensors itself, on every core, hashed in the same pass)."""
 
+import contextlib
 import mmap
 import weakref
 from collections import deque
@@ -172,7 +173,6 @@ class Copy:
             for dst, src, end in copies:
                 dst.copy_(src, non_blocking=stream is not None)
                 self._landed.append((end, _Cuda.event(stream)))
-        self._stream = stream
         self._hashed = [(t, arena.layout.offsets[p[0]] + p[1]) for t, (p, *_), h in zip(staged, arena.layout.tensors, hashed) if h]
 
     def _copies(self, arena: Arena, sources: Sequence[torch.Tensor]) -> List[Tuple[torch.Tensor, torch.Tensor, int]]:
@@ -240,7 +240,7 @@ class _Cuda:
 
     @staticmethod
     def on(stream: Any) -> Any:
-        return torch.cuda.stream(stream) if stream is not None else _Nothing()
+        return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
 
     @staticmethod
     def event(stream: Any) -> Any:
@@ -250,10 +250,3 @@ class _Cuda:
         event.record(stream)
         return event
 
-
-class _Nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
