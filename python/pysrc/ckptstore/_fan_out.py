@@ -25,9 +25,8 @@ read only by a rank holding it (`readers`: its own store's, or a copy's),
 from that rank's stores: the first holder that needs it, else a holder on
 the node where most of the ranks needing it are (`nodes`: a node's ranks
 hand bytes to each other without the network). A reader that cannot read
-a stripe sound, or
-whose message arrives damaged, is told to every rank at the end of the
-phase (`Refused`, raised on every rank), and the tier loads again without
+a stripe sound, or whose message arrives damaged, is told to every rank
+at the end of the phase (`Refused`, raised on every rank), and the tier loads again without
 it (`_tiers`)."""
 
 from dataclasses import dataclass
