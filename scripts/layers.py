@@ -13,6 +13,13 @@ own layer and the ones below it, never one above.
     remote   src/remote/ (over the store's step reader and commit API)
     tier     src/tier/ (a node's directory of the local tier, over the store)
 
+Inside src/remote/ its parts point one way too, lowest first: format
+(the bucket's names and bodies), s3, bucket (the one place requests are
+made), coordination (locks, the prefix's owner, the collection mark and
+what is remembered under it), read, write, gc, global. A file of a part
+may name, by a `crate::remote::` path or by calling a method that a file
+of another part defines on `Remote`, only its own part and those below.
+
 The modules of the Python bindings (python/src/) and of the CLI
 (src/bin/ckpt/) must not name each other in a circle either, nor the
 modules of the Python package (python/pysrc/ckptstore/), whose front
@@ -123,6 +130,43 @@ def edges() -> set:
                 out.add(f"{rel} -> {there}")
         if re.search(r"^impl CheckpointStore\b", text, re.M) and rel.parts[0] != "store":
             out.add(f"{rel} -> impl CheckpointStore")
+    return out | remote_edges()
+
+
+REMOTE = SRC / "remote"
+REMOTE_RANK = {"format": 0, "s3": 1, "bucket": 2, "coordination": 3, "read": 4, "write": 5, "gc": 6, "global": 7}
+
+
+def _remote_part(path: pathlib.Path) -> str:
+    rel = path.relative_to(REMOTE)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def _remote_impls(text: str) -> list:
+    """The bodies of a file's `impl Remote` blocks (comments removed)."""
+    return re.findall(r"^impl Remote \{(.*?)^\}", re.sub(r"//[^\n]*", "", text), re.S | re.M)
+
+
+def remote_edges() -> set:
+    """Edges inside src/remote/ that point up its parts (REMOTE_RANK)."""
+    files = [p for p in sorted(REMOTE.rglob("*.rs")) if p != REMOTE / "mod.rs"]
+    defined = {}  # method of Remote -> the parts that define it
+    for path in files:
+        for body in _remote_impls(path.read_text()):
+            for name in re.findall(r"fn (\w+)\s*(?:<[^>]*>)?\(\s*&(?:mut )?self", body):
+                defined.setdefault(name, set()).add(_remote_part(path))
+    out = set()
+    for path in files:
+        here, text = _remote_part(path), path.read_text()
+        rel = path.relative_to(SRC)
+        for part in set(re.findall(r"crate::remote::(\w+)", re.sub(r"//[^\n]*", "", text))):
+            if REMOTE_RANK.get(part, -1) > REMOTE_RANK[here]:
+                out.add(f"{rel} -> remote/{part}")
+        for body in _remote_impls(text):
+            for name in set(re.findall(r"\bself\s*\.(\w+)\(", body)):
+                for part in defined.get(name, ()):
+                    if REMOTE_RANK[part] > REMOTE_RANK[here]:
+                        out.add(f"{rel} -> remote/{part} ({name})")
     return out
 
 

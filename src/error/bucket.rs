@@ -2,7 +2,8 @@
 //! one variant of the crate's error ([`Error::Bucket`](crate::Error::Bucket)),
 //! and kept beside it so that the error layer names nothing above it; each
 //! object store's failures are mapped to it in one place (`remote/s3.rs`
-//! and `Remote`'s request wrapper), never by message text.
+//! and `remote/bucket.rs`, the one place requests are made), never by
+//! message text.
 
 use super::Cause;
 

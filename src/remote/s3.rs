@@ -55,8 +55,11 @@ pub(crate) fn answer_of<'e>(e: &'e (dyn std::error::Error + 'static)) -> Option<
 }
 
 /// The client for bucket `bucket`, configured from the environment, whose
-/// requests are retried for `window`.
-pub(crate) fn s3_store(url: &str, bucket: &str, window: Duration) -> Result<Arc<dyn ObjectStore>> {
+/// requests are retried for `window` (its error is mapped by the caller).
+pub(crate) fn s3_store(
+    bucket: &str,
+    window: Duration,
+) -> object_store::Result<Arc<dyn ObjectStore>> {
     use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
     // Retries end when the window is over, not after a count: waits are
     // random (jitter), so a count gives no bound in time.
@@ -98,8 +101,7 @@ pub(crate) fn s3_store(url: &str, bucket: &str, window: Duration) -> Result<Arc<
             metadata,
             imdsv1_fallback,
         })
-        .build()
-        .map_err(|e| super::remote_error(url, url, "configuring", e))?;
+        .build()?;
     Ok(Arc::new(s3))
 }
 

@@ -21,7 +21,6 @@
 use std::time::{Duration, Instant};
 
 use object_store::path::Path;
-use object_store::ObjectStoreExt;
 
 use crate::remote::format::layout::LOCKS;
 use crate::remote::BucketError;
@@ -63,12 +62,12 @@ impl Remote {
     pub(crate) fn write_lock(&self, kind: LockKind) -> Result<Lock> {
         let name = format!("{}{}", kind.prefix(), uuid::Uuid::new_v4().simple());
         let lock = Lock {
-            key: self.layout.lock(&name),
+            key: self.bucket.layout.lock(&name),
             name,
             written: Instant::now(),
             lapsed: false,
         };
-        self.put(&lock.key, lock_body())?;
+        self.bucket.put(&lock.key, lock_body())?;
         Ok(lock)
     }
 
@@ -79,7 +78,7 @@ impl Remote {
         let elapsed = lock.written.elapsed();
         if elapsed >= self.grace / 4 {
             lock.lapsed |= elapsed >= self.grace / 2;
-            self.put(&lock.key, lock_body())?;
+            self.bucket.put(&lock.key, lock_body())?;
             lock.written = Instant::now();
         }
         Ok(())
@@ -95,7 +94,7 @@ impl Remote {
         if !lock.lapsed {
             return Ok(false);
         }
-        self.put(&lock.key, lock_body())?;
+        self.bucket.put(&lock.key, lock_body())?;
         lock.written = Instant::now();
         self.wait_for_collections(lock)?;
         lock.lapsed = false;
@@ -105,12 +104,12 @@ impl Remote {
     /// Delete `lock`. Failing that, it goes stale after the grace period.
     pub(crate) fn release(&self, lock: Lock) {
         let Lock { key, .. } = lock;
-        let _ = self.run(self.store.delete(&key));
+        let _ = self.bucket.delete(&key);
     }
 
     /// The names of the live locks of `kind` other than `own`.
     pub(crate) fn live_locks(&self, kind: LockKind, own: &Lock) -> Result<Vec<String>> {
-        let locks = self.list_meta(LOCKS)?;
+        let locks = self.bucket.list_meta(LOCKS)?;
         let now = locks
             .iter()
             .find(|(name, _, _)| *name == own.name)
@@ -160,7 +159,7 @@ impl Remote {
             }
             if started.elapsed() >= self.grace {
                 return Err(BucketError::Busy {
-                    url: self.url.clone(),
+                    url: self.bucket.url.clone(),
                     detail: format!(
                         "a garbage collection holds {LOCKS}/{} for longer than the grace \
                          period ({} s); if no collection runs, delete that object",

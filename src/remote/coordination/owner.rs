@@ -27,6 +27,7 @@ impl Remote {
     /// empty one).
     pub fn owner(&self) -> Result<Option<String>> {
         let mut owners: Vec<String> = self
+            .bucket
             .list_names(OWNER)?
             .into_iter()
             .filter(|n| !n.starts_with(CLAIM))
@@ -49,19 +50,24 @@ impl Remote {
                     return Ok(());
                 }
                 return Err(BucketError::PrefixOwned {
-                    url: self.url.clone(),
+                    url: self.bucket.url.clone(),
                     owner,
                     ours: id.to_owned(),
                 }
                 .into());
             }
-            let claim = self.layout.owner(&own_claim);
-            self.put(&claim, lock_body())?;
-            let alone = self.list_names(OWNER)?.iter().all(|n| *n == own_claim);
+            let claim = self.bucket.layout.owner(&own_claim);
+            self.bucket.put(&claim, lock_body())?;
+            let alone = self
+                .bucket
+                .list_names(OWNER)?
+                .iter()
+                .all(|n| *n == own_claim);
             if alone {
-                self.put(&self.layout.owner(id), lock_body())?;
+                self.bucket
+                    .put(&self.bucket.layout.owner(id), lock_body())?;
             }
-            self.delete(&claim)?;
+            self.bucket.delete(&claim)?;
             if alone {
                 return Ok(());
             }
@@ -70,7 +76,7 @@ impl Remote {
             std::thread::sleep(std::time::Duration::from_millis(wait));
         }
         Err(BucketError::Busy {
-            url: self.url.clone(),
+            url: self.bucket.url.clone(),
             detail: "other stores claimed this prefix at the same moment, again and again; \
                      push again"
                 .into(),
@@ -100,10 +106,11 @@ impl Remote {
     /// ```
     pub fn adopt(&self, store: &CheckpointStore) -> Result<()> {
         let id = store.store_id()?;
-        self.put(&self.layout.owner(&id), lock_body())?;
-        for name in self.list_names(OWNER)? {
+        self.bucket
+            .put(&self.bucket.layout.owner(&id), lock_body())?;
+        for name in self.bucket.list_names(OWNER)? {
             if name != id && !name.starts_with(CLAIM) {
-                self.delete(&self.layout.owner(&name))?;
+                self.bucket.delete(&self.bucket.layout.owner(&name))?;
             }
         }
         // Another store's pushes follow: what any store remembered of the

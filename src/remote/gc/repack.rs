@@ -131,7 +131,8 @@ impl Remote {
                     let shard = relocated(shard, moved)?;
                     let (bytes, hash) = encode(step, &shard)?;
                     let id = ShardName { hash, ..*id };
-                    self.put(&self.layout.shard(step, &id), bytes)?;
+                    self.bucket
+                        .put(&self.bucket.layout.shard(step, &id), bytes)?;
                     new_shards.push(shard);
                     new_ids.push(id);
                 }

@@ -97,14 +97,17 @@ impl Remote {
                     Ok(StepManifest::Single(m)) => (Vec::new(), m.unpacked_hash()?),
                     Err(_) => (Vec::new(), None),
                 };
-                self.put(&self.layout.deleted(step, &c.hash), Vec::new())?;
+                self.bucket
+                    .put(&self.bucket.layout.deleted(step, &c.hash), Vec::new())?;
                 if let Some(hash) = unpacked.filter(|h| *h != c.hash) {
-                    self.put(&self.layout.deleted(step, &hash), Vec::new())?;
+                    self.bucket
+                        .put(&self.bucket.layout.deleted(step, &hash), Vec::new())?;
                 }
-                self.delete(&self.layout.commit(c))?;
-                self.delete(&self.layout.manifest(step, &c.hash))?;
+                self.bucket.delete(&self.bucket.layout.commit(c))?;
+                self.bucket
+                    .delete(&self.bucket.layout.manifest(step, &c.hash))?;
                 for id in &shards {
-                    self.delete(&self.layout.shard(step, id))?;
+                    self.bucket.delete(&self.bucket.layout.shard(step, id))?;
                 }
             }
         }
@@ -185,7 +188,7 @@ impl Remote {
                 report.young_kept += 1;
                 continue;
             }
-            self.delete(&self.layout.shard(step, &id))?;
+            self.bucket.delete(&self.bucket.layout.shard(step, &id))?;
             report.manifests_deleted += 1;
         }
         let named: HashSet<(u64, Hash)> = current.iter().map(|(c, _)| (c.step, c.hash)).collect();
@@ -215,7 +218,7 @@ impl Remote {
         if commits.is_empty() {
             return Ok(commits);
         }
-        let chunks = self.objects()?;
+        let chunks = self.bucket.objects()?;
         let mut current = Vec::new();
         for of_step in commits.chunk_by(|a, b| a.step == b.step) {
             let Some((newest, _)) = self.newest_complete(of_step, &chunks)? else {
@@ -226,7 +229,7 @@ impl Remote {
                 if *c >= newest {
                     current.push(*c);
                 } else {
-                    self.delete(&self.layout.commit(c))?;
+                    self.bucket.delete(&self.bucket.layout.commit(c))?;
                     report.commits_superseded += 1;
                 }
             }
@@ -245,7 +248,7 @@ impl Remote {
         keep: impl Fn(&str) -> bool,
     ) -> Result<(u64, u64)> {
         let (mut objects, mut bytes) = (0, 0);
-        for (key, modified, size) in self.list_meta(folder)? {
+        for (key, modified, size) in self.bucket.list_meta(folder)? {
             if keep(&key) {
                 continue;
             }
@@ -253,7 +256,8 @@ impl Remote {
                 report.young_kept += 1;
                 continue;
             }
-            self.delete(&self.layout.folder(folder).join(key.as_str()))?;
+            self.bucket
+                .delete(&self.bucket.layout.folder(folder).join(key.as_str()))?;
             objects += 1;
             bytes += size;
         }
@@ -265,6 +269,7 @@ impl Remote {
     /// off the newest lock, which this collection just wrote.
     fn cutoff(&self) -> Result<i64> {
         let now = self
+            .bucket
             .list_meta(crate::remote::format::layout::LOCKS)?
             .iter()
             .map(|(_, t, _)| *t)
@@ -277,26 +282,15 @@ impl Remote {
     /// Every shard in the bucket: its step, its name, its last
     /// modification (ms since the epoch).
     pub(crate) fn list_shards(&self) -> Result<Vec<(u64, ShardName, i64)>> {
-        let found = self.list_under(&self.layout.folder(SHARDS), 2)?;
+        let found = self
+            .bucket
+            .list_under(&self.bucket.layout.folder(SHARDS), 2)?;
         Ok(found
             .into_iter()
             .filter_map(|(parts, meta)| {
                 let step = parts[0].parse().ok()?;
                 let id: ShardName = parts[1].parse().ok()?;
                 Some((step, id, meta.last_modified.timestamp_millis()))
-            })
-            .collect())
-    }
-
-    /// Name, last modification (ms since the epoch) and size of each object
-    /// in `folder`.
-    pub(crate) fn list_meta(&self, folder: &str) -> Result<Vec<(String, i64, u64)>> {
-        let found = self.list_under(&self.layout.folder(folder), 1)?;
-        Ok(found
-            .into_iter()
-            .map(|(mut parts, meta)| {
-                let modified = meta.last_modified.timestamp_millis();
-                (parts.remove(0), modified, meta.size)
             })
             .collect())
     }

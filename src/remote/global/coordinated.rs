@@ -191,7 +191,7 @@ impl Remote {
                         "shard {} names chunk {} that {} lacks",
                         id.rank,
                         hex(gone),
-                        self.url
+                        self.bucket.url
                     ),
                 ));
             }
@@ -243,21 +243,16 @@ impl Remote {
     /// 2), asked object by object (several requests in flight).
     fn present(&self, hashes: impl Iterator<Item = Hash>) -> Result<HashSet<Hash>> {
         use futures::{StreamExt, TryStreamExt};
-        use object_store::ObjectStoreExt;
         let unique: BTreeSet<Hash> = hashes.collect();
         if crate::remote::read::local::direct(self) {
             return crate::remote::read::local::present(self, unique);
         }
-        let (store, layout) = (&self.store, &self.layout);
-        self.run(async {
+        let bucket = &self.bucket;
+        bucket.run(async {
             futures::stream::iter(unique)
                 .map(|hash| async move {
-                    let key = layout.chunk(&hash);
-                    match store.head(&key).await {
-                        Ok(_) => Ok(Some(hash)),
-                        Err(object_store::Error::NotFound { .. }) => Ok(None),
-                        Err(e) => Err(self.error("looking for", &key, e)),
-                    }
+                    let found = bucket.has(&bucket.layout.chunk(&hash)).await?;
+                    Ok::<_, crate::Error>(found.then_some(hash))
                 })
                 .buffer_unordered(HEADS_IN_FLIGHT)
                 .try_filter_map(|found| async move { Ok(found) })

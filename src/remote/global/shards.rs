@@ -189,7 +189,8 @@ impl Remote {
         if then == ShardUpload::ChunksOnly {
             return Ok(info);
         }
-        self.put(&self.layout.shard(step, &id), bytes)?;
+        self.bucket
+            .put(&self.bucket.layout.shard(step, &id), bytes)?;
         if then == ShardUpload::Manifest {
             return Ok(info);
         }
@@ -210,7 +211,7 @@ impl Remote {
             .find(|id| id.world_size != world_size)
         {
             Some(other) => Err(BucketError::WorldSizeMismatch {
-                url: self.url.clone(),
+                url: self.bucket.url.clone(),
                 step,
                 ours: world_size,
                 theirs: other.world_size,
@@ -229,7 +230,8 @@ impl Remote {
         let newest = commits.last().copied();
         let since = newest.map_or(i64::MIN, |(_, t)| t);
         let mut attempt: Vec<(i64, ShardName)> = self
-            .list_under(&self.layout.shard_folder(step), 1)?
+            .bucket
+            .list_under(&self.bucket.layout.shard_folder(step), 1)?
             .into_iter()
             .filter_map(|(name, meta)| {
                 let id: ShardName = name[0].parse().ok()?;
@@ -274,8 +276,8 @@ impl Remote {
 
     /// Every shard object of `step`.
     fn shard_ids(&self, step: u64) -> Result<Vec<ShardName>> {
-        let folder = self.layout.shard_folder(step);
-        let names = self.list_keys(&folder)?;
+        let folder = self.bucket.layout.shard_folder(step);
+        let names = self.bucket.list_keys(&folder)?;
         Ok(names.iter().filter_map(|n| n.parse().ok()).collect())
     }
 
@@ -283,7 +285,7 @@ impl Remote {
     /// hash-checked: the one the step's commit names if the step is
     /// complete, else a whole one that landed; `None` if there is none.
     pub fn get_shard(&self, step: u64, rank: u32) -> Result<Option<GradientCheckpoint>> {
-        let chunks = self.objects()?;
+        let chunks = self.bucket.objects()?;
         if let Some((_, StepManifest::Sharded { mut shards, ids })) =
             self.complete_step(step, &chunks)?
         {
@@ -306,7 +308,7 @@ impl Remote {
     /// (for debugging a job that stalled).
     pub fn shards(&self, step: u64) -> Result<ShardStatus> {
         let ids = self.shard_ids(step)?;
-        let chunks = self.objects()?;
+        let chunks = self.bucket.objects()?;
         let world_sizes: Vec<u32> = ids
             .iter()
             .map(|id| id.world_size)
@@ -364,7 +366,7 @@ impl Remote {
     /// store, N for a complete global step, what its shards say for one not
     /// complete; `None` if the bucket has nothing of it.
     pub fn world_size(&self, step: u64) -> Result<Option<u32>> {
-        if let Some((_, m)) = self.complete_step(step, &self.objects()?)? {
+        if let Some((_, m)) = self.complete_step(step, &self.bucket.objects()?)? {
             return Ok(Some(m.world_size()));
         }
         Ok(self.shard_ids(step)?.iter().map(|id| id.world_size).min())

@@ -2,8 +2,6 @@
 //! and writing one, with the latest-step hint that lets a search for the
 //! newest step list only the commits from the hinted step on.
 
-use futures::TryStreamExt;
-
 use crate::remote::format::layout::{LatestHint, COMMITS, MAX_HINT_BYTES};
 use crate::remote::{Commit, Remote};
 use crate::{Error, Result};
@@ -40,39 +38,25 @@ impl Remote {
     /// As [`commits_from`](Self::commits_from), each with the time it was
     /// written.
     fn commits_listed(&self, from: u64, to: Option<u64>) -> Result<Vec<(Commit, i64)>> {
-        if self.dir.as_ref().is_some_and(|d| !d.is_dir()) {
-            return Ok(Vec::new());
-        }
-        let folder = self.layout.folder(COMMITS);
-        let sorted = self.s3_bucket.is_some();
+        let folder = self.bucket.layout.folder(COMMITS);
+        let sorted = self.bucket.s3_name.is_some();
         let in_range = |c: &Commit| c.step >= from && to.is_none_or(|to| c.step <= to);
-        let mut found: Vec<(Commit, i64)> = self.block_on("listing", &folder, async {
-            // Every name of step `from` sorts after this offset (its
-            // prefix), every name of an earlier step before it.
-            let offset = folder.clone().join(format!("{from:020}"));
-            let mut listing = if from == 0 {
-                self.store.list(Some(&folder))
-            } else {
-                self.store.list_with_offset(Some(&folder), &offset)
-            };
-            let mut found = Vec::new();
-            while let Some(meta) = listing.try_next().await? {
-                let Some(mut parts) = meta.location.prefix_match(&folder) else {
-                    continue;
-                };
-                let (Some(name), None) = (parts.next(), parts.next()) else {
-                    continue;
-                };
-                match name.as_ref().parse::<Commit>().ok() {
-                    Some(c) if in_range(&c) => {
-                        found.push((c, meta.last_modified.timestamp_millis()));
-                    }
-                    Some(c) if sorted && to.is_some_and(|to| c.step > to) => break,
+        // Every name of step `from` sorts after this offset (its prefix),
+        // every name of an earlier step before it.
+        let offset = folder.clone().join(format!("{from:020}"));
+        let mut found: Vec<(Commit, i64)> = Vec::new();
+        self.bucket.scan(
+            &folder,
+            (from > 0).then_some(&offset),
+            &mut |name, modified| {
+                match name.parse::<Commit>().ok() {
+                    Some(c) if in_range(&c) => found.push((c, modified)),
+                    Some(c) if sorted && to.is_some_and(|to| c.step > to) => return false,
                     _ => {}
                 }
-            }
-            Ok(found)
-        })?;
+                true
+            },
+        )?;
         found.sort();
         Ok(found)
     }
@@ -99,7 +83,10 @@ impl Remote {
     /// The hint is untrusted like every object: anything but its JSON is
     /// no hint, and any step it names only sets where a listing starts.
     fn latest_hint(&self) -> Result<Option<u64>> {
-        let bytes = match self.get_bytes(&self.layout.latest_hint(), MAX_HINT_BYTES) {
+        let bytes = match self
+            .bucket
+            .get_bytes(&self.bucket.layout.latest_hint(), MAX_HINT_BYTES)
+        {
             Ok(Some(bytes)) => bytes,
             Ok(None) | Err(Error::Corrupt { .. }) => return Ok(None),
             Err(e) => return Err(e),
@@ -116,20 +103,29 @@ impl Remote {
     /// step whose hint is missing; a hint naming a step whose commit never
     /// landed only sends readers to list further.
     pub(crate) fn put_step(&self, commit: &Commit, bytes: Vec<u8>) -> Result<()> {
-        self.put(&self.layout.manifest(commit.step, &commit.hash), bytes)?;
+        self.bucket.put(
+            &self.bucket.layout.manifest(commit.step, &commit.hash),
+            bytes,
+        )?;
         let hint = LatestHint {
             format: 1,
             step: commit.step,
         };
-        self.put(&self.layout.latest_hint(), json(&hint)?)?;
-        self.put(&self.layout.commit(commit), json(&commit.body())?)
+        self.bucket
+            .put(&self.bucket.layout.latest_hint(), json(&hint)?)?;
+        self.bucket
+            .put(&self.bucket.layout.commit(commit), json(&commit.body())?)
     }
 
     /// [`put_step`](Self::put_step) without the hint: a step committed
     /// again that need not be the newest (a repack).
     pub(crate) fn put_manifest_and_commit(&self, commit: &Commit, bytes: Vec<u8>) -> Result<()> {
-        self.put(&self.layout.manifest(commit.step, &commit.hash), bytes)?;
-        self.put(&self.layout.commit(commit), json(&commit.body())?)
+        self.bucket.put(
+            &self.bucket.layout.manifest(commit.step, &commit.hash),
+            bytes,
+        )?;
+        self.bucket
+            .put(&self.bucket.layout.commit(commit), json(&commit.body())?)
     }
 }
 

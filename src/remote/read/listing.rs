@@ -169,7 +169,7 @@ impl Remote {
     /// [`BucketError::ShardedStep`](crate::BucketError::ShardedStep) for a global step of several ranks (see
     /// [`get_shard`](Self::get_shard)).
     pub fn info(&self, step: u64) -> Result<Option<StepInfo>> {
-        let Some((_, m)) = self.complete_step(step, &self.objects()?)? else {
+        let Some((_, m)) = self.complete_step(step, &self.bucket.objects()?)? else {
             return Ok(None);
         };
         let m = single(step, m)?;

@@ -56,7 +56,7 @@ pub(crate) fn read_into<'o>(
             len: n,
             hash,
         } = wanted[i];
-        let path = Path::new("/").join(remote.layout.object(&object).as_ref());
+        let path = Path::new("/").join(remote.bucket.layout.object(&object).as_ref());
         let damaged = || {
             Error::corrupt(
                 Some(step),
@@ -64,8 +64,9 @@ pub(crate) fn read_into<'o>(
                     "{what}: chunk {} in {} fails its hash check",
                     hex(&hash),
                     remote
+                        .bucket
                         .layout
-                        .url_of(&remote.url, &remote.layout.object(&object))
+                        .url_of(&remote.bucket.url, &remote.bucket.layout.object(&object))
                 ),
             )
         };
@@ -148,7 +149,7 @@ fn poisoned() -> Error {
 /// Whether `remote` is a `file://` bucket whose object paths are its file
 /// paths (no character `LocalFileSystem` would encode).
 pub(crate) fn direct(remote: &Remote) -> bool {
-    remote.dir.as_ref().is_some_and(|d| {
+    remote.bucket.dir.as_ref().is_some_and(|d| {
         d.to_str().is_some_and(|d| {
             d.chars()
                 .all(|c| c.is_ascii_alphanumeric() || "/-_.".contains(c))
@@ -159,5 +160,5 @@ pub(crate) fn direct(remote: &Remote) -> bool {
 /// The file of chunk `hash`: the path `LocalFileSystem` (rooted at /)
 /// gives its object.
 fn chunk_path(remote: &Remote, hash: &Hash) -> PathBuf {
-    Path::new("/").join(remote.layout.chunk(hash).as_ref())
+    Path::new("/").join(remote.bucket.layout.chunk(hash).as_ref())
 }

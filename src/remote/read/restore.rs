@@ -6,8 +6,8 @@
 
 use std::collections::VecDeque;
 
+use crate::remote::bucket::Fetched;
 use futures::{StreamExt, TryStreamExt};
-use object_store::ObjectStoreExt;
 
 use crate::checkpoint::Incoming;
 use crate::format::layout::packed_slice;
@@ -205,7 +205,7 @@ impl Remote {
             .map(|group| self.fetch_group(step, wanted, group))
             .buffered(DOWNLOADS_IN_FLIGHT);
         // `each` runs outside the runtime, free to block.
-        while let Some(pieces) = self.run(fetches.try_next())?? {
+        while let Some(pieces) = self.bucket.run(fetches.try_next())?? {
             for (i, piece) in pieces {
                 each(i, piece)?;
             }
@@ -223,8 +223,8 @@ impl Remote {
         group: Vec<usize>,
     ) -> Result<Vec<(usize, bytes::Bytes)>> {
         let first = wanted[group[0]];
-        let key = self.layout.object(&first.object);
-        let url = || self.layout.url_of(&self.url, &key);
+        let key = self.bucket.layout.object(&first.object);
+        let url = || self.bucket.layout.url_of(&self.bucket.url, &key);
         let corrupt = |detail: String| Error::corrupt(Some(step), detail);
         let span = match first.at {
             Some(from) if group.len() > 1 => {
@@ -241,10 +241,9 @@ impl Remote {
             }
             _ => first,
         };
-        let got = get_wanted(self.store.as_ref(), &key, &span).await;
-        let whole = match got {
-            Ok(Some(bytes)) => bytes,
-            Ok(None) => {
+        let whole = match self.bucket.get_span(&key, span.at, span.len).await? {
+            Fetched::Bytes(bytes) => bytes,
+            Fetched::Short => {
                 return Err(corrupt(format!(
                     "{}: {} is shorter than the chunk {} it holds",
                     first.what,
@@ -252,7 +251,7 @@ impl Remote {
                     hex(&first.hash)
                 )))
             }
-            Err(object_store::Error::NotFound { .. }) => {
+            Fetched::Missing => {
                 return Err(corrupt(format!(
                     "{}: {} is missing (chunk {})",
                     first.what,
@@ -260,7 +259,6 @@ impl Remote {
                     hex(&first.hash)
                 )))
             }
-            Err(e) => return Err(self.error("reading", &key, e)),
         };
         let base = span.at.unwrap_or(0);
         let wants: Vec<(Hash, u64, usize)> = group
@@ -407,33 +405,6 @@ fn coalesce(wanted: &[Want<'_>]) -> Vec<Vec<usize>> {
 /// Where the bytes `w` wants end in its object.
 fn end_of(w: &Want<'_>) -> u64 {
     w.at.unwrap_or(0).saturating_add(w.len as u64)
-}
-
-/// The bytes `want` names from the object at `path`, unchecked; `None` when
-/// the object cannot hold them (damage): a chunk of another length, a
-/// packed chunk too short for a tail. Refused before a body is read.
-async fn get_wanted(
-    store: &dyn object_store::ObjectStore,
-    path: &object_store::path::Path,
-    want: &Want<'_>,
-) -> object_store::Result<Option<bytes::Bytes>> {
-    let Some(at) = want.at else {
-        let got = store.get(path).await?;
-        if usize::try_from(got.meta.size).ok() != Some(want.len) {
-            return Ok(None);
-        }
-        return got.bytes().await.map(Some);
-    };
-    let range = at..at + want.len as u64;
-    match store.get_range(path, range.clone()).await {
-        Ok(bytes) => Ok(Some(bytes)),
-        Err(e @ object_store::Error::NotFound { .. }) => Err(e),
-        // A range the object does not hold is damage; else the bucket failed.
-        Err(e) => match store.head(path).await {
-            Ok(meta) if meta.size < range.end => Ok(None),
-            _ => Err(e),
-        },
-    }
 }
 
 /// The checkpoint `m` describes, without its blobs and tensors.

@@ -146,12 +146,15 @@ impl Remote {
         commit: Commit,
         chunks: Option<&HashSet<Object>>,
     ) -> Result<Checked<CommitBody>> {
-        let key = self.layout.manifest(commit.step, &commit.hash);
+        let key = self.bucket.layout.manifest(commit.step, &commit.hash);
         let bytes = match self.get_hashed(&key, &commit.hash)? {
             Ok(bytes) => bytes,
             Err(why) => return Ok(Err(why)),
         };
-        let (step, url) = (commit.step, self.layout.url_of(&self.url, &key));
+        let (step, url) = (
+            commit.step,
+            self.bucket.layout.url_of(&self.bucket.url, &key),
+        );
         let single = match serde_json::from_slice::<RemoteManifest>(&bytes) {
             Ok(m) => {
                 let checked = self.check_single(m, step, chunks, &url);
@@ -187,12 +190,12 @@ impl Remote {
         id: &ShardName,
         chunks: Option<&HashSet<Object>>,
     ) -> Result<Checked<RemoteManifest>> {
-        let key = self.layout.shard(step, id);
+        let key = self.bucket.layout.shard(step, id);
         let bytes = match self.get_hashed(&key, &id.hash)? {
             Ok(bytes) => bytes,
             Err(why) => return Ok(Err(why)),
         };
-        let url = self.layout.url_of(&self.url, &key);
+        let url = self.bucket.layout.url_of(&self.bucket.url, &key);
         match serde_json::from_slice::<RemoteManifest>(&bytes) {
             Ok(m) => Ok(self.check_single(m, step, chunks, &url)),
             Err(e) => Ok(Err(Rejected::Undecodable {
@@ -249,8 +252,8 @@ impl Remote {
         key: &object_store::path::Path,
         hash: &Hash,
     ) -> Result<Checked<bytes::Bytes>> {
-        let url = || self.layout.url_of(&self.url, key);
-        let bytes = match self.get_bytes(key, MAX_MANIFEST_BYTES) {
+        let url = || self.bucket.layout.url_of(&self.bucket.url, key);
+        let bytes = match self.bucket.get_bytes(key, MAX_MANIFEST_BYTES) {
             Ok(Some(bytes)) => bytes,
             Ok(None) => return Ok(Err(Rejected::Missing { url: url() })),
             Err(Error::Corrupt { detail, .. }) => return Ok(Err(Rejected::Unreadable { detail })),
@@ -288,7 +291,7 @@ impl Remote {
         if commits.is_empty() {
             return Ok((complete, skipped));
         }
-        let chunks = self.objects()?;
+        let chunks = self.bucket.objects()?;
         // Commits come sorted by step: one group per step.
         for of_step in commits.chunk_by(|a, b| a.step == b.step) {
             match self.newest_or_why(of_step, &chunks)? {
@@ -318,10 +321,10 @@ impl Remote {
         if let Some(chunks) = chunks {
             if let Some(o) = m.objects().into_iter().find(|o| !chunks.contains(o)) {
                 let key = match o {
-                    Object::Chunk(h) => self.layout.chunk(&h),
-                    Object::Pack(h) => self.layout.pack(&h),
+                    Object::Chunk(h) => self.bucket.layout.chunk(&h),
+                    Object::Pack(h) => self.bucket.layout.pack(&h),
                 };
-                let object = self.layout.url_of(&self.url, &key);
+                let object = self.bucket.layout.url_of(&self.bucket.url, &key);
                 let url = url.to_owned();
                 return Err(Rejected::Incomplete { url, object });
             }

@@ -47,7 +47,7 @@ impl Remote {
         if commits.is_empty() {
             return Ok(report);
         }
-        let objects = self.objects()?;
+        let objects = self.bucket.objects()?;
         // Commits come sorted by step: one group per step.
         for of_step in commits.chunk_by(|a, b| a.step == b.step) {
             let step = of_step[0].step;
@@ -55,7 +55,10 @@ impl Remote {
                 Ok((_, m)) => m.parts().iter().try_fold(0u64, |n, part| {
                     Ok(n.saturating_add(self.check_chunks(part)?))
                 }),
-                Err(why) => Err(Error::corrupt(Some(step), format!("{}: {why}", self.url))),
+                Err(why) => Err(Error::corrupt(
+                    Some(step),
+                    format!("{}: {why}", self.bucket.url),
+                )),
             };
             match checked {
                 Ok(bytes) => {

@@ -67,10 +67,10 @@ impl Knowledge {
             other => Ok(Knowledge::Listed(Box::new(Listing {
                 // Ascending: the last commit of a step is its newest.
                 newest: remote.commits()?.into_iter().map(|c| (c.step, c)).collect(),
-                deleted: remote.deleted()?.into_iter().collect(),
-                manifests: remote.manifest_names()?,
-                chunks: remote.chunk_hashes()?,
-                packs: remote.pack_names()?,
+                deleted: remote.bucket.deleted()?.into_iter().collect(),
+                manifests: remote.bucket.manifest_names()?,
+                chunks: remote.bucket.chunk_hashes()?,
+                packs: remote.bucket.pack_names()?,
                 remembered: other.map(|k| k.steps).unwrap_or_default(),
                 repair,
             }))),

@@ -7,7 +7,7 @@
 //! chunk is still checked against its own hash when read.
 //!
 //! Deduplication asks the bucket nothing per chunk: a [`Remote`] remembers
-//! where the chunks it wrote or read lie ([`Known`]), with the bucket's
+//! where the chunks it wrote or read lie ([`Known`](crate::remote::coordination::known::Known)), with the bucket's
 //! collection mark at the time. A garbage collection writes a new mark
 //! before it deletes anything, so a memory whose mark is still the
 //! bucket's (read under the push lock, which no collection overlaps)
@@ -20,61 +20,12 @@ use bytes::Bytes;
 use crate::format::manifest::Hash;
 use crate::remote::coordination::locks::Lock;
 use crate::remote::format::hash::HexHash;
-use crate::remote::format::manifest::RemoteManifest;
 use crate::remote::format::pack_format::{pack_name, Location, PackIndex, RemotePack};
 use crate::remote::Remote;
 use crate::{Error, Result};
 
 /// Packs uploaded at once, each held in memory while it goes.
 const PACKS_IN_FLIGHT: usize = 4;
-
-/// What a [`Remote`] knows is in its bucket: where chunks lie, while the
-/// bucket's collection mark is `mark`.
-#[derive(Debug, Default)]
-pub(crate) struct Known {
-    mark: Option<Vec<u8>>,
-    at: HashMap<Hash, Location>,
-    /// The manifests (step, hash) whose chunks `at` has learned.
-    learned: std::collections::HashSet<(u64, Hash)>,
-}
-
-impl Known {
-    /// The memory, emptied if the bucket's mark is no longer `mark`.
-    pub(crate) fn under(&mut self, mark: &[u8]) -> &mut HashMap<Hash, Location> {
-        if self.mark.as_deref() != Some(mark) {
-            self.at.clear();
-            self.learned.clear();
-            self.mark = Some(mark.to_vec());
-        }
-        &mut self.at
-    }
-
-    /// Note that the chunks of the manifest of `step` of hash `hash` are
-    /// known (while the mark is `mark`).
-    pub(crate) fn learned(&mut self, mark: &[u8], step: u64, hash: Hash) {
-        self.under(mark);
-        self.learned.insert((step, hash));
-    }
-
-    /// Whether the chunks of that manifest are known.
-    pub(crate) fn has_learned(&mut self, mark: &[u8], step: u64, hash: Hash) -> bool {
-        self.under(mark);
-        self.learned.contains(&(step, hash))
-    }
-
-    /// Forget everything (a repair trusts nothing it did not list).
-    pub(crate) fn clear(&mut self) {
-        self.at.clear();
-        self.learned.clear();
-    }
-
-    /// Forget every chunk of the packs `gone` (and which manifests were
-    /// learned: one of them named a pack that is gone).
-    pub(crate) fn forget(&mut self, gone: &[Hash]) {
-        self.at.retain(|_, loc| !gone.contains(&loc.pack));
-        self.learned.clear();
-    }
-}
 
 /// A pack to upload: its name and its chunks, by their number in the
 /// pieces it was placed from (read when it is uploaded).
@@ -235,36 +186,6 @@ impl Remote {
         }
     }
 
-    /// What this remote knows of its bucket's packs.
-    pub(crate) fn known(&self) -> Result<std::sync::MutexGuard<'_, Known>> {
-        self.known
-            .lock()
-            .map_err(|_| Error::corrupt(None, "a thread panicked while it held the pack memory"))
-    }
-
-    /// Learn where the chunks of `manifests` (of a complete step just
-    /// opened, while the bucket's collection mark was `mark`) lie: a save
-    /// after a load deduplicates against what it loaded.
-    pub(crate) fn learn(&self, manifests: &[RemoteManifest], mark: &[u8]) -> Result<()> {
-        for m in manifests {
-            self.learn_where(m, mark, &|_| true)?;
-        }
-        Ok(())
-    }
-
-    /// Learn where the chunks of `m` lie that lie in packs `there` keeps.
-    pub(crate) fn learn_where(
-        &self,
-        m: &RemoteManifest,
-        mark: &[u8],
-        there: &dyn Fn(&Hash) -> bool,
-    ) -> Result<()> {
-        let mut known = self.known()?;
-        let known = known.under(mark);
-        known.extend(m.locations().into_iter().filter(|(_, l)| there(&l.pack)));
-        Ok(())
-    }
-
     /// Upload `packs`, a few at a time, each one's pieces read by `read`
     /// when an upload slot frees up (so the packs in flight are in memory,
     /// not what is packed), calling `landed` with each one's bytes as it
@@ -276,8 +197,8 @@ impl Remote {
         landed: &mut dyn FnMut(u64) -> Result<()>,
     ) -> Result<()> {
         use futures::{StreamExt, TryStreamExt};
-        use object_store::{ObjectStoreExt, PutPayload};
-        let (store, layout, url) = (&self.store, &self.layout, &self.url);
+        use object_store::PutPayload;
+        let bucket = &self.bucket;
         let loaded = packs.into_iter().map(|pack| -> Result<(Hash, Vec<Bytes>)> {
             let parts = pack.members.iter().map(|&i| read(i));
             Ok((pack.name, parts.collect::<Result<_>>()?))
@@ -285,16 +206,14 @@ impl Remote {
         let mut uploads = futures::stream::iter(loaded)
             .map(|loaded| async move {
                 let (name, parts) = loaded?;
-                let key = layout.pack(&name);
+                let key = bucket.layout.pack(&name);
                 let len: u64 = parts.iter().map(|b| b.len() as u64).sum();
                 let payload: PutPayload = parts.into_iter().collect();
-                store.put(&key, payload).await.map_err(|e| {
-                    crate::remote::remote_error(url, &layout.url_of(url, &key), "uploading", e)
-                })?;
+                bucket.put_async(&key, payload, "uploading").await?;
                 Ok::<u64, crate::Error>(len)
             })
             .buffer_unordered(PACKS_IN_FLIGHT);
-        while let Some(len) = self.run(uploads.try_next())?? {
+        while let Some(len) = self.bucket.run(uploads.try_next())?? {
             landed(len)?;
         }
         Ok(())
@@ -303,22 +222,12 @@ impl Remote {
     /// Which of `packs` are missing from the bucket (a HEAD each).
     pub(crate) fn missing_packs(&self, packs: &[Hash]) -> Result<Vec<Hash>> {
         use futures::{StreamExt, TryStreamExt};
-        use object_store::ObjectStoreExt;
-        let (store, layout, url) = (&self.store, &self.layout, &self.url);
-        self.run(async {
+        let bucket = &self.bucket;
+        bucket.run(async {
             futures::stream::iter(packs.iter().copied())
                 .map(|pack| async move {
-                    let key = layout.pack(&pack);
-                    match store.head(&key).await {
-                        Ok(_) => Ok(None),
-                        Err(object_store::Error::NotFound { .. }) => Ok(Some(pack)),
-                        Err(e) => Err(crate::remote::remote_error(
-                            url,
-                            &layout.url_of(url, &key),
-                            "looking for",
-                            e,
-                        )),
-                    }
+                    let found = bucket.has(&bucket.layout.pack(&pack)).await?;
+                    Ok::<_, crate::Error>((!found).then_some(pack))
                 })
                 .buffer_unordered(PACKS_IN_FLIGHT * 4)
                 .try_filter_map(|gone| async move { Ok(gone) })

@@ -150,7 +150,7 @@ impl Remote {
         if repair {
             self.known()?.clear();
         }
-        let knowledge = Knowledge::of(self, store.remembered(&self.url)?, &mark, repair)?;
+        let knowledge = Knowledge::of(self, store.remembered(&self.bucket.url)?, &mark, repair)?;
         let report = self.push_steps(store, &knowledge, &mark, lock, progress)?;
         if store.is_read_only() && !report.steps_pushed.is_empty() {
             // Commits the writer's memory of the bucket does not know of.
@@ -199,7 +199,7 @@ impl Remote {
             if knowledge.is_listed() {
                 memo.insert(step, done.remember);
             } else {
-                store.remember(&self.url, mark, false, &[(step, done.remember)])?;
+                store.remember(&self.bucket.url, mark, false, &[(step, done.remember)])?;
             }
             if done.pushed {
                 report.steps_pushed.push(step);
@@ -212,7 +212,7 @@ impl Remote {
         }
         if knowledge.is_listed() {
             let memo: Vec<(u64, Pushed)> = memo.into_iter().collect();
-            store.remember(&self.url, mark, true, &memo)?;
+            store.remember(&self.bucket.url, mark, true, &memo)?;
         }
         Ok(report)
     }
@@ -285,32 +285,6 @@ impl Remote {
         }
         self.known()?.learned(mark, c.step, c.hash);
         Ok(())
-    }
-
-    /// The bucket's collection mark, written first if there is none: it
-    /// also tells this bucket from another one later found at the same URL
-    /// (a prefix emptied or a bucket made again), whose mark differs.
-    pub(crate) fn collection_mark(&self) -> Result<Vec<u8>> {
-        let key = self.layout.collection_mark();
-        if let Some(mark) = self.get_bytes(&key, 1024)? {
-            return Ok(mark.to_vec());
-        }
-        self.new_collection_mark()
-    }
-
-    /// The bucket's collection mark, if it has one (nothing is written).
-    pub(crate) fn current_mark(&self) -> Result<Option<Vec<u8>>> {
-        let key = self.layout.collection_mark();
-        Ok(self.get_bytes(&key, 1024)?.map(|m| m.to_vec()))
-    }
-
-    /// Write a new collection mark: what any store remembers of the bucket
-    /// no longer holds (a collection is about to delete, another store
-    /// takes the prefix over, or a store pushed what it cannot remember).
-    pub(crate) fn new_collection_mark(&self) -> Result<Vec<u8>> {
-        let mark = uuid::Uuid::new_v4().simple().to_string().into_bytes();
-        self.put(&self.layout.collection_mark(), mark.clone())?;
-        Ok(mark)
     }
 }
 

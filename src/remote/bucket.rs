@@ -1,0 +1,472 @@
+//! The bucket's object I/O, which every part of `remote` uses: a
+//! [`Bucket`] puts, gets, lists and deletes objects at the names of its
+//! [`Layout`], on a runtime of its own, and maps each `object_store` error
+//! to this crate's in one place ([`remote_error`]).
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+
+use super::format;
+use super::format::layout::{parse_chunk, Layout, StepHash, COMMITS, DELETED, MANIFESTS};
+use super::s3;
+use crate::error::BucketError;
+use crate::format::manifest::Hash;
+use crate::{Error, Result};
+
+/// A bucket (or a prefix in one): the object store, where the objects
+/// are in it, and the runtime its requests run on.
+pub(crate) struct Bucket {
+    store: Arc<dyn ObjectStore>,
+    pub(crate) layout: Layout,
+    pub(crate) url: String,
+    pub(crate) retry_window: Duration,
+    /// Where the bucket is, for `s3://` URLs (the client is built again
+    /// when the retry window changes).
+    pub(crate) s3_name: Option<String>,
+    /// The directory of a `file://` URL: empty while it is missing, the
+    /// first write creates it.
+    pub(crate) dir: Option<std::path::PathBuf>,
+    /// The process that opened it: a forked child may not use it.
+    owner: crate::process::Owner,
+    /// Always there until dropped; leaked rather than shut down in a
+    /// forked child (its threads are the parent's).
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Drop for Bucket {
+    fn drop(&mut self) {
+        if self.owner.forked() {
+            std::mem::forget(self.runtime.take());
+        }
+    }
+}
+
+impl Bucket {
+    /// `url` opened ([`Remote::open`](super::Remote::open)).
+    pub(crate) fn open(url: &str) -> Result<Bucket> {
+        let invalid = |reason: &str| -> Error {
+            BucketError::InvalidUrl {
+                url: url.to_owned(),
+                reason: reason.to_owned(),
+            }
+            .into()
+        };
+        if let Some(rest) = url.strip_prefix("s3://") {
+            let (name, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+            if name.is_empty() {
+                return Err(invalid("no bucket named"));
+            }
+            let store = s3::s3_store(name, super::DEFAULT_RETRY_WINDOW)
+                .map_err(|e| remote_error(url, url, "configuring", e))?;
+            let mut bucket = Bucket::with_store(store, prefix, url)?;
+            bucket.s3_name = Some(name.to_owned());
+            Ok(bucket)
+        } else if let Some(dir) = url.strip_prefix("file://") {
+            if !dir.starts_with('/') {
+                return Err(invalid("a file:// URL needs an absolute path: file:///DIR"));
+            }
+            let fs = object_store::local::LocalFileSystem::new().with_fsync(true);
+            let mut bucket = Bucket::with_store(Arc::new(fs), dir, url)?;
+            bucket.dir = Some(dir.into());
+            Ok(bucket)
+        } else {
+            Err(invalid("the scheme must be s3:// or file://"))
+        }
+    }
+
+    /// A bucket over `store` at `prefix` in it
+    /// ([`Remote::with_store`](super::Remote::with_store)).
+    pub(crate) fn with_store(
+        store: Arc<dyn ObjectStore>,
+        prefix: &str,
+        url: &str,
+    ) -> Result<Bucket> {
+        let prefix =
+            Path::parse(prefix.trim_matches('/')).map_err(|e| BucketError::InvalidUrl {
+                url: url.to_owned(),
+                reason: e.to_string(),
+            })?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|source| Error::Io {
+                op: "start the runtime for",
+                path: url.into(),
+                source,
+            })?;
+        Ok(Bucket {
+            store,
+            layout: Layout { prefix },
+            url: url.to_owned(),
+            retry_window: super::DEFAULT_RETRY_WINDOW,
+            s3_name: None,
+            dir: None,
+            owner: crate::process::Owner::current(),
+            runtime: Some(runtime),
+        })
+    }
+
+    /// Retry requests for `window` ([`Remote::with_retry_window`](super::Remote::with_retry_window)).
+    pub(crate) fn set_retry_window(&mut self, window: Duration) -> Result<()> {
+        if let Some(name) = &self.s3_name {
+            self.store = s3::s3_store(name, window)
+                .map_err(|e| remote_error(&self.url, &self.url, "configuring", e))?;
+        }
+        self.retry_window = window;
+        Ok(())
+    }
+
+    /// Whether the bucket is there: for a `file://` URL, whether its
+    /// directory exists; for `s3://`, whether the bucket answers a listing.
+    pub(crate) fn exists(&self) -> Result<bool> {
+        if let Some(dir) = &self.dir {
+            return Ok(dir.is_dir());
+        }
+        let prefix = self.layout.folder(COMMITS);
+        let listed = self.run(async {
+            let mut listing = self.store.list(Some(&prefix));
+            listing.try_next().await.map(drop)
+        })?;
+        match listed.map_err(|e| self.error("listing", &prefix, e)) {
+            Ok(()) => Ok(true),
+            Err(Error::Bucket(BucketError::NoBucket { .. })) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Run `f`, a request for `key`, to completion; its error becomes
+    /// [`BucketError::Request`](crate::BucketError::Request) (or [`BucketError::NoBucket`](crate::BucketError::NoBucket)).
+    pub(crate) fn block_on<T>(
+        &self,
+        op: &str,
+        key: &Path,
+        f: impl Future<Output = object_store::Result<T>>,
+    ) -> Result<T> {
+        self.run(f)?.map_err(|e| self.error(op, key, e))
+    }
+
+    /// Run `f` to completion on the remote's runtime, in the process that
+    /// opened the remote only.
+    pub(crate) fn run<F: Future>(&self, f: F) -> Result<F::Output> {
+        self.owner.check(&|| format!("remote {}", self.url))?;
+        let runtime = self.runtime.as_ref().ok_or_else(|| Error::Forked {
+            what: format!("remote {}", self.url),
+            opened_by: 0,
+            this: std::process::id(),
+        })?;
+        Ok(runtime.block_on(f))
+    }
+
+    /// `e`, from a request for `key`, as this crate's error: a missing
+    /// bucket said plainly.
+    pub(crate) fn error(&self, op: &str, key: &Path, e: object_store::Error) -> Error {
+        remote_error(&self.url, &self.layout.url_of(&self.url, key), op, e)
+    }
+
+    pub(crate) fn put(&self, key: &Path, bytes: Vec<u8>) -> Result<()> {
+        let payload = PutPayload::from(bytes);
+        let put = self.run(self.store.put(key, payload))?;
+        match put {
+            Ok(_) => Ok(()),
+            // S3 answers a write to a missing bucket with 404.
+            Err(object_store::Error::NotFound { source, .. }) => Err(BucketError::NoBucket {
+                url: self.url.clone(),
+                source: Some(source),
+            }
+            .into()),
+            Err(e) => Err(self.error("writing", key, e)),
+        }
+    }
+
+    /// The bytes at `key`, or `None` if there is no such object; an object
+    /// larger than `cap` bytes is refused as [`Error::Corrupt`] before it
+    /// is read.
+    pub(crate) fn get_bytes(&self, key: &Path, cap: u64) -> Result<Option<bytes::Bytes>> {
+        let got = self.run(async {
+            match self.store.get(key).await {
+                Ok(r) if r.meta.size > cap => Ok(Err(r.meta.size)),
+                Ok(r) => r.bytes().await.map(|b| Ok(Some(b))),
+                Err(object_store::Error::NotFound { .. }) => Ok(Ok(None)),
+                Err(e) => Err(e),
+            }
+        })?;
+        got.map_err(|e| self.error("reading", key, e))?
+            .map_err(|size| {
+                Error::corrupt(
+                    None,
+                    format!(
+                        "{} is {size} bytes (at most {cap} are read)",
+                        self.layout.url_of(&self.url, key)
+                    ),
+                )
+            })
+    }
+
+    /// Names of the objects in `folder`.
+    pub(crate) fn list_names(&self, folder: &str) -> Result<Vec<String>> {
+        self.list_keys(&self.layout.folder(folder))
+    }
+
+    /// The name of each object directly in folder `prefix` (not in a
+    /// folder below it: another prefix's objects may be there).
+    pub(crate) fn list_keys(&self, prefix: &Path) -> Result<Vec<String>> {
+        Ok(self
+            .list_under(prefix, 1)?
+            .into_iter()
+            .map(|(mut parts, _)| parts.remove(0))
+            .collect())
+    }
+
+    /// Each object `depth` folders down from `prefix`: its name's parts
+    /// below `prefix`, and its metadata. A `file://` bucket whose
+    /// directory is missing is empty (and not created).
+    pub(crate) fn list_under(
+        &self,
+        prefix: &Path,
+        depth: usize,
+    ) -> Result<Vec<(Vec<String>, object_store::ObjectMeta)>> {
+        if self.dir.as_ref().is_some_and(|d| !d.is_dir()) {
+            return Ok(Vec::new());
+        }
+        let found: Vec<object_store::ObjectMeta> = self.block_on("listing", prefix, async {
+            self.store.list(Some(prefix)).try_collect().await
+        })?;
+        Ok(found
+            .into_iter()
+            .filter_map(|meta| {
+                let parts: Vec<String> = meta
+                    .location
+                    .prefix_match(prefix)?
+                    .map(|p| p.as_ref().to_owned())
+                    .collect();
+                (parts.len() == depth).then_some((parts, meta))
+            })
+            .collect())
+    }
+
+    /// The (step, hash) of every manifest object.
+    pub(crate) fn manifest_names(&self) -> Result<HashSet<(u64, Hash)>> {
+        Ok(self
+            .list_names(MANIFESTS)?
+            .iter()
+            .filter_map(|n| n.strip_suffix(".json")?.parse::<StepHash>().ok())
+            .map(|n| (n.step, n.hash))
+            .collect())
+    }
+
+    /// The (step, manifest hash) of every step retention deleted.
+    pub(crate) fn deleted(&self) -> Result<Vec<(u64, Hash)>> {
+        Ok(self
+            .list_names(DELETED)?
+            .iter()
+            .filter_map(|n| n.parse::<StepHash>().ok())
+            .map(|n| (n.step, n.hash))
+            .collect())
+    }
+
+    /// Name, last modification (ms since the epoch) and size of each object
+    /// in `folder`.
+    pub(crate) fn list_meta(&self, folder: &str) -> Result<Vec<(String, i64, u64)>> {
+        let found = self.list_under(&self.layout.folder(folder), 1)?;
+        Ok(found
+            .into_iter()
+            .map(|(mut parts, meta)| {
+                let modified = meta.last_modified.timestamp_millis();
+                (parts.remove(0), modified, meta.size)
+            })
+            .collect())
+    }
+
+    /// Each object directly in `folder` (by name, with its last
+    /// modification in ms since the epoch), from the first whose name sorts
+    /// after `after` (a key in `folder`) where given, handed to `each` in
+    /// the order listed until it answers `false`.
+    pub(crate) fn scan(
+        &self,
+        folder: &Path,
+        after: Option<&Path>,
+        each: &mut dyn FnMut(&str, i64) -> bool,
+    ) -> Result<()> {
+        if self.dir.as_ref().is_some_and(|d| !d.is_dir()) {
+            return Ok(());
+        }
+        self.block_on("listing", folder, async {
+            let mut listing = match after {
+                None => self.store.list(Some(folder)),
+                Some(offset) => self.store.list_with_offset(Some(folder), offset),
+            };
+            while let Some(meta) = listing.try_next().await? {
+                let Some(mut parts) = meta.location.prefix_match(folder) else {
+                    continue;
+                };
+                let (Some(name), None) = (parts.next(), parts.next()) else {
+                    continue;
+                };
+                if !each(name.as_ref(), meta.last_modified.timestamp_millis()) {
+                    break;
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Delete `key`; a key already gone is fine.
+    pub(crate) fn delete(&self, key: &Path) -> Result<()> {
+        let deleted = self.run(async {
+            match self.store.delete(key).await {
+                Err(object_store::Error::NotFound { .. }) => Ok(()),
+                other => other,
+            }
+        })?;
+        deleted.map_err(|e| self.error("deleting", key, e))
+    }
+
+    /// Every chunk and pack object in the bucket: what a manifest may
+    /// need ([`RemoteManifest::objects`](format::manifest::RemoteManifest::objects)).
+    pub(crate) fn objects(&self) -> Result<HashSet<format::pack_format::Object>> {
+        let chunks = self
+            .chunk_hashes()?
+            .into_iter()
+            .map(format::pack_format::Object::Chunk);
+        let packs = self
+            .pack_names()?
+            .into_iter()
+            .map(format::pack_format::Object::Pack);
+        Ok(chunks.chain(packs).collect())
+    }
+
+    /// The names of every pack in the bucket.
+    pub(crate) fn pack_names(&self) -> Result<HashSet<Hash>> {
+        Ok(self
+            .list_names(format::layout::PACKS)?
+            .iter()
+            .filter_map(|n| parse_chunk(n))
+            .collect())
+    }
+
+    /// The hashes of every chunk in the bucket.
+    pub(crate) fn chunk_hashes(&self) -> Result<HashSet<Hash>> {
+        Ok(self
+            .list_names(format::layout::CHUNKS)?
+            .iter()
+            .filter_map(|n| parse_chunk(n))
+            .collect())
+    }
+}
+
+/// What a ranged read found ([`Bucket::get_span`]).
+pub(crate) enum Fetched {
+    /// The bytes asked for.
+    Bytes(bytes::Bytes),
+    /// The object holds fewer bytes than asked for (or, read whole, not
+    /// exactly as many).
+    Short,
+    /// There is no such object.
+    Missing,
+}
+
+/// Requests to run several at a time on the bucket's runtime (inside
+/// [`Bucket::run`]), each error mapped as the blocking ones are.
+impl Bucket {
+    /// Put `payload` at `key` (`op` names the request in an error).
+    pub(crate) async fn put_async(&self, key: &Path, payload: PutPayload, op: &str) -> Result<()> {
+        match self.store.put(key, payload).await {
+            Ok(_) => Ok(()),
+            Err(e) => Err(self.error(op, key, e)),
+        }
+    }
+
+    /// Whether there is an object at `key` (a HEAD).
+    pub(crate) async fn has(&self, key: &Path) -> Result<bool> {
+        match self.store.head(key).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(self.error("looking for", key, e)),
+        }
+    }
+
+    /// Bytes `at..at + len` of the object at `key`, unchecked, or, with no
+    /// `at`, the whole object, which must be `len` bytes long (refused as
+    /// `Short` before its body is read).
+    pub(crate) async fn get_span(
+        &self,
+        key: &Path,
+        at: Option<u64>,
+        len: usize,
+    ) -> Result<Fetched> {
+        let got = match at {
+            None => match self.store.get(key).await {
+                Ok(got) if usize::try_from(got.meta.size).ok() != Some(len) => Ok(Fetched::Short),
+                Ok(got) => got.bytes().await.map(Fetched::Bytes),
+                Err(e) => Err(e),
+            },
+            Some(at) => {
+                let range = at..at + len as u64;
+                match self.store.get_range(key, range.clone()).await {
+                    Ok(bytes) => Ok(Fetched::Bytes(bytes)),
+                    Err(e @ object_store::Error::NotFound { .. }) => Err(e),
+                    // A range the object does not hold is damage; else the
+                    // bucket failed.
+                    Err(e) => match self.store.head(key).await {
+                        Ok(meta) if meta.size < range.end => Ok(Fetched::Short),
+                        _ => Err(e),
+                    },
+                }
+            }
+        };
+        match got {
+            Ok(fetched) => Ok(fetched),
+            Err(object_store::Error::NotFound { .. }) => Ok(Fetched::Missing),
+            Err(e) => Err(self.error("reading", key, e)),
+        }
+    }
+}
+
+/// The one mapping of an `object_store` error to this crate's: `e`, from
+/// `op` on `object` (a URL) of the remote at `url`. What the S3 backend
+/// knows of the answer ([`s3::S3Answer`]) comes first: a missing bucket,
+/// missing credentials.
+pub(crate) fn remote_error(url: &str, object: &str, op: &str, e: object_store::Error) -> Error {
+    let op = match s3::answer_of(&e) {
+        Some(s3::S3Answer::NoSuchBucket) => {
+            return BucketError::NoBucket {
+                url: url.to_owned(),
+                source: Some(Box::new(e)),
+            }
+            .into()
+        }
+        Some(s3::S3Answer::NoInstanceCredentials { .. }) => format!(
+            "{op} (no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or run \
+             where instance credentials exist)"
+        ),
+        None => op.to_owned(),
+    };
+    BucketError::Request {
+        op,
+        url: object.to_owned(),
+        reason: reason(&e),
+        source: Box::new(e),
+    }
+    .into()
+}
+
+/// What `e` says, without the store's own form of the object's path
+/// (relative, no leading `/`): the error names the object by its URL.
+fn reason(e: &object_store::Error) -> String {
+    use object_store::Error as E;
+    match e {
+        E::NotFound { source, .. } => format!("no such object ({source})"),
+        E::AlreadyExists { source, .. } => format!("the object already exists ({source})"),
+        E::Precondition { source, .. } => format!("a precondition failed ({source})"),
+        E::NotModified { source, .. } => format!("the object was not modified ({source})"),
+        E::PermissionDenied { source, .. } => format!("permission denied ({source})"),
+        E::Unauthenticated { source, .. } => format!("not authenticated ({source})"),
+        other => other.to_string(),
+    }
+}
