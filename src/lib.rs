@@ -94,7 +94,7 @@ pub use checkpoint::{GradientCheckpoint, MAX_TEXT_BYTES};
 /// ranged reads cut on multiples of it from a blob's start share no chunk.
 pub const CHUNK_BYTES: usize = format::layout::CHUNK_SIZE;
 pub use engine::hashing::ChunkHasher;
-pub use error::{Cause, Error, Result};
+pub use error::{Cause, Error, PackError, PackOp, Result};
 pub use exchange::dcp::{BoxSpan, DcpDtype, DcpIndex, DcpTensor, DCP_METADATA};
 pub use exchange::dcp_doc::{DcpChunk, DcpDocument, DcpEntry, DcpPathPart, DcpWhere, DCP_FORMAT};
 pub use exchange::hf::{cast_dtype, HfExport, DEFAULT_MAX_SHARD_BYTES};

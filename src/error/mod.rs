@@ -6,6 +6,8 @@ use std::path::PathBuf;
 mod bucket;
 #[cfg(feature = "remote")]
 pub use bucket::BucketError;
+mod pack;
+pub use pack::{PackError, PackOp};
 
 /// A dependency's error, kept as [`source()`](std::error::Error::source)
 /// only, so that no dependency's type is part of this crate's API.
@@ -26,6 +28,11 @@ pub enum Error {
     #[cfg(feature = "remote")]
     #[error(transparent)]
     Bucket(#[from] BucketError),
+
+    /// A store's pack files (where large chunks live beside its file)
+    /// could not be read or written, or hold damage: their own error.
+    #[error(transparent)]
+    Pack(#[from] PackError),
 
     /// A file or directory could not be read or written.
     #[error("{op} {path}: {source}")]
@@ -349,7 +356,7 @@ impl Error {
     /// ```
     pub fn is_io(&self) -> bool {
         match self {
-            Error::Io { .. } => true,
+            Error::Io { .. } | Error::Pack(PackError::Io { .. }) => true,
             Error::Storage { source, .. } => {
                 matches!(
                     source.downcast_ref::<redb::Error>(),
@@ -382,7 +389,7 @@ impl Error {
             }
         }
         match self {
-            Error::Io { source, .. } => Some(source),
+            Error::Io { source, .. } | Error::Pack(PackError::Io { source, .. }) => Some(source),
             Error::Open { source, .. } | Error::Storage { source, .. } => storage(source),
             Error::AsyncCommitFailed { source, .. } => source.os_error(),
             _ => None,
@@ -416,6 +423,20 @@ impl Error {
     pub fn bucket(&self) -> Option<&BucketError> {
         match self {
             Error::Bucket(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// The pack files' error, when the error is one.
+    ///
+    /// ```
+    /// # use ckptstore::Error;
+    /// let e = Error::StepNotFound { step: 3 };
+    /// assert!(e.pack().is_none());
+    /// ```
+    pub fn pack(&self) -> Option<&PackError> {
+        match self {
+            Error::Pack(e) => Some(e),
             _ => None,
         }
     }

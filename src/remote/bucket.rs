@@ -188,24 +188,23 @@ impl Bucket {
     /// larger than `cap` bytes is refused as [`Error::Corrupt`] before it
     /// is read.
     pub(crate) fn get_bytes(&self, key: &Path, cap: u64) -> Result<Option<bytes::Bytes>> {
-        let got = self.run(async {
-            match self.store.get(key).await {
-                Ok(r) if r.meta.size > cap => Ok(Err(r.meta.size)),
-                Ok(r) => r.bytes().await.map(|b| Ok(Some(b))),
-                Err(object_store::Error::NotFound { .. }) => Ok(Ok(None)),
-                Err(e) => Err(e),
+        self.run(async {
+            let got = match self.store.get(key).await {
+                Ok(got) => got,
+                Err(object_store::Error::NotFound { .. }) => return Ok(None),
+                Err(e) => return Err(self.error("reading", key, e)),
+            };
+            if got.meta.size > cap {
+                let url = self.layout.url_of(&self.url, key);
+                let size = got.meta.size;
+                let why = format!("{url} is {size} bytes (at most {cap} are read)");
+                return Err(Error::corrupt(None, why));
             }
-        })?;
-        got.map_err(|e| self.error("reading", key, e))?
-            .map_err(|size| {
-                Error::corrupt(
-                    None,
-                    format!(
-                        "{} is {size} bytes (at most {cap} are read)",
-                        self.layout.url_of(&self.url, key)
-                    ),
-                )
-            })
+            got.bytes()
+                .await
+                .map(Some)
+                .map_err(|e| self.error("reading", key, e))
+        })?
     }
 
     /// Names of the objects in `folder`.

@@ -5,7 +5,9 @@
 //! cut at that moment would lose.
 
 use crate::engine::packs::faults::{arm, Fault};
-use crate::{CheckpointStore, ComputationGraphStore, GradientCheckpoint, StoreOptions};
+use crate::{
+    CheckpointStore, ComputationGraphStore, GradientCheckpoint, PackError, PackOp, StoreOptions,
+};
 
 fn big(step: u64) -> GradientCheckpoint {
     let mut ckpt = GradientCheckpoint::new(ComputationGraphStore::new(), step);
@@ -35,6 +37,17 @@ fn a_failed_pack_write_or_fsync_leaves_no_step_and_no_file() {
         arm(fault);
         let err = store.commit(&big(2)).expect_err("the fault strikes");
         assert!(err.is_io(), "{fault:?}: {err}");
+        // The pack files' own error, saying what was being done (by type).
+        let op = match err.pack() {
+            Some(PackError::Io { op, .. }) => *op,
+            other => panic!("{fault:?}: not a pack file's I/O error: {other:?} ({err:?})"),
+        };
+        let expected = match fault {
+            Fault::Write => PackOp::Write,
+            Fault::Sync => PackOp::Sync,
+            Fault::SyncDir => PackOp::SyncDirectory,
+        };
+        assert_eq!(op, expected, "{err}");
         let names = if fault == Fault::SyncDir {
             "run.ckpt.packs"
         } else {

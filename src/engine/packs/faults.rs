@@ -4,7 +4,7 @@
 use std::cell::Cell;
 use std::path::Path;
 
-use crate::{Error, Result};
+use crate::{PackError, PackOp, Result};
 
 /// Which call fails.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,10 +25,10 @@ pub(crate) fn arm(fault: Fault) {
 }
 
 /// Fail here if this is the armed call.
-pub(crate) fn strike(fault: Fault, op: &'static str, path: &Path) -> Result<()> {
+pub(crate) fn strike(fault: Fault, op: PackOp, path: &Path) -> Result<()> {
     if NEXT.with(Cell::get) == Some(fault) {
         NEXT.with(|n| n.set(None));
-        return Err(Error::io(op, path, std::io::Error::other("injected fault")));
+        return Err(PackError::io(op, path, std::io::Error::other("injected fault")).into());
     }
     Ok(())
 }

@@ -14,7 +14,7 @@ use crate::engine::hashing::read_hashed;
 use crate::error::StorageContext;
 use crate::format::packs::{pack_name, parse_pack_name, PackLoc};
 use crate::format::tables::PACK_FILES;
-use crate::{Error, Result};
+use crate::{Error, PackError, PackOp, Result};
 
 /// Pack files one reader keeps open at most.
 const MAX_OPEN_PACKS: usize = 64;
@@ -33,11 +33,13 @@ impl PackFiles {
         }
     }
 
-    fn file(&self, pack: u32) -> Result<Arc<dyn PackFile>> {
+    fn file(&self, pack: u32) -> std::result::Result<Arc<dyn PackFile>, PackError> {
+        // Only a cache of open files: a thread that panicked holding it
+        // left it whole.
         let mut open = self
             .open
             .lock()
-            .map_err(|_| Error::corrupt(None, "a pack file reader panicked"))?;
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(f) = open.get(&pack) {
             return Ok(f.clone());
         }
@@ -46,7 +48,7 @@ impl PackFiles {
             self.dir
                 .io
                 .open_read(&path)
-                .map_err(|e| Error::io("open pack file", &path, e))?,
+                .map_err(|e| PackError::io(PackOp::Open, &path, e))?,
         );
         if open.len() >= MAX_OPEN_PACKS {
             // A step whose chunks are spread over many files (a long run
@@ -59,34 +61,33 @@ impl PackFiles {
     }
 
     /// Read the chunk at `loc` into `out` (its length) and check its hash:
-    /// `Ok(Err(what))` when it fails the check or lies past the end of its
-    /// file (`out` is then zeroed: wrong bytes never stay), `Err` for an
-    /// I/O error.
-    pub(crate) fn read(
-        &self,
-        loc: &PackLoc,
-        out: &mut [u8],
-    ) -> Result<std::result::Result<(), String>> {
+    /// [`PackError::Damaged`] when it fails the check or lies past the end
+    /// of its file (`out` is then zeroed: wrong bytes never stay).
+    pub(crate) fn read(&self, loc: &PackLoc, out: &mut [u8]) -> std::result::Result<(), PackError> {
         let file = self.file(loc.pack)?;
         let name = pack_name(loc.pack);
+        let damaged = |what: String| PackError::Damaged {
+            file: name.clone(),
+            what,
+        };
         match read_hashed(out, &mut |slice, at| file.read_at(slice, loc.offset + at)) {
-            Ok(hash) if hash == loc.hash => Ok(Ok(())),
+            Ok(hash) if hash == loc.hash => Ok(()),
             Ok(_) => {
                 out.fill(0);
-                Ok(Err(format!(
+                Err(damaged(format!(
                     "fails its hash check in pack file {name} at offset {}",
                     loc.offset
                 )))
             }
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(Err(format!(
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Err(damaged(format!(
                 "is past the end of pack file {name} (bytes {}..{})",
                 loc.offset,
                 loc.end()
             ))),
-            Err(e) if e.kind() == std::io::ErrorKind::IsADirectory => Ok(Err(format!(
+            Err(e) if e.kind() == std::io::ErrorKind::IsADirectory => Err(damaged(format!(
                 "is in pack file {name}, which is a directory, not a file"
             ))),
-            Err(e) => Err(Error::io("read pack file", self.dir.path.join(name), e)),
+            Err(e) => Err(PackError::io(PackOp::Read, self.dir.path.join(&name), e)),
         }
     }
 }
@@ -131,10 +132,14 @@ impl PackReader {
         out: &mut [u8],
         fault: &dyn Fn(String) -> Error,
     ) -> Result<()> {
-        self.files.read(loc, out)?.map_err(|what| {
-            self.faulted.store(true, Ordering::Relaxed);
-            fault(what)
-        })
+        match self.files.read(loc, out) {
+            Ok(()) => Ok(()),
+            Err(PackError::Damaged { what, .. }) => {
+                self.faulted.store(true, Ordering::Relaxed);
+                Err(fault(what))
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 }
 
@@ -142,7 +147,7 @@ impl PackReader {
 /// writer after this reader's transaction began (the read is retried in a
 /// new one), or lost.
 pub(crate) fn is_missing_pack(e: &Error, dir: &Path) -> bool {
-    matches!(e, Error::Io { op: "open pack file", path, source }
+    matches!(e, Error::Pack(PackError::Io { op: PackOp::Open, path, source })
         if source.kind() == std::io::ErrorKind::NotFound && path.starts_with(dir))
 }
 
@@ -152,7 +157,7 @@ pub(crate) fn is_missing_pack(e: &Error, dir: &Path) -> bool {
 /// with chunks in it was removed, or compaction moved them
 /// ([`Error::ReadInterrupted`]).
 pub(crate) fn missing_pack(e: Error, now: &ReadTransaction, dir: &PackDir) -> Result<Error> {
-    let Error::Io { path, .. } = &e else {
+    let Error::Pack(PackError::Io { path, .. }) = &e else {
         return Ok(e);
     };
     let id = path

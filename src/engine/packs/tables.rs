@@ -14,7 +14,7 @@ use crate::error::StorageContext;
 use crate::format::manifest::{hex, Hash};
 use crate::format::packs::{parse_pack_name, OwnerTag, PackLoc, PACK_HEADER_BYTES};
 use crate::format::tables::{PACK_CHUNKS, PACK_FILES};
-use crate::{Error, Result};
+use crate::{Error, PackError, PackOp, Result};
 
 /// The pack tables of a write transaction, opened when first needed (a
 /// store that never packed has none), and the files it made dead.
@@ -174,12 +174,16 @@ impl PackTables<'_> {
         let mut buf = Vec::new();
         for (id, loc) in moving {
             buf.resize(loc.len as usize, 0);
-            if let Err(what) = files.read(&loc, &mut buf)? {
-                self.faulted = true;
-                return Err(Error::corrupt(
-                    None,
-                    format!("chunk {} {what}; compaction stopped", hex(&loc.hash)),
-                ));
+            match files.read(&loc, &mut buf) {
+                Ok(()) => {}
+                Err(PackError::Damaged { what, .. }) => {
+                    self.faulted = true;
+                    return Err(Error::corrupt(
+                        None,
+                        format!("chunk {} {what}; compaction stopped", hex(&loc.hash)),
+                    ));
+                }
+                Err(e) => return Err(e.into()),
             }
             self.insert(id, &loc.hash, &buf)?;
         }
@@ -235,7 +239,7 @@ pub(crate) fn unrecorded(dir: &PackDir, recorded: &[u32]) -> Result<Vec<(u32, Pa
     let entries = match dir.io.list(&dir.path) {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(Error::io("list pack directory", &dir.path, e)),
+        Err(e) => return Err(PackError::io(PackOp::ListDirectory, &dir.path, e).into()),
     };
     let mut found: Vec<(u32, PathBuf)> = entries
         .into_iter()
@@ -265,7 +269,7 @@ pub(crate) fn sweep_unrecorded(dir: &PackDir, recorded: &[u32], owner: &OwnerTag
         if ours || empty {
             dir.io
                 .remove_file(&path)
-                .map_err(|e| Error::io("remove pack file", &path, e))?;
+                .map_err(|e| PackError::io(PackOp::Remove, &path, e))?;
             swept += 1;
         }
     }

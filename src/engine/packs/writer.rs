@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use super::io::{PackDir, PackFile};
 use crate::format::manifest::{hex, Hash};
 use crate::format::packs::{OwnerTag, PackHeader, PackLoc, PACK_HEADER_BYTES};
-use crate::{Error, Result};
+use crate::{Error, PackError, PackOp, Result};
 
 #[cfg(test)]
 use super::faults;
@@ -74,9 +74,9 @@ impl PackWriter {
         };
         let path = self.path();
         #[cfg(test)]
-        faults::strike(faults::Fault::Write, "write pack file", &path)?;
+        faults::strike(faults::Fault::Write, PackOp::Write, &path)?;
         file.write_at(piece, self.len)
-            .map_err(|e| Error::io("write pack file", &path, e))?;
+            .map_err(|e| PackError::io(PackOp::Write, &path, e))?;
         let loc = PackLoc {
             pack: self.id,
             offset: self.len,
@@ -98,7 +98,7 @@ impl PackWriter {
         let (dir, io) = (&self.dir.path, &self.dir.io);
         if !io.is_dir(dir) {
             io.create_dir(dir)
-                .map_err(|e| Error::io("create pack directory", dir, e))?;
+                .map_err(|e| PackError::io(PackOp::CreateDirectory, dir, e))?;
             self.new_dir = true;
         }
         for _ in 0..MAX_ID_SKIPS {
@@ -112,7 +112,7 @@ impl PackWriter {
                         .is_some_and(|h| h.owner == self.owner)
                     {
                         io.open_truncated(&path)
-                            .map_err(|e| Error::io("create pack file", &path, e))?
+                            .map_err(|e| PackError::io(PackOp::Create, &path, e))?
                     } else {
                         self.id = self
                             .id
@@ -121,7 +121,7 @@ impl PackWriter {
                         continue;
                     }
                 }
-                Err(e) => return Err(Error::io("create pack file", &path, e)),
+                Err(e) => return Err(PackError::io(PackOp::Create, &path, e).into()),
             };
             let header = PackHeader {
                 pack: self.id,
@@ -131,17 +131,13 @@ impl PackWriter {
             self.file = Some(file);
             if let Some(file) = &self.file {
                 file.write_at(&header.encode(), 0)
-                    .map_err(|e| Error::io("write pack file", &path, e))?;
+                    .map_err(|e| PackError::io(PackOp::Write, &path, e))?;
             }
             self.len = PACK_HEADER_BYTES as u64;
             return Ok(());
         }
         let e = std::io::Error::from(std::io::ErrorKind::AlreadyExists);
-        Err(Error::io(
-            "create pack file (the directory holds another store's files)",
-            dir,
-            e,
-        ))
+        Err(PackError::io(PackOp::CreateAmongOthers, dir, e).into())
     }
 
     /// Make what was written durable (file and directory entry): the last
@@ -149,14 +145,14 @@ impl PackWriter {
     pub(crate) fn sync(&mut self) -> Result<()> {
         if let Some(file) = &self.file {
             #[cfg(test)]
-            faults::strike(faults::Fault::Sync, "fsync pack file", &self.path())?;
+            faults::strike(faults::Fault::Sync, PackOp::Sync, &self.path())?;
             file.sync_data()
-                .map_err(|e| Error::io("fsync pack file", self.path(), e))?;
+                .map_err(|e| PackError::io(PackOp::Sync, self.path(), e))?;
             let (dir, io) = (&self.dir.path, &self.dir.io);
             #[cfg(test)]
-            faults::strike(faults::Fault::SyncDir, "fsync directory", dir)?;
+            faults::strike(faults::Fault::SyncDir, PackOp::SyncDirectory, dir)?;
             io.sync_dir(dir)
-                .map_err(|e| Error::io("fsync directory", dir, e))?;
+                .map_err(|e| PackError::io(PackOp::SyncDirectory, dir, e))?;
             if self.new_dir {
                 // The directory's own entry, beside the store.
                 let parent = match dir.parent() {
@@ -164,7 +160,7 @@ impl PackWriter {
                     _ => Path::new("."),
                 };
                 io.sync_dir(parent)
-                    .map_err(|e| Error::io("fsync directory", parent, e))?;
+                    .map_err(|e| PackError::io(PackOp::SyncDirectory, parent, e))?;
             }
         }
         self.synced = true;

@@ -113,6 +113,35 @@ impl std::fmt::Display for Rejected {
     }
 }
 
+/// Why a read of a commit gave nothing, inside this file: the bucket
+/// failed (an error for the caller) or the commit is rejected (a reader
+/// passes over it). [`verdict`] parts them again.
+enum Unsound {
+    Failed(Error),
+    Rejected(Rejected),
+}
+
+impl From<Error> for Unsound {
+    fn from(e: Error) -> Self {
+        Unsound::Failed(e)
+    }
+}
+
+impl From<Rejected> for Unsound {
+    fn from(why: Rejected) -> Self {
+        Unsound::Rejected(why)
+    }
+}
+
+/// `read`'s failure as an error, its rejection as a verdict.
+fn verdict<T>(read: std::result::Result<T, Unsound>) -> Result<Checked<T>> {
+    match read {
+        Ok(value) => Ok(Ok(value)),
+        Err(Unsound::Rejected(why)) => Ok(Err(why)),
+        Err(Unsound::Failed(e)) => Err(e),
+    }
+}
+
 impl Remote {
     /// What `commit` stands for, if its manifest is there, hashes right, is
     /// one this build reads, passes [`RemoteManifest::check`], and (given
@@ -123,19 +152,24 @@ impl Remote {
         commit: Commit,
         chunks: Option<&HashSet<Object>>,
     ) -> Result<Checked> {
-        let ids = match self.read_commit(commit, chunks)? {
-            Ok(CommitBody::Single(m)) => return Ok(Ok(StepManifest::Single(*m))),
-            Ok(CommitBody::Sharded(ids)) => ids,
-            Err(why) => return Ok(Err(why)),
-        };
-        let mut shards = Vec::with_capacity(ids.len());
-        for id in &ids {
-            match self.checked_shard(commit.step, id, chunks)? {
-                Ok(m) => shards.push(m),
-                Err(why) => return Ok(Err(why)),
+        verdict(self.manifest_of(commit, chunks))
+    }
+
+    fn manifest_of(
+        &self,
+        commit: Commit,
+        chunks: Option<&HashSet<Object>>,
+    ) -> std::result::Result<StepManifest, Unsound> {
+        match self.commit_body(commit, chunks)? {
+            CommitBody::Single(m) => Ok(StepManifest::Single(*m)),
+            CommitBody::Sharded(ids) => {
+                let shards = ids
+                    .iter()
+                    .map(|id| self.shard_of(commit.step, id, chunks))
+                    .collect::<std::result::Result<_, _>>()?;
+                Ok(StepManifest::Sharded { shards, ids })
             }
         }
-        Ok(Ok(StepManifest::Sharded { shards, ids }))
     }
 
     /// What `commit` names, if its manifest is there, hashes right and
@@ -146,28 +180,33 @@ impl Remote {
         commit: Commit,
         chunks: Option<&HashSet<Object>>,
     ) -> Result<Checked<CommitBody>> {
+        verdict(self.commit_body(commit, chunks))
+    }
+
+    fn commit_body(
+        &self,
+        commit: Commit,
+        chunks: Option<&HashSet<Object>>,
+    ) -> std::result::Result<CommitBody, Unsound> {
         let key = self.bucket.layout.manifest(commit.step, &commit.hash);
-        let bytes = match self.get_hashed(&key, &commit.hash)? {
-            Ok(bytes) => bytes,
-            Err(why) => return Ok(Err(why)),
-        };
+        let bytes = self.get_hashed(&key, &commit.hash)?;
         let (step, url) = (
             commit.step,
             self.bucket.layout.url_of(&self.bucket.url, &key),
         );
         let single = match serde_json::from_slice::<RemoteManifest>(&bytes) {
             Ok(m) => {
-                let checked = self.check_single(m, step, chunks, &url);
-                return Ok(checked.map(|m| CommitBody::Single(Box::new(m))));
+                let m = self.check_single(m, step, chunks, &url)?;
+                return Ok(CommitBody::Single(Box::new(m)));
             }
             Err(e) => e,
         };
         let Ok(global) = serde_json::from_slice::<GlobalManifest>(&bytes) else {
             let why = single.to_string();
-            return Ok(Err(Rejected::Undecodable { url, why }));
+            return Err(Rejected::Undecodable { url, why }.into());
         };
         if let Err(why) = global.check(step) {
-            return Ok(Err(Rejected::Refused { url, why }));
+            return Err(Rejected::Refused { url, why }.into());
         }
         let world_size = global.world_size;
         let ids = (0..world_size)
@@ -178,7 +217,7 @@ impl Remote {
                 hash: hash.0,
             })
             .collect();
-        Ok(Ok(CommitBody::Sharded(ids)))
+        Ok(CommitBody::Sharded(ids))
     }
 
     /// Shard `id` of `step`, if it is there, hashes right, passes
@@ -190,18 +229,25 @@ impl Remote {
         id: &ShardName,
         chunks: Option<&HashSet<Object>>,
     ) -> Result<Checked<RemoteManifest>> {
+        verdict(self.shard_of(step, id, chunks))
+    }
+
+    fn shard_of(
+        &self,
+        step: u64,
+        id: &ShardName,
+        chunks: Option<&HashSet<Object>>,
+    ) -> std::result::Result<RemoteManifest, Unsound> {
         let key = self.bucket.layout.shard(step, id);
-        let bytes = match self.get_hashed(&key, &id.hash)? {
-            Ok(bytes) => bytes,
-            Err(why) => return Ok(Err(why)),
-        };
+        let bytes = self.get_hashed(&key, &id.hash)?;
         let url = self.bucket.layout.url_of(&self.bucket.url, &key);
         match serde_json::from_slice::<RemoteManifest>(&bytes) {
-            Ok(m) => Ok(self.check_single(m, step, chunks, &url)),
-            Err(e) => Ok(Err(Rejected::Undecodable {
+            Ok(m) => Ok(self.check_single(m, step, chunks, &url)?),
+            Err(e) => Err(Rejected::Undecodable {
                 url,
                 why: e.to_string(),
-            })),
+            }
+            .into()),
         }
     }
 
@@ -251,18 +297,20 @@ impl Remote {
         &self,
         key: &object_store::path::Path,
         hash: &Hash,
-    ) -> Result<Checked<bytes::Bytes>> {
+    ) -> std::result::Result<bytes::Bytes, Unsound> {
         let url = || self.bucket.layout.url_of(&self.bucket.url, key);
         let bytes = match self.bucket.get_bytes(key, MAX_MANIFEST_BYTES) {
             Ok(Some(bytes)) => bytes,
-            Ok(None) => return Ok(Err(Rejected::Missing { url: url() })),
-            Err(Error::Corrupt { detail, .. }) => return Ok(Err(Rejected::Unreadable { detail })),
-            Err(e) => return Err(e),
+            Ok(None) => return Err(Rejected::Missing { url: url() }.into()),
+            Err(Error::Corrupt { detail, .. }) => {
+                return Err(Rejected::Unreadable { detail }.into())
+            }
+            Err(e) => return Err(e.into()),
         };
         if blake3::hash(&bytes).as_bytes() != hash {
-            return Ok(Err(Rejected::WrongHash { url: url() }));
+            return Err(Rejected::WrongHash { url: url() }.into());
         }
-        Ok(Ok(bytes))
+        Ok(bytes)
     }
 
     /// The steps that have commits none of which checks out (a manifest
