@@ -11,6 +11,7 @@ pub(crate) mod packs;
 pub(crate) mod plan;
 mod read;
 mod replica;
+pub(crate) mod slices;
 mod verify;
 
 use std::collections::BTreeSet;

@@ -291,3 +291,76 @@ fn shards_of_format_2_read_verify_and_collect_the_same() -> Result {
     }
     Ok(())
 }
+
+/// Bytes a rank reads to hand on carry proofs against the bucket's chunk
+/// hashes: a receiver checks each range with nothing but the manifest it
+/// holds — within a chunk, across a chunk into its tail, a whole entry,
+/// a small blob in the packed chunk — and a flipped byte fails.
+#[test]
+fn ranges_read_to_hand_on_check_against_the_buckets_chunk_hashes() -> Result {
+    let (_dir, remote) = dir_bucket()?;
+    let c = shard(1)?;
+    remote.commit_shard(1, 0, 1, &c)?;
+    let global = remote.open_global(1)?.ok_or("complete")?;
+    let end = 3 * (MIB - 128);
+    // What the reader reads (its stripes), and the ranges it hands on.
+    let stripes = [
+        (0, "w2", 0, MIB as u64),
+        (0, "odd", 0, 3 * MIB as u64 + 5),
+        (0, "rng", 0, 100),
+    ];
+    let ranges = [
+        (0, "w2", 1000, 5000),
+        (0, "odd", end as u64 - 10, 15),
+        (0, "w2", 0, MIB as u64),
+        (0, "rng", 10, 20),
+    ];
+    let mut bufs: Vec<Vec<u8>> = stripes.iter().map(|s| vec![0; s.3 as usize]).collect();
+    let mut outs: Vec<&mut [u8]> = bufs.iter_mut().map(Vec::as_mut_slice).collect();
+    let proofs = remote.read_pieces_proving(&global, &stripes, &mut outs, &ranges)?;
+    drop(outs);
+    assert!(bufs[0] == c.tensors["w2"].data && bufs[1] == c.optimizer_state["odd"]);
+    let data = |(_, name, at, n): (u32, &str, u64, u64)| -> Vec<u8> {
+        let whole = c
+            .tensors
+            .get(name)
+            .map_or_else(|| &c.optimizer_state[name], |t| &t.data);
+        whole[at as usize..(at + n) as usize].to_vec()
+    };
+    for (range, proof) in ranges.iter().zip(&proofs) {
+        let slices = remote.slices(&global, range)?;
+        let bytes = data(*range);
+        assert!(check(&slices, proof, &bytes)?, "{range:?}");
+        let mut flipped = bytes.clone();
+        flipped[bytes.len() / 2] ^= 1;
+        assert!(
+            !check(&slices, proof, &flipped)?,
+            "{range:?}: a flipped byte passed"
+        );
+    }
+    // The small blob's slice lies in the packed chunk, with the tails.
+    let rng = remote.slices(&global, &ranges[3])?;
+    assert!(
+        rng.len() == 1 && rng[0].len > 100 && rng[0].b - rng[0].a == 20,
+        "{rng:?}"
+    );
+    // Across a chunk's end into its tail: two slices, two hashes.
+    assert_eq!(remote.slices(&global, &ranges[1])?.len(), 2);
+    Ok(())
+}
+
+/// Check `bytes` (a range, slice after slice) against `slices` with their
+/// proofs back to back.
+fn check(slices: &[ckptstore::ChunkSlice], proof: &[u8], bytes: &[u8]) -> Result<bool> {
+    let (mut p, mut at) = (0, 0);
+    let mut ok = true;
+    for s in slices {
+        let n = ckptstore::slice_proof_len(s.len, s.a, s.b)?;
+        let mut check = ckptstore::SliceCheck::new(s.hash, s.len, s.a, s.b, &proof[p..p + n])?;
+        let len = (s.b - s.a) as usize;
+        check.update(&bytes[at..at + len]);
+        ok &= check.finish();
+        (p, at) = (p + n, at + len);
+    }
+    Ok(ok && p == proof.len() && at == bytes.len())
+}

@@ -28,6 +28,24 @@ pub struct EntryInfo {
     pub tensor: Option<(String, Vec<u64>)>,
 }
 
+/// Where bytes of an entry lie in the bucket ([`Remote::slices`]): bytes
+/// `a..b` of a chunk of `len` bytes whose BLAKE3 hash is `hash` (a chunk
+/// of the entry, or the packed chunk its shard's small blobs share). A
+/// rank handed those bytes by another checks them against `hash` with a
+/// proof ([`slice_proof`](crate::slice_proof), [`SliceCheck`](crate::SliceCheck)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ChunkSlice {
+    /// The chunk's hash.
+    pub hash: Hash,
+    /// The chunk's length.
+    pub len: u64,
+    /// Where the bytes start in the chunk.
+    pub a: u64,
+    /// Where they end.
+    pub b: u64,
+}
+
 /// A complete step opened for reads of parts of its entries
 /// ([`Remote::open_global`]): its commit's manifest, and each shard's
 /// manifest (checked against its hash) once one of its entries is asked
@@ -249,6 +267,48 @@ impl Remote {
         pieces: &[Piece<'_>],
         outs: &mut [&mut [u8]],
     ) -> Result<()> {
+        self.read_pieces_proving(global, pieces, outs, &[])
+            .map(drop)
+    }
+
+    /// Where the bytes of `piece` lie in the bucket's chunks, in order
+    /// (the shard's manifest read if it was not).
+    ///
+    /// # Errors
+    /// As [`read_pieces`](Self::read_pieces).
+    pub fn slices(&self, global: &GlobalStep, piece: &Piece<'_>) -> Result<Vec<ChunkSlice>> {
+        self.load_shards(global, std::iter::once(piece.0))?;
+        let (rank, name, offset, len) = *piece;
+        let mut out = Vec::new();
+        for (want, from, n, at) in parts(global, rank, name, global.blob(piece)?)? {
+            let (x, y) = (offset.max(from), (offset + len).min(from + n));
+            if x < y {
+                out.push(ChunkSlice {
+                    hash: want.hash,
+                    len: want.len as u64,
+                    a: at + x - from,
+                    b: at + y - from,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// [`read_pieces_into`](Self::read_pieces_into), and for each of
+    /// `proved` (byte ranges within the pieces) the proofs of its
+    /// [`slices`](Self::slices), back to back, made from each chunk once
+    /// it is checked: what a rank handing those bytes on sends with them.
+    ///
+    /// # Errors
+    /// As [`read_pieces_into`](Self::read_pieces_into), and
+    /// [`Error::InvalidCheckpoint`] for a range outside the pieces.
+    pub fn read_pieces_proving(
+        &self,
+        global: &GlobalStep,
+        pieces: &[Piece<'_>],
+        outs: &mut [&mut [u8]],
+        proved: &[Piece<'_>],
+    ) -> Result<Vec<Vec<u8>>> {
         let step = global.step;
         self.load_shards(global, pieces.iter().map(|p| p.0))?;
         if outs.len() != pieces.len()
@@ -282,22 +342,75 @@ impl Remote {
             plans.push(spans);
         }
         let jobs = regions(global, pieces, &plans, wanted.len(), outs)?;
+        let mut proofs = Proofs::new(self, global, proved, &index)?;
         // A `file://` bucket's chunks are read straight into place, on
-        // every core; any other bucket's are placed as they arrive and let
-        // go. (A chunk the direct read does not find goes the second way.)
-        let rest = if crate::remote::read::local::direct(self) {
+        // every core; any other bucket's (and any a proof is made from)
+        // are placed as they arrive and let go. (A chunk the direct read
+        // does not find goes the second way.)
+        let rest = if crate::remote::read::local::direct(self) && proved.is_empty() {
             crate::remote::read::local::read_into(self, step, &wanted, jobs)?
         } else {
             jobs
         };
-        if rest.is_empty() {
-            return Ok(());
+        if !rest.is_empty() {
+            let some: Vec<Want<'_>> = rest.iter().map(|(i, _)| wanted[*i]).collect();
+            let mut rest = rest;
+            self.fetch_each(step, &some, &mut |k, chunk| {
+                proofs.make(rest[k].0, &chunk)?;
+                place(step, &chunk, &mut rest[k].1)
+            })?;
         }
-        let some: Vec<Want<'_>> = rest.iter().map(|(i, _)| wanted[*i]).collect();
-        let mut rest = rest;
-        self.fetch_each(step, &some, &mut |k, chunk| {
-            place(step, &chunk, &mut rest[k].1)
-        })
+        Ok(proofs.done())
+    }
+}
+
+/// The proofs [`Remote::read_pieces_proving`] makes: for each range, the
+/// proof of each of its slices, made when the chunk it lies in arrives.
+struct Proofs {
+    /// By range, then slice: the proof, once made.
+    made: Vec<Vec<Vec<u8>>>,
+    /// By index in the wanted list: (range, slice, the slice) to prove.
+    on: HashMap<usize, Vec<(usize, usize, ChunkSlice)>>,
+}
+
+impl Proofs {
+    fn new(
+        remote: &Remote,
+        global: &GlobalStep,
+        proved: &[Piece<'_>],
+        index: &HashMap<Hash, usize>,
+    ) -> Result<Proofs> {
+        let mut made = Vec::with_capacity(proved.len());
+        let mut on: HashMap<usize, Vec<(usize, usize, ChunkSlice)>> = HashMap::new();
+        for (j, range) in proved.iter().enumerate() {
+            let slices = remote.slices(global, range)?;
+            for (k, slice) in slices.iter().enumerate() {
+                let i = *index
+                    .get(&slice.hash)
+                    .ok_or_else(|| Error::InvalidCheckpoint {
+                        step: global.step,
+                        reason: format!(
+                            "bytes {}..+{} of {:?} are read by no piece",
+                            range.2, range.3, range.1
+                        ),
+                    })?;
+                on.entry(i).or_default().push((j, k, *slice));
+            }
+            made.push(vec![Vec::new(); slices.len()]);
+        }
+        Ok(Proofs { made, on })
+    }
+
+    /// Make the proofs of the slices of wanted chunk `i`, `chunk` (checked).
+    fn make(&mut self, i: usize, chunk: &[u8]) -> Result<()> {
+        for (j, k, slice) in self.on.remove(&i).unwrap_or_default() {
+            self.made[j][k] = crate::slice_proof(chunk, slice.a, slice.b)?;
+        }
+        Ok(())
+    }
+
+    fn done(self) -> Vec<Vec<u8>> {
+        self.made.into_iter().map(|p| p.concat()).collect()
     }
 }
 
