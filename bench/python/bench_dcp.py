@@ -19,11 +19,14 @@ addressing), at 1 and 4 ranks, each contender under a prefix of its own;
 requests per GiB counted from the Garage log (--garage-log) by method.
 Ratio = s3torchconnector's time / ckptstore's. Then a replicated state
 (every tensor Replicate(), --replicated-mib) saved once and loaded at 4
-ranks by ckptstore striped (each byte read once, handed on), ckptstore
-with fan_out=False (each rank reads it all) and s3torchconnector:
-seconds, requests (Garage's log) and the bytes the ranks asked of the
-bucket (ckptstore's, counted in the process; s3torchconnector's are not
-seen from Python).
+ranks by ckptstore striped (each byte read once, handed on, each range
+checked by its receiver against the bucket's chunk hashes with a proof),
+the same with receivers checking each message's BLAKE3 only (the striped
+load before those proofs; for the cost of the check), ckptstore with
+fan_out=False (each rank reads it all) and s3torchconnector: seconds,
+requests (Garage's log) and the bytes the ranks asked of the bucket
+(ckptstore's, counted in the process; s3torchconnector's are not seen
+from Python). --replicated-only runs that part alone.
 """
 
 import argparse
@@ -89,7 +92,12 @@ def worker(mode, kind, target, world, rank, port, mib, step):
     elif kind == "fs":
         dcp.load(state, storage_reader=dcp.FileSystemReader(target))
     else:
-        dcp.load(state, storage_reader=StorageReader(target, step, fan_out=kind == "ckptstore"))
+        if kind == "ckptstore-unproved":
+            import ckptstore._targets
+
+            ckptstore._targets.OpenedBucket.proves = False
+        fan_out = kind in ("ckptstore", "ckptstore-unproved")
+        dcp.load(state, storage_reader=StorageReader(target, step, fan_out=fan_out))
     dist.barrier()
     took, read = time.perf_counter() - start, _rchar() - before
     print(f"RESULT {rank} {took:.6f} {read} {asked[0]}", flush=True)
@@ -102,7 +110,7 @@ def _count_asked():
     import ckptstore
 
     asked = [0]
-    for name in ("read_pieces", "read_pieces_into"):
+    for name in ("read_pieces", "read_pieces_into", "read_pieces_proving"):
         original = getattr(ckptstore.Remote, name)
 
         def counted(self, opened, pieces, *rest, _original=original):
@@ -157,6 +165,9 @@ def main_s3(args):
     bucket = os.environ["CKPT_TEST_BUCKET"]
     log = args.garage_log or os.path.join(os.path.dirname(os.environ["CKPT_GARAGE_CONFIG"]), "server.log")
     run_id = uuid.uuid4().hex[:8]
+    if args.replicated_only:
+        _replicated_s3(args, bucket, log, run_id)
+        return
     gib = args.mib / 1024
     print(f"state: {args.mib} MiB of f32 DTensors (4 MiB each, Shard(0)) into Garage at "
           f"{os.environ['AWS_ENDPOINT_URL']}; medians of {args.reps}; requests per GiB from its log")
@@ -201,7 +212,7 @@ def _replicated_s3(args, bucket, log, run_id):
         prefix = f"bench-{run_id}-replicated-{kind}"
         targets[kind] = (prefix, f"s3://{bucket}/{prefix}" + ("/" if kind == "s3torch" else ""))
         run("save", kind, targets[kind][1], 4, mib, 1, env)
-    for kind in ("ckptstore", "ckptstore-per-rank", "s3torch"):
+    for kind in ("ckptstore", "ckptstore-unproved", "ckptstore-per-rank", "s3torch"):
         prefix, target = targets["s3torch" if kind == "s3torch" else "ckptstore"]
         times, counted, asked = [], {}, 0
         for rep in range(args.reps):
@@ -225,6 +236,7 @@ def main():
     ap.add_argument("--garage-log", default=None, help="the Garage server's log (default: beside $CKPT_GARAGE_CONFIG)")
     ap.add_argument("--ranks", default="1,4", help="the world sizes to run, comma-separated (default 1,4)")
     ap.add_argument("--replicated-mib", type=int, default=256, help="the replicated state of --s3 (default 256)")
+    ap.add_argument("--replicated-only", action="store_true", help="with --s3: the replicated state's loads alone")
     ap.add_argument("--worker", nargs=8, help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.ranks = [int(r) for r in args.ranks.split(",")]

@@ -12,6 +12,7 @@ mod handle;
 mod record;
 mod remote;
 mod results;
+mod slices;
 mod store;
 mod tier;
 
@@ -82,6 +83,8 @@ fn _ckptstore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<global_step::RawGlobalStep>()?;
     m.add_class::<arrays::ChunkHashes>()?;
     m.add_class::<arrays::ChunkHasher>()?;
+    m.add_class::<slices::SliceCheck>()?;
+    m.add_function(pyo3::wrap_pyfunction!(slices::slice_proof_len, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(arrays::hash_arrays, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(arrays::copy_hashed, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(dcp::dcp_box_span, m)?)?;

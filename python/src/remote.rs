@@ -327,6 +327,62 @@ impl RawRemote {
             .map_err(py_err)
     }
 
+    /// Where the bytes of each (rank, name, offset, len) of `opened` lie in
+    /// the bucket's chunks: for each, its slices (chunk hash, chunk
+    /// length, start and end in the chunk), in order.
+    fn slices(
+        &self,
+        py: Python<'_>,
+        opened: PyRef<'_, RawGlobalStep>,
+        pieces: Vec<(u32, String, u64, u64)>,
+    ) -> PyResult<Vec<Vec<Slice>>> {
+        let refs = piece_refs(&pieces);
+        let inner = &opened.inner;
+        let got = py
+            .detach(|| {
+                refs.iter()
+                    .map(|p| self.remote.slices(inner, p))
+                    .collect::<ckptstore::Result<Vec<_>>>()
+            })
+            .map_err(py_err)?;
+        Ok(got
+            .into_iter()
+            .map(|slices| {
+                slices
+                    .into_iter()
+                    .map(|s| (s.hash.to_vec(), s.len, s.a, s.b))
+                    .collect()
+            })
+            .collect())
+    }
+
+    /// Like `read_pieces_into`, and the proofs of the slices of each of
+    /// `proved` (ranges within the pieces), back to back.
+    fn read_pieces_proving<'py>(
+        &self,
+        py: Python<'py>,
+        opened: PyRef<'py, RawGlobalStep>,
+        pieces: Vec<(u32, String, u64, u64)>,
+        arrays: Vec<Bound<'py, PyAny>>,
+        proved: Vec<(u32, String, u64, u64)>,
+    ) -> PyResult<Vec<Bound<'py, pyo3::types::PyBytes>>> {
+        let refs = piece_refs(&pieces);
+        let proved = piece_refs(&proved);
+        let arrays: Vec<&Bound<'py, PyAny>> = arrays.iter().collect();
+        let mut outs = crate::arrays::borrow_disjoint_mut(&arrays)?;
+        let inner = &opened.inner;
+        let proofs = py
+            .detach(|| {
+                self.remote
+                    .read_pieces_proving(inner, &refs, &mut outs, &proved)
+            })
+            .map_err(py_err)?;
+        Ok(proofs
+            .iter()
+            .map(|p| pyo3::types::PyBytes::new(py, p))
+            .collect())
+    }
+
     /// Write DCP step `step` as one safetensors file of whole tensors (with
     /// `prefix`, only those under it, stripped); the names written.
     #[pyo3(signature = (step, path, prefix=None))]
@@ -405,6 +461,10 @@ impl RawRemote {
             .map_err(py_err)
     }
 }
+
+/// A piece's place in a chunk, as Python takes it: (the chunk's hash,
+/// its length, start, end).
+type Slice = (Vec<u8>, u64, u64, u64);
 
 /// Pieces as Python passes them, as the library takes them.
 fn piece_refs(pieces: &[(u32, String, u64, u64)]) -> Vec<ckptstore::Piece<'_>> {

@@ -3,7 +3,8 @@ bucket once and handed to the ranks that need it. Real processes over
 gloo on 127.0.0.1 (tests/python/dcp/worker.py): replicated, sharded and
 resharded states load bit-identical; the bytes each rank asks of the
 bucket are counted; a reading rank that fails or dies fails every rank
-within the groups' timeout."""
+within the groups' timeout; bytes a reader hands on that do not hash to
+the bucket's chunk hashes are refused by their receivers."""
 
 import random
 import time
@@ -88,6 +89,21 @@ def test_a_reading_rank_that_fails_or_dies_fails_every_rank(tmp_path, how, kind)
         assert all(f"injected: the {kind} failed this read" in text for _, text in out), out
     else:
         assert out[1][0] == 9
+
+
+def test_bytes_a_reader_damaged_after_its_check_are_refused_by_every_rank(tmp_path):
+    # Rank 1 flips a byte of what it read once the bucket's hashes passed
+    # it (a fault in its memory): the message's own BLAKE3 is taken after
+    # the flip, so only the receivers' check against the bucket's chunk
+    # hashes (the manifest each read itself) catches it. Every rank raises.
+    url = f"file://{tmp_path}/bucket"
+    env = {"CKPT_REPLICATE": "1", **SMALL_STRIPES}
+    run("save", url, 5, 4, env=env)
+    out = run("load", url, 5, 4, env={**env, "CKPT_FLIP_SENT": "1", "CKPT_PG_TIMEOUT": "15"}, expect_ok=False)
+    assert all(code != 0 for code, _ in out), [code for code, _ in out]
+    assert not any("ok 5" in text for _, text in out)
+    assert all("do not hash to the target's chunk hashes" in text for _, text in out), out
+    assert all("as read by rank 1" in text for _, text in out), out
 
 
 def _covered(pieces):

@@ -25,6 +25,7 @@ __all__ = [
     "SaveRecord",
     "ShardInfo",
     "ShardStatus",
+    "SliceCheck",
     "StepExistsError",
     "StepInfo",
     "StoreStats",
@@ -35,6 +36,7 @@ __all__ = [
     "dcp_metadata_decode",
     "dcp_metadata_encode",
     "hash_arrays",
+    "slice_proof_len",
     "tier_evaluate",
     "tier_holders",
     "tier_in_bucket",
@@ -308,6 +310,15 @@ class ChunkHasher:
     def update(self, piece: Any) -> None: ...
     def finish(self) -> ChunkHashes: ...
 
+@final
+class SliceCheck:
+    """A check of bytes a..b of a chunk against its hash, with a proof."""
+
+    def __new__(cls, hash: bytes, len: int, a: int, b: int, proof: Any) -> "SliceCheck": ...
+    def update(self, piece: Any) -> None: ...
+    def finish(self) -> bool: ...
+
+def slice_proof_len(len: int, a: int, b: int) -> int: ...
 def hash_arrays(arrays: List[Any]) -> List[str]: ...
 def copy_hashed(pairs: List[Tuple[Any, Any]]) -> List[ChunkHashes]: ...
 # A value of DCP's state: (dtype, itemsize, size, requires_grad, [(offsets,
@@ -494,6 +505,16 @@ class RawRemote:
     def read_pieces_into(
         self, opened: RawGlobalStep, pieces: List[Tuple[int, str, int, int]], arrays: List[Any]
     ) -> None: ...
+    def slices(
+        self, opened: RawGlobalStep, pieces: List[Tuple[int, str, int, int]]
+    ) -> List[List[Tuple[bytes, int, int, int]]]: ...
+    def read_pieces_proving(
+        self,
+        opened: RawGlobalStep,
+        pieces: List[Tuple[int, str, int, int]],
+        arrays: List[Any],
+        proved: List[Tuple[int, str, int, int]],
+    ) -> List[bytes]: ...
     def consolidate(self, step: int, path: str, prefix: Optional[str] = None) -> List[str]: ...
     def export_hf(
         self,

@@ -14,11 +14,13 @@ sends each rank what it needs of its stripes, point to point over the
 load's own group, in messages sized as the tier's streams are (WINDOW
 shared among the streams of whichever end has more), each with its
 BLAKE3 checked where it lands (the reader's reads are checked against the
-target's chunk hashes as they are read). A rank holds, beside its
-targets, its phase's stripes and at most about WINDOW bytes in transit
-each way: a message within one of its targets lands there, any other in
-its stream's buffer. A failure on any rank (a read, a damaged message, a
-delivery) fails the phase on every rank.
+target's chunk hashes as they are read); where the target proves its
+bytes (a bucket), each range goes with its proof and its receiver checks
+it against the chunk hashes of the manifest it read itself (`_proofs`).
+A rank holds, beside its targets, its phase's stripes and at most about
+WINDOW bytes in transit each way: a message within one of its targets
+lands there, any other in its stream's buffer. A failure on any rank (a
+read, a damaged message, a delivery) fails the phase on every rank.
 
 The local tier's loads run the same phases: a stripe of a rank's shard is
 read only by a rank holding it (`readers`: its own store's, or a copy's),
@@ -26,8 +28,8 @@ from that rank's stores: the first holder that needs it, else a holder on
 the node where most of the ranks needing it are (`nodes`: a node's ranks
 hand bytes to each other without the network). A reader that cannot read
 a stripe sound, or whose message arrives damaged, is told to every rank
-at the end of the phase (`Refused`, raised on every rank), and the tier loads again without
-it (`_tiers`)."""
+at the end of the phase (`Refused`, raised on every rank), and the tier
+loads again without it (`_tiers`)."""
 
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
@@ -35,7 +37,8 @@ from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, 
 import numpy as np
 
 from ._ckptstore import CHUNK_BYTES
-from ._targets import Deliver, Opened, Piece
+from ._proofs import Checks, interleave, proof_lens, split
+from ._targets import Deliver, Opened, Piece, Slice
 from ._tier_wire import Group, TierFailure, described
 
 STRIPE = 32 * CHUNK_BYTES
@@ -361,7 +364,7 @@ class _Read:
     """A phase's stripes, read into one buffer in one call; a range of them
     as a view."""
 
-    def __init__(self, opened: Opened, stripes: List[Piece]) -> None:
+    def __init__(self, opened: Opened, stripes: List[Piece], proved: Optional[List[Piece]]) -> None:
         self.data = np.empty(sum(s[3] for s in stripes), dtype=np.uint8)
         self._at: Dict[Tuple[int, str], List[Tuple[int, int, int]]] = {}
         dest: Dict[int, np.ndarray] = {}
@@ -370,7 +373,11 @@ class _Read:
             self._at.setdefault((src, entry), []).append((start, start + n, off))
             dest[k] = self.data[off : off + n]
             off += n
-        opened.read(stripes, dest, lambda i, d: None, None)
+        self.proofs: List[bytes] = []
+        if proved is None:
+            opened.read(stripes, dest, lambda i, d: None, None)
+        else:
+            self.proofs = opened.read_proving(stripes, dest, proved)
 
     def view(self, piece: Piece) -> np.ndarray:
         src, entry, a, n = piece
@@ -390,11 +397,22 @@ def _sub(ranges: List[Piece], segments: List[Segment]) -> List[Piece]:
 class _Send:
     """The messages of a phase to one peer: its ranges of the stripes, cut
     at its part's size (None: the read failed, and the peer learns it,
-    unsound)."""
+    unsound); where the target proves its bytes, each range's proof
+    (`proofs`, of its `slices`) goes before it."""
 
-    def __init__(self, part: Part, read: Optional[_Read]) -> None:
+    def __init__(
+        self,
+        part: Part,
+        read: Optional[_Read],
+        slices: Optional[List[List[Slice]]] = None,
+        proofs: Sequence[bytes] = (),
+    ) -> None:
         self.peer, self._read, self._ranges = part.peer, read, part.ranges
-        self._messages = cut([r[3] for r in part.ranges], part.size)
+        lengths = [r[3] for r in part.ranges]
+        self._proofs = list(proofs) if slices is not None else None
+        if slices is not None:
+            lengths = interleave(proof_lens(slices), lengths)
+        self._messages = cut(lengths, part.size)
 
     def next(self) -> Optional[Tuple[np.ndarray, bool]]:
         segments = next(self._messages, None)
@@ -402,7 +420,15 @@ class _Send:
             return None
         if self._read is None:
             return np.zeros(sum(n for _, _, n in segments), dtype=np.uint8), False
-        return self._read.message(_sub(self._ranges, segments)), True
+        if self._proofs is None:
+            return self._read.message(_sub(self._ranges, segments)), True
+        parts = [
+            np.frombuffer(self._proofs[i // 2], dtype=np.uint8)[at : at + n]
+            if i % 2 == 0
+            else self._read.view(_sub(self._ranges, [(i // 2, at, n)])[0])
+            for i, at, n in segments
+        ]
+        return (parts[0] if len(parts) == 1 else np.concatenate(parts)), True
 
 
 class _Take:
@@ -411,12 +437,19 @@ class _Take:
     other in the stream's one buffer (of at most the part's size), copied
     on as it lands."""
 
-    def __init__(self, part: Part, landing: _Landing, refusals: List[Refusal]) -> None:
+    def __init__(
+        self, part: Part, landing: _Landing, refusals: List[Refusal], slices: Optional[List[List[Slice]]] = None
+    ) -> None:
         self.peer, self._ranges, self._landing = part.peer, part.ranges, landing
         self._refusals = refusals
-        self._messages = cut([r[3] for r in part.ranges], part.size)
-        self._most = min(part.size, sum(r[3] for r in part.ranges))
+        lengths = [r[3] for r in part.ranges]
+        self._checks = None if slices is None else Checks(part.ranges, slices)
+        if slices is not None:
+            lengths = interleave(proof_lens(slices), lengths)
+        self._messages = cut(lengths, part.size)
+        self._most = min(part.size, sum(lengths))
         self._scratch: Optional[np.ndarray] = None
+        self._segments: List[Segment] = []
         self._carried: List[Piece] = []
         self._size = 0
         self._direct: Optional[np.ndarray] = None
@@ -425,10 +458,18 @@ class _Take:
         segments = next(self._messages, None)
         if segments is None:
             self._scratch = None
+            self._refuse_failed()
             return None
-        self._carried = _sub(self._ranges, segments)
+        self._segments = segments
         self._size = sum(n for _, _, n in segments)
-        self._direct = self._landing.direct(self._carried)
+        if self._checks is None:
+            self._carried = _sub(self._ranges, segments)
+            self._direct = self._landing.direct(self._carried)
+        else:
+            # A message with a proof in it lands in the buffer.
+            data = [(i // 2, at, n) for i, at, n in segments if i % 2 == 1]
+            self._carried = _sub(self._ranges, data)
+            self._direct = self._landing.direct(self._carried) if len(data) == len(segments) else None
         return self._size
 
     def buffer(self) -> np.ndarray:
@@ -440,11 +481,37 @@ class _Take:
 
     def landed(self, data: np.ndarray, why: Optional[str], unread: bool) -> None:
         # A message its sender could not read: the sender tells why.
-        if why is None:
+        if why is None and self._checks is None:
             self._landing.land(self._carried, data)
+        elif why is None:
+            self._check(data)
         elif not unread:
             for src in dict.fromkeys(r[0] for r in self._carried):
                 self._refusals.append((self.peer, src, why))
+
+    def _check(self, data: np.ndarray) -> None:
+        """Land a proving stream's message: proofs to the checks, bytes
+        where they go and to the checks."""
+        assert self._checks is not None
+        at = 0
+        for i, start, n in self._segments:
+            part = data[at : at + n]
+            if i % 2 == 0:
+                self._checks.proof(i // 2, part)
+            else:
+                self._landing.land(_sub(self._ranges, [(i // 2, start, n)]), part)
+                self._checks.data(i // 2, part)
+            at += n
+
+    def _refuse_failed(self) -> None:
+        """Refuse, once the stream is done, each range that failed its
+        check (as a damaged message is)."""
+        if self._checks is None:
+            return
+        for r in sorted(self._checks.failed):
+            why = self._checks.why(r)
+            if why is not None:
+                self._refusals.append((self.peer, self._ranges[r][0], why))
 
 
 def run(
@@ -463,23 +530,37 @@ def run(
     failure (`failure`, its planning) fails the call on every rank; bytes
     a reader could not read sound (`opened` raised `Refused`) or that
     arrived damaged raise `Refused` on every rank, with every rank's."""
+    slices: Dict[int, List[List[Slice]]] = {}  # by the id of a part
+    if opened.proves and failure is None:
+        try:
+            parts = [part for phase in fan.phases for part in phase.sends + phase.takes]
+            every = opened.slices([r for part in parts for r in part.ranges])
+            slices = dict(zip(map(id, parts), split(every, [len(p.ranges) for p in parts])))
+        except Exception as e:  # noqa: BLE001 - raised on every rank
+            failure = e
     group.check(failure, what)
     landing = _Landing(list(pieces), dest, deliver)
     for phase in fan.phases:
         read: Optional[_Read] = None
         error: Optional[BaseException] = None
         refusals: List[Refusal] = []
+        proved = [r for part in phase.sends for r in part.ranges] if opened.proves else None
         if phase.reads:
             try:
-                read = _Read(opened, phase.reads)
+                read = _Read(opened, phase.reads, proved)
                 for kept in phase.keep:
                     landing.land([kept], read.view(kept))
             except Refused as e:
                 read, refusals = None, list(e.refusals)
             except Exception as e:  # noqa: BLE001 - raised on every rank
                 read, error = None, e
-        sends = [_Send(part, read) for part in phase.sends]
-        broke = group.stream(sends, [_Take(part, landing, refusals) for part in phase.takes])
+        proofs = split(read.proofs, [len(p.ranges) for p in phase.sends]) if read and read.proofs else []
+        sends = [
+            _Send(part, read, slices.get(id(part)), proofs[k] if proofs else [])
+            for k, part in enumerate(phase.sends)
+        ]
+        takes = [_Take(part, landing, refusals, slices.get(id(part))) for part in phase.takes]
+        broke = group.stream(sends, takes)
         _settle(group, error or landing.failure or broke, refusals, what)
     missing = len(landing.pieces) - len(landing.done)
     group.check(RuntimeError(f"{missing} pieces of this rank were in no stripe") if missing else None, what)

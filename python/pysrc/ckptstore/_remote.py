@@ -181,6 +181,27 @@ class Remote:
         array may hold part of its piece, never bytes that failed a check."""
         self._raw.read_pieces_into(opened, list(pieces), list(arrays))
 
+    def slices(
+        self, opened: RawGlobalStep, pieces: Sequence[Tuple[int, str, int, int]]
+    ) -> List[List[Tuple[bytes, int, int, int]]]:
+        """Where the bytes of each piece of `opened` lie in the bucket's
+        chunks: its slices (the chunk's hash, its length, the start and
+        end in it), in order."""
+        return self._raw.slices(opened, list(pieces))
+
+    def read_pieces_proving(
+        self,
+        opened: RawGlobalStep,
+        pieces: Sequence[Tuple[int, str, int, int]],
+        arrays: List[np.ndarray],
+        proved: Sequence[Tuple[int, str, int, int]],
+    ) -> List[bytes]:
+        """`read_pieces_into`, and for each of `proved` (ranges within the
+        pieces) the proofs of its `slices`, back to back, made from each
+        chunk once checked: a rank handed the range checks it with them
+        against the bucket's hashes (`SliceCheck`)."""
+        return self._raw.read_pieces_proving(opened, list(pieces), list(arrays), list(proved))
+
     def consolidate(self, step: int, path: "os.PathLike[str] | str", prefix: Optional[str] = None) -> List[str]:
         """Write DCP step `step` as one safetensors file of whole tensors
         (see `ckptstore.dcp.consolidate`); the names written."""

@@ -29,6 +29,10 @@ store."""
 Piece = Tuple[int, str, int, int]
 """Bytes of a stored entry: (rank, entry, start, length)."""
 
+Slice = Tuple[bytes, int, int, int]
+"""Where bytes of an entry lie in a chunk of the target: (the chunk's
+BLAKE3 hash, its length, the start and end of the bytes in it)."""
+
 Deliver = Callable[[int, np.ndarray], None]
 """Takes piece `i`'s bytes, once they are read and checked."""
 
@@ -106,6 +110,20 @@ class Opened(Protocol):
         its length, sharing memory with no other) is read into it. A
         `failure` (this rank could not plan its reads) is raised, after the
         target's collectives where it has some (every rank joins them)."""
+
+    proves: bool
+    """Whether bytes read from it carry proofs against its own chunk
+    hashes (a bucket's), with which a rank handed them by another checks
+    them (`slices`, `read_proving`)."""
+
+    def slices(self, pieces: Sequence[Piece]) -> List[List[Slice]]:
+        """Where each piece's bytes lie in its chunks, in order (where it
+        `proves`)."""
+
+    def read_proving(self, pieces: Sequence[Piece], dest: Dict[int, np.ndarray], proved: Sequence[Piece]) -> List[bytes]:
+        """Read each piece into `dest` (every piece has one), and return
+        for each of `proved` (ranges within the pieces) the proofs of its
+        `slices`, back to back (where it `proves`)."""
 
 
 class SaveTarget(Protocol):
@@ -372,6 +390,29 @@ class OpenedBucket:
 
         read_in_batches(pieces, dest, deliver, fill)
 
+    proves = True
+
+    def slices(self, pieces: Sequence[Piece]) -> List[List[Slice]]:
+        return self._remote.slices(self._opened, pieces)
+
+    def read_proving(self, pieces: Sequence[Piece], dest: Dict[int, np.ndarray], proved: Sequence[Piece]) -> List[bytes]:
+        return self._remote.read_pieces_proving(self._opened, pieces, [dest[i] for i in range(len(pieces))], proved)
+
+
+class Unproved:
+    """What an opened target whose bytes carry no proofs says of them: a
+    rank handed its bytes checks each message against its sender's BLAKE3
+    only (the sender checked every chunk against the target's hashes as
+    it read)."""
+
+    proves = False
+
+    def slices(self, pieces: Sequence[Piece]) -> List[List[Slice]]:
+        raise NotImplementedError("this target's bytes carry no proofs")
+
+    def read_proving(self, pieces: Sequence[Piece], dest: Dict[int, np.ndarray], proved: Sequence[Piece]) -> List[bytes]:
+        raise NotImplementedError("this target's bytes carry no proofs")
+
 
 class LocalStore:
     """A local store (a path, opened and closed around each use, or an open
@@ -442,7 +483,7 @@ class LocalStore:
             return store.export_hf(step, directory, max_shard_size, prefix, dtype)
 
 
-class OpenedLocal:
+class OpenedLocal(Unproved):
     """A local store's step, read in ranges: only the chunks holding a
     piece's bytes, each hash-checked, and only from the save opened (its
     content digest is the commit every rank reads)."""

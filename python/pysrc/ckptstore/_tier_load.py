@@ -12,7 +12,7 @@ import numpy as np
 from ._ckptstore import tier_evaluate, tier_holders, tier_pick
 from ._errors import Error
 from ._fan_out import Refusal, Refused
-from ._targets import Deliver, Opened, Piece, read_in_batches
+from ._targets import Deliver, Opened, Piece, Unproved, read_in_batches
 from ._tier_layout import Record, records_in
 from ._tier_wire import Group
 
@@ -74,7 +74,7 @@ def choose(
     return Choice(record, dict(enumerate(holders))), why, steps
 
 
-class TierSource:
+class TierSource(Unproved):
     """The local tier as the target of one load (`ckptstore.dcp.StorageReader`
     over it): the chosen save, its metadata and entry sizes as given, and
     each piece read from `read_of` (this rank's stores). At several ranks

@@ -15,7 +15,9 @@ CKPT_FAN_OUT=0 loads with fan_out=False; CKPT_STRIPE_CHUNKS=N cuts a
 striped load's stripes at N chunks; a load prints "read <bytes>", what
 the rank asked of the bucket or the local store. CKPT_DIE_IN_READ=R kills rank R at its
 first read of the bucket or of the store's state, CKPT_FAIL_IN_READ=R
-makes it raise there;
+makes it raise there; CKPT_FLIP_SENT=R makes rank R flip a byte of each
+phase's stripes once it has read and checked them (a fault in its
+memory), before it hands them on;
 CKPT_PG_TIMEOUT=S is the groups' timeout in seconds (default 60).
 CKPT_MANY=N adds N tensors of 64 KiB; CKPT_WINDOW=B sets the bytes a
 striped load has in transit each way (_fan_out.WINDOW); with
@@ -91,7 +93,16 @@ def count_reads(rank):
     read = [0]
     die = os.environ.get("CKPT_DIE_IN_READ") == str(rank)
     fail = os.environ.get("CKPT_FAIL_IN_READ") == str(rank)
-    for name in ("read_pieces", "read_pieces_into"):
+    if os.environ.get("CKPT_FLIP_SENT") == str(rank):
+        read_stripes = ckptstore._fan_out._Read.__init__
+
+        def flipped(self, *args, _original=read_stripes):
+            _original(self, *args)
+            if len(self.data):
+                self.data[len(self.data) // 2] ^= 1
+
+        ckptstore._fan_out._Read.__init__ = flipped
+    for name in ("read_pieces", "read_pieces_into", "read_pieces_proving"):
         original = getattr(ckptstore.Remote, name)
 
         def counted(self, opened, pieces, *rest, _original=original):

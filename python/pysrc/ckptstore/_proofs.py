@@ -1,0 +1,111 @@
+"""The proofs of a striped load (`_fan_out`) whose target proves its bytes
+(a bucket): the bytes a rank hands another go with proofs against the
+target's chunk hashes, and the receiver checks each range with them
+against the hashes of the manifest it read itself, not its sender's word.
+
+A range's bytes lie in one or more chunks (`slices`: a chunk of the
+entry, or the packed chunk its shard's small blobs share); its proof is
+the proofs of its slices back to back (`_ckptstore.slice_proof_len` says
+each one's length from the slice alone, so both ends know it). A stream
+carries, before each range's bytes, that range's proof; the receiver
+hashes the bytes as they land (`SliceCheck`), holding a few hashes a
+slice, and a range whose bytes do not hash to its chunks' hashes is
+refused."""
+
+from typing import Dict, List, Optional, Sequence, Set, TypeVar
+
+import numpy as np
+
+from ._ckptstore import SliceCheck, slice_proof_len
+from ._targets import Piece, Slice
+
+
+T = TypeVar("T")
+
+
+def split(flat: Sequence[T], counts: Sequence[int]) -> List[List[T]]:
+    """`flat` cut into runs of `counts`, in order."""
+    out: List[List[T]] = []
+    at = 0
+    for n in counts:
+        out.append(list(flat[at : at + n]))
+        at += n
+    return out
+
+
+def proof_lens(slices: Sequence[Sequence[Slice]]) -> List[int]:
+    """The length of each range's proof, from its slices."""
+    return [sum(slice_proof_len(n, a, b) for _, n, a, b in ss) for ss in slices]
+
+
+def interleave(proofs: Sequence[int], lengths: Sequence[int]) -> List[int]:
+    """A proving stream's entries: each range's proof, then its bytes."""
+    return [x for pair in zip(proofs, lengths) for x in pair]
+
+
+class _Open:
+    """A slice being checked: its check, and its bytes still to come."""
+
+    __slots__ = ("check", "left")
+
+    def __init__(self, check: SliceCheck, left: int) -> None:
+        self.check, self.left = check, left
+
+
+class Checks:
+    """The receiving end's checks of a stream's ranges: `proof` takes a
+    range's proof as it arrives, `data` its bytes (after the proof, in
+    order); the ranges whose bytes fail are in `failed`."""
+
+    def __init__(self, ranges: Sequence[Piece], slices: Sequence[Sequence[Slice]]) -> None:
+        self._ranges, self._slices = list(ranges), list(slices)
+        self._lens = proof_lens(slices)
+        self._proof: Dict[int, bytearray] = {}
+        self._open: Dict[int, List[_Open]] = {}
+        self.failed: Set[int] = set()
+
+    def proof(self, r: int, data: np.ndarray) -> None:
+        """More of range `r`'s proof."""
+        self._proof.setdefault(r, bytearray()).extend(data.tobytes())
+
+    def data(self, r: int, data: np.ndarray) -> None:
+        """More of range `r`'s bytes, in order."""
+        checks = self._open.get(r)
+        if checks is None:
+            checks = self._open[r] = self._start(r)
+        at = 0
+        while at < len(data) and checks:
+            first = checks[0]
+            take = min(first.left, len(data) - at)
+            first.check.update(data[at : at + take])
+            at += take
+            first.left -= take
+            if first.left == 0:
+                checks.pop(0)
+                if not first.check.finish():
+                    self.failed.add(r)
+        if at < len(data):
+            self.failed.add(r)  # more bytes than its slices: never sound
+        if not checks:
+            self._open.pop(r, None)
+
+    def _start(self, r: int) -> List[_Open]:
+        """Range `r`'s checks, from its proof (whole by now)."""
+        proof = np.frombuffer(bytes(self._proof.pop(r, b"")), dtype=np.uint8)
+        if len(proof) != self._lens[r]:
+            self.failed.add(r)
+            return []
+        checks: List[_Open] = []
+        at = 0
+        for h, n, a, b in self._slices[r]:
+            size = slice_proof_len(n, a, b)
+            checks.append(_Open(SliceCheck(h, n, a, b, proof[at : at + size]), b - a))
+            at += size
+        return checks
+
+    def why(self, r: int) -> Optional[str]:
+        """Why range `r` is refused, if it is."""
+        if r not in self.failed:
+            return None
+        _, entry, start, n = self._ranges[r]
+        return f"bytes {start}..{start + n} of {entry!r} do not hash to the target's chunk hashes"
