@@ -162,8 +162,7 @@ impl Remote {
             let info =
                 self.put_shard(step, rank, world_size, &plan, lock, ShardUpload::Manifest)?;
             let own = &mut ids[rank as usize];
-            own.hash = crate::remote::format::layout::parse_hex(&info.shard)
-                .ok_or_else(|| Error::corrupt(Some(step), "the shard just uploaded has no hash"))?;
+            own.hash = info.hash;
             self.commit_locked(step, &ids, Some(rank))?;
             Ok(info)
         })

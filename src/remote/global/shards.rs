@@ -49,6 +49,8 @@ pub struct ShardInfo {
     /// The shard's name: the hash of its manifest, in hex (what
     /// [`Remote::commit_global`] takes).
     pub shard: String,
+    /// The same hash, as the crate uses it.
+    pub(crate) hash: Hash,
 }
 
 /// Which ranks of a step have landed ([`Remote::shards`]).
@@ -178,6 +180,7 @@ impl Remote {
             complete: false,
             finalize: Duration::ZERO,
             shard: String::new(),
+            hash: Hash::default(),
         };
         let (bytes, hash) = encode(step, &manifest)?;
         let id = ShardName {
@@ -185,7 +188,7 @@ impl Remote {
             world_size,
             hash,
         };
-        info.shard = hex(&hash);
+        (info.shard, info.hash) = (hex(&hash), hash);
         if then == ShardUpload::ChunksOnly {
             return Ok(info);
         }
