@@ -1,6 +1,8 @@
-//! A shard's blob tails (the last pieces under 64 KiB of a large blob)
-//! travel in its packed chunk (manifest format 2), not as objects of their
-//! own; shards written before (format 1) read the same.
+//! A blob's small end (its last pieces under 64 KiB): manifest format 2
+//! packed it with a shard's small blobs ("tails", to spare a chunk
+//! object); a format-3 shard keeps it as a chunk like any other, in its
+//! packs. Shards of formats 1 and 2, and format-3 shards with tails (the
+//! 0.4.0 fixture), read the same.
 
 use std::path::Path;
 
@@ -12,8 +14,8 @@ use crate::common::bytes;
 
 const MIB: usize = 1 << 20;
 
-/// Four tensors of 1 MiB (each a chunk of 1 MiB - 128 B and a 128-byte
-/// tail), a blob of 3 MiB + 5 B, and a small blob.
+/// Four tensors of 1 MiB (each a chunk of 1 MiB - 128 B and one of 128
+/// bytes), a blob of 3 MiB + 5 B, and a small blob.
 fn shard(step: u64) -> Result<GradientCheckpoint> {
     let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), step);
     c.timestamp = 1_800_000_000 + step;
@@ -42,22 +44,24 @@ fn objects(dir: &Path, folder: &str) -> Result<Vec<std::path::PathBuf>> {
 }
 
 #[test]
-fn a_tensors_small_end_travels_with_the_packed_blobs() -> Result {
+fn a_blobs_small_end_is_a_chunk_in_the_shards_packs() -> Result {
     let (dir, remote) = dir_bucket()?;
     let c = shard(1)?;
     let info = remote.commit_shard(1, 0, 1, &c)?;
     assert!(info.complete);
-    // A chunk per 1 MiB tensor, three for "odd" (its last 389 bytes
-    // packed), and the packed chunk (format 1 had 13 chunks): one pack
-    // object, and no chunk objects.
+    // Two chunks per 1 MiB tensor (1 MiB - 128 B, then 128 B), four for
+    // "odd" (its last 389 bytes a chunk), and the packed chunk of the
+    // small blob: one pack object, no chunk objects, no tails (format 2
+    // packed the small ends with the small blobs, to spare an object per
+    // chunk; in packs that spares nothing).
     assert_eq!(objects(dir.path(), "packs")?.len(), 1);
     assert!(!dir.path().join("chunks").exists());
     let manifest =
         std::fs::read_to_string(&objects(dir.path(), "shards/00000000000000000001")?[0])?;
     assert!(manifest.starts_with(r#"{"format":3,"#), "{manifest}");
-    assert_eq!(manifest.matches(r#""tail":"#).count(), 5, "{manifest}");
+    assert_eq!(manifest.matches(r#""tail":"#).count(), 0, "{manifest}");
     assert!(remote.get_shard(1, 0)? == Some(c.clone()));
-    // Pieces: inside a tail, across a chunk's end into its tail, a whole
+    // Pieces: inside a small end, across a chunk's end into it, a whole
     // entry, and a small blob.
     let global = remote.open_global(1)?.ok_or("complete")?;
     let w2 = &c.tensors["w2"].data;
@@ -76,60 +80,53 @@ fn a_tensors_small_end_travels_with_the_packed_blobs() -> Result {
     assert_eq!(got[3], c.optimizer_state["rng"][10..30]);
     let verified = remote.verify()?;
     assert!(verified.is_ok() && verified.steps_ok == 1, "{verified:?}");
-    // A tensor unchanged in the next step: only its tail goes again.
+    // A tensor unchanged in the next step: none of it goes again (its
+    // small end went again while it was packed with the small blobs).
     let mut next = shard(2)?;
     next.tensors.insert("w0".into(), c.tensors["w0"].clone());
     let info = remote.commit_shard(2, 0, 1, &next)?;
-    assert!(info.bytes_skipped >= MIB as u64 - 128, "{info:?}");
+    assert!(info.bytes_skipped >= MIB as u64, "{info:?}");
     Ok(())
 }
 
-/// A tail is checked against its own hash: a flipped byte in one tail
-/// fails a read of that tail, not of another; the packed chunk as a whole
-/// fails its hash.
+/// A tail (format 2's, in a format-3 shard of the 0.4.0 fixture) is
+/// checked against its own hash: a flipped byte in rank 0's tail fails a
+/// read of it, not of rank 1's; rank 0's packed chunk as a whole fails
+/// its hash.
 #[test]
 fn a_damaged_tail_fails_its_reads_only() -> Result {
-    let (dir, remote) = dir_bucket()?;
-    let c = shard(1)?;
-    remote.commit_shard(1, 0, 1, &c)?;
-    let manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(
-        &objects(dir.path(), "shards/00000000000000000001")?[0],
-    )?)?;
-    // The packed chunk lies in a pack, at the offset the index gives.
-    let packed_hash = manifest["packed"]["hash"]
-        .as_str()
-        .ok_or("a packed chunk")?;
-    let (pack, base) = (
-        manifest["index"][packed_hash][0]
-            .as_u64()
-            .ok_or("indexed")?,
-        manifest["index"][packed_hash][1]
-            .as_u64()
-            .ok_or("indexed")?,
-    );
+    let dir = tempfile::tempdir()?;
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/bucket-0.4.0");
+    copy_dir(&fixture, dir.path())?;
+    let remote = Remote::open(&format!("file://{}", dir.path().display()))?;
+    let global = remote.open_global(5)?.ok_or("complete")?;
+    let before = remote.read_pieces(&global, &[(0, "params", 0, 66_000)])?;
+    // Rank 0's shard: its packed chunk (the tail at offset 8) in a pack.
+    let name = objects(dir.path(), "shards/00000000000000000005")?
+        .into_iter()
+        .find(|p| p.to_string_lossy().contains("/000000-of-000002-"))
+        .ok_or("rank 0's shard")?;
+    let manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(&name)?)?;
+    let packed_hash = manifest["packed"]["hash"].as_str().ok_or("packed")?;
+    let at = |i: usize| manifest["index"][packed_hash][i].as_u64().ok_or("indexed");
+    let (pack, base) = (at(0)?, at(1)?);
     let pack = manifest["packs"][pack as usize]["hash"]
         .as_str()
         .ok_or("a pack")?;
     let packed = dir.path().join("packs").join(pack);
-    let at = manifest["blobs"]["w1"]["tail"]["offset"]
-        .as_u64()
-        .ok_or("w1 has a tail")?;
     let mut data = std::fs::read(&packed)?;
-    data[(base + at) as usize + 5] ^= 1;
+    data[(base + 8) as usize + 5] ^= 1;
     std::fs::write(&packed, data)?;
-    let global = remote.open_global(1)?.ok_or("complete")?;
+    let global = remote.open_global(5)?.ok_or("complete")?;
     let e = remote
-        .read_pieces(&global, &[(0, "w1", MIB as u64 - 10, 10)])
+        .read_pieces(&global, &[(0, "params", 60_000, 10)])
         .expect_err("the tail is damaged");
-    assert!(matches!(e, Error::Corrupt { step: Some(1), .. }), "{e}");
-    // Its chunk, and another tensor's tail, read.
-    let got = remote.read_pieces(&global, &[(0, "w1", 0, 10), (0, "w0", MIB as u64 - 10, 10)])?;
-    assert_eq!(got[0], c.tensors["w1"].data[..10]);
-    assert_eq!(got[1], c.tensors["w0"].data[MIB - 10..]);
-    let e = remote.get_shard(1, 0).expect_err("damaged");
+    assert!(matches!(e, Error::Corrupt { step: Some(5), .. }), "{e}");
+    let other = remote.read_pieces(&global, &[(1, "params", 0, 66_000)])?;
+    assert!(other[0] != before[0], "rank 1's params are its own");
+    let e = remote.get_shard(5, 0).expect_err("damaged");
     assert!(matches!(e, Error::Corrupt { .. }), "{e}");
-    let verified = remote.verify()?;
-    assert_eq!(verified.damaged.len(), 1, "{verified:?}");
+    assert!(remote.get_shard(5, 1)?.is_some());
     Ok(())
 }
 
@@ -172,11 +169,11 @@ fn shards_written_before_tails_were_packed_read_the_same() -> Result {
     Ok(())
 }
 
-/// Through the object store (any bucket but a directory): a tail is a
-/// ranged GET, checked alone; a packed chunk cut short is damage, not a
-/// failing bucket.
+/// Through the object store (any bucket but a directory): a blob's small
+/// end is a ranged GET of its pack, checked alone; a pack cut short is
+/// damage, not a failing bucket.
 #[test]
-fn a_tail_is_a_ranged_read_of_the_packed_chunk() -> Result {
+fn a_small_end_is_a_ranged_read_of_its_pack() -> Result {
     use object_store::memory::InMemory;
     use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
     use std::sync::Arc;
@@ -188,7 +185,7 @@ fn a_tail_is_a_ranged_read_of_the_packed_chunk() -> Result {
     let w3 = &c.tensors["w3"].data;
     let got = remote.read_pieces(&global, &[(0, "w3", MIB as u64 - 200, 200)])?;
     assert_eq!(got[0], w3[MIB - 200..]);
-    // Cut the pack short, inside the packed chunk (its last chunk).
+    // Cut the pack short (the end of its last chunks).
     let packed = futures::executor::block_on(async {
         let mut list = memory.list(Some(&"p/packs".into()));
         futures::StreamExt::next(&mut list).await.transpose()
@@ -338,14 +335,39 @@ fn ranges_read_to_hand_on_check_against_the_buckets_chunk_hashes() -> Result {
             "{range:?}: a flipped byte passed"
         );
     }
-    // The small blob's slice lies in the packed chunk, with the tails.
+    // The small blob's slice lies in the packed chunk (the small blobs').
     let rng = remote.slices(&global, &ranges[3])?;
-    assert!(
-        rng.len() == 1 && rng[0].len > 100 && rng[0].b - rng[0].a == 20,
-        "{rng:?}"
-    );
-    // Across a chunk's end into its tail: two slices, two hashes.
+    let packed = (rng[0].len, rng[0].a, rng[0].b);
+    assert!(rng.len() == 1 && packed == (100, 10, 30), "{rng:?}");
+    // Across a chunk's end into the next: two slices, two hashes.
     assert_eq!(remote.slices(&global, &ranges[1])?.len(), 2);
+    Ok(())
+}
+
+/// A range of a format-2 tail (the 0.4.0 fixture's) checks against the
+/// tail's own hash.
+#[test]
+fn a_range_of_a_tail_checks_against_its_hash() -> Result {
+    let dir = tempfile::tempdir()?;
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/bucket-0.4.0");
+    copy_dir(&fixture, dir.path())?;
+    let remote = Remote::open(&format!("file://{}", dir.path().display()))?;
+    let global = remote.open_global(5)?.ok_or("complete")?;
+    let range = (1, "params", 30_000, 5_000);
+    let mut buf = vec![0u8; 66_000];
+    let proofs = remote.read_pieces_proving(
+        &global,
+        &[(1, "params", 0, 66_000)],
+        &mut [&mut buf],
+        &[range],
+    )?;
+    let slices = remote.slices(&global, &range)?;
+    assert!(slices.len() == 1 && slices[0].len == 66_000, "{slices:?}");
+    let bytes = &buf[30_000..35_000];
+    assert!(check(&slices, &proofs[0], bytes)?);
+    let mut flipped = bytes.to_vec();
+    flipped[7] ^= 1;
+    assert!(!check(&slices, &proofs[0], &flipped)?);
     Ok(())
 }
 

@@ -11,14 +11,11 @@ use std::time::{Duration, Instant};
 
 use crate::engine::hashing::with_known_hashes;
 use crate::engine::plan::Plan;
-use crate::format::layout::small_tail;
 use crate::format::manifest::{hex, ChunkRef, Hash};
 use crate::remote::coordination::locks::Lock;
 use crate::remote::format::hash::HexHash;
-use crate::remote::format::layout::{
-    encode, GlobalManifest, ShardName, MANIFEST_FORMAT_TAILS, MAX_WORLD_SIZE,
-};
-use crate::remote::format::manifest::{RemoteManifest, RemotePacked, RemotePlace, RemoteTail};
+use crate::remote::format::layout::{encode, GlobalManifest, ShardName, MAX_WORLD_SIZE};
+use crate::remote::format::manifest::{RemoteManifest, RemotePacked};
 use crate::remote::format::pack_format::MANIFEST_FORMAT_PACKS;
 use crate::remote::read::step::StepManifest;
 use crate::remote::BucketError;
@@ -411,7 +408,7 @@ pub enum ShardUpload {
 }
 
 /// A checkpoint held in memory, as the bucket takes it: its manifest, its
-/// chunks, and its small blobs and blob tails packed into one chunk.
+/// chunks, and its small blobs packed into one chunk.
 type ShardData<'a> = (
     RemoteManifest,
     Vec<(Hash, &'a [u8])>,
@@ -441,9 +438,11 @@ fn shard_manifest<'a>(plan: &Plan<'a>) -> Result<ShardData<'a>> {
             .find(|t| t.0 == name)
             .map(|t| (t.1, t.2.to_vec()))
     };
+    // Every chunk goes in a pack object: a blob's small end is a chunk
+    // like any other (format 2 packed it with the small blobs, to spare
+    // an object per chunk), and an unchanged blob is uploaded not at all.
     let mut manifest = RemoteManifest::from_model(ckpt, &placements, &typed, None)?;
-    let mut packed = plan.packed.clone();
-    let pieces = pack_tails(&mut manifest, pieces, &mut packed);
+    let packed = plan.packed.clone();
     let packed = (!packed.is_empty()).then(|| (*blake3::hash(&packed).as_bytes(), packed));
     manifest.packed = packed.as_ref().map(|(hash, bytes)| RemotePacked {
         len: bytes.len() as u64,
@@ -452,44 +451,4 @@ fn shard_manifest<'a>(plan: &Plan<'a>) -> Result<ShardData<'a>> {
     // Refused before anything is uploaded (its packs are added later).
     manifest.check_to_write(ckpt.step)?;
     Ok((manifest, pieces, packed))
-}
-
-/// Move each chunked blob's small tail (its last pieces under 64 KiB) from
-/// `pieces` (every chunk of `manifest`'s chunked blobs, in their order)
-/// to the end of `packed`, and mark the manifest format 2 if any moved: a
-/// tensor of a power-of-two size is then one object, not two. Returns the
-/// pieces left to upload.
-fn pack_tails<'a>(
-    manifest: &mut RemoteManifest,
-    pieces: Vec<(Hash, &'a [u8])>,
-    packed: &mut Vec<u8>,
-) -> Vec<(Hash, &'a [u8])> {
-    let mut kept = Vec::with_capacity(pieces.len());
-    let mut pieces = pieces.into_iter();
-    for blob in manifest.blobs.values_mut() {
-        let RemotePlace::Chunks {
-            hashes: chunks,
-            tail,
-        } = &mut blob.place
-        else {
-            continue;
-        };
-        let (small, _) = small_tail(usize::try_from(blob.len).unwrap_or(usize::MAX));
-        let large = chunks.len().saturating_sub(small);
-        kept.extend(pieces.by_ref().take(large));
-        if small > 0 {
-            chunks.truncate(large);
-            let offset = packed.len();
-            for (_, bytes) in pieces.by_ref().take(small) {
-                packed.extend_from_slice(bytes);
-            }
-            let hash = blake3::hash(&packed[offset..]);
-            *tail = Some(RemoteTail {
-                offset: offset as u64,
-                hash: HexHash(*hash.as_bytes()),
-            });
-            manifest.format = MANIFEST_FORMAT_TAILS;
-        }
-    }
-    kept
 }
