@@ -319,12 +319,8 @@ impl RawRemote {
         pieces: Vec<(u32, String, u64, u64)>,
         arrays: Vec<Bound<'py, PyAny>>,
     ) -> PyResult<()> {
-        let refs = piece_refs(&pieces);
-        let arrays: Vec<&Bound<'py, PyAny>> = arrays.iter().collect();
-        let mut outs = crate::arrays::borrow_disjoint_mut(&arrays)?;
-        let inner = &opened.inner;
-        py.detach(|| self.remote.read_pieces_into(inner, &refs, &mut outs))
-            .map_err(py_err)
+        self.read_pieces_proving(py, opened, pieces, arrays, Vec::new())
+            .map(drop)
     }
 
     /// Where the bytes of each (rank, name, offset, len) of `opened` lie in

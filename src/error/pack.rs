@@ -71,7 +71,7 @@ pub enum PackError {
     /// A chunk read from a pack file is not the one recorded there: its
     /// bytes fail its hash check, or its place lies past the file's end or
     /// in a directory. The store says which step it belongs to.
-    #[error("pack file {file}: {what}")]
+    #[error("a chunk {what}")]
     Damaged {
         /// The pack file's name.
         file: String,
