@@ -409,7 +409,8 @@ class _Send:
     ) -> None:
         self.peer, self._read, self._ranges = part.peer, read, part.ranges
         lengths = [r[3] for r in part.ranges]
-        self._proofs = list(proofs) if slices is not None else None
+        # Writable copies (torch sends no read-only array without a warning).
+        self._proofs = [np.frombuffer(bytearray(p), dtype=np.uint8) for p in proofs] if slices is not None else None
         if slices is not None:
             lengths = interleave(proof_lens(slices), lengths)
         self._messages = cut(lengths, part.size)
@@ -423,7 +424,7 @@ class _Send:
         if self._proofs is None:
             return self._read.message(_sub(self._ranges, segments)), True
         parts = [
-            np.frombuffer(self._proofs[i // 2], dtype=np.uint8)[at : at + n]
+            self._proofs[i // 2][at : at + n]
             if i % 2 == 0
             else self._read.view(_sub(self._ranges, [(i // 2, at, n)])[0])
             for i, at, n in segments
