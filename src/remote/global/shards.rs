@@ -152,9 +152,7 @@ impl Remote {
         then: ShardUpload,
     ) -> Result<ShardInfo> {
         let (mut manifest, mut pieces, packed) = shard_manifest(plan)?;
-        if let Some((hash, bytes)) = &packed {
-            pieces.push((*hash, bytes));
-        }
+        pieces.extend(packed);
         let lengths: Vec<(Hash, u64)> = pieces.iter().map(|(h, b)| (*h, b.len() as u64)).collect();
         // Copied only when its pack is uploaded: the packs in flight are
         // in memory, not the shard.
@@ -412,10 +410,10 @@ pub enum ShardUpload {
 type ShardData<'a> = (
     RemoteManifest,
     Vec<(Hash, &'a [u8])>,
-    Option<(Hash, Vec<u8>)>,
+    Option<(Hash, &'a [u8])>,
 );
 
-fn shard_manifest<'a>(plan: &Plan<'a>) -> Result<ShardData<'a>> {
+fn shard_manifest<'p>(plan: &'p Plan<'_>) -> Result<ShardData<'p>> {
     // Cut as a local commit cuts it: the same plan, in the bucket's codec.
     let ckpt = plan.ckpt;
     // Hashed on every core (the caller waits; the hashers do it all).
@@ -442,8 +440,8 @@ fn shard_manifest<'a>(plan: &Plan<'a>) -> Result<ShardData<'a>> {
     // like any other (format 2 packed it with the small blobs, to spare
     // an object per chunk), and an unchanged blob is uploaded not at all.
     let mut manifest = RemoteManifest::from_model(ckpt, &placements, &typed, None)?;
-    let packed = plan.packed.clone();
-    let packed = (!packed.is_empty()).then(|| (*blake3::hash(&packed).as_bytes(), packed));
+    let packed = &plan.packed[..];
+    let packed = (!packed.is_empty()).then(|| (*blake3::hash(packed).as_bytes(), packed));
     manifest.packed = packed.as_ref().map(|(hash, bytes)| RemotePacked {
         len: bytes.len() as u64,
         hash: HexHash(*hash),

@@ -344,17 +344,19 @@ impl Remote {
         let jobs = regions(global, pieces, &plans, wanted.len(), outs)?;
         let mut proofs = Proofs::new(self, global, proved, &index)?;
         // A `file://` bucket's chunks are read straight into place, on
-        // every core; any other bucket's (and any a proof is made from)
+        // every core; any other bucket's, and any a proof is made from,
         // are placed as they arrive and let go. (A chunk the direct read
         // does not find goes the second way.)
-        let rest = if crate::remote::read::local::direct(self) && proved.is_empty() {
+        let (jobs, proving): (Vec<_>, Vec<_>) =
+            jobs.into_iter().partition(|(i, _)| !proofs.needs(*i));
+        let mut rest = if crate::remote::read::local::direct(self) {
             crate::remote::read::local::read_into(self, step, &wanted, jobs)?
         } else {
             jobs
         };
+        rest.extend(proving);
         if !rest.is_empty() {
             let some: Vec<Want<'_>> = rest.iter().map(|(i, _)| wanted[*i]).collect();
-            let mut rest = rest;
             self.fetch_each(step, &some, &mut |k, chunk| {
                 proofs.make(rest[k].0, &chunk)?;
                 place(step, &chunk, &mut rest[k].1)
@@ -365,7 +367,8 @@ impl Remote {
 }
 
 /// The proofs [`Remote::read_pieces_proving`] makes: for each range, the
-/// proof of each of its slices, made when the chunk it lies in arrives.
+/// proof of each of its slices, made when the chunk it lies in arrives (a
+/// slice of a whole chunk has an empty proof, and needs no chunk bytes).
 struct Proofs {
     /// By range, then slice: the proof, once made.
     made: Vec<Vec<Vec<u8>>>,
@@ -394,11 +397,18 @@ impl Proofs {
                             range.2, range.3, range.1
                         ),
                     })?;
-                on.entry(i).or_default().push((j, k, *slice));
+                if (slice.a, slice.b) != (0, slice.len) {
+                    on.entry(i).or_default().push((j, k, *slice));
+                }
             }
             made.push(vec![Vec::new(); slices.len()]);
         }
         Ok(Proofs { made, on })
+    }
+
+    /// Whether a proof is made from wanted chunk `i`'s bytes.
+    fn needs(&self, i: usize) -> bool {
+        self.on.contains_key(&i)
     }
 
     /// Make the proofs of the slices of wanted chunk `i`, `chunk` (checked).
