@@ -94,7 +94,7 @@ pub use checkpoint::{GradientCheckpoint, MAX_TEXT_BYTES};
 /// ranged reads cut on multiples of it from a blob's start share no chunk.
 pub const CHUNK_BYTES: usize = format::layout::CHUNK_SIZE;
 pub use engine::hashing::ChunkHasher;
-pub use engine::slices::{slice_proof, slice_proof_len, SliceCheck};
+pub use engine::slices::{slice_proof, slice_proof_len, ChunkSlice, SliceCheck};
 pub use error::{Cause, Error, PackError, PackOp, Result};
 pub use exchange::dcp::{BoxSpan, DcpDtype, DcpIndex, DcpTensor, DCP_METADATA};
 pub use exchange::dcp_doc::{DcpChunk, DcpDocument, DcpEntry, DcpPathPart, DcpWhere, DCP_FORMAT};
@@ -103,7 +103,7 @@ pub use graph::{ComputationGraphStore, ComputationNode};
 pub use options::{Durability, DEFAULT_PACK_THRESHOLD};
 #[cfg(feature = "remote")]
 pub use remote::{
-    BucketError, ChunkSlice, EntryInfo, GcReport, GlobalStep, Piece, PushReport, Remote, ShardInfo,
+    BucketError, EntryInfo, GcReport, GlobalStep, Piece, PushReport, Remote, ShardInfo,
     ShardStatus, ShardUpload, DEFAULT_GRACE_PERIOD, DEFAULT_PACK_BYTES, DEFAULT_RETRY_WINDOW,
     MAX_MANIFEST_BYTES, MAX_WORLD_SIZE,
 };

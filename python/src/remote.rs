@@ -331,7 +331,7 @@ impl RawRemote {
         py: Python<'_>,
         opened: PyRef<'_, RawGlobalStep>,
         pieces: Vec<(u32, String, u64, u64)>,
-    ) -> PyResult<Vec<Vec<Slice>>> {
+    ) -> PyResult<Vec<Vec<crate::slices::Slice>>> {
         let refs = piece_refs(&pieces);
         let inner = &opened.inner;
         let got = py
@@ -341,15 +341,7 @@ impl RawRemote {
                     .collect::<ckptstore::Result<Vec<_>>>()
             })
             .map_err(py_err)?;
-        Ok(got
-            .into_iter()
-            .map(|slices| {
-                slices
-                    .into_iter()
-                    .map(|s| (s.hash.to_vec(), s.len, s.a, s.b))
-                    .collect()
-            })
-            .collect())
+        Ok(crate::slices::for_python(got))
     }
 
     /// Like `read_pieces_into`, and the proofs of the slices of each of
@@ -457,10 +449,6 @@ impl RawRemote {
             .map_err(py_err)
     }
 }
-
-/// A piece's place in a chunk, as Python takes it: (the chunk's hash,
-/// its length, start, end).
-type Slice = (Vec<u8>, u64, u64, u64);
 
 /// Pieces as Python passes them, as the library takes them.
 fn piece_refs(pieces: &[(u32, String, u64, u64)]) -> Vec<ckptstore::Piece<'_>> {

@@ -1,11 +1,28 @@
-//! Verified slices for Python: a rank handed bytes of a bucket's step by
-//! another checks them against the bucket's chunk hashes
+//! Verified slices for Python: a rank handed bytes of a step by another
+//! checks them against the chunk hashes of the bucket or store
 //! (`ckptstore::SliceCheck`).
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::arrays::borrow_bytes;
+
+/// Where bytes lie in a chunk, as Python takes it: (the chunk's hash,
+/// its length, start, end).
+pub(crate) type Slice = (Vec<u8>, u64, u64, u64);
+
+/// Each range's slices, as Python takes them.
+pub(crate) fn for_python(ranges: Vec<Vec<ckptstore::ChunkSlice>>) -> Vec<Vec<Slice>> {
+    ranges
+        .into_iter()
+        .map(|slices| {
+            slices
+                .into_iter()
+                .map(|s| (s.hash.to_vec(), s.len, s.a, s.b))
+                .collect()
+        })
+        .collect()
+}
 
 /// The length of the proof of bytes `a..b` of a chunk of `len` bytes.
 #[pyfunction]

@@ -244,12 +244,45 @@ impl RawStore {
         digest: Option<&str>,
         reads: Vec<(String, u64, Bound<'py, PyAny>)>,
     ) -> PyResult<bool> {
-        let digest = digest
-            .map(|d| {
-                ckptstore::ContentDigest::from_hex(d)
-                    .ok_or_else(|| PyValueError::new_err(format!("{d:?} is not a content digest")))
-            })
-            .transpose()?;
+        let proved = self.read_ranges_proving(py, step, digest, reads, Vec::new())?;
+        Ok(proved.is_some())
+    }
+
+    /// Where the bytes of each (name, start, len) of `ranges` of step
+    /// `step` lie in the store's chunks: its slices (chunk hash, chunk
+    /// length, start and end in the chunk), in order; None as
+    /// `read_ranges` gives False.
+    fn slices(
+        &self,
+        py: Python<'_>,
+        step: u64,
+        digest: Option<&str>,
+        ranges: Vec<(String, u64, u64)>,
+    ) -> PyResult<Option<Vec<Vec<crate::slices::Slice>>>> {
+        let digest = content_digest(digest)?;
+        let ranges: Vec<(&str, u64, u64)> = ranges
+            .iter()
+            .map(|(n, s, l)| (n.as_str(), *s, *l))
+            .collect();
+        let store = self.get()?;
+        let got = py
+            .detach(|| store.slices(step, digest.as_ref(), &ranges))
+            .map_err(py_err)?;
+        Ok(got.map(crate::slices::for_python))
+    }
+
+    /// Like `read_ranges`, and the proofs of the slices of each
+    /// (name, start, len) of `proved`, back to back; None as `read_ranges`
+    /// gives False.
+    fn read_ranges_proving<'py>(
+        &self,
+        py: Python<'py>,
+        step: u64,
+        digest: Option<&str>,
+        reads: Vec<(String, u64, Bound<'py, PyAny>)>,
+        proved: Vec<(String, u64, u64)>,
+    ) -> PyResult<Option<Vec<Bound<'py, pyo3::types::PyBytes>>>> {
+        let digest = content_digest(digest)?;
         let arrays: Vec<&Bound<'py, PyAny>> = reads.iter().map(|r| &r.2).collect();
         let buffers = borrow_disjoint_mut(&arrays)?;
         let mut ranges: Vec<(&str, u64, &mut [u8])> = reads
@@ -257,9 +290,19 @@ impl RawStore {
             .zip(buffers)
             .map(|((name, start, _), out)| (name.as_str(), *start, out))
             .collect();
+        let proved: Vec<(&str, u64, u64)> = proved
+            .iter()
+            .map(|(n, s, l)| (n.as_str(), *s, *l))
+            .collect();
         let store = self.get()?;
-        py.detach(|| store.read_ranges(step, digest.as_ref(), &mut ranges))
-            .map_err(py_err)
+        let proofs = py
+            .detach(|| store.read_ranges_proving(step, digest.as_ref(), &mut ranges, &proved))
+            .map_err(py_err)?;
+        Ok(proofs.map(|ps| {
+            ps.iter()
+                .map(|p| pyo3::types::PyBytes::new(py, p))
+                .collect()
+        }))
     }
 
     fn remove(&self, py: Python<'_>, step: u64) -> PyResult<bool> {
@@ -364,4 +407,14 @@ impl RawStore {
         }
         result
     }
+}
+
+/// A content digest as Python passes it (hex), decoded.
+fn content_digest(digest: Option<&str>) -> PyResult<Option<ckptstore::ContentDigest>> {
+    digest
+        .map(|d| {
+            ckptstore::ContentDigest::from_hex(d)
+                .ok_or_else(|| PyValueError::new_err(format!("{d:?} is not a content digest")))
+        })
+        .transpose()
 }

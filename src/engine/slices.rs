@@ -18,6 +18,33 @@ use blake3::hazmat::{ChainingValue, HasherExt, Mode};
 use crate::format::manifest::Hash;
 use crate::{Error, Result};
 
+/// Where bytes of an entry lie in the chunks that hold it
+/// ([`Remote::slices`](crate::Remote::slices),
+/// [`CheckpointStore::slices`](crate::CheckpointStore::slices)): bytes
+/// `a..b` of a chunk of `len` bytes whose BLAKE3 hash is `hash` (a chunk
+/// of the entry, or the packed bytes small entries share). A rank handed
+/// those bytes by another checks them against `hash` with a proof
+/// ([`slice_proof`], [`SliceCheck`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ChunkSlice {
+    /// The chunk's hash.
+    pub hash: Hash,
+    /// The chunk's length.
+    pub len: u64,
+    /// Where the bytes start in the chunk.
+    pub a: u64,
+    /// Where they end.
+    pub b: u64,
+}
+
+impl ChunkSlice {
+    /// Whether the slice is the whole chunk (its proof is empty).
+    pub fn is_whole(&self) -> bool {
+        (self.a, self.b) == (0, self.len)
+    }
+}
+
 /// BLAKE3's piece ("chunk" in its own words) of the tree.
 const PIECE: u64 = blake3::CHUNK_LEN as u64;
 const CV: usize = 32;

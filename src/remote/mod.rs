@@ -25,7 +25,7 @@ pub use format::pack_format::DEFAULT_PACK_BYTES;
 
 pub use gc::retention::GcReport;
 pub use global::shards::{ShardInfo, ShardStatus, ShardUpload};
-pub use read::pieces::{ChunkSlice, EntryInfo, GlobalStep, Piece};
+pub use read::pieces::{EntryInfo, GlobalStep, Piece};
 pub use write::push::PushReport;
 
 /// How long requests to a server that does not answer (refused

@@ -9,6 +9,7 @@ mod hf;
 mod manage;
 mod open;
 mod options;
+mod ranges;
 mod read;
 #[cfg(feature = "remote")]
 mod remembered;

@@ -344,59 +344,6 @@ impl CheckpointStore {
         Ok(read.flatten())
     }
 
-    /// Bytes of `step`'s tensors and blobs by range, from one read
-    /// transaction: each `(name, start, out)` of `reads` is filled with
-    /// bytes `start..start + out.len()` of entry `name`. Only the chunks
-    /// holding those bytes are read, each hash-checked before its bytes
-    /// reach `out`, so a step can be read in pieces of any size without
-    /// holding it whole. `Ok(false)` (nothing filled) if the step is not
-    /// stored or, `digest` given, if its [`content_digest`](Self::content_digest)
-    /// is another (another save of the step). An entry the step does not
-    /// store, or bytes beyond an entry's end, are
-    /// [`Error::RangeNotStored`](crate::Error::RangeNotStored).
-    ///
-    /// ```
-    /// # use ckptstore::{CheckpointStore, ComputationGraphStore, Dtype, GradientCheckpoint, Tensor};
-    /// # let dir = tempfile::tempdir()?;
-    /// # let store = CheckpointStore::open(dir.path().join("run.ckpt"))?;
-    /// let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), 1);
-    /// c.set_tensor("w", Tensor::new(Dtype::U8, vec![4], vec![1, 2, 3, 4])?);
-    /// store.commit(&c)?;
-    /// let mut two = [0u8; 2];
-    /// assert!(store.read_ranges(1, None, &mut [("w", 1, &mut two[..])])?);
-    /// assert_eq!(two, [2, 3]);
-    /// assert!(!store.read_ranges(2, None, &mut [("w", 1, &mut two[..])])?);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn read_ranges(
-        &self,
-        step: u64,
-        digest: Option<&ContentDigest>,
-        reads: &mut [(&str, u64, &mut [u8])],
-    ) -> Result<bool> {
-        let what = || format!("reading step {step}");
-        self.db.read_retrying(&what, |view| {
-            let Some(manifest) = view.manifest(step)? else {
-                return Ok(false);
-            };
-            if digest.is_some_and(|d| d.0 != manifest.content_digest()) {
-                return Ok(false);
-            }
-            let packed = manifest.packed.clone();
-            let (_, blobs, _) = manifest.into_parts();
-            let data = view.step_data(step, packed, blobs)?;
-            for (name, start, out) in reads.iter_mut() {
-                if !data.read_range_into(name, *start, out)? {
-                    return Err(crate::Error::RangeNotStored {
-                        step,
-                        detail: format!("it stores no entry {name:?}"),
-                    });
-                }
-            }
-            Ok(true)
-        })
-    }
-
     /// The steps [`apply_retention`](Self::apply_retention) would delete
     /// now, without deleting them.
     pub fn retention_preview(&self, policy: &Retention) -> Result<Vec<u64>> {

@@ -14,6 +14,7 @@ mod create_is_atomic;
 mod dedup_accounting;
 mod duplicate_step_is_refused;
 mod graph_model;
+mod handed_on_ranges;
 mod hashed_copies;
 mod large_commits_stage_their_chunks;
 mod latest_and_listing;

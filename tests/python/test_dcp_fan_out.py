@@ -91,15 +91,20 @@ def test_a_reading_rank_that_fails_or_dies_fails_every_rank(tmp_path, how, kind)
         assert out[1][0] == 9
 
 
-def test_bytes_a_reader_damaged_after_its_check_are_refused_by_every_rank(tmp_path):
-    # Rank 1 flips a byte of what it read once the bucket's hashes passed
+@pytest.mark.parametrize("kind", ["bucket", "store"])
+def test_bytes_a_reader_damaged_after_its_check_are_refused_by_every_rank(tmp_path, kind):
+    # Rank 1 flips a byte of what it read once the target's hashes passed
     # it (a fault in its memory): the message's own BLAKE3 is taken after
-    # the flip, so only the receivers' check against the bucket's chunk
+    # the flip, so only the receivers' check against the target's chunk
     # hashes (the manifest each read itself) catches it. Every rank raises.
-    url = f"file://{tmp_path}/bucket"
     env = {"CKPT_REPLICATE": "1", **SMALL_STRIPES}
-    run("save", url, 5, 4, env=env)
-    out = run("load", url, 5, 4, env={**env, "CKPT_FLIP_SENT": "1", "CKPT_PG_TIMEOUT": "15"}, expect_ok=False)
+    if kind == "bucket":
+        target = f"file://{tmp_path}/bucket"
+        run("save", target, 5, 4, env=env)
+    else:
+        target = tmp_path / "run.ckpt"
+        run("save", target, 5, 1, env=env)
+    out = run("load", target, 5, 4, env={**env, "CKPT_FLIP_SENT": "1", "CKPT_PG_TIMEOUT": "15"}, expect_ok=False)
     assert all(code != 0 for code, _ in out), [code for code, _ in out]
     assert not any("ok 5" in text for _, text in out)
     assert all("do not hash to the target's chunk hashes" in text for _, text in out), out

@@ -150,6 +150,34 @@ class Store:
         the step does not store, or bytes beyond its end: ValueError."""
         return self._raw.read_ranges(step_number(step), digest, [(n, int(s), a) for n, s, a in reads])
 
+    def slices(
+        self, step: int, ranges: Sequence[Tuple[str, int, int]], *, digest: Optional[str] = None
+    ) -> Optional[List[List[Tuple[bytes, int, int, int]]]]:
+        """Where the bytes of each `(name, start, len)` of `ranges` of step
+        `step` lie in the store's chunks: its slices (the chunk's hash, its
+        length, the start and end in it), in order. None as `read_ranges`
+        gives False."""
+        return self._raw.slices(step_number(step), digest, [(n, int(s), int(k)) for n, s, k in ranges])
+
+    def read_ranges_proving(
+        self,
+        step: int,
+        reads: Sequence[Tuple[str, int, "np.ndarray"]],
+        proved: Sequence[Tuple[str, int, int]],
+        *,
+        digest: Optional[str] = None,
+    ) -> Optional[List[bytes]]:
+        """`read_ranges`, and for each `(name, start, len)` of `proved` the
+        proofs of its `slices`, back to back, made from checked bytes: a
+        rank handed the range checks it with them against the store's
+        chunk hashes (`SliceCheck`). None as `read_ranges` gives False."""
+        return self._raw.read_ranges_proving(
+            step_number(step),
+            digest,
+            [(n, int(s), a) for n, s, a in reads],
+            [(n, int(s), int(k)) for n, s, k in proved],
+        )
+
     def gc(
         self,
         keep_last: Optional[int] = None,

@@ -483,10 +483,12 @@ class LocalStore:
             return store.export_hf(step, directory, max_shard_size, prefix, dtype)
 
 
-class OpenedLocal(Unproved):
+class OpenedLocal:
     """A local store's step, read in ranges: only the chunks holding a
     piece's bytes, each hash-checked, and only from the save opened (its
-    content digest is the commit every rank reads)."""
+    content digest is the commit every rank reads). Every rank opens the
+    store, so a rank handed bytes checks them against the chunk hashes of
+    the manifest it read itself."""
 
     def __init__(self, target: LocalStore, step: int, commit: Optional[str]) -> None:
         self._target, self._step = target, step
@@ -507,9 +509,7 @@ class OpenedLocal(Unproved):
 
     def _fill(self, store: Store, reads: List[Tuple[str, int, np.ndarray]]) -> None:
         if not store.read_ranges(self._step, reads, digest=self.commit):
-            raise FileNotFoundError(
-                f"step {self._step} of {self._target.description} was removed or saved again while this load read it"
-            )
+            raise self._gone()
 
     def metadata(self) -> bytes:
         return self._metadata.tobytes()
@@ -531,6 +531,33 @@ class OpenedLocal(Unproved):
                 return batch
 
             read_in_batches(pieces, dest, deliver, fill)
+
+    proves = True
+
+    def _ranges(self, pieces: Sequence[Piece]) -> List[Tuple[str, int, int]]:
+        for rank, entry, _, _ in pieces:
+            self.length(rank, entry)  # a rank or entry the step does not have: ValueError
+        return [(entry, start, n) for _, entry, start, n in pieces]
+
+    def _gone(self) -> FileNotFoundError:
+        return FileNotFoundError(
+            f"step {self._step} of {self._target.description} was removed or saved again while this load read it"
+        )
+
+    def slices(self, pieces: Sequence[Piece]) -> List[List[Slice]]:
+        with self._target._use(read_only=True) as store:
+            found = store.slices(self._step, self._ranges(pieces), digest=self.commit)
+        if found is None:
+            raise self._gone()
+        return found
+
+    def read_proving(self, pieces: Sequence[Piece], dest: Dict[int, np.ndarray], proved: Sequence[Piece]) -> List[bytes]:
+        reads = [(entry, start, dest[i]) for i, (entry, start, _) in enumerate(self._ranges(pieces))]
+        with self._target._use(read_only=True) as store:
+            proofs = store.read_ranges_proving(self._step, reads, self._ranges(proved), digest=self.commit)
+        if proofs is None:
+            raise self._gone()
+        return proofs
 
 
 class _Using:

@@ -309,23 +309,26 @@ impl StepData<'_> {
         })
     }
 
+    /// The step's packed small blobs, read and checked on first use.
+    fn packed(&self) -> Result<&[u8]> {
+        if let Some(p) = self.packed.get() {
+            return Ok(p);
+        }
+        let read = match &self.packed_ref {
+            Some(p) => self.view.read_packed(self.step, p)?,
+            None => Vec::new(),
+        };
+        Ok(self.packed.get_or_init(|| read))
+    }
+
     /// Fill `out` (of the blob's length) with blob `blob`'s checked bytes.
     fn fill(&self, name: &str, blob: &BlobRef, out: &mut [u8]) -> Result<()> {
         let step = self.step;
         let Placement::Packed { offset } = &blob.at else {
             return fill_blob(&self.chunks, step, name, blob, self.view.threads, out);
         };
-        let packed = if let Some(p) = self.packed.get() {
-            p
-        } else {
-            let read = match &self.packed_ref {
-                Some(p) => self.view.read_packed(step, p)?,
-                None => Vec::new(),
-            };
-            self.packed.get_or_init(|| read)
-        };
         // Bounds were checked when the manifest was decoded.
-        let bytes = packed_slice(packed, *offset, blob.len).ok_or_else(|| {
+        let bytes = packed_slice(self.packed()?, *offset, blob.len).ok_or_else(|| {
             Error::corrupt(
                 Some(step),
                 format!("blob {name:?} is outside the packed bytes"),

@@ -1,10 +1,26 @@
 //! Reading a step's blobs in pieces: a byte range of one blob (only the
-//! chunks that hold it), and every blob checked through one bounded
-//! buffer.
+//! chunks that hold it), where a range lies in the chunks and the proofs
+//! that let a rank handed it check it, and every blob checked through one
+//! bounded buffer.
 
-use super::{blob_chunks, fill_chunks, StepData};
-use crate::format::manifest::Placement;
+use std::collections::hash_map::{Entry, HashMap};
+
+use super::{blob_chunks, fill_chunks, ChunkAt, StepData};
+use crate::engine::slices::{slice_proof, ChunkSlice};
+use crate::format::manifest::{BlobRef, Hash, Placement};
 use crate::{Error, Result};
+
+/// Where a slice's chunk is: the step's packed small blobs, or a chunk of
+/// the blob of `len` bytes starting at byte `from` of it.
+#[derive(Clone, Copy)]
+enum Source {
+    Packed,
+    Chunk {
+        at: ChunkAt,
+        from: usize,
+        len: usize,
+    },
+}
 
 impl StepData<'_> {
     /// Fill `out` with bytes `start..start + out.len()` of blob `name`,
@@ -16,20 +32,7 @@ impl StepData<'_> {
         let Some(blob) = self.blobs.get(name) else {
             return Ok(false);
         };
-        let len = self.blob_len(name, blob)?;
-        let range = usize::try_from(start)
-            .ok()
-            .and_then(|s| Some((s, s.checked_add(out.len())?)))
-            .filter(|&(_, end)| end <= len);
-        let Some((start, end)) = range else {
-            return Err(Error::RangeNotStored {
-                step: self.step,
-                detail: format!(
-                    "bytes {start}..{} of {name:?} are beyond its {len} bytes",
-                    start.saturating_add(out.len() as u64)
-                ),
-            });
-        };
+        let (len, start, end) = self.range(name, blob, start, out.len() as u64)?;
         if out.is_empty() {
             return Ok(true);
         }
@@ -75,6 +78,145 @@ impl StepData<'_> {
         }
         Ok(true)
     }
+}
+
+impl StepData<'_> {
+    /// Blob `blob`'s length, and bytes `start..start + n` of it as indices
+    /// (an error past its end).
+    fn range(
+        &self,
+        name: &str,
+        blob: &BlobRef,
+        start: u64,
+        n: u64,
+    ) -> Result<(usize, usize, usize)> {
+        let len = self.blob_len(name, blob)?;
+        let range = usize::try_from(start)
+            .ok()
+            .and_then(|s| Some((s, s.checked_add(usize::try_from(n).ok()?)?)))
+            .filter(|&(_, end)| end <= len);
+        let Some((start, end)) = range else {
+            return Err(Error::RangeNotStored {
+                step: self.step,
+                detail: format!(
+                    "bytes {start}..{} of {name:?} are beyond its {len} bytes",
+                    start.saturating_add(n)
+                ),
+            });
+        };
+        Ok((len, start, end))
+    }
+
+    /// The slices of bytes `start..start + n` of blob `name`, in order,
+    /// each with where its chunk is.
+    fn placed(&self, name: &str, start: u64, n: u64) -> Result<Vec<(ChunkSlice, Source)>> {
+        let Some(blob) = self.blobs.get(name) else {
+            return Err(Error::RangeNotStored {
+                step: self.step,
+                detail: format!("it stores no entry {name:?}"),
+            });
+        };
+        let (len, start, end) = self.range(name, blob, start, n)?;
+        if start == end {
+            return Ok(Vec::new());
+        }
+        if let Placement::Packed { offset } = blob.at {
+            let packed = self.packed_ref.as_ref().ok_or_else(|| {
+                Error::corrupt(
+                    Some(self.step),
+                    format!("blob {name:?} is packed in a step with no packed bytes"),
+                )
+            })?;
+            let slice = ChunkSlice {
+                hash: packed.hash,
+                len: packed.len,
+                a: offset + start as u64,
+                b: offset + end as u64,
+            };
+            return Ok(vec![(slice, Source::Packed)]);
+        }
+        let mut out = Vec::new();
+        let mut from = 0;
+        for (hash, at, n) in blob_chunks(self.step, name, blob, len)? {
+            let to = from + n;
+            if from < end && to > start {
+                let slice = ChunkSlice {
+                    hash,
+                    len: n as u64,
+                    a: (start.max(from) - from) as u64,
+                    b: (end.min(to) - from) as u64,
+                };
+                out.push((slice, Source::Chunk { at, from, len: n }));
+            }
+            from = to;
+        }
+        Ok(out)
+    }
+
+    /// Where bytes `start..start + n` of blob `name` lie in the step's
+    /// chunks (or its packed bytes), in order.
+    pub(crate) fn slices(&self, name: &str, start: u64, n: u64) -> Result<Vec<ChunkSlice>> {
+        Ok(self
+            .placed(name, start, n)?
+            .into_iter()
+            .map(|(s, _)| s)
+            .collect())
+    }
+
+    /// For each `(name, start, n)` of `ranges`, the proofs of its
+    /// [`slices`](Self::slices) back to back (a whole chunk's is empty),
+    /// made from checked bytes: a chunk `have` holds whole (bytes of
+    /// blobs already read and checked, as `(name, start, bytes)`), else
+    /// the chunk read and checked here, once for all the ranges.
+    pub(crate) fn proofs(
+        &self,
+        ranges: &[(&str, u64, u64)],
+        have: &[(&str, u64, &[u8])],
+    ) -> Result<Vec<Vec<u8>>> {
+        let mut read: HashMap<Hash, Vec<u8>> = HashMap::new();
+        let mut out = Vec::with_capacity(ranges.len());
+        for &(name, start, n) in ranges {
+            let mut proof = Vec::new();
+            for (slice, source) in self.placed(name, start, n)? {
+                if slice.is_whole() {
+                    continue;
+                }
+                let chunk: &[u8] = match source {
+                    Source::Packed => self.packed()?,
+                    Source::Chunk { at, from, len } => {
+                        if let Some(bytes) = held(have, name, from, len) {
+                            bytes
+                        } else {
+                            if let Entry::Vacant(e) = read.entry(slice.hash) {
+                                let mut chunk = vec![0u8; len];
+                                let one = [(slice.hash, at, len)];
+                                fill_chunks(&self.chunks, self.step, name, &one, 1, &mut chunk)?;
+                                e.insert(chunk);
+                            }
+                            &read[&slice.hash]
+                        }
+                    }
+                };
+                proof.extend(slice_proof(chunk, slice.a, slice.b)?);
+            }
+            out.push(proof);
+        }
+        Ok(out)
+    }
+}
+
+/// Bytes `from..from + len` of blob `name`, if one of `have` holds them
+/// all.
+fn held<'a>(
+    have: &[(&str, u64, &'a [u8])],
+    name: &str,
+    from: usize,
+    len: usize,
+) -> Option<&'a [u8]> {
+    have.iter().find_map(|&(n, start, bytes)| {
+        let at = from.checked_sub(usize::try_from(start).ok()?)?;
+        (n == name && at + len <= bytes.len()).then(|| &bytes[at..at + len])
+    })
 }
 
 /// Chunks a verification holds in memory per thread.

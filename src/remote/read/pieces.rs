@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::OnceLock;
 
+use crate::engine::slices::ChunkSlice;
 use crate::format::manifest::Hash;
 use crate::remote::format::layout::ShardName;
 use crate::remote::format::manifest::{RemoteBlob, RemoteManifest, RemotePlace};
@@ -26,24 +27,6 @@ pub struct EntryInfo {
     pub len: u64,
     /// A tensor's dtype name and shape; `None` for an untyped blob.
     pub tensor: Option<(String, Vec<u64>)>,
-}
-
-/// Where bytes of an entry lie in the bucket ([`Remote::slices`]): bytes
-/// `a..b` of a chunk of `len` bytes whose BLAKE3 hash is `hash` (a chunk
-/// of the entry, or the packed chunk its shard's small blobs share). A
-/// rank handed those bytes by another checks them against `hash` with a
-/// proof ([`slice_proof`](crate::slice_proof), [`SliceCheck`](crate::SliceCheck)).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct ChunkSlice {
-    /// The chunk's hash.
-    pub hash: Hash,
-    /// The chunk's length.
-    pub len: u64,
-    /// Where the bytes start in the chunk.
-    pub a: u64,
-    /// Where they end.
-    pub b: u64,
 }
 
 /// A complete step opened for reads of parts of its entries
@@ -397,7 +380,7 @@ impl Proofs {
                             range.2, range.3, range.1
                         ),
                     })?;
-                if (slice.a, slice.b) != (0, slice.len) {
+                if !slice.is_whole() {
                     on.entry(i).or_default().push((j, k, *slice));
                 }
             }

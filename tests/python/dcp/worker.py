@@ -116,18 +116,19 @@ def count_reads(rank):
         setattr(ckptstore.Remote, name, counted)
     from ckptstore._targets import METADATA
 
-    original_ranges = ckptstore.Store.read_ranges
+    for name in ("read_ranges", "read_ranges_proving"):
+        original = getattr(ckptstore.Store, name)
 
-    def counted_ranges(self, step, reads, **kwargs):
-        state = any(name != METADATA for name, _, _ in reads)  # not the opening's
-        if die and state:
-            os._exit(9)
-        if fail and state:
-            raise OSError("injected: the store failed this read")
-        read[0] += sum(a.nbytes for name, _, a in reads if name != METADATA)  # the state's bytes
-        return original_ranges(self, step, reads, **kwargs)
+        def counted_ranges(self, step, reads, *rest, _original=original, **kwargs):
+            state = any(name != METADATA for name, _, _ in reads)  # not the opening's
+            if die and state:
+                os._exit(9)
+            if fail and state:
+                raise OSError("injected: the store failed this read")
+            read[0] += sum(a.nbytes for name, _, a in reads if name != METADATA)  # the state's bytes
+            return _original(self, step, reads, *rest, **kwargs)
 
-    ckptstore.Store.read_ranges = counted_ranges
+        setattr(ckptstore.Store, name, counted_ranges)
     return read
 
 
