@@ -112,5 +112,5 @@ pub use report::ReplicationStatus;
 pub use report::{CommitInfo, ContentDigest, StepInfo, StoreStats, TensorInfo, VerifyReport};
 pub use retention::{Goal, Retention, StepSummary};
 pub use save_record::{SaveRecord, Staging};
-pub use store::{CheckpointStore, CommitHandle, StoreOptions};
+pub use store::{CheckpointStore, ChunkMap, CommitHandle, StoreOptions};
 pub use tensor::{ChunkHashes, Dtype, Tensor, TensorMut, TensorRef};

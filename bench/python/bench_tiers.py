@@ -15,7 +15,8 @@ and `peers=1` (on one machine a copy is a second write to the same disk),
 `async_save` with `peers=1`. Restores, with the page cache dropped first
 for the files read (cold, `posix_fadvise(DONTNEED)` after a sync) and
 again at once (warm): from the ranks' own stores, from peers (node 1's
-directory moved away: its ranks read node 0's copies), from the bucket
+directory moved away: its ranks read node 0's copies; and the same with
+the receivers' check of handed bytes switched off), from the bucket
 (an empty local tier), against FileSystemReader. Ratio = DCP's time /
 ckptstore's (above 1: ckptstore is faster). Beside each: the bytes a
 rank received through the tier's own collectives (the most of any rank;
@@ -39,7 +40,7 @@ import warnings
 from typing import Any, List
 
 SAVES = ("fs", "bucket", "tiers-p0", "tiers-p1", "tiers-async")
-LOADS = ("fs", "tiers-own", "tiers-peers", "tiers-bucket")
+LOADS = ("fs", "tiers-own", "tiers-peers", "tiers-peers-unproved", "tiers-bucket")
 
 
 def _port():
@@ -150,6 +151,21 @@ def _memory(key: str) -> int:
     return int(line.split()[1]) * 1024
 
 
+def _unproved(load):
+    """`load` with the receivers' check switched off (no chunk maps sent,
+    no proofs): the baseline of what the check costs."""
+    import ckptstore._fan_out as fan_out
+    from ckptstore._tier_load import TierSource
+
+    maps_travel = fan_out.MapsTravel
+    fan_out.MapsTravel = type("Never", (), {})
+    TierSource.proves = False
+    try:
+        return load()
+    finally:
+        fan_out.MapsTravel, TierSource.proves = maps_travel, True
+
+
 def worker(base, world, rank, port, mib, reps):
     import torch
     import torch.distributed as dist
@@ -223,19 +239,21 @@ def worker(base, world, rank, port, mib, reps):
             results("save", kind, *timed(fn))
         # Restores of this round's step.
         for kind in LOADS:
-            if kind == "tiers-peers" and world == 1:
+            if kind.startswith("tiers-peers") and world == 1:
                 continue
             for cache in ("cold", "warm"):
                 if cache == "cold" and rank == 0:
                     _evict(base)
                 moved = f"{base}/p1/node1"
-                if kind == "tiers-peers" and world > 1 and rank == 2:
+                if kind.startswith("tiers-peers") and world > 1 and rank == 2:
                     os.rename(moved, moved + ".away")
                 if kind == "fs":
                     fn = lambda: dcp.load(state, storage_reader=dcp.FileSystemReader(f"{base}/fs/{step}"))  # noqa: E731
                 elif kind == "tiers-bucket":
                     empty = Tiers(f"{base}/empty-{rep}-{cache}/node{{node}}", bucket, ranks_per_node=2)
                     fn = lambda: empty.load(state, step)  # noqa: E731
+                elif kind == "tiers-peers-unproved":
+                    fn = lambda: _unproved(lambda: tiers["tiers-p1"].load(state, step))  # noqa: E731
                 else:
                     fn = lambda: tiers["tiers-p1"].load(state, step)  # noqa: E731
                 if kind == "tiers-bucket":
@@ -246,7 +264,7 @@ def worker(base, world, rank, port, mib, reps):
                 else:
                     results("load-" + cache, kind, *timed(fn))
                 dist.barrier()
-                if kind == "tiers-peers" and world > 1 and rank == 2:
+                if kind.startswith("tiers-peers") and world > 1 and rank == 2:
                     shutil.rmtree(moved, ignore_errors=True)
                     os.rename(moved + ".away", moved)
                 dist.barrier()

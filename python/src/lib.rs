@@ -84,6 +84,7 @@ fn _ckptstore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<arrays::ChunkHashes>()?;
     m.add_class::<arrays::ChunkHasher>()?;
     m.add_class::<slices::SliceCheck>()?;
+    m.add_class::<slices::ChunkMap>()?;
     m.add_function(pyo3::wrap_pyfunction!(slices::slice_proof_len, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(arrays::hash_arrays, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(arrays::copy_hashed, m)?)?;

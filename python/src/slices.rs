@@ -67,3 +67,30 @@ impl SliceCheck {
         Ok(check.finish())
     }
 }
+
+/// Where the entries of one save of a step lie in its chunks, from the
+/// bytes `Store.chunk_map` gave on another rank, checked against the
+/// save's content digest (hex).
+#[pyclass(module = "ckptstore._ckptstore", name = "ChunkMap", frozen)]
+pub(crate) struct ChunkMap(ckptstore::ChunkMap);
+
+#[pymethods]
+impl ChunkMap {
+    #[new]
+    fn new(step: u64, sent: &[u8], digest: &str) -> PyResult<Self> {
+        let digest = ckptstore::ContentDigest::from_hex(digest)
+            .ok_or_else(|| PyValueError::new_err(format!("{digest:?} is not a content digest")))?;
+        let map = ckptstore::ChunkMap::decode(step, sent, &digest).map_err(crate::py_err)?;
+        Ok(ChunkMap(map))
+    }
+
+    /// Each (name, start, len) of `ranges`' slices, in order.
+    fn slices(&self, ranges: Vec<(String, u64, u64)>) -> PyResult<Vec<Vec<Slice>>> {
+        let found = ranges
+            .iter()
+            .map(|(name, start, len)| self.0.slices(name, *start, *len))
+            .collect::<ckptstore::Result<Vec<_>>>()
+            .map_err(crate::py_err)?;
+        Ok(for_python(found))
+    }
+}

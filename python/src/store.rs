@@ -271,6 +271,22 @@ impl RawStore {
         Ok(got.map(crate::slices::for_python))
     }
 
+    /// The chunk map of step `step` as bytes to send to a rank that does
+    /// not hold it (`ChunkMap`); None as `read_ranges` gives False.
+    fn chunk_map<'py>(
+        &self,
+        py: Python<'py>,
+        step: u64,
+        digest: Option<&str>,
+    ) -> PyResult<Option<Bound<'py, pyo3::types::PyBytes>>> {
+        let digest = content_digest(digest)?;
+        let store = self.get()?;
+        let map = py
+            .detach(|| store.chunk_map(step, digest.as_ref()))
+            .map_err(py_err)?;
+        Ok(map.map(|m| pyo3::types::PyBytes::new(py, &m)))
+    }
+
     /// Like `read_ranges`, and the proofs of the slices of each
     /// (name, start, len) of `proved`, back to back; None as `read_ranges`
     /// gives False.

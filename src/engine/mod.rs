@@ -39,7 +39,7 @@ use plan::Plan;
 
 #[cfg(feature = "remote")]
 pub(crate) use read::ChunkPlace;
-pub(crate) use read::{StepData, View};
+pub(crate) use read::{Placing, StepData, View};
 #[cfg(feature = "remote")]
 pub(crate) use replica::{Pushed, Remembered};
 pub(crate) use verify::Checked;

@@ -3,6 +3,7 @@
 //! database handle (`crate::db`).
 
 mod asynch;
+mod chunk_map;
 mod commit;
 mod copy;
 mod hf;
@@ -25,6 +26,7 @@ use crate::Result;
 use asynch::AsyncWriter;
 
 pub use asynch::CommitHandle;
+pub use chunk_map::ChunkMap;
 pub use options::StoreOptions;
 #[cfg(feature = "remote")]
 pub(crate) use replica::{Replica, Replication};

@@ -197,3 +197,57 @@ fn a_format1_stores_ranges_check_against_its_chunk_hashes() -> Result {
     assert!(checked > 0);
     Ok(())
 }
+
+#[test]
+fn a_chunk_map_sent_elsewhere_places_ranges_as_the_store_does_and_only_for_its_save() -> Result {
+    let dir = tempfile::tempdir()?;
+    let store = CheckpointStore::open(dir.path().join("run.ckpt"))?;
+    let mut c = common::checkpoint(5, &[2 << 20, 1000, 300])?;
+    c.set_tensor(
+        "w",
+        Tensor::new(Dtype::U8, vec![3 << 20], common::bytes(2, 3 << 20))?,
+    );
+    store.commit(&c)?;
+    let digest = store.content_digest(5)?.ok_or("no digest")?;
+    let sent = store.chunk_map(5, Some(&digest))?.ok_or("no map")?;
+    let map = ckptstore::ChunkMap::decode(5, &sent, &digest)?;
+    for (name, start, len) in [
+        ("w", 10, 100),
+        ("w", CHUNK - 5, 2 * CHUNK),
+        ("param_0", 0, 2 << 20),
+        ("param_1", 3, 900),
+        ("w", 9, 0),
+    ] {
+        let here = store
+            .slices(5, None, &[(name, start, len)])?
+            .ok_or("no step")?;
+        assert_eq!(
+            map.slices(name, start, len)?,
+            here[0],
+            "{name} {start}+{len}"
+        );
+    }
+    assert!(matches!(
+        map.slices("w", 3 << 20, 1),
+        Err(ckptstore::Error::RangeNotStored { .. })
+    ));
+    // A damaged map, one of another step, one of another save: refused.
+    for i in [0, sent.len() / 2, sent.len() - 1] {
+        let mut bad = sent.clone();
+        bad[i] ^= 1;
+        let e = ckptstore::ChunkMap::decode(5, &bad, &digest).expect_err("a damaged map");
+        assert!(
+            matches!(e, ckptstore::Error::Corrupt { step: Some(5), .. }),
+            "{e}"
+        );
+    }
+    assert!(ckptstore::ChunkMap::decode(6, &sent, &digest).is_err());
+    let mut other = c.clone();
+    other.set_optimizer_state("param_1", vec![1; 1000]);
+    store.replace(&other)?;
+    assert!(store.chunk_map(5, Some(&digest))?.is_none());
+    let now = store.chunk_map(5, None)?.ok_or("no map")?;
+    let e = ckptstore::ChunkMap::decode(5, &now, &digest).expect_err("another save");
+    assert!(e.to_string().contains("another save"), "{e}");
+    Ok(())
+}

@@ -65,3 +65,15 @@ def test_ranges_check_out_in_messages_cut_anywhere_and_a_flipped_byte_fails_its_
         bad = [p.copy() for p in parts]
         bad[i][rng.randrange(len(bad[i]))] ^= 1
         assert _check(ranges, slices, bad, rng.randrange(1, 1 << 16)) == {i // 2}, i
+
+
+def test_chunk_maps_sent_together_come_apart_as_sent_and_damage_is_said():
+    from ckptstore._proofs import _framed, _unframed
+
+    maps = [b"\x01" * 70, "no store here holds it", b""]
+    sent = _framed(maps)
+    assert _unframed(sent, 3) == maps
+    # Cut short or with a bad kind byte: the maps from there on are refused.
+    assert _unframed(sent[:-1] + b"", 3)[:2] == maps[:2]
+    assert _unframed(sent[:50], 3)[0] == "the chunk maps sent arrived damaged"
+    assert _unframed(b"\x07" + sent[1:], 3)[0] == "the chunk maps sent arrived damaged"

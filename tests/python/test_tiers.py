@@ -235,6 +235,25 @@ def test_bytes_damaged_in_flight_are_refused_and_the_next_holder_serves(tmp_path
     assert "arrived damaged (BLAKE3 differs)); another holder serves it" in warned[0]
 
 
+def test_bytes_a_holder_damaged_after_its_check_are_refused_and_the_next_holder_serves(tmp_path):
+    # As above, but rank 0 flips a byte it is about to send once its
+    # stores' check passed it (a fault in its memory): the message's own
+    # BLAKE3 is taken after the flip, so only the receiver's check against
+    # the shard's chunk map (sent by rank 0, taken for the record's content
+    # digest) catches it. Rank 0 is refused for that shard; the load runs
+    # again and every rank loads bit-identical. (A replicated 1 MiB tensor
+    # in rank 0's shard: rank 0 reads it and hands it to ranks 1 and 2.)
+    env = {"CKPT_TIERS_PEERS": "2", "CKPT_TIERS_REPLICATED_MIB": "1"}
+    job(tmp_path, ["save:1"], world=3, per_node=1, env=env)
+    shutil.rmtree(tmp_path / "node2")
+    out = job(tmp_path, ["fault:flip:0", "load:1"], world=3, per_node=1, env=env)
+    assert said(out, "ok 1")
+    warned = [line for line in out[0][1].splitlines() if "is refused" in line]
+    assert len(warned) == 1, out[0][1][-3000:]
+    assert "as held by rank 0 is refused" in warned[0], warned
+    assert "do not hash to the target's chunk hashes" in warned[0], warned
+
+
 def test_streams_are_cut_in_messages_of_a_bounded_size():
     from ckptstore._fan_out import LEAST, WINDOW, cut, message_size
 

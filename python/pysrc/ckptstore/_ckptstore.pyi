@@ -11,6 +11,7 @@ __all__ = [
     "Buffer",
     "ChunkHasher",
     "ChunkHashes",
+    "ChunkMap",
     "CommitInfo",
     "CorruptError",
     "Error",
@@ -318,6 +319,13 @@ class SliceCheck:
     def update(self, piece: Any) -> None: ...
     def finish(self) -> bool: ...
 
+@final
+class ChunkMap:
+    """Where one save of a step lies in its chunks, sent by a rank holding it."""
+
+    def __new__(cls, step: int, sent: bytes, digest: str) -> "ChunkMap": ...
+    def slices(self, ranges: List[Tuple[str, int, int]]) -> List[List[Tuple[bytes, int, int, int]]]: ...
+
 def slice_proof_len(len: int, a: int, b: int) -> int: ...
 def hash_arrays(arrays: List[Any]) -> List[str]: ...
 def copy_hashed(pairs: List[Tuple[Any, Any]]) -> List[ChunkHashes]: ...
@@ -410,6 +418,7 @@ class RawStore:
     def slices(
         self, step: int, digest: Optional[str], ranges: List[Tuple[str, int, int]]
     ) -> Optional[List[List[Tuple[bytes, int, int, int]]]]: ...
+    def chunk_map(self, step: int, digest: Optional[str]) -> Optional[bytes]: ...
     def read_ranges_proving(
         self,
         step: int,

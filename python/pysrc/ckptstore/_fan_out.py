@@ -15,8 +15,10 @@ load's own group, in messages sized as the tier's streams are (WINDOW
 shared among the streams of whichever end has more), each with its
 BLAKE3 checked where it lands (the reader's reads are checked against the
 target's chunk hashes as they are read); where the target proves its
-bytes (a bucket), each range goes with its proof and its receiver checks
-it against the chunk hashes of the manifest it read itself (`_proofs`).
+bytes, each range goes with its proof and its receiver checks it against
+the chunk hashes of the manifest it read itself (`_proofs`; on the tier,
+the shard's chunk map its holder sent before the phases, taken for the
+content digest in the save's record).
 A rank holds, beside its targets, its phase's stripes and at most about
 WINDOW bytes in transit each way: a message within one of its targets
 lands there, any other in its stream's buffer. A failure on any rank (a
@@ -37,8 +39,8 @@ from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, 
 import numpy as np
 
 from ._ckptstore import CHUNK_BYTES
-from ._proofs import Checks, interleave, proof_lens, split
-from ._targets import Deliver, Opened, Piece, Slice
+from ._proofs import Checks, Refusal, interleave, proof_lens, send_maps, split
+from ._targets import Deliver, MapsTravel, Opened, Piece, Slice
 from ._tier_wire import Group, TierFailure, described
 
 STRIPE = 32 * CHUNK_BYTES
@@ -56,8 +58,6 @@ than WINDOW / LEAST ranks holds LEAST bytes a stream)."""
 # (index of a range in a stream, offset in the range, length)
 Segment = Tuple[int, int, int]
 
-# (rank that read or sent the bytes, source rank of the shard, why)
-Refusal = Tuple[int, int, str]
 
 
 class Refused(RuntimeError):
@@ -532,6 +532,9 @@ def run(
     a reader could not read sound (`opened` raised `Refused`) or that
     arrived damaged raise `Refused` on every rank, with every rank's."""
     slices: Dict[int, List[List[Slice]]] = {}  # by the id of a part
+    if isinstance(opened, MapsTravel):
+        group.check(failure, what)
+        _settle(group, None, _send_maps(group, opened, fan), what)
     if opened.proves and failure is None:
         try:
             parts = [part for phase in fan.phases for part in phase.sends + phase.takes]
@@ -565,6 +568,20 @@ def run(
         _settle(group, error or landing.failure or broke, refusals, what)
     missing = len(landing.pieces) - len(landing.done)
     group.check(RuntimeError(f"{missing} pieces of this rank were in no stripe") if missing else None, what)
+
+
+def _send_maps(group: Group, opened: MapsTravel, fan: FanPlan) -> List[Refusal]:
+    """Send each rank this one hands bytes to the chunk map of each shard
+    whose bytes it hands it, and take those sent to this rank, before the
+    phases (`_proofs.send_maps`)."""
+    to: Dict[int, Set[int]] = {}
+    takes: Dict[int, Set[int]] = {}
+    for phase in fan.phases:
+        for part in phase.sends:
+            to.setdefault(part.peer, set()).update(r[0] for r in part.ranges)
+        for part in phase.takes:
+            takes.setdefault(part.peer, set()).update(r[0] for r in part.ranges)
+    return send_maps(group, opened, to, takes)
 
 
 def _settle(group: Group, failure: Optional[BaseException], refusals: List[Refusal], what: str) -> None:

@@ -1,5 +1,5 @@
 """The proofs of a striped load (`_fan_out`) whose target proves its bytes
-(a bucket): the bytes a rank hands another go with proofs against the
+(a bucket, a local store, the tier): the bytes a rank hands another go with proofs against the
 target's chunk hashes, and the receiver checks each range with them
 against the hashes of the manifest it read itself, not its sender's word.
 
@@ -10,14 +10,20 @@ each one's length from the slice alone, so both ends know it). A stream
 carries, before each range's bytes, that range's proof; the receiver
 hashes the bytes as they land (`SliceCheck`), holding a few hashes a
 slice, and a range whose bytes do not hash to its chunks' hashes is
-refused."""
+refused. Where a receiver may hold no manifest of the shard (the tier),
+its holder sends the shard's chunk map first (`send_maps`), which the
+receiver takes only for the save's content digest."""
 
-from typing import Dict, List, Optional, Sequence, Set, TypeVar
+from typing import Dict, List, Optional, Sequence, Set, Tuple, TypeVar, Union
 
 import numpy as np
 
 from ._ckptstore import SliceCheck, slice_proof_len
-from ._targets import Piece, Slice
+from ._targets import MapsTravel, Piece, Slice
+from ._tier_wire import Group
+
+# (rank that read or sent the bytes, source rank of the shard, why)
+Refusal = Tuple[int, int, str]
 
 
 T = TypeVar("T")
@@ -109,3 +115,45 @@ class Checks:
             return None
         _, entry, start, n = self._ranges[r]
         return f"bytes {start}..{start + n} of {entry!r} do not hash to the target's chunk hashes"
+
+
+def send_maps(group: Group, opened: MapsTravel, to: Dict[int, Set[int]], takes: Dict[int, Set[int]]) -> List[Refusal]:
+    """Send each peer of `to` the chunk maps of its shards there (by source
+    rank) and take from each peer of `takes` those of its shards there,
+    point to point and once, as a shard's bytes travel; the refusals of
+    maps that were not sent or are not of the save."""
+    maps = {src: opened.chunk_map(src) for src in sorted(set().union(*to.values()))}
+    sends = [(peer, _framed([maps[src] for src in sorted(srcs)])) for peer, srcs in sorted(to.items())]
+    got = group.send_bytes(sends, sorted(takes))
+    refusals: List[Refusal] = []
+    for peer, sent in sorted(got.items()):
+        srcs = sorted(takes[peer])
+        for src, m in zip(srcs, _unframed(sent, len(srcs))):
+            why = opened.learn_map(src, m)
+            if why is not None:
+                refusals.append((peer, src, f"its chunk map of the shard is refused: {why}"))
+    return refusals
+
+
+def _framed(maps: List[Union[bytes, str]]) -> bytes:
+    """Maps (or why there is none) back to back: a kind byte (1: a map,
+    0: why not), an 8-byte length, the bytes."""
+    out = bytearray()
+    for m in maps:
+        data = m if isinstance(m, bytes) else m.encode()
+        out += bytes([isinstance(m, bytes)]) + len(data).to_bytes(8, "little") + data
+    return bytes(out)
+
+
+def _unframed(sent: bytes, n: int) -> List[Union[bytes, str]]:
+    """`n` maps as `_framed` wrote them; what does not parse is why."""
+    out: List[Union[bytes, str]] = []
+    at = 0
+    for _ in range(n):
+        kind, size = sent[at : at + 1], int.from_bytes(sent[at + 1 : at + 9], "little")
+        data, at = sent[at + 9 : at + 9 + size], at + 9 + size
+        if kind not in (b"\0", b"\1") or len(data) != size:
+            out.append("the chunk maps sent arrived damaged")
+        else:
+            out.append(data if kind == b"\1" else data.decode(errors="replace"))
+    return out

@@ -159,6 +159,13 @@ class Store:
         gives False."""
         return self._raw.slices(step_number(step), digest, [(n, int(s), int(k)) for n, s, k in ranges])
 
+    def chunk_map(self, step: int, *, digest: Optional[str] = None) -> Optional[bytes]:
+        """The chunk map of step `step` (where its entries lie in its
+        chunks) as bytes to send to a rank that does not hold it, which
+        takes it with `_ckptstore.ChunkMap(step, sent, digest)` only if it
+        is of the save `digest` names. None as `read_ranges` gives False."""
+        return self._raw.chunk_map(step_number(step), digest)
+
     def read_ranges_proving(
         self,
         step: int,

@@ -7,7 +7,9 @@ what `SaveTarget`, `LoadTarget` and `Opened` say; nothing in them depends
 on its kind."""
 
 import os
-from typing import Any, Callable, Dict, Hashable, List, Mapping, NamedTuple, Optional, Protocol, Sequence, Tuple, Union
+from typing import (
+    Any, Callable, Dict, Hashable, List, Mapping, NamedTuple, Optional, Protocol, Sequence, Tuple, Union, runtime_checkable
+)
 
 import numpy as np
 
@@ -113,8 +115,8 @@ class Opened(Protocol):
 
     proves: bool
     """Whether bytes read from it carry proofs against its own chunk
-    hashes (a bucket's), with which a rank handed them by another checks
-    them (`slices`, `read_proving`)."""
+    hashes, with which a rank handed them by another checks them
+    (`slices`, `read_proving`)."""
 
     def slices(self, pieces: Sequence[Piece]) -> List[List[Slice]]:
         """Where each piece's bytes lie in its chunks, in order (where it
@@ -124,6 +126,22 @@ class Opened(Protocol):
         """Read each piece into `dest` (every piece has one), and return
         for each of `proved` (ranges within the pieces) the proofs of its
         `slices`, back to back (where it `proves`)."""
+
+
+@runtime_checkable
+class MapsTravel(Protocol):
+    """An opened target whose ranks do not all hold every shard's chunk
+    map (the local tier): a rank that hands bytes of a shard sends the
+    shard's map first to each rank it hands them to, which checks it
+    against the save's content digest before it checks bytes by it."""
+
+    def chunk_map(self, src: int) -> Union[bytes, str]:
+        """Rank `src`'s shard's chunk map, from this rank's stores, as bytes
+        to send; or why there is none here."""
+
+    def learn_map(self, src: int, sent: Union[bytes, str]) -> Optional[str]:
+        """Take rank `src`'s shard's chunk map as a peer sent it; why it is
+        refused (None where it is taken)."""
 
 
 class SaveTarget(Protocol):
@@ -397,21 +415,6 @@ class OpenedBucket:
 
     def read_proving(self, pieces: Sequence[Piece], dest: Dict[int, np.ndarray], proved: Sequence[Piece]) -> List[bytes]:
         return self._remote.read_pieces_proving(self._opened, pieces, [dest[i] for i in range(len(pieces))], proved)
-
-
-class Unproved:
-    """What an opened target whose bytes carry no proofs says of them: a
-    rank handed its bytes checks each message against its sender's BLAKE3
-    only (the sender checked every chunk against the target's hashes as
-    it read)."""
-
-    proves = False
-
-    def slices(self, pieces: Sequence[Piece]) -> List[List[Slice]]:
-        raise NotImplementedError("this target's bytes carry no proofs")
-
-    def read_proving(self, pieces: Sequence[Piece], dest: Dict[int, np.ndarray], proved: Sequence[Piece]) -> List[bytes]:
-        raise NotImplementedError("this target's bytes carry no proofs")
 
 
 class LocalStore:

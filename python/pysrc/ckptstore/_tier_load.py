@@ -5,23 +5,38 @@ stripe read by a rank holding that shard (its own store, or a copy) from
 its stores and handed to the ranks that need it."""
 
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, TypeVar, Union
 
 import numpy as np
 
-from ._ckptstore import tier_evaluate, tier_holders, tier_pick
-from ._errors import Error
-from ._fan_out import Refusal, Refused
-from ._targets import Deliver, Opened, Piece, Unproved, read_in_batches
+from ._ckptstore import ChunkMap, tier_evaluate, tier_holders, tier_pick
+from ._errors import CorruptError, Error
+from ._fan_out import Refused
+from ._proofs import Refusal
+from ._store import Store
+from ._targets import Deliver, Opened, Piece, Slice, read_in_batches
 from ._tier_layout import Record, records_in
 from ._tier_wire import Group
 
-__all__ = ["Choice", "Holding", "ReadOf", "ShardsLost", "TierSource", "choose"]
+__all__ = [
+    "Choice", "Held", "Holding", "MapOf", "ReadOf", "ShardsLost", "TierSource", "choose", "chunk_map_held", "read_held"
+]
 
 # Fill each (entry, start, array) with bytes of rank `src`'s shard (of the
-# content digest given) from this rank's stores, every chunk hash-checked;
-# raises (`Error`, `OSError`, `ValueError`) if no store here holds it sound.
-ReadOf = Callable[[int, str, List[Tuple[str, int, np.ndarray]]], None]
+# content digest given) from this rank's stores, every chunk hash-checked,
+# and return the proofs of each (entry, start, length) of the last list
+# (`Store.read_ranges_proving`); raises (`Error`, `OSError`, `ValueError`)
+# if no store here holds it sound.
+ReadOf = Callable[[int, str, List[Tuple[str, int, np.ndarray]], List[Tuple[str, int, int]]], List[bytes]]
+
+# Rank `src`'s shard's chunk map (of the content digest given) from this
+# rank's stores (`Store.chunk_map`); raises as `ReadOf` does.
+MapOf = Callable[[int, str], bytes]
+
+
+# This rank's stores: (kind "own" or "copy", the rank whose shards it
+# holds, the store).
+Held = List[Tuple[str, int, Store]]
 
 
 class ShardsLost(Error):
@@ -74,14 +89,17 @@ def choose(
     return Choice(record, dict(enumerate(holders))), why, steps
 
 
-class TierSource(Unproved):
+class TierSource:
     """The local tier as the target of one load (`ckptstore.dcp.StorageReader`
     over it): the chosen save, its metadata and entry sizes as given, and
     each piece read from `read_of` (this rank's stores). At several ranks
     the load is striped over the tier's group, each stripe of a shard read
     by one of its holders not `refused` (by source rank, in the order of
     `Choice.holders`), on the node of the ranks needing it where one is
-    there (`nodes`: each rank's node)."""
+    there (`nodes`: each rank's node). A rank handed bytes of a shard it
+    may not hold checks them against that shard's chunk map, sent by the
+    holder (`map_of`) and taken only for the save's content digest in the
+    record (`_targets.MapsTravel`)."""
 
     description = "the local tier"
     sendable = False
@@ -92,13 +110,15 @@ class TierSource(Unproved):
         group: Group,
         choice: Choice,
         read_of: ReadOf,
+        map_of: MapOf,
         metadata: str,
         sizes: List[Dict[str, int]],
         refused: Set[Tuple[int, int]],
         nodes: List[int],
     ) -> None:
         self.group: Optional[Group] = group
-        self._rank, self._choice, self._read_of = group.rank, choice, read_of
+        self._rank, self._choice, self._read_of, self._map_of = group.rank, choice, read_of, map_of
+        self._maps: Dict[int, ChunkMap] = {}
         self._metadata, self._sizes = metadata, sizes
         self.readers: Optional[Dict[int, List[int]]] = {
             src: [h for h in hs if (h, src) not in refused] for src, hs in choice.holders.items()
@@ -144,7 +164,7 @@ class TierSource(Unproved):
                 if src in failed:
                     continue
                 try:
-                    self._read_of(src, record.digests[src], [(pieces[i][1], pieces[i][2], a) for i, a in places])
+                    self._read_of(src, record.digests[src], [(pieces[i][1], pieces[i][2], a) for i, a in places], [])
                 except (Error, OSError, ValueError) as e:
                     failed.add(src)
                     refusals.append((self._rank, src, str(e)))
@@ -155,3 +175,94 @@ class TierSource(Unproved):
         read_in_batches(pieces, dest, deliver, fill)
         if refusals:
             raise Refused(f"loading step {record.step} from the local tier", refusals)
+
+    proves = True
+
+    def chunk_map(self, src: int) -> Union[bytes, str]:
+        try:
+            return self._map_of(src, self._choice.record.digests[src])
+        except (Error, OSError, ValueError) as e:
+            return str(e)
+
+    def learn_map(self, src: int, sent: Union[bytes, str]) -> Optional[str]:
+        if isinstance(sent, str):
+            return sent
+        record = self._choice.record
+        try:
+            self._maps.setdefault(src, ChunkMap(record.step, sent, record.digests[src]))
+        except (Error, ValueError) as e:
+            return str(e)
+        return None
+
+    def _map(self, src: int) -> ChunkMap:
+        """Rank `src`'s shard's chunk map: as a peer sent it, else from this
+        rank's stores."""
+        found = self._maps.get(src)
+        if found is None:
+            record = self._choice.record
+            found = self._maps[src] = ChunkMap(record.step, self._map_of(src, record.digests[src]), record.digests[src])
+        return found
+
+    def slices(self, pieces: Sequence[Piece]) -> List[List[Slice]]:
+        return [self._map(src).slices([(entry, start, n)])[0] for src, entry, start, n in pieces]
+
+    def read_proving(self, pieces: Sequence[Piece], dest: Dict[int, np.ndarray], proved: Sequence[Piece]) -> List[bytes]:
+        """Read `pieces` into `dest` (one array each) and prove `proved`,
+        shard by shard; raises `Refused` naming each shard no store here
+        could read sound."""
+        record = self._choice.record
+        proofs: Dict[int, bytes] = {}
+        refusals: List[Refusal] = []
+        for src in dict.fromkeys(p[0] for p in pieces):
+            mine = [k for k, p in enumerate(proved) if p[0] == src]
+            reads = [(p[1], p[2], dest[i]) for i, p in enumerate(pieces) if p[0] == src]
+            try:
+                made = self._read_of(src, record.digests[src], reads, [proved[k][1:] for k in mine])
+            except (Error, OSError, ValueError) as e:
+                refusals.append((self._rank, src, str(e)))
+                continue
+            proofs.update(zip(mine, made))
+        if refusals:
+            raise Refused(f"loading step {record.step} from the local tier", refusals)
+        return [proofs[k] for k in range(len(proved))]
+
+
+def read_held(
+    opened: Held,
+    src: int,
+    step: int,
+    digest: str,
+    reads: List[Tuple[str, int, np.ndarray]],
+    proved: List[Tuple[str, int, int]],
+) -> List[bytes]:
+    """Fill each (entry, start, array) of `reads` from rank `src`'s shard
+    of `step` (content `digest`) in this rank's stores, its own store
+    first, every chunk read hash-checked; the proofs of `proved`."""
+    return _from_stores(opened, src, step, lambda store: store.read_ranges_proving(step, reads, proved, digest=digest))
+
+
+def chunk_map_held(opened: Held, src: int, step: int, digest: str) -> bytes:
+    """Rank `src`'s shard of `step` (content `digest`): its chunk map, from
+    this rank's stores, its own store first."""
+    return _from_stores(opened, src, step, lambda store: store.chunk_map(step, digest=digest))
+
+
+R = TypeVar("R")
+
+
+def _from_stores(opened: Held, src: int, step: int, use: Callable[[Store], Optional[R]]) -> R:
+    """`use` of the first of this rank's stores of rank `src`'s shards (its
+    own first) that holds the save and reads it sound."""
+    problems = []
+    for _, held, store in sorted(opened, key=lambda o: o[0] != "own"):
+        if held != src:
+            continue
+        try:
+            got = use(store)
+        except CorruptError as e:
+            problems.append(str(e))
+            continue
+        if got is not None:
+            return got
+        problems.append(f"step {step} is gone from a store of rank {src}'s shards, or is another save")
+    raise CorruptError("; ".join(problems) or f"no store here holds rank {src}'s shard of step {step}")

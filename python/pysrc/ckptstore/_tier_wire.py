@@ -147,9 +147,22 @@ class Group:
         """Send each (rank, object) of `sends` to that rank and receive one
         object from each rank of `sources`, point to point: a rank learns
         only what is sent to it. The ranks' lists must agree."""
+        sent = self._send_sized([(dst, pickle.dumps(obj)) for dst, obj in sends], sources, whole=True)
+        return {src: pickle.loads(data) for src, data in sent.items()}
+
+    def send_bytes(self, sends: Sequence[Tuple[int, bytes]], sources: Sequence[int]) -> Dict[int, bytes]:
+        """`send_objects` for bytes of a shard's (its chunk map): their
+        lengths first, then the bytes in pieces as a shard's bytes go. No
+        BLAKE3 goes with them: what is sent checks itself."""
+        return self._send_sized(sends, sources, whole=False)
+
+    def _send_sized(self, sends: Sequence[Tuple[int, bytes]], sources: Sequence[int], whole: bool) -> Dict[int, bytes]:
+        """Send each (rank, bytes) of `sends` and receive bytes from each of
+        `sources`: their lengths, then the bytes (in one message each, or
+        in `_pieces`)."""
         if self.group is None:
             return {}
-        payloads = [(dst, torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)) for dst, obj in sends]
+        payloads = [(dst, torch.from_numpy(np.frombuffer(data, dtype=np.uint8).copy())) for dst, data in sends]
         lengths = {src: torch.zeros(1, dtype=torch.int64) for src in sources}
         sizes = [torch.tensor([int(p.numel())], dtype=torch.int64) for _, p in payloads]
         works: List[Any] = [dist.irecv(t, src, group=self.group) for src, t in lengths.items()]
@@ -157,11 +170,15 @@ class Group:
         for w in works:
             w.wait()
         got = {src: torch.empty(int(t.item()), dtype=torch.uint8) for src, t in lengths.items()}
-        works = [dist.irecv(t, src, group=self.group) for src, t in got.items()]
-        works += [dist.isend(p, dst, group=self.group) for dst, p in payloads]
+        if whole:
+            works = [dist.irecv(t, src, group=self.group) for src, t in got.items()]
+            works += [dist.isend(p, dst, group=self.group) for dst, p in payloads]
+        else:
+            works = [w for src, t in got.items() for w in self._pieces(t, src, dist.irecv)]
+            works += [w for dst, p in payloads for w in self._pieces(p, dst, dist.isend)]
         for w in works:
             w.wait()
-        return {src: pickle.loads(t.numpy().tobytes()) for src, t in got.items()}
+        return {src: t.numpy().tobytes() for src, t in got.items()}
 
     def send_to_some(self, sends: Dict[int, Any]) -> Dict[int, Any]:
         """Send each object of `sends` to its rank and receive those sent

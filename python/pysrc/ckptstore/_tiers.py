@@ -39,7 +39,7 @@ from ._tier_layout import (
     stores_in,
     write_record,
 )
-from ._tier_load import Choice, Holding, ReadOf, ShardsLost, TierSource, choose
+from ._tier_load import Choice, Holding, MapOf, ReadOf, ShardsLost, TierSource, choose, chunk_map_held, read_held
 from ._staging import Hashes, Pool
 from ._cost import Clock, SaveCost
 from ._tier_save import SIZES, TierShard, agree, record_of, send_copies
@@ -418,11 +418,12 @@ class Tiers:
         without it (every rank learns the same refusals at the same point)."""
         step = choice.record.step
         metadata, sizes = self._layout(choice, opened)
-        read_of: ReadOf = lambda src, d, reads: _read(opened, src, step, d, reads)  # noqa: E731
+        read_of: ReadOf = lambda src, d, reads, proved: read_held(opened, src, step, d, reads, proved)  # noqa: E731
+        map_of: MapOf = lambda src, d: chunk_map_held(opened, src, step, d)  # noqa: E731
         refused: Set[Tuple[int, int]] = set()  # (holder, source rank)
         nodes = [self._topology.node_of(r) for r in range(self._group.world)]
         while True:
-            source = TierSource(self._group, choice, read_of, metadata, sizes, refused, nodes)
+            source = TierSource(self._group, choice, read_of, map_of, metadata, sizes, refused, nodes)
             lost = sorted(src for src, hs in (source.readers or {}).items() if not hs)
             if lost:
                 raise ShardsLost(f"step {step}: no surviving rank holds a sound copy of the shards of ranks {lost}")
@@ -537,26 +538,6 @@ class Tiers:
                 store.close()
             raise
         return opened, held
-
-
-def _read(
-    opened: List[Tuple[str, int, Store]], src: int, step: int, digest: str, reads: List[Tuple[str, int, np.ndarray]]
-) -> None:
-    """Fill each (entry, start, array) of `reads` from rank `src`'s shard
-    of `step` (content `digest`) in this rank's stores, its own store
-    first, every chunk read hash-checked."""
-    problems = []
-    for _, held, store in sorted(opened, key=lambda o: o[0] != "own"):
-        if held != src:
-            continue
-        try:
-            if store.read_ranges(step, reads, digest=digest):
-                return
-        except CorruptError as e:
-            problems.append(str(e))
-            continue
-        problems.append(f"step {step} is gone from a store of rank {src}'s shards, or is another save")
-    raise CorruptError("; ".join(problems) or f"no store here holds rank {src}'s shard of step {step}")
 
 
 def _layout_of(opened: List[Tuple[str, int, Store]], record: Any) -> Tuple[str, List[Dict[str, int]]]:

@@ -14,6 +14,8 @@ use redb::{
 
 mod pieces;
 
+pub(crate) use pieces::Placing;
+
 use super::hashing::fill_parallel;
 use super::packs::PackReader;
 use crate::error::StorageContext;
@@ -56,6 +58,20 @@ impl View {
             return Ok(None);
         };
         decode_manifest(step, bytes.value()).map(Some)
+    }
+
+    /// The encoded manifest of `step` as stored (decoded and checked
+    /// once, so that what it gives decodes).
+    pub(crate) fn manifest_bytes(&self, step: u64) -> Result<Option<(Manifest, Vec<u8>)>> {
+        let steps = self.steps_table()?;
+        let Some(bytes) = steps
+            .get(step)
+            .context(|| format!("reading step {step} from table steps"))?
+        else {
+            return Ok(None);
+        };
+        let bytes = bytes.value().to_vec();
+        Ok(Some((decode_manifest(step, &bytes)?, bytes)))
     }
 
     /// The manifest of the highest step, if any.

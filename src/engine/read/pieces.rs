@@ -4,10 +4,11 @@
 //! bounded buffer.
 
 use std::collections::hash_map::{Entry, HashMap};
+use std::collections::BTreeMap;
 
 use super::{blob_chunks, fill_chunks, ChunkAt, StepData};
 use crate::engine::slices::{slice_proof, ChunkSlice};
-use crate::format::manifest::{BlobRef, Hash, Placement};
+use crate::format::manifest::{BlobRef, Hash, PackedRef, Placement};
 use crate::{Error, Result};
 
 /// Where a slice's chunk is: the step's packed small blobs, or a chunk of
@@ -32,7 +33,7 @@ impl StepData<'_> {
         let Some(blob) = self.blobs.get(name) else {
             return Ok(false);
         };
-        let (len, start, end) = self.range(name, blob, start, out.len() as u64)?;
+        let (len, start, end) = self.placing().range(name, blob, start, out.len() as u64)?;
         if out.is_empty() {
             return Ok(true);
         }
@@ -80,7 +81,15 @@ impl StepData<'_> {
     }
 }
 
-impl StepData<'_> {
+/// A step's blobs as its manifest places them (in chunks, or in the
+/// step's packed bytes): where a range of one lies.
+pub(crate) struct Placing<'a> {
+    pub(crate) step: u64,
+    pub(crate) blobs: &'a BTreeMap<String, BlobRef>,
+    pub(crate) packed: Option<&'a PackedRef>,
+}
+
+impl Placing<'_> {
     /// Blob `blob`'s length, and bytes `start..start + n` of it as indices
     /// (an error past its end).
     fn range(
@@ -90,7 +99,12 @@ impl StepData<'_> {
         start: u64,
         n: u64,
     ) -> Result<(usize, usize, usize)> {
-        let len = self.blob_len(name, blob)?;
+        let len = usize::try_from(blob.len).map_err(|_| {
+            Error::corrupt(
+                Some(self.step),
+                format!("blob {name:?} is too long to load"),
+            )
+        })?;
         let range = usize::try_from(start)
             .ok()
             .and_then(|s| Some((s, s.checked_add(usize::try_from(n).ok()?)?)))
@@ -121,7 +135,7 @@ impl StepData<'_> {
             return Ok(Vec::new());
         }
         if let Placement::Packed { offset } = blob.at {
-            let packed = self.packed_ref.as_ref().ok_or_else(|| {
+            let packed = self.packed.ok_or_else(|| {
                 Error::corrupt(
                     Some(self.step),
                     format!("blob {name:?} is packed in a step with no packed bytes"),
@@ -162,6 +176,22 @@ impl StepData<'_> {
             .map(|(s, _)| s)
             .collect())
     }
+}
+
+impl StepData<'_> {
+    fn placing(&self) -> Placing<'_> {
+        Placing {
+            step: self.step,
+            blobs: &self.blobs,
+            packed: self.packed_ref.as_ref(),
+        }
+    }
+
+    /// Where bytes `start..start + n` of blob `name` lie in the step's
+    /// chunks (or its packed bytes), in order.
+    pub(crate) fn slices(&self, name: &str, start: u64, n: u64) -> Result<Vec<ChunkSlice>> {
+        self.placing().slices(name, start, n)
+    }
 
     /// For each `(name, start, n)` of `ranges`, the proofs of its
     /// [`slices`](Self::slices) back to back (a whole chunk's is empty),
@@ -177,7 +207,7 @@ impl StepData<'_> {
         let mut out = Vec::with_capacity(ranges.len());
         for &(name, start, n) in ranges {
             let mut proof = Vec::new();
-            for (slice, source) in self.placed(name, start, n)? {
+            for (slice, source) in self.placing().placed(name, start, n)? {
                 if slice.is_whole() {
                     continue;
                 }

@@ -14,7 +14,8 @@ began, its state allocated, and its peak during the load), `fault:save:R` / `fau
 MemoryError while it prepares the copies it sends, or its next load while
 it reads a shard), `fault:record:R` (rank R's next save fails with a
 MemoryError as it writes its record), `fault:wire:R` (the next message rank R streams in a
-load arrives damaged), `savefails:S` / `loadfails:S` (a save or load
+load arrives damaged), `fault:flip:R` (rank R flips a byte it is about to
+send of the stripes it read, once they passed its stores' check), `savefails:S` / `loadfails:S` (a save or load
 that must raise: prints "failed S TYPE").
 Each prints what it did: "saved S", "ok S".
 
@@ -194,9 +195,25 @@ received = [0, 0]  # bytes through the tier's collectives; of them DCP's metadat
 
 def fault(where, rank):
     """Make this rank's next save or load fail with a MemoryError (once),
-    or (`wire`) the next message it streams arrive damaged."""
+    or (`wire`) the next message it streams arrive damaged, or (`flip`)
+    a byte of the largest range it next sends flip after its read."""
     import ckptstore._tier_save as save_module
     import ckptstore._tier_wire as wire_module
+
+    if where == "flip":
+        import ckptstore._fan_out as fan_module
+
+        original_send = fan_module._Send.__init__
+
+        def flipped(self, part, read, *rest):
+            sent = max(part.ranges, key=lambda r: r[3], default=None)  # a tensor's bytes
+            if read is not None and sent is not None and sent[3] >= 4096:
+                fan_module._Send.__init__ = original_send
+                read.view(sent)[sent[3] // 2] ^= 1  # read, checked, and then damaged
+            original_send(self, part, read, *rest)
+
+        fan_module._Send.__init__ = flipped
+        return
 
     if where == "wire":
         original_header = wire_module._header
@@ -210,7 +227,7 @@ def fault(where, rank):
         wire_module._header = damaged
         return
 
-    module, name = {"save": (save_module, "header"), "load": (tiers_module, "_read"),
+    module, name = {"save": (save_module, "header"), "load": (tiers_module, "read_held"),
                     "record": (tiers_module, "write_record")}[where]
     original = getattr(module, name)
 
@@ -243,13 +260,14 @@ def main():
     if counting:
         count_collectives(received)
     read = [0]  # bytes this rank read from its stores
-    original_read_ranges = ckptstore.Store.read_ranges
+    for name in ("read_ranges", "read_ranges_proving"):
+        original_read = getattr(ckptstore.Store, name)
 
-    def read_ranges(self, step, reads, **kwargs):
-        read[0] += sum(a.nbytes for _, _, a in reads)
-        return original_read_ranges(self, step, reads, **kwargs)
+        def counted(self, step, reads, *rest, _original=original_read, **kwargs):
+            read[0] += sum(a.nbytes for _, _, a in reads)
+            return _original(self, step, reads, *rest, **kwargs)
 
-    ckptstore.Store.read_ranges = read_ranges
+        setattr(ckptstore.Store, name, counted)
     per_node = int(os.environ.get("CKPT_TIERS_PER_NODE", "2"))
     tiers = Tiers(
         local,
