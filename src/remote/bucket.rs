@@ -169,19 +169,24 @@ impl Bucket {
         remote_error(&self.url, &self.layout.url_of(&self.url, key), op, e)
     }
 
-    pub(crate) fn put(&self, key: &Path, bytes: Vec<u8>) -> Result<()> {
-        let payload = PutPayload::from(bytes);
-        let put = self.run(self.store.put(key, payload))?;
-        match put {
-            Ok(_) => Ok(()),
-            // S3 answers a write to a missing bucket with 404.
-            Err(object_store::Error::NotFound { source, .. }) => Err(BucketError::NoBucket {
+    /// `e`, from a write of `key`: as [`error`](Self::error), and a 404
+    /// (S3's answer to a write to a missing bucket) a missing bucket.
+    fn write_error(&self, op: &str, key: &Path, e: object_store::Error) -> Error {
+        match e {
+            object_store::Error::NotFound { source, .. } => BucketError::NoBucket {
                 url: self.url.clone(),
                 source: Some(source),
             }
-            .into()),
-            Err(e) => Err(self.error("writing", key, e)),
+            .into(),
+            e => self.error(op, key, e),
         }
+    }
+
+    pub(crate) fn put(&self, key: &Path, bytes: Vec<u8>) -> Result<()> {
+        let payload = PutPayload::from(bytes);
+        let put = self.run(self.store.put(key, payload))?;
+        put.map(drop)
+            .map_err(|e| self.write_error("writing", key, e))
     }
 
     /// The bytes at `key`, or `None` if there is no such object; an object
@@ -375,10 +380,8 @@ pub(crate) enum Fetched {
 impl Bucket {
     /// Put `payload` at `key` (`op` names the request in an error).
     pub(crate) async fn put_async(&self, key: &Path, payload: PutPayload, op: &str) -> Result<()> {
-        match self.store.put(key, payload).await {
-            Ok(_) => Ok(()),
-            Err(e) => Err(self.error(op, key, e)),
-        }
+        let put = self.store.put(key, payload).await;
+        put.map(drop).map_err(|e| self.write_error(op, key, e))
     }
 
     /// Whether there is an object at `key` (a HEAD).

@@ -26,6 +26,9 @@ pub struct Failing {
     pub gets: std::sync::Mutex<Vec<String>>,
     /// Objects returned by listings (S3 returns 1,000 per request).
     pub listed: Arc<AtomicUsize>,
+    /// Writes of keys holding this (none if empty) are answered 404, as S3
+    /// answers a write to a bucket that is gone.
+    pub gone_for: std::sync::Mutex<String>,
 }
 
 impl Failing {
@@ -38,6 +41,7 @@ impl Failing {
             panics: AtomicBool::new(false),
             gets: std::sync::Mutex::new(Vec::new()),
             listed: Arc::new(AtomicUsize::new(0)),
+            gone_for: std::sync::Mutex::new(String::new()),
         }
     }
 
@@ -89,6 +93,16 @@ impl ObjectStore for Failing {
         opts: PutOptions,
     ) -> Result<PutResult> {
         self.check("put")?;
+        let gone = self
+            .gone_for
+            .lock()
+            .map(|g| !g.is_empty() && location.as_ref().contains(g.as_str()));
+        if gone.unwrap_or(false) {
+            return Err(object_store::Error::NotFound {
+                path: location.to_string(),
+                source: "injected: the bucket is gone".into(),
+            });
+        }
         self.inner.put_opts(location, payload, opts).await
     }
 

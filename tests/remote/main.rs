@@ -240,3 +240,28 @@ fn a_restore_failing_at_any_call_never_returns_wrong_data() -> Result {
     assert!(fresh.get(0)? == store.get(0)?);
     Ok(())
 }
+
+/// A write answered 404 (S3's answer to a write to a bucket that is gone)
+/// is `NoBucket` whichever request met it: a pack's upload (several at a
+/// time) as a lock's or a manifest's.
+#[test]
+fn a_write_to_a_bucket_that_is_gone_says_so_on_every_path() -> Result {
+    let dir = tempfile::tempdir()?;
+    let store = store_with(dir.path(), 0..1)?;
+    for infix in ["/packs/", "/locks/", "/manifests/"] {
+        let failing = Arc::new(faults::Failing::new(Arc::new(InMemory::new()), 0));
+        *failing.gone_for.lock().map_err(|_| "poisoned")? = infix.to_owned();
+        let e = Remote::with_store(failing.clone(), "p", "mem://gone")?
+            .push(&store)
+            .expect_err(infix);
+        assert!(
+            matches!(
+                e,
+                ckptstore::Error::Bucket(ckptstore::BucketError::NoBucket { .. })
+            ),
+            "{infix}: {e:?}"
+        );
+        assert!(e.to_string().starts_with("no bucket at mem://gone"), "{e}");
+    }
+    Ok(())
+}
