@@ -189,11 +189,8 @@ impl Remote {
         chunks: Option<&HashSet<Object>>,
     ) -> std::result::Result<CommitBody, Unsound> {
         let key = self.bucket.layout.manifest(commit.step, &commit.hash);
-        let bytes = self.get_hashed(&key, &commit.hash)?;
-        let (step, url) = (
-            commit.step,
-            self.bucket.layout.url_of(&self.bucket.url, &key),
-        );
+        let (bytes, url) = self.get_hashed(&key, &commit.hash)?;
+        let step = commit.step;
         let single = match serde_json::from_slice::<RemoteManifest>(&bytes) {
             Ok(m) => {
                 let m = self.check_single(m, step, chunks, &url)?;
@@ -238,9 +235,7 @@ impl Remote {
         id: &ShardName,
         chunks: Option<&HashSet<Object>>,
     ) -> std::result::Result<RemoteManifest, Unsound> {
-        let key = self.bucket.layout.shard(step, id);
-        let bytes = self.get_hashed(&key, &id.hash)?;
-        let url = self.bucket.layout.url_of(&self.bucket.url, &key);
+        let (bytes, url) = self.get_hashed(&self.bucket.layout.shard(step, id), &id.hash)?;
         match serde_json::from_slice::<RemoteManifest>(&bytes) {
             Ok(m) => Ok(self.check_single(m, step, chunks, &url)?),
             Err(e) => Err(Rejected::Undecodable {
@@ -292,25 +287,25 @@ impl Remote {
     }
 
     /// The bytes at `key` if they are there, within [`MAX_MANIFEST_BYTES`]
-    /// and hash to `hash`; else why not.
+    /// and hash to `hash`, with the object's URL; else why not.
     fn get_hashed(
         &self,
         key: &object_store::path::Path,
         hash: &Hash,
-    ) -> std::result::Result<bytes::Bytes, Unsound> {
-        let url = || self.bucket.layout.url_of(&self.bucket.url, key);
+    ) -> std::result::Result<(bytes::Bytes, String), Unsound> {
+        let url = self.bucket.layout.url_of(&self.bucket.url, key);
         let bytes = match self.bucket.get_bytes(key, MAX_MANIFEST_BYTES) {
             Ok(Some(bytes)) => bytes,
-            Ok(None) => return Err(Rejected::Missing { url: url() }.into()),
+            Ok(None) => return Err(Rejected::Missing { url }.into()),
             Err(Error::Corrupt { detail, .. }) => {
                 return Err(Rejected::Unreadable { detail }.into())
             }
             Err(e) => return Err(e.into()),
         };
         if blake3::hash(&bytes).as_bytes() != hash {
-            return Err(Rejected::WrongHash { url: url() }.into());
+            return Err(Rejected::WrongHash { url }.into());
         }
-        Ok(bytes)
+        Ok((bytes, url))
     }
 
     /// The steps that have commits none of which checks out (a manifest
