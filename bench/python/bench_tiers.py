@@ -40,7 +40,7 @@ import warnings
 from typing import Any, List
 
 SAVES = ("fs", "bucket", "tiers-p0", "tiers-p1", "tiers-async")
-LOADS = ("fs", "tiers-own", "tiers-peers", "tiers-peers-unproved", "tiers-bucket")
+LOADS = ("fs", "tiers-own", "tiers-peers-unproved", "tiers-peers", "tiers-bucket")
 
 
 def _port():
