@@ -211,7 +211,7 @@ impl Db {
                     let read = catch_unwind(AssertUnwindSafe(|| f(&view)));
                     if open::Stamp::of(self.path()).map_or(true, |now| now != *stamp) {
                         stale.store(true, Ordering::SeqCst);
-                        return Ok(Err(Error::ReadInterrupted {
+                        return Err(Failed::Spared(Error::ReadInterrupted {
                             detail: format!(
                                 "{} changed under a view opened after its writer died",
                                 self.path().display()
@@ -225,19 +225,19 @@ impl Db {
             match (result, packs) {
                 // Deleted by a writer after this read began, or lost.
                 (Err(e), Some(dir)) if is_missing_pack(&e, &dir.path) => {
-                    Ok(Err(missing_pack(e, &begin()?, &dir)?))
+                    Err(Failed::Spared(missing_pack(e, &begin()?, &dir)?))
                 }
                 // Damage in a pack file, not in the redb file: the handle
                 // stays usable.
-                (result, _) if pack_fault.load(Ordering::Relaxed) => Ok(result),
-                (result, _) => result.map(Ok),
+                (result, _) if pack_fault.load(Ordering::Relaxed) => result.map_err(Failed::Spared),
+                (result, _) => Ok(result?),
             }
         });
         if stale.load(Ordering::SeqCst) {
             // Opened again by the next read: as the writer left the file.
             self.set_state(State::Closed);
         }
-        result?
+        result
     }
 
     /// Whether a transaction writing `chunk_bytes` of chunks puts its new
@@ -264,9 +264,9 @@ impl Db {
         if self.read_only {
             return Err(self.read_only_error(op));
         }
-        self.guarded(what, |state| -> Result<Result<T>> {
+        self.guarded(what, |state| {
             let State::Writable(db) = state else {
-                return Err(self.read_only_error(op));
+                return Err(self.read_only_error(op).into());
             };
             let mut txn = begin_write(db, &self.options, what)?;
             let durable = !(self.options.durability == Durability::Eventual
@@ -287,8 +287,8 @@ impl Db {
                 Ok(done) => done,
                 // Damage in a pack file, not in the redb file: the
                 // transaction is aborted and the handle stays usable.
-                Err(e) if pack_fault => return Ok(Err(e)),
-                Err(e) => return Err(e.within(what)),
+                Err(e) if pack_fault => return Err(Failed::Spared(e)),
+                Err(e) => return Err(e.within(what).into()),
             };
             txn.commit().context(what)?;
             self.dead.committed(self.pack_dir().as_ref(), dead, durable);
@@ -299,8 +299,8 @@ impl Db {
             if let Some(hook) = self.after_write.get().filter(|_| !quiet) {
                 hook();
             }
-            Ok(Ok(value))
-        })?
+            Ok(value)
+        })
     }
 
     /// Whether `path` is a pack file a commit of this handle made dead,
@@ -370,11 +370,13 @@ impl Db {
     }
 
     /// Run `f` on the live state behind the panic boundary; close the
-    /// handle after an I/O error, poison it after a panic.
+    /// handle after an I/O error of the store, poison it after a panic; an
+    /// error `f` says spares the handle ([`Failed::Spared`]) is returned
+    /// as it is.
     fn guarded<T>(
         &self,
         what: &dyn Fn() -> String,
-        f: impl FnOnce(&State) -> Result<T>,
+        f: impl FnOnce(&State) -> std::result::Result<T, Failed>,
     ) -> Result<T> {
         self.owner
             .check(&|| format!("checkpoint store {}", self.path().display()))?;
@@ -382,7 +384,12 @@ impl Db {
             let guard = self.live()?;
             catch_unwind(AssertUnwindSafe(|| f(&guard)))
         };
-        self.settle(what, outcome)
+        match outcome {
+            Ok(Err(Failed::Spared(e))) => Err(e),
+            Ok(Err(Failed::Store(e))) => self.settle(what, Ok(Err(e))),
+            Ok(Ok(value)) => Ok(value),
+            Err(payload) => self.settle(what, Err(payload)),
+        }
     }
 
     fn settle<T>(
@@ -525,6 +532,21 @@ impl Drop for Db {
             State::Closed,
         );
         self.close(state);
+    }
+}
+
+/// What fails behind the guard ([`Db::guarded`]): the store itself (its
+/// device, a transaction: the handle may close), or another file whose
+/// failure spares the handle (a pack file damaged or deleted under a read,
+/// a view gone stale).
+enum Failed {
+    Store(Error),
+    Spared(Error),
+}
+
+impl From<Error> for Failed {
+    fn from(e: Error) -> Failed {
+        Failed::Store(e)
     }
 }
 
