@@ -69,16 +69,23 @@ def test_a_local_store_is_read_once_between_the_ranks_that_load_it(tmp_path):
     assert sum(_read(resharded)) <= _read(run("load", path, 4, 1, env=env))[0] <= step
 
 
+def _saved(tmp_path, kind, step, env):
+    """A step saved into a bucket (4 ranks) or a local store (one process):
+    its target."""
+    if kind == "bucket":
+        target = f"file://{tmp_path}/bucket"
+        run("save", target, step, 4, env=env)
+    else:
+        target = tmp_path / "run.ckpt"
+        run("save", target, step, 1, env=env)
+    return target
+
+
 @pytest.mark.parametrize("how", ["CKPT_FAIL_IN_READ", "CKPT_DIE_IN_READ"])
 @pytest.mark.parametrize("kind", ["bucket", "store"])
 def test_a_reading_rank_that_fails_or_dies_fails_every_rank(tmp_path, how, kind):
     env = {"CKPT_REPLICATE": "1", **SMALL_STRIPES}
-    if kind == "bucket":
-        target = f"file://{tmp_path}/bucket"
-        run("save", target, 3, 4, env=env)
-    else:
-        target = tmp_path / "run.ckpt"
-        run("save", target, 3, 1, env=env)
+    target = _saved(tmp_path, kind, 3, env)
     started = time.monotonic()
     out = run("load", target, 3, 4, env={**env, how: "1", "CKPT_PG_TIMEOUT": "15"}, expect_ok=False)
     assert time.monotonic() - started < 120
@@ -98,12 +105,7 @@ def test_bytes_a_reader_damaged_after_its_check_are_refused_by_every_rank(tmp_pa
     # the flip, so only the receivers' check against the target's chunk
     # hashes (the manifest each read itself) catches it. Every rank raises.
     env = {"CKPT_REPLICATE": "1", **SMALL_STRIPES}
-    if kind == "bucket":
-        target = f"file://{tmp_path}/bucket"
-        run("save", target, 5, 4, env=env)
-    else:
-        target = tmp_path / "run.ckpt"
-        run("save", target, 5, 1, env=env)
+    target = _saved(tmp_path, kind, 5, env)
     out = run("load", target, 5, 4, env={**env, "CKPT_FLIP_SENT": "1", "CKPT_PG_TIMEOUT": "15"}, expect_ok=False)
     assert all(code != 0 for code, _ in out), [code for code, _ in out]
     assert not any("ok 5" in text for _, text in out)

@@ -219,18 +219,25 @@ def test_a_replicated_tensor_is_read_from_the_tier_once_and_handed_to_every_rank
     assert len(read) == 4 and (4 << 20) <= sum(read) <= (4 << 20) + (64 << 10), read
 
 
+def _refused_once(tmp_path, fault, env):
+    """3 nodes of 1 rank, node 2's directory lost, rank 0 serving with
+    `fault:FAULT:0`: every rank loads step 1; the one warning of a
+    refused holder."""
+    job(tmp_path, ["save:1"], world=3, per_node=1, env=env)
+    shutil.rmtree(tmp_path / "node2")
+    out = job(tmp_path, [f"fault:{fault}:0", "load:1"], world=3, per_node=1, env=env)
+    assert said(out, "ok 1")
+    warned = [line for line in out[0][1].splitlines() if "is refused" in line]
+    assert len(warned) == 1, out[0][1][-3000:]
+    return warned
+
+
 def test_bytes_damaged_in_flight_are_refused_and_the_next_holder_serves(tmp_path):
     # 3 nodes of 1 rank, 2 copies of each shard; node 2's directory lost:
     # rank 0 streams rank 2's shard from its copy to the ranks reading it,
     # its first message damaged in flight (its BLAKE3 no longer matches);
     # the receiver refuses it and rank 1 serves the shard from its copy.
-    env = {"CKPT_TIERS_PEERS": "2"}
-    job(tmp_path, ["save:1"], world=3, per_node=1, env=env)
-    shutil.rmtree(tmp_path / "node2")
-    out = job(tmp_path, ["fault:wire:0", "load:1"], world=3, per_node=1, env=env)
-    assert said(out, "ok 1")
-    warned = [line for line in out[0][1].splitlines() if "is refused" in line]
-    assert len(warned) == 1, out[0][1][-3000:]
+    warned = _refused_once(tmp_path, "wire", {"CKPT_TIERS_PEERS": "2"})
     assert "rank 2's shard of step 1 as held by rank 0 is refused (bytes sent by rank 0 to rank" in warned[0]
     assert "arrived damaged (BLAKE3 differs)); another holder serves it" in warned[0]
 
@@ -243,13 +250,7 @@ def test_bytes_a_holder_damaged_after_its_check_are_refused_and_the_next_holder_
     # digest) catches it. Rank 0 is refused for that shard; the load runs
     # again and every rank loads bit-identical. (A replicated 1 MiB tensor
     # in rank 0's shard: rank 0 reads it and hands it to ranks 1 and 2.)
-    env = {"CKPT_TIERS_PEERS": "2", "CKPT_TIERS_REPLICATED_MIB": "1"}
-    job(tmp_path, ["save:1"], world=3, per_node=1, env=env)
-    shutil.rmtree(tmp_path / "node2")
-    out = job(tmp_path, ["fault:flip:0", "load:1"], world=3, per_node=1, env=env)
-    assert said(out, "ok 1")
-    warned = [line for line in out[0][1].splitlines() if "is refused" in line]
-    assert len(warned) == 1, out[0][1][-3000:]
+    warned = _refused_once(tmp_path, "flip", {"CKPT_TIERS_PEERS": "2", "CKPT_TIERS_REPLICATED_MIB": "1"})
     assert "as held by rank 0 is refused" in warned[0], warned
     assert "do not hash to the target's chunk hashes" in warned[0], warned
 

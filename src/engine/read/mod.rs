@@ -50,19 +50,23 @@ impl View {
 
     /// The decoded, hash-checked manifest of `step`, if stored.
     pub(crate) fn manifest(&self, step: u64) -> Result<Option<Manifest>> {
-        let steps = self.steps_table()?;
-        let Some(bytes) = steps
-            .get(step)
-            .context(|| format!("reading step {step} from table steps"))?
-        else {
-            return Ok(None);
-        };
-        decode_manifest(step, bytes.value()).map(Some)
+        self.stored_manifest(step, |bytes| decode_manifest(step, bytes))
     }
 
     /// The encoded manifest of `step` as stored (decoded and checked
     /// once, so that what it gives decodes).
     pub(crate) fn manifest_bytes(&self, step: u64) -> Result<Option<(Manifest, Vec<u8>)>> {
+        self.stored_manifest(step, |bytes| {
+            Ok((decode_manifest(step, bytes)?, bytes.to_vec()))
+        })
+    }
+
+    /// `f` of the stored bytes of `step`'s manifest, if stored.
+    fn stored_manifest<T>(
+        &self,
+        step: u64,
+        f: impl FnOnce(&[u8]) -> Result<T>,
+    ) -> Result<Option<T>> {
         let steps = self.steps_table()?;
         let Some(bytes) = steps
             .get(step)
@@ -70,8 +74,7 @@ impl View {
         else {
             return Ok(None);
         };
-        let bytes = bytes.value().to_vec();
-        Ok(Some((decode_manifest(step, &bytes)?, bytes)))
+        f(bytes.value()).map(Some)
     }
 
     /// The manifest of the highest step, if any.
