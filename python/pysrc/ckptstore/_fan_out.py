@@ -59,7 +59,6 @@ than WINDOW / LEAST ranks holds LEAST bytes a stream)."""
 Segment = Tuple[int, int, int]
 
 
-
 class Refused(RuntimeError):
     """Bytes of some shards could not be had sound from the ranks that read
     them: each (holder, source rank, why). Raised on every rank at the end
