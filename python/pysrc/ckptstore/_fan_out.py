@@ -12,13 +12,14 @@ its stripes in phases of at most STRIPE bytes (in one call, so that
 neighbouring entries are fetched together); in each phase every reader
 sends each rank what it needs of its stripes, point to point over the
 load's own group, in messages sized as the tier's streams are (WINDOW
-shared among the streams of whichever end has more), each with its
-BLAKE3 checked where it lands (the reader's reads are checked against the
-target's chunk hashes as they are read); where the target proves its
-bytes, each range goes with its proof and its receiver checks it against
-the chunk hashes of the manifest it read itself (`_proofs`; on the tier,
-the shard's chunk map its holder sent before the phases, taken for the
-content digest in the save's record).
+shared among the streams of whichever end has more); the reader's reads
+are checked against the target's chunk hashes as they are read, and
+where the target proves its bytes (every target now), each range goes
+with its proof and its receiver checks it against the chunk hashes of
+the manifest it read itself (`_proofs`; on the tier, the shard's chunk
+map its holder sent before the phases, taken for the content digest in
+the save's record); else each message's BLAKE3 is checked where it
+lands.
 A rank holds, beside its targets, its phase's stripes and at most about
 WINDOW bytes in transit each way: a message within one of its targets
 lands there, any other in its stream's buffer. A failure on any rank (a
@@ -407,6 +408,7 @@ class _Send:
         proofs: Sequence[bytes] = (),
     ) -> None:
         self.peer, self._read, self._ranges = part.peer, read, part.ranges
+        self.proves = slices is not None
         lengths = [r[3] for r in part.ranges]
         # Writable copies (torch sends no read-only array without a warning).
         self._proofs = [np.frombuffer(bytearray(p), dtype=np.uint8) for p in proofs] if slices is not None else None
@@ -442,6 +444,7 @@ class _Take:
     ) -> None:
         self.peer, self._ranges, self._landing = part.peer, part.ranges, landing
         self._refusals = refusals
+        self.proves = slices is not None
         lengths = [r[3] for r in part.ranges]
         self._checks = None if slices is None else Checks(part.ranges, slices)
         if slices is not None:

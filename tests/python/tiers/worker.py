@@ -218,10 +218,10 @@ def fault(where, rank):
     if where == "wire":
         original_header = wire_module._header
 
-        def damaged(data, sound):
+        def damaged(data, sound, proves):
             wire_module._header = original_header
-            header = original_header(data, sound)
-            header[5] ^= 1  # a bit of its BLAKE3
+            header = original_header(data, sound, proves)
+            data[len(data) // 2] ^= 1  # after its header was made: as if in flight
             return header
 
         wire_module._header = damaged
