@@ -260,10 +260,7 @@ impl RawStore {
         ranges: Vec<(String, u64, u64)>,
     ) -> PyResult<Option<Vec<Vec<crate::slices::Slice>>>> {
         let digest = content_digest(digest)?;
-        let ranges: Vec<(&str, u64, u64)> = ranges
-            .iter()
-            .map(|(n, s, l)| (n.as_str(), *s, *l))
-            .collect();
+        let ranges = range_refs(&ranges);
         let store = self.get()?;
         let got = py
             .detach(|| store.slices(step, digest.as_ref(), &ranges))
@@ -306,10 +303,7 @@ impl RawStore {
             .zip(buffers)
             .map(|((name, start, _), out)| (name.as_str(), *start, out))
             .collect();
-        let proved: Vec<(&str, u64, u64)> = proved
-            .iter()
-            .map(|(n, s, l)| (n.as_str(), *s, *l))
-            .collect();
+        let proved = range_refs(&proved);
         let store = self.get()?;
         let proofs = py
             .detach(|| store.read_ranges_proving(step, digest.as_ref(), &mut ranges, &proved))
@@ -433,4 +427,13 @@ fn content_digest(digest: Option<&str>) -> PyResult<Option<ckptstore::ContentDig
                 .ok_or_else(|| PyValueError::new_err(format!("{d:?} is not a content digest")))
         })
         .transpose()
+}
+
+/// Ranges `(name, start, len)` as Python passes them, as the library
+/// takes them.
+fn range_refs(ranges: &[(String, u64, u64)]) -> Vec<(&str, u64, u64)> {
+    ranges
+        .iter()
+        .map(|(name, start, len)| (name.as_str(), *start, *len))
+        .collect()
 }

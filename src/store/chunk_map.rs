@@ -90,7 +90,7 @@ impl CheckpointStore {
         let what = || format!("reading step {step}");
         self.db.read_retrying(&what, |view| {
             Ok(view.manifest_bytes(step)?.and_then(|(manifest, bytes)| {
-                (digest.is_none_or(|d| d.0 == manifest.content_digest())).then_some(bytes)
+                super::ranges::is_save(&manifest, digest).then_some(bytes)
             }))
         })
     }

@@ -5,6 +5,7 @@
 use super::CheckpointStore;
 use crate::engine::slices::ChunkSlice;
 use crate::engine::StepData;
+use crate::format::manifest::Manifest;
 use crate::{ContentDigest, Result};
 
 impl CheckpointStore {
@@ -130,7 +131,7 @@ impl CheckpointStore {
             let Some(manifest) = view.manifest(step)? else {
                 return Ok(None);
             };
-            if digest.is_some_and(|d| d.0 != manifest.content_digest()) {
+            if !is_save(&manifest, digest) {
                 return Ok(None);
             }
             let packed = manifest.packed.clone();
@@ -138,4 +139,9 @@ impl CheckpointStore {
             f(&view.step_data(step, packed, blobs)?).map(Some)
         })
     }
+}
+
+/// Whether `manifest` is of the save `digest` names (any save without one).
+pub(super) fn is_save(manifest: &Manifest, digest: Option<&ContentDigest>) -> bool {
+    digest.is_none_or(|d| d.0 == manifest.content_digest())
 }

@@ -1,7 +1,8 @@
 """The proofs of a striped load (`_fan_out`) whose target proves its bytes
-(a bucket, a local store, the tier): the bytes a rank hands another go with proofs against the
-target's chunk hashes, and the receiver checks each range with them
-against the hashes of the manifest it read itself, not its sender's word.
+(a bucket, a local store, the tier): the bytes a rank hands another go
+with proofs against the target's chunk hashes, and the receiver checks
+each range with them against the hashes of the manifest it read itself,
+not its sender's word.
 
 A range's bytes lie in one or more chunks (`slices`: a chunk of the
 entry, or the packed chunk its shard's small blobs share); its proof is

@@ -179,10 +179,14 @@ class TierSource:
     proves = True
 
     def chunk_map(self, src: int) -> Union[bytes, str]:
+        record = self._choice.record
         try:
-            return self._map_of(src, self._choice.record.digests[src])
+            sent = self._map_of(src, record.digests[src])
+            # This rank's slices of what it sends come from the same map.
+            self._maps.setdefault(src, ChunkMap(record.step, sent, record.digests[src]))
         except (Error, OSError, ValueError) as e:
             return str(e)
+        return sent
 
     def learn_map(self, src: int, sent: Union[bytes, str]) -> Optional[str]:
         if isinstance(sent, str):
