@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
@@ -506,6 +507,23 @@ def test_any_exception_on_one_rank_fails_the_call_on_every_rank_and_the_tier_kee
         assert [f.split()[1] for f in failed] == ["1", "2", "3"], text[-3000:]
         assert text.count("injected on rank 1") >= 3, text[-3000:]
         assert oks(text) == ["ok 1", "ok 2", "ok 4"], text[-3000:]
+
+
+def test_any_exception_reading_a_chunk_map_fails_the_load_on_every_rank(tmp_path):
+    # Node 2 lost: rank 0 serves rank 2's shard and sends its chunk map
+    # first. A MemoryError as rank 0 reads that map fails the load on every
+    # rank at once (before any map is sent: no rank waits for one), naming
+    # it; the same Tiers object then loads.
+    env = {"CKPT_TIERS_PEERS": "2"}
+    job(tmp_path, ["save:1"], world=3, per_node=1, env=env)
+    shutil.rmtree(tmp_path / "node2")
+    started = time.monotonic()
+    out = job(tmp_path, ["fault:map:0", "loadfails:1", "load:1"], world=3, per_node=1, env=env)
+    assert time.monotonic() - started < 60
+    for _, text in out:
+        assert [l.split()[1] for l in text.splitlines() if l.startswith("failed ")] == ["1"], text[-3000:]
+        assert "injected on rank 0" in text, text[-3000:]
+        assert oks(text) == ["ok 1"], text[-3000:]
 
 
 def collective_bytes(tmp, world, tensors):

@@ -42,7 +42,7 @@ import numpy as np
 from ._ckptstore import CHUNK_BYTES
 from ._proofs import Checks, Refusal, interleave, proof_lens, send_maps, split
 from ._targets import Deliver, MapsTravel, Opened, Piece, Slice
-from ._tier_wire import Group, TierFailure, described
+from ._tier_wire import Group, TierFailure, attempt, described
 
 STRIPE = 32 * CHUNK_BYTES
 """The most bytes one reader reads in one phase (whole chunks; a load of
@@ -535,8 +535,7 @@ def run(
     arrived damaged raise `Refused` on every rank, with every rank's."""
     slices: Dict[int, List[List[Slice]]] = {}  # by the id of a part
     if isinstance(opened, MapsTravel):
-        group.check(failure, what)
-        _settle(group, None, _send_maps(group, opened, fan), what)
+        _send_maps(group, opened, fan, failure, what)
     if opened.proves and failure is None:
         try:
             parts = [part for phase in fan.phases for part in phase.sends + phase.takes]
@@ -572,10 +571,14 @@ def run(
     group.check(RuntimeError(f"{missing} pieces of this rank were in no stripe") if missing else None, what)
 
 
-def _send_maps(group: Group, opened: MapsTravel, fan: FanPlan) -> List[Refusal]:
+def _send_maps(
+    group: Group, opened: MapsTravel, fan: FanPlan, failure: Optional[BaseException], what: str
+) -> None:
     """Send each rank this one hands bytes to the chunk map of each shard
     whose bytes it hands it, and take those sent to this rank, before the
-    phases (`_proofs.send_maps`)."""
+    phases (`_proofs.send_maps`). Any rank's failure (`failure`, reading
+    its maps, taking them) is raised on every rank before or after the
+    point-to-point sends, never between; maps refused raise `Refused`."""
     to: Dict[int, Set[int]] = {}
     takes: Dict[int, Set[int]] = {}
     for phase in fan.phases:
@@ -583,7 +586,12 @@ def _send_maps(group: Group, opened: MapsTravel, fan: FanPlan) -> List[Refusal]:
             to.setdefault(part.peer, set()).update(r[0] for r in part.ranges)
         for part in phase.takes:
             takes.setdefault(part.peer, set()).update(r[0] for r in part.ranges)
-    return send_maps(group, opened, to, takes)
+    srcs = sorted(set().union(*to.values()))
+    maps, failed = attempt(lambda: {src: opened.chunk_map(src) for src in srcs})
+    group.check(failure or failed, what)
+    assert maps is not None
+    refusals, failed = attempt(lambda: send_maps(group, opened, maps, to, takes))
+    _settle(group, failed, refusals or [], what)
 
 
 def _settle(group: Group, failure: Optional[BaseException], refusals: List[Refusal], what: str) -> None:

@@ -118,12 +118,17 @@ class Checks:
         return f"bytes {start}..{start + n} of {entry!r} do not hash to the target's chunk hashes"
 
 
-def send_maps(group: Group, opened: MapsTravel, to: Dict[int, Set[int]], takes: Dict[int, Set[int]]) -> List[Refusal]:
+def send_maps(
+    group: Group,
+    opened: MapsTravel,
+    maps: Dict[int, Union[bytes, str]],
+    to: Dict[int, Set[int]],
+    takes: Dict[int, Set[int]],
+) -> List[Refusal]:
     """Send each peer of `to` the chunk maps of its shards there (by source
-    rank) and take from each peer of `takes` those of its shards there,
-    point to point and once, as a shard's bytes travel; the refusals of
-    maps that were not sent or are not of the save."""
-    maps = {src: opened.chunk_map(src) for src in sorted(set().union(*to.values()))}
+    rank, from `maps`) and take from each peer of `takes` those of its
+    shards there, point to point and once, as a shard's bytes travel; the
+    refusals of maps that were not sent or are not of the save."""
     sends = [(peer, _framed([maps[src] for src in sorted(srcs)])) for peer, srcs in sorted(to.items())]
     got = group.send_bytes(sends, sorted(takes))
     refusals: List[Refusal] = []

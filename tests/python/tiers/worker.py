@@ -13,7 +13,8 @@ load prints "memory S RSS PEAK": this rank's resident bytes as the load
 began, its state allocated, and its peak during the load), `fault:save:R` / `fault:load:R` (rank R's next save fails with a
 MemoryError while it prepares the copies it sends, or its next load while
 it reads a shard), `fault:record:R` (rank R's next save fails with a
-MemoryError as it writes its record), `fault:wire:R` (the next message rank R streams in a
+MemoryError as it writes its record), `fault:map:R` (rank R's next load
+fails with a MemoryError as it reads a chunk map it is to send), `fault:wire:R` (the next message rank R streams in a
 load arrives damaged), `fault:flip:R` (rank R flips a byte it is about to
 send of the stripes it read, once they passed its stores' check), `savefails:S` / `loadfails:S` (a save or load
 that must raise: prints "failed S TYPE").
@@ -228,7 +229,7 @@ def fault(where, rank):
         return
 
     module, name = {"save": (save_module, "header"), "load": (tiers_module, "read_held"),
-                    "record": (tiers_module, "write_record")}[where]
+                    "record": (tiers_module, "write_record"), "map": (tiers_module, "chunk_map_held")}[where]
     original = getattr(module, name)
 
     def failing(*args, **kwargs):
