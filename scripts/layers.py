@@ -18,7 +18,12 @@ Inside src/remote/ its parts point one way too, lowest first: format
 made), coordination (locks, the prefix's owner, the collection mark and
 what is remembered under it), read, write, gc, global. A file of a part
 may name, by a `crate::remote::` path or by calling a method that a file
-of another part defines on `Remote`, only its own part and those below.
+of another part defines on a part's type, only its own part and those
+below. The parts' work is on their own types (coordination `Shared`,
+read `Reader`, write `Writer`, gc `Collector`, global `Coordinator`);
+`Remote`'s methods are its front door, in src/remote/mod.rs and each
+part's mod.rs, and a part's front door hands its calls to its own type
+alone.
 
 The modules of the Python bindings (python/src/) and of the CLI
 (src/bin/ckpt/) must not name each other in a circle either, nor the
@@ -142,9 +147,28 @@ def _remote_part(path: pathlib.Path) -> str:
     return rel.parts[0] if len(rel.parts) > 1 else rel.stem
 
 
+ROLE = {"coordination": "shared", "read": "reader", "write": "writer", "gc": "collector", "global": "coordinator"}
+TYPES = r"(?:Remote|Shared|Reader|Writer|Collector|Coordinator)(?:<'_>)?"
+
+
 def _remote_impls(text: str) -> list:
-    """The bodies of a file's `impl Remote` blocks (comments removed)."""
-    return re.findall(r"^impl Remote \{(.*?)^\}", re.sub(r"//[^\n]*", "", text), re.S | re.M)
+    """The bodies of a file's `impl` blocks of `Remote` and the parts'
+    types (comments removed)."""
+    return re.findall(r"^impl " + TYPES + r" \{(.*?)^\}", re.sub(r"//[^\n]*", "", text), re.S | re.M)
+
+
+def front_door_edges(path: pathlib.Path, part: str, text: str) -> set:
+    """`impl Remote` outside a front door, or a front door handing calls
+    to another part's type."""
+    rel = path.relative_to(SRC)
+    if path.name != "mod.rs":
+        return {f"{rel} -> impl Remote"} if re.search(r"^impl Remote \{", text, re.M) else set()
+    out = set()
+    for body in re.findall(r"^impl Remote \{(.*?)^\}", text, re.S | re.M):
+        for role in set(re.findall(r"self\.(\w+)\(\)\.", body)):
+            if role != ROLE.get(part):
+                out.add(f"{rel} -> remote ({role}: not this part's type)")
+    return out
 
 
 def remote_edges() -> set:
@@ -162,6 +186,7 @@ def remote_edges() -> set:
         for part in set(re.findall(r"crate::remote::(\w+)", re.sub(r"//[^\n]*", "", text))):
             if REMOTE_RANK.get(part, -1) > REMOTE_RANK[here]:
                 out.add(f"{rel} -> remote/{part}")
+        out |= front_door_edges(path, here, text)
         for body in _remote_impls(text):
             for name in set(re.findall(r"\bself\s*\.(\w+)\(", body)):
                 for part in defined.get(name, ()):

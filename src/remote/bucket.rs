@@ -13,7 +13,9 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
 use super::format;
-use super::format::layout::{parse_chunk, Layout, StepHash, COMMITS, DELETED, MANIFESTS};
+use super::format::layout::{
+    parse_chunk, Layout, ShardName, StepHash, COMMITS, DELETED, MANIFESTS, SHARDS,
+};
 use super::s3;
 use crate::error::BucketError;
 use crate::format::manifest::Hash;
@@ -318,6 +320,20 @@ impl Bucket {
             }
             Ok(())
         })
+    }
+
+    /// Every shard in the bucket: its step, its name, its last
+    /// modification (ms since the epoch).
+    pub(crate) fn list_shards(&self) -> Result<Vec<(u64, ShardName, i64)>> {
+        let found = self.list_under(&self.layout.folder(SHARDS), 2)?;
+        Ok(found
+            .into_iter()
+            .filter_map(|(parts, meta)| {
+                let step = parts[0].parse().ok()?;
+                let id: ShardName = parts[1].parse().ok()?;
+                Some((step, id, meta.last_modified.timestamp_millis()))
+            })
+            .collect())
     }
 
     /// Delete `key`; a key already gone is fine.

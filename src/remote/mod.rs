@@ -173,4 +173,33 @@ impl Remote {
     pub fn url(&self) -> &str {
         &self.bucket.url
     }
+
+    /// The part every other one builds on.
+    fn shared(&self) -> coordination::Shared<'_> {
+        coordination::Shared {
+            bucket: &self.bucket,
+            grace: self.grace,
+            known: &self.known,
+        }
+    }
+
+    /// The reads.
+    fn reader(&self) -> read::Reader<'_> {
+        read::Reader::over(self.shared())
+    }
+
+    /// The writes.
+    fn writer(&self) -> write::Writer<'_> {
+        write::Writer::over(self.reader(), self.pack_bytes)
+    }
+
+    /// Retention and collection.
+    fn collector(&self) -> gc::Collector<'_> {
+        gc::Collector::over(self.writer())
+    }
+
+    /// Global steps.
+    fn coordinator(&self) -> global::Coordinator<'_> {
+        global::Coordinator::over(self.writer())
+    }
 }

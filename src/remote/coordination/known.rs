@@ -6,9 +6,9 @@
 use std::collections::HashMap;
 
 use crate::format::manifest::Hash;
+use crate::remote::coordination::Shared;
 use crate::remote::format::manifest::RemoteManifest;
 use crate::remote::format::pack_format::Location;
-use crate::remote::Remote;
 use crate::{Error, Result};
 
 /// What a [`Remote`] knows is in its bucket: where chunks lie, while the
@@ -59,7 +59,7 @@ impl Known {
     }
 }
 
-impl Remote {
+impl Shared<'_> {
     /// What this remote knows of its bucket's packs.
     pub(crate) fn known(&self) -> Result<std::sync::MutexGuard<'_, Known>> {
         self.known

@@ -16,15 +16,15 @@
 //! half the grace period) may have been taken for dead: before it writes a
 //! commit it rewrites its lock, waits out any collection that started
 //! meanwhile, and checks again (HEAD) that every chunk the step names is
-//! there, uploading what is not ([`Remote::reassert`]).
+//! there, uploading what is not ([`Remote::reassert`](crate::Remote::reassert)).
 
 use std::time::{Duration, Instant};
 
 use object_store::path::Path;
 
+use crate::remote::coordination::Shared;
 use crate::remote::format::layout::LOCKS;
 use crate::remote::BucketError;
-use crate::remote::Remote;
 use crate::Result;
 
 /// How often a push waiting for a collection looks again.
@@ -57,7 +57,7 @@ pub(crate) struct Lock {
     lapsed: bool,
 }
 
-impl Remote {
+impl Shared<'_> {
     /// Write a lock of `kind`.
     pub(crate) fn write_lock(&self, kind: LockKind) -> Result<Lock> {
         let name = format!("{}{}", kind.prefix(), uuid::Uuid::new_v4().simple());

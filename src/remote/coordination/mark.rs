@@ -3,10 +3,10 @@
 //! holding — a collection about to delete, another store taking the
 //! prefix over. Writers and readers remember pack positions under it.
 
-use crate::remote::Remote;
+use crate::remote::coordination::Shared;
 use crate::Result;
 
-impl Remote {
+impl Shared<'_> {
     /// The bucket's collection mark, written first if there is none: it
     /// also tells this bucket from another one later found at the same URL
     /// (a prefix emptied or a bucket made again), whose mark differs.

@@ -11,9 +11,9 @@
 //! and try again after a random wait.
 
 use crate::remote::coordination::locks::lock_body;
+use crate::remote::coordination::Shared;
 use crate::remote::format::layout::OWNER;
 use crate::remote::BucketError;
-use crate::remote::Remote;
 use crate::{CheckpointStore, Result};
 
 /// The name of a claim starts so.
@@ -21,11 +21,9 @@ const CLAIM: &str = "claim-";
 /// Rounds of claims before a push gives up on a contested prefix.
 const CLAIM_ATTEMPTS: u32 = 8;
 
-impl Remote {
-    /// The store (its [`CheckpointStore::store_id`]) whose run this prefix
-    /// holds, or `None` if no push has claimed it (a bucket of 0.3, or an
-    /// empty one).
-    pub fn owner(&self) -> Result<Option<String>> {
+impl Shared<'_> {
+    /// Does the work of [`Remote::owner`](crate::Remote::owner).
+    pub(crate) fn owner(&self) -> Result<Option<String>> {
         let mut owners: Vec<String> = self
             .bucket
             .list_names(OWNER)?
@@ -84,27 +82,8 @@ impl Remote {
         .into())
     }
 
-    /// Make this prefix hold `store`'s run from now on, whoever held it: for
-    /// a store restored from a backup, or a run continued by a new store.
-    /// Pushes from the store that held it are refused from then on.
-    ///
-    /// ```
-    /// use ckptstore::{CheckpointStore, ComputationGraphStore, GradientCheckpoint, Remote};
-    /// # let dir = tempfile::tempdir()?;
-    /// let remote = Remote::open(&format!("file://{}", dir.path().join("bucket").display()))?;
-    /// let first = CheckpointStore::open(dir.path().join("a.ckpt"))?;
-    /// first.commit(&GradientCheckpoint::new(ComputationGraphStore::new(), 1))?;
-    /// remote.push(&first)?;
-    ///
-    /// let second = CheckpointStore::open(dir.path().join("b.ckpt"))?;
-    /// second.commit(&GradientCheckpoint::new(ComputationGraphStore::new(), 2))?;
-    /// assert!(remote.push(&second).is_err()); // the prefix holds the first run
-    /// remote.adopt(&second)?;
-    /// assert_eq!(remote.push(&second)?.steps_pushed, vec![2]);
-    /// assert!(remote.push(&first).is_err());
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn adopt(&self, store: &CheckpointStore) -> Result<()> {
+    /// Does the work of [`Remote::adopt`](crate::Remote::adopt).
+    pub(crate) fn adopt(&self, store: &CheckpointStore) -> Result<()> {
         let id = store.store_id()?;
         self.bucket
             .put(&self.bucket.layout.owner(&id), lock_body())?;

@@ -19,10 +19,11 @@ use crate::format::manifest::{hex, Hash};
 use crate::remote::format::layout::{encode, GlobalManifest, ShardName};
 use crate::remote::format::manifest::RemoteManifest;
 use crate::remote::format::pack_format::{Location, MANIFEST_FORMAT_PACKS};
+use crate::remote::gc::Collector;
 use crate::remote::read::restore::Want;
 use crate::remote::read::step::StepManifest;
 use crate::remote::write::packs::{index_of, place_pieces};
-use crate::remote::{Commit, Remote};
+use crate::remote::Commit;
 use crate::Result;
 
 /// The fewest dead bytes a rewritten pack had.
@@ -37,7 +38,7 @@ pub(crate) struct Repacked {
     pub(crate) steps: Vec<(Commit, StepManifest)>,
 }
 
-impl Remote {
+impl Collector<'_> {
     /// Rewrite the mostly dead packs of the `current` steps (with `young`
     /// shards' manifests, which count as live and are not rewritten).
     pub(crate) fn repack(

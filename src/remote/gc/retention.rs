@@ -7,13 +7,12 @@ use std::collections::{BTreeSet, HashSet};
 
 use crate::format::manifest::Hash;
 use crate::remote::coordination::locks::LockKind;
-use crate::remote::format::layout::{
-    parse_chunk, ShardName, StepHash, CHUNKS, MANIFESTS, PACKS, SHARDS,
-};
+use crate::remote::format::layout::{parse_chunk, ShardName, StepHash, CHUNKS, MANIFESTS, PACKS};
 use crate::remote::format::manifest::RemoteManifest;
 use crate::remote::format::pack_format::Object;
+use crate::remote::gc::Collector;
 use crate::remote::read::step::StepManifest;
-use crate::remote::{Commit, Remote};
+use crate::remote::Commit;
 use crate::{Result, Retention};
 
 /// What a garbage collection of the bucket did.
@@ -49,44 +48,19 @@ pub struct GcReport {
     pub deferred: bool,
 }
 
-impl Remote {
-    /// The steps `policy` would delete from the bucket, ascending.
-    pub fn retention_preview(&self, policy: &Retention) -> Result<Vec<u64>> {
+impl Collector<'_> {
+    /// Does the work of [`Remote::retention_preview`](crate::Remote::retention_preview).
+    pub(crate) fn retention_preview(&self, policy: &Retention) -> Result<Vec<u64>> {
         Ok(policy.doomed(&self.summaries()?, &BTreeSet::new()))
     }
 
-    /// Delete the steps `policy` does not keep (as
-    /// [`CheckpointStore::apply_retention`](crate::CheckpointStore::apply_retention)
-    /// does locally; the bucket has no pins), then the chunks no remaining
-    /// step needs ([`collect_garbage`](Self::collect_garbage)). Returns the
-    /// steps deleted. A push does not upload a deleted step again.
-    ///
-    /// ```
-    /// use ckptstore::{CheckpointStore, ComputationGraphStore, GradientCheckpoint, Remote, Retention};
-    /// # let dir = tempfile::tempdir()?;
-    /// # let store = CheckpointStore::open(dir.path().join("run.ckpt"))?;
-    /// # let remote = Remote::open(&format!("file://{}", dir.path().join("bucket").display()))?;
-    /// for step in 1..=4 {
-    ///     store.commit(&GradientCheckpoint::new(ComputationGraphStore::new(), step))?;
-    /// }
-    /// remote.push(&store)?;
-    /// assert_eq!(remote.apply_retention(&Retention::new().keep_last(2))?, vec![1, 2]);
-    /// assert_eq!(remote.steps()?, vec![3, 4]);
-    /// assert!(remote.push(&store)?.steps_pushed.is_empty()); // 1 and 2 stay deleted
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    ///
-    /// # Errors
-    /// [`Error::InvalidOptions`](crate::Error::InvalidOptions) for a policy
-    /// that keeps nothing (see [`Retention::allow_deleting_all`]);
-    /// [`BucketError::Request`](crate::BucketError::Request) when the bucket fails.
-    pub fn apply_retention(&self, policy: &Retention) -> Result<Vec<u64>> {
+    /// Does the work of [`Remote::apply_retention`](crate::Remote::apply_retention).
+    pub(crate) fn apply_retention(&self, policy: &Retention) -> Result<Vec<u64>> {
         Ok(self.gc(policy)?.steps_removed)
     }
 
-    /// [`apply_retention`](Self::apply_retention), reporting what the
-    /// garbage collection after it did too.
-    pub fn gc(&self, policy: &Retention) -> Result<GcReport> {
+    /// Does the work of [`Remote::gc`](crate::Remote::gc).
+    pub(crate) fn gc(&self, policy: &Retention) -> Result<GcReport> {
         policy.check_keeps_something()?;
         let doomed = self.retention_preview(policy)?;
         let commits = self.commits()?;
@@ -116,13 +90,8 @@ impl Remote {
         Ok(report)
     }
 
-    /// Delete the chunks no committed step names and the manifests no
-    /// commit names, if older than the grace period; nothing at all while
-    /// a push is in flight.
-    ///
-    /// # Errors
-    /// [`BucketError::Request`](crate::BucketError::Request) when the bucket fails.
-    pub fn collect_garbage(&self) -> Result<GcReport> {
+    /// Does the work of [`Remote::collect_garbage`](crate::Remote::collect_garbage).
+    pub(crate) fn collect_garbage(&self) -> Result<GcReport> {
         let lock = self.write_lock(LockKind::Gc)?;
         let result = self.live_locks(LockKind::Push, &lock).and_then(|pushes| {
             if pushes.is_empty() {
@@ -161,7 +130,7 @@ impl Remote {
         let cutoff = self.cutoff()?;
         // Shards of steps not complete: young ones may still be joined by
         // the other ranks' (their chunks stay); old ones go.
-        let shards = self.list_shards()?;
+        let shards = self.bucket.list_shards()?;
         let named = named_shards(&current);
         let mut young = Vec::new();
         for (step, id, modified) in &shards {
@@ -277,21 +246,5 @@ impl Remote {
             .unwrap_or(0);
         let grace = i64::try_from(self.grace.as_millis()).unwrap_or(i64::MAX);
         Ok(now.saturating_sub(grace))
-    }
-
-    /// Every shard in the bucket: its step, its name, its last
-    /// modification (ms since the epoch).
-    pub(crate) fn list_shards(&self) -> Result<Vec<(u64, ShardName, i64)>> {
-        let found = self
-            .bucket
-            .list_under(&self.bucket.layout.folder(SHARDS), 2)?;
-        Ok(found
-            .into_iter()
-            .filter_map(|(parts, meta)| {
-                let step = parts[0].parse().ok()?;
-                let id: ShardName = parts[1].parse().ok()?;
-                Some((step, id, meta.last_modified.timestamp_millis()))
-            })
-            .collect())
     }
 }

@@ -1,8 +1,8 @@
 //! Global steps a coordinator completes (the storage layer under
 //! `torch.distributed.checkpoint`): every rank uploads its shard without
-//! completing the step ([`Remote::upload_shard`]); the coordinator, told
+//! completing the step ([`Remote::upload_shard`](crate::Remote::upload_shard)); the coordinator, told
 //! every rank's shard, writes the step's commit naming exactly those
-//! ([`Remote::commit_global`]). Shards of an attempt that died before its
+//! ([`Remote::commit_global`](crate::Remote::commit_global)). Shards of an attempt that died before its
 //! commit are named by no commit: they never mix into a step and never
 //! block one (gc removes them).
 
@@ -12,19 +12,13 @@ use crate::engine::plan::{check_borrowed, Plan};
 use crate::format::manifest::{hex, Hash};
 use crate::remote::format::layout::{encode, GlobalManifest, ShardName, MAX_WORLD_SIZE};
 use crate::remote::global::shards::ShardUpload;
-use crate::remote::{Commit, Remote, ShardInfo};
+use crate::remote::global::Coordinator;
+use crate::remote::{Commit, ShardInfo};
 use crate::{Error, GradientCheckpoint, Result, TensorRef};
 
-impl Remote {
-    /// Upload rank `rank`'s shard of global step `step` of `world_size`
-    /// ranks (its new chunks in pack objects, then the shard's manifest)
-    /// without completing the step; [`ShardInfo::shard`] names
-    /// it for [`commit_global`](Self::commit_global). Shards of the step
-    /// with another world size (an attempt that died) do not matter.
-    ///
-    /// # Errors
-    /// As [`commit_shard`](Self::commit_shard), but for the world size.
-    pub fn upload_shard(
+impl Coordinator<'_> {
+    /// Does the work of [`Remote::upload_shard`](crate::Remote::upload_shard).
+    pub(crate) fn upload_shard(
         &self,
         step: u64,
         rank: u32,
@@ -35,16 +29,8 @@ impl Remote {
         self.upload_planned((step, rank, world_size), &plan, ShardUpload::Manifest)
     }
 
-    /// Upload the chunks of rank `rank`'s shard of `step` and nothing else:
-    /// a coordinator that learns the rest of its shard later (DCP's
-    /// metadata, at `finish`) uploads its data early, beside the other
-    /// ranks, and its [`upload_shard`](Self::upload_shard) then finds the
-    /// chunks there. Chunks named by no shard are collected by `gc` once
-    /// the grace period has passed.
-    ///
-    /// # Errors
-    /// As [`upload_shard`](Self::upload_shard).
-    pub fn upload_shard_data(
+    /// Does the work of [`Remote::upload_shard_data`](crate::Remote::upload_shard_data).
+    pub(crate) fn upload_shard_data(
         &self,
         step: u64,
         rank: u32,
@@ -55,17 +41,8 @@ impl Remote {
         self.upload_planned((step, rank, world_size), &plan, ShardUpload::ChunksOnly)
     }
 
-    /// [`upload_shard`](Self::upload_shard), [`upload_shard_data`](Self::upload_shard_data)
-    /// or [`commit_shard`](Self::commit_shard), as `how` says, of rank
-    /// `rank`'s shard `ckpt` with the tensors `tensors` added, whose bytes
-    /// are hashed and uploaded from where they lie: no copy of them is
-    /// made (the Python package uploads numpy arrays and torch tensors
-    /// this way).
-    ///
-    /// # Errors
-    /// As the operation `how` names; [`Error::InvalidCheckpoint`] if a name
-    /// of `tensors` is also a blob or tensor of `ckpt`.
-    pub fn upload_shard_borrowed(
+    /// Does the work of [`Remote::upload_shard_borrowed`](crate::Remote::upload_shard_borrowed).
+    pub(crate) fn upload_shard_borrowed(
         &self,
         (step, rank, world_size): (u64, u32, u32),
         ckpt: &GradientCheckpoint,
@@ -91,57 +68,14 @@ impl Remote {
         self.with_push_lock(|lock| self.put_shard(step, rank, world_size, plan, lock, how))
     }
 
-    /// Complete global step `step` with `shards` (each rank's, by rank, as
-    /// [`upload_shard`](Self::upload_shard) named them): check that each is
-    /// there and whole (its manifest hashes right; a shard of format 1 or
-    /// 2, from an older build, has every chunk it names asked for), then
-    /// write the step's manifest and a commit newer
-    /// than any of the step's. The step is listed from then on, and reads
-    /// exactly these shards.
-    ///
-    /// ```
-    /// use ckptstore::{ComputationGraphStore, GradientCheckpoint, Remote};
-    /// # let dir = tempfile::tempdir()?;
-    /// let remote = Remote::open(&format!("file://{}", dir.path().display()))?;
-    /// let shard = |rank: u8| {
-    ///     let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), 3);
-    ///     c.timestamp = 1_700_000_000; // the same each time it is built
-    ///     c.set_optimizer_state("w", vec![rank; 100]);
-    ///     c
-    /// };
-    /// let names: Vec<String> = (0..2)
-    ///     .map(|r| Ok(remote.upload_shard(3, r, 2, &shard(r as u8))?.shard))
-    ///     .collect::<ckptstore::Result<_>>()?;
-    /// assert_eq!(remote.steps()?, Vec::<u64>::new()); // not before the commit
-    /// remote.commit_global(3, &names)?;
-    /// assert_eq!(remote.steps()?, vec![3]);
-    /// assert_eq!(remote.get_shard(3, 1)?, Some(shard(1)));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    ///
-    /// # Errors
-    /// [`Error::InvalidCheckpoint`] for no shards, too many, or a name
-    /// that is not a hash; [`Error::Corrupt`] naming the shard when one is
-    /// missing, damaged or names a chunk the bucket lacks;
-    /// [`BucketError::Request`](crate::BucketError::Request) when the bucket fails.
-    pub fn commit_global(&self, step: u64, shards: &[String]) -> Result<()> {
+    /// Does the work of [`Remote::commit_global`](crate::Remote::commit_global).
+    pub(crate) fn commit_global(&self, step: u64, shards: &[String]) -> Result<()> {
         let ids = shard_ids(step, shards, None)?;
         self.with_push_lock(|_| self.commit_locked(step, &ids, None))
     }
 
-    /// [`upload_shard_borrowed`](Self::upload_shard_borrowed) of the
-    /// coordinator's own shard with [`ShardUpload::Manifest`], then
-    /// [`commit_global`](Self::commit_global) of `shards` with this rank's
-    /// entry the shard just uploaded (what `shards` holds there is not
-    /// read), under one push lock: a coordinator's save in one lock
-    /// cycle, its own shard not read back. The other ranks' names are
-    /// checked before anything is uploaded.
-    ///
-    /// # Errors
-    /// As [`upload_shard_borrowed`](Self::upload_shard_borrowed) and
-    /// [`commit_global`](Self::commit_global); no commit is written if the
-    /// upload fails.
-    pub fn upload_shard_and_commit(
+    /// Does the work of [`Remote::upload_shard_and_commit`](crate::Remote::upload_shard_and_commit).
+    pub(crate) fn upload_shard_and_commit(
         &self,
         (step, rank, world_size): (u64, u32, u32),
         ckpt: &GradientCheckpoint,
@@ -237,7 +171,7 @@ fn shard_ids(step: u64, shards: &[String], own: Option<u32>) -> Result<Vec<Shard
 /// HEAD requests in flight at once.
 const HEADS_IN_FLIGHT: usize = 8;
 
-impl Remote {
+impl Coordinator<'_> {
     /// Which of `hashes` the bucket holds as chunk objects (formats 1 and
     /// 2), asked object by object (several requests in flight).
     fn present(&self, hashes: impl Iterator<Item = Hash>) -> Result<HashSet<Hash>> {

@@ -8,19 +8,13 @@ use std::path::Path;
 use crate::exchange::dcp::{BoxSource, DcpIndex, DcpTensor, Places, DCP_METADATA};
 use crate::exchange::hf::Source;
 use crate::exchange::write::write_whole;
+use crate::remote::global::Coordinator;
 use crate::remote::read::pieces::GlobalStep;
-use crate::remote::Remote;
 use crate::{Error, Result};
 
-impl Remote {
-    /// The index of step `step` if `ckptstore.dcp` saved it: its tensors
-    /// with their global shapes and stored boxes; `None` for a step that is
-    /// not complete or was not saved through DCP.
-    ///
-    /// # Errors
-    /// [`Error::Corrupt`] when the metadata is damaged; [`BucketError::Request`](crate::BucketError::Request)
-    /// when the bucket fails.
-    pub fn dcp_index(&self, step: u64) -> Result<Option<DcpIndex>> {
+impl Coordinator<'_> {
+    /// Does the work of [`Remote::dcp_index`](crate::Remote::dcp_index).
+    pub(crate) fn dcp_index(&self, step: u64) -> Result<Option<DcpIndex>> {
         Ok(self.dcp_open(step)?.map(|(_, index, _)| index))
     }
 
@@ -35,16 +29,8 @@ impl Remote {
         Ok(Some((global, index, places)))
     }
 
-    /// The DCP metadata document of an opened global step (the bytes of
-    /// [`DCP_METADATA`]), `None` if `ckptstore.dcp` did not save it. The
-    /// coordinator's shard holds it: rank 0's, unless the save's
-    /// coordinator had another rank; a rank's shard manifest is read
-    /// (and checked) only until it is found.
-    ///
-    /// # Errors
-    /// [`Error::Corrupt`] for a damaged manifest or chunk;
-    /// [`BucketError::Request`](crate::BucketError::Request) when the bucket fails.
-    pub fn dcp_metadata(&self, global: &GlobalStep) -> Result<Option<Vec<u8>>> {
+    /// Does the work of [`Remote::dcp_metadata`](crate::Remote::dcp_metadata).
+    pub(crate) fn dcp_metadata(&self, global: &GlobalStep) -> Result<Option<Vec<u8>>> {
         for rank in 0..global.world_size() {
             if let Some(e) = self.entries(global, rank)?.get(DCP_METADATA) {
                 let mut got = self.read_pieces(global, &[(rank, DCP_METADATA, 0, e.len)])?;
@@ -54,41 +40,20 @@ impl Remote {
         Ok(None)
     }
 
-    /// Write DCP step `step` to `path` as one safetensors file of whole
-    /// tensors under their fully qualified names (with `prefix`, only the
-    /// names under it, the prefix stripped: `"model."` gives a file an
-    /// unsharded model's `load_state_dict` takes). One tensor is in memory
-    /// at a time, read in windows of 32 MiB; every chunk is hash-checked;
-    /// the file is written durably, or not at all. The names written.
-    ///
-    /// # Errors
-    /// [`Error::StepNotFound`] when the step is not a complete DCP step;
-    /// [`Error::InvalidCheckpoint`] naming a chosen tensor whose dtype
-    /// safetensors cannot hold ([`DcpDtype::Torch`](crate::DcpDtype::Torch): leave it out with a
-    /// prefix, or load it through `ckptstore.dcp`);
-    /// [`Error::Corrupt`] for damaged data or metadata (a box not stored,
-    /// boxes that do not cover a tensor); I/O errors naming `path`.
-    pub fn consolidate(&self, step: u64, path: &Path, prefix: Option<&str>) -> Result<Vec<String>> {
+    /// Does the work of [`Remote::consolidate`](crate::Remote::consolidate).
+    pub(crate) fn consolidate(
+        &self,
+        step: u64,
+        path: &Path,
+        prefix: Option<&str>,
+    ) -> Result<Vec<String>> {
         let (global, index, places) = self.dcp_open(step)?.ok_or(Error::StepNotFound { step })?;
         let sources = self.whole_tensors(&global, &index, &places, step, prefix)?;
         write_whole(path, step, sources)
     }
 
-    /// Write DCP step `step` into directory `dir` as a Hugging Face
-    /// checkpoint: safetensors shards of at most `max_shard` bytes
-    /// (`model-00001-of-0000N.safetensors`, or `model.safetensors` alone)
-    /// and `model.safetensors.index.json`, tensors whole under their
-    /// names (with `prefix`, only those under it, stripped), floating
-    /// tensors cast to `cast` if given (lossy when it narrows). One tensor
-    /// is in memory at a time, read in windows of 32 MiB, every chunk
-    /// hash-checked; an index already in `dir` is removed first and the
-    /// new one written last, each shard durably under a temporary name
-    /// first, so a killed export leaves no index naming a shard that is
-    /// not whole.
-    ///
-    /// # Errors
-    /// As [`consolidate`](Self::consolidate); I/O errors naming the file.
-    pub fn export_hf(
+    /// Does the work of [`Remote::export_hf`](crate::Remote::export_hf).
+    pub(crate) fn export_hf(
         &self,
         step: u64,
         dir: &Path,
@@ -144,7 +109,7 @@ impl Remote {
 
 /// A global step's shards as the source of its boxes.
 struct Shards<'a> {
-    remote: &'a Remote,
+    remote: &'a Coordinator<'a>,
     global: &'a GlobalStep,
 }
 

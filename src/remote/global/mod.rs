@@ -5,3 +5,315 @@
 pub(crate) mod coordinated;
 pub(crate) mod dcp;
 pub(crate) mod shards;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use crate::remote::global::shards::{ShardInfo, ShardStatus, ShardUpload};
+use crate::remote::read::pieces::GlobalStep;
+use crate::remote::write::Writer;
+use crate::remote::Remote;
+use crate::{CheckpointStore, DcpIndex, GradientCheckpoint, Result, TensorRef};
+
+/// A remote's global-step coordinator: shards of N ranks, the commit that
+/// completes a step, and DCP's metadata over them.
+#[derive(Clone, Copy)]
+pub(crate) struct Coordinator<'r> {
+    write: Writer<'r>,
+}
+
+impl<'r> Coordinator<'r> {
+    pub(crate) fn over(write: Writer<'r>) -> Coordinator<'r> {
+        Coordinator { write }
+    }
+}
+
+impl<'r> std::ops::Deref for Coordinator<'r> {
+    type Target = Writer<'r>;
+    fn deref(&self) -> &Writer<'r> {
+        &self.write
+    }
+}
+
+impl Remote {
+    /// Upload rank `rank`'s shard of global step `step` of `world_size`
+    /// ranks (its new chunks in pack objects, then the shard's manifest)
+    /// without completing the step; [`ShardInfo::shard`] names
+    /// it for [`commit_global`](Self::commit_global). Shards of the step
+    /// with another world size (an attempt that died) do not matter.
+    ///
+    /// # Errors
+    /// As [`commit_shard`](Self::commit_shard), but for the world size.
+    pub fn upload_shard(
+        &self,
+        step: u64,
+        rank: u32,
+        world_size: u32,
+        ckpt: &GradientCheckpoint,
+    ) -> Result<ShardInfo> {
+        self.coordinator()
+            .upload_shard(step, rank, world_size, ckpt)
+    }
+
+    /// Upload the chunks of rank `rank`'s shard of `step` and nothing else:
+    /// a coordinator that learns the rest of its shard later (DCP's
+    /// metadata, at `finish`) uploads its data early, beside the other
+    /// ranks, and its [`upload_shard`](Self::upload_shard) then finds the
+    /// chunks there. Chunks named by no shard are collected by `gc` once
+    /// the grace period has passed.
+    ///
+    /// # Errors
+    /// As [`upload_shard`](Self::upload_shard).
+    pub fn upload_shard_data(
+        &self,
+        step: u64,
+        rank: u32,
+        world_size: u32,
+        ckpt: &GradientCheckpoint,
+    ) -> Result<ShardInfo> {
+        self.coordinator()
+            .upload_shard_data(step, rank, world_size, ckpt)
+    }
+
+    /// [`upload_shard`](Self::upload_shard), [`upload_shard_data`](Self::upload_shard_data)
+    /// or [`commit_shard`](Self::commit_shard), as `how` says, of rank
+    /// `rank`'s shard `ckpt` with the tensors `tensors` added, whose bytes
+    /// are hashed and uploaded from where they lie: no copy of them is
+    /// made (the Python package uploads numpy arrays and torch tensors
+    /// this way).
+    ///
+    /// # Errors
+    /// As the operation `how` names; [`Error::InvalidCheckpoint`](crate::Error::InvalidCheckpoint) if a name
+    /// of `tensors` is also a blob or tensor of `ckpt`.
+    pub fn upload_shard_borrowed(
+        &self,
+        (step, rank, world_size): (u64, u32, u32),
+        ckpt: &GradientCheckpoint,
+        tensors: &BTreeMap<String, TensorRef<'_>>,
+        how: ShardUpload,
+    ) -> Result<ShardInfo> {
+        self.coordinator()
+            .upload_shard_borrowed((step, rank, world_size), ckpt, tensors, how)
+    }
+
+    /// Complete global step `step` with `shards` (each rank's, by rank, as
+    /// [`upload_shard`](Self::upload_shard) named them): check that each is
+    /// there and whole (its manifest hashes right; a shard of format 1 or
+    /// 2, from an older build, has every chunk it names asked for), then
+    /// write the step's manifest and a commit newer
+    /// than any of the step's. The step is listed from then on, and reads
+    /// exactly these shards.
+    ///
+    /// ```
+    /// use ckptstore::{ComputationGraphStore, GradientCheckpoint, Remote};
+    /// # let dir = tempfile::tempdir()?;
+    /// let remote = Remote::open(&format!("file://{}", dir.path().display()))?;
+    /// let shard = |rank: u8| {
+    ///     let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), 3);
+    ///     c.timestamp = 1_700_000_000; // the same each time it is built
+    ///     c.set_optimizer_state("w", vec![rank; 100]);
+    ///     c
+    /// };
+    /// let names: Vec<String> = (0..2)
+    ///     .map(|r| Ok(remote.upload_shard(3, r, 2, &shard(r as u8))?.shard))
+    ///     .collect::<ckptstore::Result<_>>()?;
+    /// assert_eq!(remote.steps()?, Vec::<u64>::new()); // not before the commit
+    /// remote.commit_global(3, &names)?;
+    /// assert_eq!(remote.steps()?, vec![3]);
+    /// assert_eq!(remote.get_shard(3, 1)?, Some(shard(1)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidCheckpoint`](crate::Error::InvalidCheckpoint) for no shards, too many, or a name
+    /// that is not a hash; [`Error::Corrupt`](crate::Error::Corrupt) naming the shard when one is
+    /// missing, damaged or names a chunk the bucket lacks;
+    /// [`BucketError::Request`](crate::BucketError::Request) when the bucket fails.
+    pub fn commit_global(&self, step: u64, shards: &[String]) -> Result<()> {
+        self.coordinator().commit_global(step, shards)
+    }
+
+    /// [`upload_shard_borrowed`](Self::upload_shard_borrowed) of the
+    /// coordinator's own shard with [`ShardUpload::Manifest`], then
+    /// [`commit_global`](Self::commit_global) of `shards` with this rank's
+    /// entry the shard just uploaded (what `shards` holds there is not
+    /// read), under one push lock: a coordinator's save in one lock
+    /// cycle, its own shard not read back. The other ranks' names are
+    /// checked before anything is uploaded.
+    ///
+    /// # Errors
+    /// As [`upload_shard_borrowed`](Self::upload_shard_borrowed) and
+    /// [`commit_global`](Self::commit_global); no commit is written if the
+    /// upload fails.
+    pub fn upload_shard_and_commit(
+        &self,
+        (step, rank, world_size): (u64, u32, u32),
+        ckpt: &GradientCheckpoint,
+        tensors: &BTreeMap<String, TensorRef<'_>>,
+        shards: &[String],
+    ) -> Result<ShardInfo> {
+        self.coordinator()
+            .upload_shard_and_commit((step, rank, world_size), ckpt, tensors, shards)
+    }
+
+    /// The index of step `step` if `ckptstore.dcp` saved it: its tensors
+    /// with their global shapes and stored boxes; `None` for a step that is
+    /// not complete or was not saved through DCP.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`](crate::Error::Corrupt) when the metadata is damaged; [`BucketError::Request`](crate::BucketError::Request)
+    /// when the bucket fails.
+    pub fn dcp_index(&self, step: u64) -> Result<Option<DcpIndex>> {
+        self.coordinator().dcp_index(step)
+    }
+
+    /// The DCP metadata document of an opened global step (the bytes of
+    /// [`DCP_METADATA`](crate::DCP_METADATA)), `None` if `ckptstore.dcp` did not save it. The
+    /// coordinator's shard holds it: rank 0's, unless the save's
+    /// coordinator had another rank; a rank's shard manifest is read
+    /// (and checked) only until it is found.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`](crate::Error::Corrupt) for a damaged manifest or chunk;
+    /// [`BucketError::Request`](crate::BucketError::Request) when the bucket fails.
+    pub fn dcp_metadata(&self, global: &GlobalStep) -> Result<Option<Vec<u8>>> {
+        self.coordinator().dcp_metadata(global)
+    }
+
+    /// Write DCP step `step` to `path` as one safetensors file of whole
+    /// tensors under their fully qualified names (with `prefix`, only the
+    /// names under it, the prefix stripped: `"model."` gives a file an
+    /// unsharded model's `load_state_dict` takes). One tensor is in memory
+    /// at a time, read in windows of 32 MiB; every chunk is hash-checked;
+    /// the file is written durably, or not at all. The names written.
+    ///
+    /// # Errors
+    /// [`Error::StepNotFound`](crate::Error::StepNotFound) when the step is not a complete DCP step;
+    /// [`Error::InvalidCheckpoint`](crate::Error::InvalidCheckpoint) naming a chosen tensor whose dtype
+    /// safetensors cannot hold ([`DcpDtype::Torch`](crate::DcpDtype::Torch): leave it out with a
+    /// prefix, or load it through `ckptstore.dcp`);
+    /// [`Error::Corrupt`](crate::Error::Corrupt) for damaged data or metadata (a box not stored,
+    /// boxes that do not cover a tensor); I/O errors naming `path`.
+    pub fn consolidate(&self, step: u64, path: &Path, prefix: Option<&str>) -> Result<Vec<String>> {
+        self.coordinator().consolidate(step, path, prefix)
+    }
+
+    /// Write DCP step `step` into directory `dir` as a Hugging Face
+    /// checkpoint: safetensors shards of at most `max_shard` bytes
+    /// (`model-00001-of-0000N.safetensors`, or `model.safetensors` alone)
+    /// and `model.safetensors.index.json`, tensors whole under their
+    /// names (with `prefix`, only those under it, stripped), floating
+    /// tensors cast to `cast` if given (lossy when it narrows). One tensor
+    /// is in memory at a time, read in windows of 32 MiB, every chunk
+    /// hash-checked; an index already in `dir` is removed first and the
+    /// new one written last, each shard durably under a temporary name
+    /// first, so a killed export leaves no index naming a shard that is
+    /// not whole.
+    ///
+    /// # Errors
+    /// As [`consolidate`](Self::consolidate); I/O errors naming the file.
+    pub fn export_hf(
+        &self,
+        step: u64,
+        dir: &Path,
+        max_shard: u64,
+        prefix: Option<&str>,
+        cast: Option<crate::Dtype>,
+    ) -> Result<crate::HfExport> {
+        self.coordinator()
+            .export_hf(step, dir, max_shard, prefix, cast)
+    }
+
+    /// Upload rank `rank`'s shard of global step `step` of `world_size`
+    /// ranks: its chunks in pack objects, those this remote wrote or loaded
+    /// before (under the bucket's current collection mark) not uploaded
+    /// again. The step
+    /// becomes visible ([`steps`](Self::steps),
+    /// [`latest_step`](Self::latest_step)) once all `world_size` shards are
+    /// in: the rank that lands last, or any rank that finds them all,
+    /// writes its commit. Never waits for other ranks. Committing the same
+    /// shard again through the same remote (a retry) uploads nothing new
+    /// and leaves one shard; a restarted process packs its chunks again.
+    ///
+    /// ```
+    /// use ckptstore::{ComputationGraphStore, GradientCheckpoint, Remote};
+    /// # let dir = tempfile::tempdir()?;
+    /// let remote = Remote::open(&format!("file://{}", dir.path().display()))?;
+    /// let shard = |rank: u8| {
+    ///     let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), 7);
+    ///     c.timestamp = 1_700_000_000; // the same each time it is built
+    ///     c.set_optimizer_state("params", vec![rank; 1 << 20]);
+    ///     c
+    /// };
+    /// assert!(!remote.commit_shard(7, 0, 2, &shard(0))?.complete);
+    /// assert_eq!(remote.latest_step()?, None); // rank 1 has not landed
+    /// assert!(remote.commit_shard(7, 1, 2, &shard(1))?.complete);
+    /// assert_eq!(remote.latest_step()?, Some(7));
+    /// assert_eq!(remote.get_shard(7, 1)?, Some(shard(1)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`BucketError::WorldSizeMismatch`](crate::BucketError::WorldSizeMismatch) when shards of the step with another
+    /// world size are there; [`Error::InvalidCheckpoint`](crate::Error::InvalidCheckpoint) for a rank not
+    /// below `world_size` or a checkpoint of another step;
+    /// [`BucketError::Request`](crate::BucketError::Request) when the bucket fails.
+    pub fn commit_shard(
+        &self,
+        step: u64,
+        rank: u32,
+        world_size: u32,
+        ckpt: &GradientCheckpoint,
+    ) -> Result<ShardInfo> {
+        self.coordinator()
+            .commit_shard(step, rank, world_size, ckpt)
+    }
+
+    /// Rank `rank`'s shard of global step `step`, restored with every chunk
+    /// hash-checked: the one the step's commit names if the step is
+    /// complete, else a whole one that landed; `None` if there is none.
+    pub fn get_shard(&self, step: u64, rank: u32) -> Result<Option<GradientCheckpoint>> {
+        self.coordinator().get_shard(step, rank)
+    }
+
+    /// Which ranks of `step` have landed, also for a step not complete
+    /// (for debugging a job that stalled).
+    pub fn shards(&self, step: u64) -> Result<ShardStatus> {
+        self.coordinator().shards(step)
+    }
+
+    /// The number of ranks of each complete step (1 for a step pushed from
+    /// one store).
+    pub fn world_sizes(&self) -> Result<BTreeMap<u64, u32>> {
+        self.coordinator().world_sizes()
+    }
+
+    /// The global steps some of whose shards are in the bucket but that are
+    /// not complete, ascending, with which ranks landed.
+    pub fn incomplete_steps(&self) -> Result<Vec<ShardStatus>> {
+        self.coordinator().incomplete_steps()
+    }
+
+    /// The number of ranks of step `step`: 1 for a step pushed from one
+    /// store, N for a complete global step, what its shards say for one not
+    /// complete; `None` if the bucket has nothing of it.
+    pub fn world_size(&self, step: u64) -> Result<Option<u32>> {
+        self.coordinator().world_size(step)
+    }
+
+    /// Upload step `step` of `store` as rank `rank`'s shard of global
+    /// step `step` of `world_size` ranks ([`commit_shard`](Self::commit_shard)).
+    ///
+    /// # Errors
+    /// [`Error::StepNotFound`](crate::Error::StepNotFound) if the step is not in `store`; as
+    /// [`commit_shard`](Self::commit_shard).
+    pub fn push_shard(
+        &self,
+        store: &CheckpointStore,
+        step: u64,
+        rank: u32,
+        world_size: u32,
+    ) -> Result<ShardInfo> {
+        self.coordinator().push_shard(store, step, rank, world_size)
+    }
+}

@@ -17,12 +17,13 @@ use crate::remote::format::hash::HexHash;
 use crate::remote::format::layout::{encode, GlobalManifest, ShardName, MAX_WORLD_SIZE};
 use crate::remote::format::manifest::{RemoteManifest, RemotePacked};
 use crate::remote::format::pack_format::MANIFEST_FORMAT_PACKS;
+use crate::remote::global::Coordinator;
 use crate::remote::read::step::StepManifest;
 use crate::remote::BucketError;
-use crate::remote::{Commit, Remote};
+use crate::remote::Commit;
 use crate::{CheckpointStore, Error, GradientCheckpoint, Result};
 
-/// What [`Remote::commit_shard`] did.
+/// What [`Remote::commit_shard`](crate::Remote::commit_shard) did.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ShardInfo {
@@ -44,13 +45,13 @@ pub struct ShardInfo {
     /// other shards and, when all are there, writing the step's commit.
     pub finalize: Duration,
     /// The shard's name: the hash of its manifest, in hex (what
-    /// [`Remote::commit_global`] takes).
+    /// [`Remote::commit_global`](crate::Remote::commit_global) takes).
     pub shard: String,
     /// The same hash, as the crate uses it.
     pub(crate) hash: Hash,
 }
 
-/// Which ranks of a step have landed ([`Remote::shards`]).
+/// Which ranks of a step have landed ([`Remote::shards`](crate::Remote::shards)).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ShardStatus {
@@ -69,42 +70,9 @@ pub struct ShardStatus {
     pub complete: bool,
 }
 
-impl Remote {
-    /// Upload rank `rank`'s shard of global step `step` of `world_size`
-    /// ranks: its chunks in pack objects, those this remote wrote or loaded
-    /// before (under the bucket's current collection mark) not uploaded
-    /// again. The step
-    /// becomes visible ([`steps`](Self::steps),
-    /// [`latest_step`](Self::latest_step)) once all `world_size` shards are
-    /// in: the rank that lands last, or any rank that finds them all,
-    /// writes its commit. Never waits for other ranks. Committing the same
-    /// shard again through the same remote (a retry) uploads nothing new
-    /// and leaves one shard; a restarted process packs its chunks again.
-    ///
-    /// ```
-    /// use ckptstore::{ComputationGraphStore, GradientCheckpoint, Remote};
-    /// # let dir = tempfile::tempdir()?;
-    /// let remote = Remote::open(&format!("file://{}", dir.path().display()))?;
-    /// let shard = |rank: u8| {
-    ///     let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), 7);
-    ///     c.timestamp = 1_700_000_000; // the same each time it is built
-    ///     c.set_optimizer_state("params", vec![rank; 1 << 20]);
-    ///     c
-    /// };
-    /// assert!(!remote.commit_shard(7, 0, 2, &shard(0))?.complete);
-    /// assert_eq!(remote.latest_step()?, None); // rank 1 has not landed
-    /// assert!(remote.commit_shard(7, 1, 2, &shard(1))?.complete);
-    /// assert_eq!(remote.latest_step()?, Some(7));
-    /// assert_eq!(remote.get_shard(7, 1)?, Some(shard(1)));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    ///
-    /// # Errors
-    /// [`BucketError::WorldSizeMismatch`](crate::BucketError::WorldSizeMismatch) when shards of the step with another
-    /// world size are there; [`Error::InvalidCheckpoint`] for a rank not
-    /// below `world_size` or a checkpoint of another step;
-    /// [`BucketError::Request`](crate::BucketError::Request) when the bucket fails.
-    pub fn commit_shard(
+impl Coordinator<'_> {
+    /// Does the work of [`Remote::commit_shard`](crate::Remote::commit_shard).
+    pub(crate) fn commit_shard(
         &self,
         step: u64,
         rank: u32,
@@ -279,10 +247,8 @@ impl Remote {
         Ok(names.iter().filter_map(|n| n.parse().ok()).collect())
     }
 
-    /// Rank `rank`'s shard of global step `step`, restored with every chunk
-    /// hash-checked: the one the step's commit names if the step is
-    /// complete, else a whole one that landed; `None` if there is none.
-    pub fn get_shard(&self, step: u64, rank: u32) -> Result<Option<GradientCheckpoint>> {
+    /// Does the work of [`Remote::get_shard`](crate::Remote::get_shard).
+    pub(crate) fn get_shard(&self, step: u64, rank: u32) -> Result<Option<GradientCheckpoint>> {
         let chunks = self.bucket.objects()?;
         if let Some((_, StepManifest::Sharded { mut shards, ids })) =
             self.complete_step(step, &chunks)?
@@ -302,9 +268,8 @@ impl Remote {
         Ok(None)
     }
 
-    /// Which ranks of `step` have landed, also for a step not complete
-    /// (for debugging a job that stalled).
-    pub fn shards(&self, step: u64) -> Result<ShardStatus> {
+    /// Does the work of [`Remote::shards`](crate::Remote::shards).
+    pub(crate) fn shards(&self, step: u64) -> Result<ShardStatus> {
         let ids = self.shard_ids(step)?;
         let chunks = self.bucket.objects()?;
         let world_sizes: Vec<u32> = ids
@@ -337,9 +302,8 @@ impl Remote {
         })
     }
 
-    /// The number of ranks of each complete step (1 for a step pushed from
-    /// one store).
-    pub fn world_sizes(&self) -> Result<BTreeMap<u64, u32>> {
+    /// Does the work of [`Remote::world_sizes`](crate::Remote::world_sizes).
+    pub(crate) fn world_sizes(&self) -> Result<BTreeMap<u64, u32>> {
         let complete = self.complete()?;
         Ok(complete
             .iter()
@@ -347,11 +311,11 @@ impl Remote {
             .collect())
     }
 
-    /// The global steps some of whose shards are in the bucket but that are
-    /// not complete, ascending, with which ranks landed.
-    pub fn incomplete_steps(&self) -> Result<Vec<ShardStatus>> {
+    /// Does the work of [`Remote::incomplete_steps`](crate::Remote::incomplete_steps).
+    pub(crate) fn incomplete_steps(&self) -> Result<Vec<ShardStatus>> {
         let complete: BTreeSet<u64> = self.world_sizes()?.into_keys().collect();
         let partial: BTreeSet<u64> = self
+            .bucket
             .list_shards()?
             .into_iter()
             .map(|(step, _, _)| step)
@@ -360,10 +324,8 @@ impl Remote {
         partial.into_iter().map(|step| self.shards(step)).collect()
     }
 
-    /// The number of ranks of step `step`: 1 for a step pushed from one
-    /// store, N for a complete global step, what its shards say for one not
-    /// complete; `None` if the bucket has nothing of it.
-    pub fn world_size(&self, step: u64) -> Result<Option<u32>> {
+    /// Does the work of [`Remote::world_size`](crate::Remote::world_size).
+    pub(crate) fn world_size(&self, step: u64) -> Result<Option<u32>> {
         if let Some((_, m)) = self.complete_step(step, &self.bucket.objects()?)? {
             return Ok(Some(m.world_size()));
         }
@@ -371,14 +333,9 @@ impl Remote {
     }
 }
 
-impl Remote {
-    /// Upload step `step` of `store` as rank `rank`'s shard of global
-    /// step `step` of `world_size` ranks ([`commit_shard`](Self::commit_shard)).
-    ///
-    /// # Errors
-    /// [`Error::StepNotFound`] if the step is not in `store`; as
-    /// [`commit_shard`](Self::commit_shard).
-    pub fn push_shard(
+impl Coordinator<'_> {
+    /// Does the work of [`Remote::push_shard`](crate::Remote::push_shard).
+    pub(crate) fn push_shard(
         &self,
         store: &CheckpointStore,
         step: u64,
@@ -391,17 +348,17 @@ impl Remote {
 }
 
 /// How far a shard upload goes after its chunks
-/// ([`Remote::upload_shard_borrowed`]).
+/// ([`Remote::upload_shard_borrowed`](crate::Remote::upload_shard_borrowed)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ShardUpload {
     /// Nothing more: the chunks are in the bucket, named by no shard
-    /// (as [`Remote::upload_shard_data`]).
+    /// (as [`Remote::upload_shard_data`](crate::Remote::upload_shard_data)).
     ChunksOnly,
-    /// The shard's manifest (as [`Remote::upload_shard`]).
+    /// The shard's manifest (as [`Remote::upload_shard`](crate::Remote::upload_shard)).
     Manifest,
     /// The manifest, and the step's commit when every rank is there (as
-    /// [`Remote::commit_shard`]).
+    /// [`Remote::commit_shard`](crate::Remote::commit_shard)).
     Complete,
 }
 

@@ -3,10 +3,11 @@
 //! newest step list only the commits from the hinted step on.
 
 use crate::remote::format::layout::{LatestHint, COMMITS, MAX_HINT_BYTES};
-use crate::remote::{Commit, Remote};
+use crate::remote::read::Reader;
+use crate::remote::Commit;
 use crate::{Error, Result};
 
-impl Remote {
+impl Reader<'_> {
     /// Every commit object, ascending by step, then generation.
     pub(crate) fn commits(&self) -> Result<Vec<Commit>> {
         self.commits_from(0, None)

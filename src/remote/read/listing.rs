@@ -5,37 +5,27 @@
 use std::collections::HashSet;
 
 use crate::remote::format::manifest::{RemoteManifest, RemotePlace};
+use crate::remote::read::Reader;
 use crate::remote::BucketError;
 
 use crate::checkpoint::Incoming;
 use crate::remote::read::restore::{incoming, skeleton};
 use crate::remote::read::step::{new_bytes, StepManifest};
-use crate::remote::{Commit, Remote};
+use crate::remote::Commit;
 use crate::{
     CheckpointStore, CommitInfo, Error, GradientCheckpoint, Result, StepInfo, StepSummary,
 };
 
-impl Remote {
-    /// The committed steps in the bucket, ascending: from the listing of
-    /// commit objects alone (a request per 1,000 commits), whatever the
-    /// bucket's size. A commit is written last, once everything its step
-    /// needs is there; a step whose objects were damaged or deleted since
-    /// stays listed until [`verify`](Self::verify) reports it and reading
-    /// it fails ([`skipped_steps`](Self::skipped_steps) lists those).
-    pub fn steps(&self) -> Result<Vec<u64>> {
+impl Reader<'_> {
+    /// Does the work of [`Remote::steps`](crate::Remote::steps).
+    pub(crate) fn steps(&self) -> Result<Vec<u64>> {
         let mut steps: Vec<u64> = self.commits()?.iter().map(|c| c.step).collect();
         steps.dedup();
         Ok(steps)
     }
 
-    /// The newest step with a commit whose manifest is there and checks
-    /// out: the commits from the step the bucket's latest-step hint names
-    /// on (a GET and a listing of what follows, whatever the bucket's
-    /// size), then the newest manifests, one GET each, until one checks
-    /// out; below the hint only if none does (a damaged newest step never
-    /// hides an older one). Neither a global step's shard manifests nor
-    /// chunks are looked for: reading the step checks each.
-    pub fn latest_step(&self) -> Result<Option<u64>> {
+    /// Does the work of [`Remote::latest_step`](crate::Remote::latest_step).
+    pub(crate) fn latest_step(&self) -> Result<Option<u64>> {
         let (newest, hint) = self.newest_commits()?;
         if let Some(step) = self.newest_checked(&newest)? {
             return Ok(Some(step));
@@ -57,21 +47,13 @@ impl Remote {
         Ok(None)
     }
 
-    /// Step `step`, restored from the bucket with every chunk hash-checked,
-    /// or `None` if the bucket has no complete copy of it.
-    ///
-    /// # Errors
-    /// [`Error::Corrupt`] when a chunk is missing or fails its hash check
-    /// (naming the URL); [`BucketError::Request`](crate::BucketError::Request) when the bucket fails;
-    /// [`BucketError::ShardedStep`](crate::BucketError::ShardedStep) for a global step of several ranks (read its
-    /// shards with [`get_shard`](Self::get_shard)).
-    pub fn get(&self, step: u64) -> Result<Option<GradientCheckpoint>> {
+    /// Does the work of [`Remote::get`](crate::Remote::get).
+    pub(crate) fn get(&self, step: u64) -> Result<Option<GradientCheckpoint>> {
         self.get_with(step, &mut |_, _| {})
     }
 
-    /// [`get`](Self::get), calling `progress(bytes_fetched, bytes_total)`
-    /// as chunks arrive (for progress bars).
-    pub fn get_with(
+    /// Does the work of [`Remote::get_with`](crate::Remote::get_with).
+    pub(crate) fn get_with(
         &self,
         step: u64,
         progress: &mut dyn FnMut(u64, u64),
@@ -104,23 +86,13 @@ impl Remote {
         Ok(readable)
     }
 
-    /// Copy step `step` from the bucket into `store` (one commit there).
-    /// An empty store takes the run identity of the prefix
-    /// ([`owner`](Self::owner)): a job resumed from the bucket on a new
-    /// machine goes on pushing into it.
-    ///
-    /// # Errors
-    /// [`Error::StepsNotFound`] when the bucket has no complete copy of it;
-    /// as [`get`](Self::get) and [`CheckpointStore::commit`].
-    pub fn pull(&self, step: u64, store: &CheckpointStore) -> Result<CommitInfo> {
+    /// Does the work of [`Remote::pull`](crate::Remote::pull).
+    pub(crate) fn pull(&self, step: u64, store: &CheckpointStore) -> Result<CommitInfo> {
         self.pull_with(step, store, &mut |_, _| {})
     }
 
-    /// [`pull`](Self::pull), with progress as for [`get_with`](Self::get_with).
-    /// The step is fed into one streamed commit blob by blob while the
-    /// next chunks download, so memory holds a batch of chunks (32 MiB, or
-    /// the largest blob) rather than the step.
-    pub fn pull_with(
+    /// Does the work of [`Remote::pull_with`](crate::Remote::pull_with).
+    pub(crate) fn pull_with(
         &self,
         step: u64,
         store: &CheckpointStore,
@@ -147,11 +119,8 @@ impl Remote {
         })
     }
 
-    /// The summaries (time, loss CID, metrics, sizes) of the complete
-    /// steps, ascending, from their manifests.
-    /// `bytes_written` is what each step added to the bucket: its chunks
-    /// that no earlier step there has.
-    pub fn summaries(&self) -> Result<Vec<StepSummary>> {
+    /// Does the work of [`Remote::summaries`](crate::Remote::summaries).
+    pub(crate) fn summaries(&self) -> Result<Vec<StepSummary>> {
         let mut seen = HashSet::new();
         let complete = self.complete()?;
         let summaries = complete.iter().map(|(_, m)| {
@@ -162,13 +131,8 @@ impl Remote {
         Ok(summaries.collect())
     }
 
-    /// Step `step`'s metadata, from its manifest (no chunk is read), or
-    /// `None` if the bucket has no complete copy of it.
-    ///
-    /// # Errors
-    /// [`BucketError::ShardedStep`](crate::BucketError::ShardedStep) for a global step of several ranks (see
-    /// [`get_shard`](Self::get_shard)).
-    pub fn info(&self, step: u64) -> Result<Option<StepInfo>> {
+    /// Does the work of [`Remote::info`](crate::Remote::info).
+    pub(crate) fn info(&self, step: u64) -> Result<Option<StepInfo>> {
         let Some((_, m)) = self.complete_step(step, &self.bucket.objects()?)? else {
             return Ok(None);
         };

@@ -17,7 +17,7 @@ use std::sync::Mutex;
 use crate::engine::hashing::{read_hashed, run_parallel};
 use crate::format::manifest::{hex, Hash};
 use crate::remote::read::restore::Want;
-use crate::remote::Remote;
+use crate::remote::read::Reader;
 use crate::{Error, Result};
 
 /// Where one fetched chunk's bytes go: (range in the chunk, the part of a
@@ -41,7 +41,7 @@ pub(crate) fn place(step: u64, chunk: &[u8], regions: &mut Regions<'_>) -> Resul
 /// chunk file was not where the layout puts it (the caller fetches those
 /// through the object store, which reports a missing chunk).
 pub(crate) fn read_into<'o>(
-    remote: &Remote,
+    remote: &Reader<'_>,
     step: u64,
     wanted: &[Want<'_>],
     jobs: Vec<(usize, Regions<'o>)>,
@@ -120,7 +120,7 @@ pub(crate) fn read_into<'o>(
 /// every core, where the object store would make a request of each on one
 /// thread (a shard of 256 chunks, and the commit of a global step, look up
 /// every chunk they name).
-pub(crate) fn present(remote: &Remote, hashes: BTreeSet<Hash>) -> Result<HashSet<Hash>> {
+pub(crate) fn present(remote: &Reader<'_>, hashes: BTreeSet<Hash>) -> Result<HashSet<Hash>> {
     let found = Mutex::new(HashSet::new());
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
     run_parallel(hashes.into_iter().collect(), threads, &|_, hash| {
@@ -148,7 +148,7 @@ fn poisoned() -> Error {
 
 /// Whether `remote` is a `file://` bucket whose object paths are its file
 /// paths (no character `LocalFileSystem` would encode).
-pub(crate) fn direct(remote: &Remote) -> bool {
+pub(crate) fn direct(remote: &Reader<'_>) -> bool {
     remote.bucket.dir.as_ref().is_some_and(|d| {
         d.to_str().is_some_and(|d| {
             d.chars()
@@ -159,6 +159,6 @@ pub(crate) fn direct(remote: &Remote) -> bool {
 
 /// The file of chunk `hash`: the path `LocalFileSystem` (rooted at /)
 /// gives its object.
-fn chunk_path(remote: &Remote, hash: &Hash) -> PathBuf {
+fn chunk_path(remote: &Reader<'_>, hash: &Hash) -> PathBuf {
     Path::new("/").join(remote.bucket.layout.chunk(hash).as_ref())
 }

@@ -16,10 +16,10 @@ use crate::remote::format::manifest::{RemoteBlob, RemoteManifest, RemotePlace};
 use crate::remote::read::local::{place, Regions};
 use crate::remote::read::restore::{blob_chunks, packed_want, Want};
 use crate::remote::read::step::CommitBody;
-use crate::remote::Remote;
+use crate::remote::read::Reader;
 use crate::{Error, Result};
 
-/// One entry of a shard, as [`Remote::entries`] lists it.
+/// One entry of a shard, as [`Remote::entries`](crate::Remote::entries) lists it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct EntryInfo {
@@ -30,7 +30,7 @@ pub struct EntryInfo {
 }
 
 /// A complete step opened for reads of parts of its entries
-/// ([`Remote::open_global`]): its commit's manifest, and each shard's
+/// ([`Remote::open_global`](crate::Remote::open_global)): its commit's manifest, and each shard's
 /// manifest (checked against its hash) once one of its entries is asked
 /// for. A step pushed from one store reads as a global step of one rank.
 #[derive(Clone, Debug)]
@@ -58,7 +58,7 @@ impl GlobalStep {
 
     /// The commit it was opened from (the name of its commit object):
     /// readers that must read one save agree on it, and open exactly it
-    /// with [`Remote::open_global_commit`].
+    /// with [`Remote::open_global_commit`](crate::Remote::open_global_commit).
     pub fn commit(&self) -> &str {
         &self.commit
     }
@@ -96,25 +96,14 @@ impl GlobalStep {
     }
 }
 
-impl Remote {
-    /// Step `step` opened for reads of parts of it: its newest commit whose
-    /// manifests are there and hash right (a damaged newer commit falls
-    /// back to an older one); `None` if no commit of the step checks out.
-    /// Chunks are checked when read.
-    ///
-    /// # Errors
-    /// [`BucketError::Request`](crate::BucketError::Request) when the bucket fails.
-    pub fn open_global(&self, step: u64) -> Result<Option<GlobalStep>> {
+impl Reader<'_> {
+    /// Does the work of [`Remote::open_global`](crate::Remote::open_global).
+    pub(crate) fn open_global(&self, step: u64) -> Result<Option<GlobalStep>> {
         self.open_global_where(step, None)
     }
 
-    /// Step `step` opened from exactly the commit named `commit` (a
-    /// [`GlobalStep::commit`] another reader opened); `None` if that
-    /// commit is gone or does not check out.
-    ///
-    /// # Errors
-    /// [`BucketError::Request`](crate::BucketError::Request) when the bucket fails.
-    pub fn open_global_commit(&self, step: u64, commit: &str) -> Result<Option<GlobalStep>> {
+    /// Does the work of [`Remote::open_global_commit`](crate::Remote::open_global_commit).
+    pub(crate) fn open_global_commit(&self, step: u64, commit: &str) -> Result<Option<GlobalStep>> {
         self.open_global_where(step, Some(commit))
     }
 
@@ -192,12 +181,12 @@ impl Remote {
         Ok(())
     }
 
-    /// Rank `rank`'s entries of `global` by name (empty for a rank it does
-    /// not have), its shard's manifest read if it was not.
-    ///
-    /// # Errors
-    /// As [`read_pieces`](Self::read_pieces).
-    pub fn entries(&self, global: &GlobalStep, rank: u32) -> Result<BTreeMap<String, EntryInfo>> {
+    /// Does the work of [`Remote::entries`](crate::Remote::entries).
+    pub(crate) fn entries(
+        &self,
+        global: &GlobalStep,
+        rank: u32,
+    ) -> Result<BTreeMap<String, EntryInfo>> {
         self.load_shards(global, std::iter::once(rank))?;
         let Some(m) = global.shard(rank) else {
             return Ok(BTreeMap::new());
@@ -211,16 +200,12 @@ impl Remote {
             .collect())
     }
 
-    /// The bytes of each of `pieces` of `global`, in order. Only the chunks
-    /// the pieces overlap are fetched (each once, several in flight), and
-    /// each is checked against its hash and length before any of its bytes
-    /// is used.
-    ///
-    /// # Errors
-    /// [`Error::InvalidCheckpoint`] for a piece outside its entry;
-    /// [`Error::Corrupt`] naming the step and chunk when a chunk is missing
-    /// or damaged; [`BucketError::Request`](crate::BucketError::Request) when the bucket fails.
-    pub fn read_pieces(&self, global: &GlobalStep, pieces: &[Piece<'_>]) -> Result<Vec<Vec<u8>>> {
+    /// Does the work of [`Remote::read_pieces`](crate::Remote::read_pieces).
+    pub(crate) fn read_pieces(
+        &self,
+        global: &GlobalStep,
+        pieces: &[Piece<'_>],
+    ) -> Result<Vec<Vec<u8>>> {
         self.load_shards(global, pieces.iter().map(|p| p.0))?;
         let mut outs: Vec<Vec<u8>> = Vec::with_capacity(pieces.len());
         for piece in pieces {
@@ -236,15 +221,8 @@ impl Remote {
         Ok(outs)
     }
 
-    /// [`read_pieces`](Self::read_pieces) into the caller's buffers, one
-    /// per piece and of its length (a tensor's memory): each chunk's bytes
-    /// are copied straight into place, once checked. On an error a buffer
-    /// may hold some of its piece, never bytes that failed a check.
-    ///
-    /// # Errors
-    /// As [`read_pieces`](Self::read_pieces); [`Error::InvalidCheckpoint`]
-    /// when a buffer's length is not its piece's.
-    pub fn read_pieces_into(
+    /// Does the work of [`Remote::read_pieces_into`](crate::Remote::read_pieces_into).
+    pub(crate) fn read_pieces_into(
         &self,
         global: &GlobalStep,
         pieces: &[Piece<'_>],
@@ -254,12 +232,8 @@ impl Remote {
             .map(drop)
     }
 
-    /// Where the bytes of `piece` lie in the bucket's chunks, in order
-    /// (the shard's manifest read if it was not).
-    ///
-    /// # Errors
-    /// As [`read_pieces`](Self::read_pieces).
-    pub fn slices(&self, global: &GlobalStep, piece: &Piece<'_>) -> Result<Vec<ChunkSlice>> {
+    /// Does the work of [`Remote::slices`](crate::Remote::slices).
+    pub(crate) fn slices(&self, global: &GlobalStep, piece: &Piece<'_>) -> Result<Vec<ChunkSlice>> {
         self.load_shards(global, std::iter::once(piece.0))?;
         let (rank, name, offset, len) = *piece;
         let mut out = Vec::new();
@@ -277,15 +251,8 @@ impl Remote {
         Ok(out)
     }
 
-    /// [`read_pieces_into`](Self::read_pieces_into), and for each of
-    /// `proved` (byte ranges within the pieces) the proofs of its
-    /// [`slices`](Self::slices), back to back, made from each chunk once
-    /// it is checked: what a rank handing those bytes on sends with them.
-    ///
-    /// # Errors
-    /// As [`read_pieces_into`](Self::read_pieces_into), and
-    /// [`Error::InvalidCheckpoint`] for a range outside the pieces.
-    pub fn read_pieces_proving(
+    /// Does the work of [`Remote::read_pieces_proving`](crate::Remote::read_pieces_proving).
+    pub(crate) fn read_pieces_proving(
         &self,
         global: &GlobalStep,
         pieces: &[Piece<'_>],
@@ -349,7 +316,7 @@ impl Remote {
     }
 }
 
-/// The proofs [`Remote::read_pieces_proving`] makes: for each range, the
+/// The proofs [`Remote::read_pieces_proving`](crate::Remote::read_pieces_proving) makes: for each range, the
 /// proof of each of its slices, made when the chunk it lies in arrives (a
 /// slice of a whole chunk has an empty proof, and needs no chunk bytes).
 struct Proofs {
@@ -361,7 +328,7 @@ struct Proofs {
 
 impl Proofs {
     fn new(
-        remote: &Remote,
+        remote: &Reader<'_>,
         global: &GlobalStep,
         proved: &[Piece<'_>],
         index: &HashMap<Hash, usize>,

@@ -7,6 +7,7 @@
 use std::collections::VecDeque;
 
 use crate::remote::bucket::Fetched;
+use crate::remote::read::Reader;
 use futures::{StreamExt, TryStreamExt};
 
 use crate::checkpoint::Incoming;
@@ -14,7 +15,6 @@ use crate::format::layout::packed_slice;
 use crate::format::manifest::{hex, Hash};
 use crate::remote::format::manifest::{RemoteBlob, RemoteManifest, RemotePlace, RemoteTensor};
 use crate::remote::format::pack_format::Object;
-use crate::remote::Remote;
 use crate::{
     CheckpointStore, CommitInfo, Dtype, Error, GradientCheckpoint, Result, SaveRecord, Tensor,
 };
@@ -65,7 +65,7 @@ impl<'a> Want<'a> {
 
 /// A step's blobs, in name order, read batch by batch.
 pub(crate) struct Blobs<'r> {
-    remote: &'r Remote,
+    remote: Reader<'r>,
     step: u64,
     /// The manifest's blobs are `pending`; this says where chunks lie.
     locator: RemoteManifest,
@@ -77,7 +77,7 @@ pub(crate) struct Blobs<'r> {
 impl<'r> Blobs<'r> {
     /// The blobs of `m`; its packed chunk is fetched now.
     pub(crate) fn of(
-        remote: &'r Remote,
+        remote: Reader<'r>,
         m: &RemoteManifest,
         progress: &mut dyn FnMut(u64),
     ) -> Result<Self> {
@@ -157,7 +157,7 @@ impl<'r> Blobs<'r> {
     }
 }
 
-impl Remote {
+impl Reader<'_> {
     /// The packed chunk of `m` (checked), empty if it has none.
     pub(crate) fn fetch_packed(
         &self,
@@ -310,7 +310,7 @@ impl Remote {
         m: RemoteManifest,
         progress: &mut dyn FnMut(u64),
     ) -> Result<GradientCheckpoint> {
-        let mut blobs = Blobs::of(self, &m, progress)?;
+        let mut blobs = Blobs::of(*self, &m, progress)?;
         let mut ckpt = skeleton(m)?;
         while let Some((name, blob, data)) = blobs.next_blob(progress)? {
             match incoming(ckpt.step, name, &blob)? {
@@ -339,7 +339,7 @@ impl Remote {
             .iter()
             .map(|(name, blob)| incoming(step, name.clone(), blob))
             .collect::<Result<_>>()?;
-        let mut blobs = Blobs::of(self, &m, progress)?;
+        let mut blobs = Blobs::of(*self, &m, progress)?;
         let ckpt = skeleton(m)?;
         std::thread::scope(|s| {
             let (tx, rx) = std::sync::mpsc::sync_channel::<Result<(Vec<u8>, u64)>>(1);

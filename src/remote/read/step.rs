@@ -9,7 +9,8 @@ use crate::remote::format::hash::HexHash;
 use crate::remote::format::layout::{GlobalManifest, ShardName, MAX_MANIFEST_BYTES};
 use crate::remote::format::manifest::RemoteManifest;
 use crate::remote::format::pack_format::Object;
-use crate::remote::{Commit, Remote};
+use crate::remote::read::Reader;
+use crate::remote::Commit;
 use crate::{Error, Result, SaveRecord, StepSummary};
 
 /// A complete step's manifests.
@@ -142,7 +143,7 @@ fn verdict<T>(read: std::result::Result<T, Unsound>) -> Result<Checked<T>> {
     }
 }
 
-impl Remote {
+impl Reader<'_> {
     /// What `commit` stands for, if its manifest is there, hashes right, is
     /// one this build reads, passes [`RemoteManifest::check`], and (given
     /// the bucket's chunks) names only chunks that are there; for a global
@@ -308,14 +309,8 @@ impl Remote {
         Ok((bytes, url))
     }
 
-    /// The steps that have commits none of which checks out (a manifest
-    /// missing, damaged or refused by its checks, a chunk missing), each
-    /// with why its newest commit does not: listings skip them, `verify`
-    /// reports them as damaged.
-    ///
-    /// # Errors
-    /// [`BucketError::Request`](crate::BucketError::Request) when the bucket fails.
-    pub fn skipped_steps(&self) -> Result<Vec<(u64, String)>> {
+    /// Does the work of [`Remote::skipped_steps`](crate::Remote::skipped_steps).
+    pub(crate) fn skipped_steps(&self) -> Result<Vec<(u64, String)>> {
         Ok(self.sort_steps()?.1)
     }
 
@@ -346,7 +341,7 @@ impl Remote {
     }
 }
 
-impl Remote {
+impl Reader<'_> {
     /// `m` (read from `url`) as step `step`'s manifest, if it passes its
     /// checks and (given the bucket's chunks and packs) names only objects
     /// that are there; else why not, naming the object missing by its URL.

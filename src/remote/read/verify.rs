@@ -5,43 +5,20 @@ use std::collections::HashSet;
 use crate::format::manifest::Hash;
 use crate::remote::format::manifest::RemoteManifest;
 use crate::remote::read::restore::{blob_chunks, tail};
-use crate::remote::Remote;
+use crate::remote::read::Reader;
 use crate::{Error, Result, VerifyReport};
 
 /// Chunks of a step fetched (and dropped) at once while verifying.
 const VERIFY_BATCH_BYTES: usize = 32 << 20;
 
-impl Remote {
-    /// Read every step in the bucket and check every hash, as readers get
-    /// it: each step's newest commit that checks out (its manifest there,
-    /// hashing right and consistent: lengths, counts, names, see the caps
-    /// in the crate docs; every object it names there), and each chunk it
-    /// names. Older commits of a step (superseded by a save again) are not
-    /// judged: readers never take them. A step none of whose commits
-    /// checks out, or whose chunks fail their hash, is reported in
-    /// [`VerifyReport::damaged`] with the object at fault; `Err` means the
-    /// bucket could not be read at all. Reads every chunk once per step, a
-    /// batch of chunks in memory at a time.
-    ///
-    /// ```
-    /// use ckptstore::{CheckpointStore, ComputationGraphStore, GradientCheckpoint, Remote};
-    /// # let dir = tempfile::tempdir()?;
-    /// # let store = CheckpointStore::open(dir.path().join("run.ckpt"))?;
-    /// # let remote = Remote::open(&format!("file://{}", dir.path().join("bucket").display()))?;
-    /// store.commit(&GradientCheckpoint::new(ComputationGraphStore::new(), 1))?;
-    /// remote.push(&store)?;
-    /// let report = remote.verify()?;
-    /// assert!(report.is_ok());
-    /// assert_eq!(report.steps_ok, 1);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn verify(&self) -> Result<VerifyReport> {
+impl Reader<'_> {
+    /// Does the work of [`Remote::verify`](crate::Remote::verify).
+    pub(crate) fn verify(&self) -> Result<VerifyReport> {
         self.verify_with(&mut |_, _| {})
     }
 
-    /// [`verify`](Self::verify), calling `progress(step, bytes)` after each
-    /// step is checked.
-    pub fn verify_with(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<VerifyReport> {
+    /// Does the work of [`Remote::verify_with`](crate::Remote::verify_with).
+    pub(crate) fn verify_with(&self, progress: &mut dyn FnMut(u64, u64)) -> Result<VerifyReport> {
         let mut report = VerifyReport::default();
         let commits = self.commits()?;
         if commits.is_empty() {

@@ -15,7 +15,8 @@ use std::collections::{BTreeMap, HashSet};
 
 use crate::engine::{Pushed, Remembered};
 use crate::format::manifest::Hash;
-use crate::remote::{Commit, Remote};
+use crate::remote::read::Reader;
+use crate::remote::Commit;
 use crate::Result;
 
 /// What a push knows of the bucket.
@@ -57,7 +58,7 @@ impl Knowledge {
     /// made under the bucket's mark `mark` (and this is no repair), else a
     /// listing.
     pub(crate) fn of(
-        remote: &Remote,
+        remote: &Reader<'_>,
         remembered: Option<Remembered>,
         mark: &[u8],
         repair: bool,

@@ -21,7 +21,7 @@ use crate::format::manifest::Hash;
 use crate::remote::coordination::locks::Lock;
 use crate::remote::format::hash::HexHash;
 use crate::remote::format::pack_format::{pack_name, Location, PackIndex, RemotePack};
-use crate::remote::Remote;
+use crate::remote::write::Writer;
 use crate::{Error, Result};
 
 /// Packs uploaded at once, each held in memory while it goes.
@@ -130,7 +130,7 @@ pub(crate) struct Packed {
 /// Reads piece number `i` of what is being packed.
 pub(crate) type ReadPiece<'r> = dyn FnMut(usize) -> Result<Bytes> + 'r;
 
-impl Remote {
+impl Writer<'_> {
     /// Put `pieces` (chunks: hash, length) in the bucket's packs under the
     /// push lock `lock`, the bucket's collection mark `mark` read under it: those this remote knows are there stay where
     /// they are, the rest go into new packs, each piece read by `read`

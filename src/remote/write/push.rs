@@ -34,10 +34,11 @@ use crate::remote::format::layout::encode;
 use crate::remote::format::manifest::RemoteManifest;
 use crate::remote::format::pack_format::MANIFEST_FORMAT_PACKS;
 use crate::remote::write::knowledge::{Knowledge, Verdict};
-use crate::remote::{Commit, Remote};
+use crate::remote::write::Writer;
+use crate::remote::Commit;
 use crate::{CheckpointStore, GradientCheckpoint, Result, StepInfo};
 
-/// What [`Remote::push`] did.
+/// What [`Remote::push`](crate::Remote::push) did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PushReport {
@@ -83,43 +84,14 @@ impl Done {
     }
 }
 
-impl Remote {
-    /// Upload every committed step of `store` that this bucket lacks, deduplicated by content
-    /// against everything in the bucket. Idempotent and resumable: rerun
-    /// after any failure or kill, it finishes the job without uploading
-    /// again what landed. A step that the bucket's retention deleted
-    /// ([`Remote::apply_retention`]) is not uploaded again.
-    ///
-    /// ```
-    /// use ckptstore::{CheckpointStore, ComputationGraphStore, GradientCheckpoint, Remote};
-    /// # let dir = tempfile::tempdir()?;
-    /// let store = CheckpointStore::open(dir.path().join("run.ckpt"))?;
-    /// let mut ckpt = GradientCheckpoint::new(ComputationGraphStore::new(), 1);
-    /// ckpt.set_optimizer_state("adam_m", vec![7u8; 1 << 20]);
-    /// store.commit(&ckpt)?;
-    ///
-    /// let bucket = dir.path().join("bucket");
-    /// let remote = Remote::open(&format!("file://{}", bucket.display()))?;
-    /// let report = remote.push(&store)?;
-    /// assert_eq!(report.steps_pushed, vec![1]);
-    /// assert_eq!(remote.push(&store)?.steps_present, 1); // nothing to do
-    /// assert_eq!(remote.get(1)?, Some(ckpt));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    ///
-    /// # Errors
-    /// [`BucketError::Request`](crate::BucketError::Request) when the bucket cannot be reached or refuses a
-    /// request (after bounded retries); [`BucketError::Busy`](crate::BucketError::Busy) when a
-    /// garbage collection of the bucket holds its lock for longer than the
-    /// grace period; store errors as for reads.
-    pub fn push(&self, store: &CheckpointStore) -> Result<PushReport> {
+impl Writer<'_> {
+    /// Does the work of [`Remote::push`](crate::Remote::push).
+    pub(crate) fn push(&self, store: &CheckpointStore) -> Result<PushReport> {
         self.push_with(store, &mut |_, _| true)
     }
 
-    /// [`push`](Self::push), calling `progress(step, bytes_uploaded)` after
-    /// each chunk lands and each step is done (for progress bars); the push
-    /// stops early, with what it did so far, when `progress` returns false.
-    pub fn push_with(
+    /// Does the work of [`Remote::push_with`](crate::Remote::push_with).
+    pub(crate) fn push_with(
         &self,
         store: &CheckpointStore,
         progress: &mut dyn FnMut(u64, u64) -> bool,
@@ -127,12 +99,8 @@ impl Remote {
         self.with_push_lock(|lock| self.push_locked(store, lock, progress, false))
     }
 
-    /// [`push`](Self::push) that lists the bucket rather than trust what the
-    /// store remembers of it, so that it also repairs steps whose chunks,
-    /// packs or manifests were deleted by hand (a plain push notices only
-    /// what a garbage collection deleted). Costs a listing of the bucket and
-    /// a GET of each step's manifest.
-    pub fn repair(&self, store: &CheckpointStore) -> Result<PushReport> {
+    /// Does the work of [`Remote::repair`](crate::Remote::repair).
+    pub(crate) fn repair(&self, store: &CheckpointStore) -> Result<PushReport> {
         self.with_push_lock(|lock| self.push_locked(store, lock, &mut |_, _| true, true))
     }
 
