@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from ckptstore import _fan_out
+from ckptstore import _fan_plan
 from test_dcp import run
 
 # Stripes of one chunk: the 1.3 MB tensor takes several phases.
@@ -123,9 +123,9 @@ def _covered(pieces):
 def test_the_plan_reads_each_byte_once_and_gives_each_rank_what_it_needs(seed, restricted, monkeypatch):
     # `restricted`: each shard may be read only by some ranks (the local
     # tier's holders of it), as `readers` says.
-    monkeypatch.setattr(_fan_out, "STRIPE", 64)
-    monkeypatch.setattr(_fan_out, "WINDOW", 48)
-    monkeypatch.setattr(_fan_out, "LEAST", 4)
+    monkeypatch.setattr(_fan_plan, "STRIPE", 64)
+    monkeypatch.setattr(_fan_plan, "WINDOW", 48)
+    monkeypatch.setattr(_fan_plan, "LEAST", 4)
     rnd = random.Random(seed)
     world = rnd.randint(2, 6)
     entries = [(rnd.randrange(world), f"e{i}", rnd.randint(1, 400)) for i in range(rnd.randint(1, 5))]
@@ -141,7 +141,7 @@ def test_the_plan_reads_each_byte_once_and_gives_each_rank_what_it_needs(seed, r
     if restricted:
         readers = {src: rnd.sample(range(world), rnd.randint(1, world)) for src in range(world)}
         nodes = [rank // rnd.randint(1, 2) for rank in range(world)]
-    plans = _fan_out.plan(needs, readers, nodes)
+    plans = _fan_plan.plan(needs, readers, nodes)
     assert len({len(p.phases) for p in plans}) == 1  # every rank, as many phases
     if readers is not None:
         for rank, p in enumerate(plans):
@@ -157,7 +157,7 @@ def test_the_plan_reads_each_byte_once_and_gives_each_rank_what_it_needs(seed, r
             got += ph.keep + [r for part in ph.takes for r in part.ranges]
             for part in ph.takes:  # what a peer sends in that phase, cut alike
                 sent = plans[part.peer].phases[j].sends
-                assert _fan_out.Part(rank, part.ranges, part.size) in sent
+                assert _fan_plan.Part(rank, part.ranges, part.size) in sent
                 assert _covered(part.ranges) <= _covered(plans[part.peer].phases[j].reads)
         assert sorted(b for r in got for b in _covered([r])) == sorted(_covered(needs[rank]))
     # The bytes are spread: no rank reads more than its share and a stripe.
@@ -182,20 +182,20 @@ def test_a_stripe_no_rank_needing_it_holds_is_read_on_the_node_that_needs_it():
     needs = [[], [], [], [(0, "e", 0, 100)]]
     readers = {0: [0, 2], 1: [1, 3], 2: [2, 0], 3: [3, 1]}
     for nodes, reader in (([0, 0, 1, 1], 2), (None, 0)):
-        plans = _fan_out.plan(needs, readers, nodes)
+        plans = _fan_plan.plan(needs, readers, nodes)
         assert [r for r, p in enumerate(plans) if any(ph.reads for ph in p.phases)] == [reader]
         assert [part.peer for ph in plans[3].phases for part in ph.takes] == [reader]
     # Needed on both nodes (ranks 3 and 4 on node 0, rank 0 on node 1),
     # held on both by ranks that do not need it: read on node 0.
     piece = (2, "e", 0, 100)
     needs = [[piece], [], [], [piece], [piece], []]
-    plans = _fan_out.plan(needs, {2: [1, 5]}, [1, 1, 1, 0, 0, 0])
+    plans = _fan_plan.plan(needs, {2: [1, 5]}, [1, 1, 1, 0, 0, 0])
     assert [r for r, p in enumerate(plans) if any(ph.reads for ph in p.phases)] == [5]
 
 
 def test_a_plan_with_a_shard_no_rank_may_read_is_refused():
     with pytest.raises(ValueError, match="no rank may read rank 1's shard"):
-        _fan_out.plan([[(1, "e", 0, 10)], []], {0: [0], 1: []})
+        _fan_plan.plan([[(1, "e", 0, 10)], []], {0: [0], 1: []})
 
 
 def test_a_striped_load_asks_garage_for_fewer_ranges():

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from ckptstore import _fan_out, _proofs, _targets
+from ckptstore import _fan_plan, _proofs, _targets
 from ckptstore.dcp import StorageWriter
 
 
@@ -44,7 +44,7 @@ def _check(ranges, slices, parts, size):
     checks = _proofs.Checks(ranges, slices)
     lengths = _proofs.interleave(_proofs.proof_lens(slices), [r[3] for r in ranges])
     assert lengths == [len(p) for p in parts]
-    for message in _fan_out.cut(lengths, size):
+    for message in _fan_plan.cut(lengths, size):
         for i, at, n in message:
             part = parts[i][at : at + n]
             (checks.proof if i % 2 == 0 else checks.data)(i // 2, part)

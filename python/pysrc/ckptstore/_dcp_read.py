@@ -15,7 +15,7 @@ from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
-from . import _dcp_json, _fan_out
+from . import _dcp_json, _fan_out, _fan_plan
 from ._ckptstore import dcp_box_span
 from ._convert import step_number
 from ._dcp_json import Where
@@ -124,10 +124,10 @@ class StorageReader(_storage.StorageReader):
     def prepare_global_plan(self, plans: List[LoadPlan]) -> List[LoadPlan]:
         # The coordinator's save is the load's: every rank reads it; and,
         # fanned out, the stripes each rank reads and hands on.
-        fans: List[Optional[_fan_out.FanPlan]] = [None] * len(plans)
+        fans: List[Optional[_fan_plan.FanPlan]] = [None] * len(plans)
         if self._fans_out(len(plans)):
             needs = [[self._piece(i, self._where[i.storage_index])[0] for i in p.items] for p in plans]
-            fans = [fan for fan in _fan_out.plan(needs, self._from.readers, self._from.nodes)]
+            fans = [fan for fan in _fan_plan.plan(needs, self._from.readers, self._from.nodes)]
         return [
             dataclasses.replace(p, storage_data=(self._resolved, self._commit, fan)) for p, fan in zip(plans, fans)
         ]

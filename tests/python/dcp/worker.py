@@ -20,7 +20,7 @@ phase's stripes once it has read and checked them (a fault in its
 memory), before it hands them on;
 CKPT_PG_TIMEOUT=S is the groups' timeout in seconds (default 60).
 CKPT_MANY=N adds N tensors of 64 KiB; CKPT_WINDOW=B sets the bytes a
-striped load has in transit each way (_fan_out.WINDOW); with
+striped load has in transit each way (_fan_plan.WINDOW); with
 CKPT_TRACE=1 a load prints "peak <bytes>", the most memory Python and
 numpy held during dcp.load (tracemalloc; tensors are torch's, not
 counted).
@@ -86,10 +86,11 @@ def count_reads(rank):
     and die or fail at its first read where the environment says."""
     import ckptstore
     import ckptstore._fan_out
+    import ckptstore._fan_plan
     from ckptstore._ckptstore import CHUNK_BYTES
 
     if os.environ.get("CKPT_STRIPE_CHUNKS"):
-        ckptstore._fan_out.STRIPE = int(os.environ["CKPT_STRIPE_CHUNKS"]) * CHUNK_BYTES
+        ckptstore._fan_plan.STRIPE = int(os.environ["CKPT_STRIPE_CHUNKS"]) * CHUNK_BYTES
     read = [0]
     die = os.environ.get("CKPT_DIE_IN_READ") == str(rank)
     fail = os.environ.get("CKPT_FAIL_IN_READ") == str(rank)
@@ -196,9 +197,9 @@ def main():
 
         ckptstore._targets.BATCH_BYTES = 256 << 10
         if os.environ.get("CKPT_WINDOW"):
-            import ckptstore._fan_out
+            import ckptstore._fan_plan
 
-            ckptstore._fan_out.WINDOW = int(os.environ["CKPT_WINDOW"])
+            ckptstore._fan_plan.WINDOW = int(os.environ["CKPT_WINDOW"])
         read = count_reads(rank)
         loaded = state(mesh, salt, empty=True)
         fan_out = os.environ.get("CKPT_FAN_OUT") != "0"
