@@ -103,7 +103,7 @@ pub use graph::{ComputationGraphStore, ComputationNode};
 pub use options::{Durability, DEFAULT_PACK_THRESHOLD};
 #[cfg(feature = "remote")]
 pub use remote::{
-    BucketError, EntryInfo, GcReport, GlobalStep, Piece, PushReport, Remote, ShardInfo,
+    BucketError, EntryInfo, GcReport, GlobalStep, Piece, PushReport, Remote, ShardHash, ShardInfo,
     ShardStatus, ShardUpload, DEFAULT_GRACE_PERIOD, DEFAULT_PACK_BYTES, DEFAULT_RETRY_WINDOW,
     MAX_MANIFEST_BYTES, MAX_WORLD_SIZE,
 };

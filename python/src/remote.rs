@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use ckptstore::{Remote, ShardUpload};
+use ckptstore::{Remote, ShardHash, ShardUpload};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -165,6 +165,7 @@ impl RawRemote {
         let Some(shards) = commit else {
             return self.shard_call(py, shard, &tensors, ckpt, ShardUpload::Manifest);
         };
+        let shards = shard_names(shard.0, &shards, Some(shard.1)).map_err(py_err)?;
         let borrowed = borrowed(&tensors)?;
         let info = py
             .detach(|| {
@@ -235,6 +236,8 @@ impl RawRemote {
 
     /// Complete global step `step` with exactly these shards, by rank.
     fn commit_global(&self, py: Python<'_>, step: u64, shards: Vec<String>) -> PyResult<()> {
+        let named = shard_names(step, &shards, None).map_err(py_err)?;
+        let shards: Vec<ShardHash> = named.into_iter().flatten().collect();
         py.detach(|| self.remote.commit_global(step, &shards))
             .map_err(py_err)
     }
@@ -451,6 +454,31 @@ impl RawRemote {
 }
 
 /// Pieces as Python passes them, as the library takes them.
+/// The shards of a global step as Python names them (their hashes in hex,
+/// by rank), decoded: `own`'s entry is not read (None), every other must
+/// be a hash.
+fn shard_names(
+    step: u64,
+    names: &[String],
+    own: Option<u32>,
+) -> ckptstore::Result<Vec<Option<ShardHash>>> {
+    names
+        .iter()
+        .zip(0u32..)
+        .map(|(name, rank)| {
+            if Some(rank) == own {
+                return Ok(None);
+            }
+            ShardHash::from_hex(name)
+                .map(Some)
+                .ok_or_else(|| ckptstore::Error::InvalidCheckpoint {
+                    step,
+                    reason: format!("shard {rank}: {name:?} is not a hash"),
+                })
+        })
+        .collect()
+}
+
 fn piece_refs(pieces: &[(u32, String, u64, u64)]) -> Vec<ckptstore::Piece<'_>> {
     pieces
         .iter()

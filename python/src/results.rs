@@ -273,7 +273,7 @@ impl From<&ckptstore::ShardInfo> for ShardInfo {
             bytes_uploaded: i.bytes_uploaded,
             bytes_skipped: i.bytes_skipped,
             complete: i.complete,
-            shard: i.shard.clone(),
+            shard: i.shard.to_string(),
         }
     }
 }

@@ -159,6 +159,22 @@ def test_absurd_world_sizes_are_refused():
     assert remote.shard(1, ckptstore.MAX_WORLD_SIZE).world_size == ckptstore.MAX_WORLD_SIZE
 
 
+def test_a_shard_name_that_is_no_hash_is_refused_before_anything_is_written(tmp_path):
+    remote = ckptstore.Remote(f"file://{tmp_path}/bucket")
+    state = {"w": np.arange(1000, dtype=np.float32)}
+    own = remote.upload_shard(1, 0, 2, state).shard
+    for bad in ["x", own.upper(), own[:-1], ""]:
+        with pytest.raises(ValueError, match=r"shard 1: .* is not a hash"):
+            remote.commit_global(1, [own, bad])
+        with pytest.raises(ValueError, match=r"shard 1: .* is not a hash"):
+            remote.upload_shard(2, 0, 2, state, commit=["", bad])
+    assert remote.steps() == []
+    # This rank's own entry is not read: any string will do.
+    other = remote.upload_shard(2, 1, 2, state).shard
+    remote.upload_shard(2, 0, 2, state, commit=["not read", other])
+    assert remote.steps() == [2]
+
+
 # Peak memory of reading 256 MiB of a global step into arrays allocated
 # before: each chunk is placed as it arrives and let go, so the peak grows
 # by the downloads in flight, not by the step (it grew by all of it when

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use ckptstore::{ComputationGraphStore, Error, GradientCheckpoint, Remote};
+use ckptstore::{ComputationGraphStore, Error, GradientCheckpoint, Remote, ShardHash};
 use object_store::memory::InMemory;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
@@ -22,7 +22,7 @@ fn shard(step: u64, fill: u8, len: usize) -> GradientCheckpoint {
     c
 }
 
-fn upload_all(remote: &Remote, step: u64, world: u32, fill: u8) -> Result<Vec<String>> {
+fn upload_all(remote: &Remote, step: u64, world: u32, fill: u8) -> Result<Vec<ShardHash>> {
     (0..world)
         .map(|r| {
             Ok(remote
@@ -86,9 +86,9 @@ fn commit_global_refuses_shards_that_are_not_there_and_whole() -> Result {
     let memory = Arc::new(InMemory::new());
     let remote = Remote::with_store(memory.clone(), "c", "mem://c")?;
     let mut names = upload_all(&remote, 2, 2, 0)?;
-    let absent = "ab".repeat(32);
+    let absent = ShardHash::from_hex(&"ab".repeat(32)).expect("a name");
     let e = remote
-        .commit_global(2, &[names[0].clone(), absent])
+        .commit_global(2, &[names[0], absent])
         .expect_err("a shard that is not there");
     assert!(matches!(e, Error::Corrupt { step: Some(2), .. }), "{e}");
     // A pack deleted by hand: the coordinator asks one object per rank
@@ -269,7 +269,7 @@ fn manifests_keep_their_bytes() -> Result {
         .map(|e| Ok(e?.file_name().to_string_lossy().into_owned()))
         .collect::<std::io::Result<_>>()?;
     assert_eq!(
-        shard,
+        shard.to_string(),
         "0dd7433b03753090770b78c3f77b42ee6db891a7c79e373c7690bf95ef0c85b6"
     );
     assert_eq!(
@@ -323,7 +323,7 @@ fn borrowed_tensors_upload_the_same_shard() -> Result {
         remote.upload_shard_borrowed((5, 0, 1), &skeleton, &borrowed, ShardUpload::Manifest)?;
     // The name manifests_keep_their_bytes pins for the owned shard.
     assert_eq!(
-        info.shard,
+        info.shard.to_string(),
         "0dd7433b03753090770b78c3f77b42ee6db891a7c79e373c7690bf95ef0c85b6"
     );
     assert!(

@@ -3,7 +3,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use ckptstore::{CheckpointStore, Remote, Retention, StoreOptions};
+use ckptstore::{CheckpointStore, Remote, Retention, ShardHash, StoreOptions};
 
 use super::{checkpoint, store_with, Result};
 
@@ -349,7 +349,7 @@ fn a_global_step_is_repacked_shard_by_shard() -> Result {
         Ok(c)
     };
     for step in 1..=3 {
-        let names: Vec<String> = (0..2)
+        let names: Vec<ShardHash> = (0..2)
             .map(|rank| {
                 Ok(remote
                     .upload_shard(step, rank, 2, &shard(step, rank)?)?

@@ -60,6 +60,38 @@ impl fmt::Debug for HexHash {
     }
 }
 
+/// A shard's name in a global step: the BLAKE3 hash of the bytes of its
+/// manifest, as [`ShardInfo::shard`](crate::ShardInfo::shard) gives it
+/// and [`Remote::commit_global`](crate::Remote::commit_global) takes it.
+/// Shown (`Display`) as 64 lowercase hex digits, and read back from them
+/// by [`from_hex`](Self::from_hex).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ShardHash(pub(crate) Hash);
+
+impl ShardHash {
+    /// The hash's 32 bytes.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// The name `Display` shows as `hex`: 64 lowercase hex digits, or None.
+    pub fn from_hex(hex: &str) -> Option<ShardHash> {
+        parse_hex(hex).map(ShardHash)
+    }
+}
+
+impl fmt::Display for ShardHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&hex(&self.0))
+    }
+}
+
+impl fmt::Debug for ShardHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ShardHash({self})")
+    }
+}
+
 impl Serialize for HexHash {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&hex(&self.0))
@@ -110,5 +142,18 @@ mod tests {
         // the order they were written in.
         let (lo, hi) = (HexHash([0x0f; 32]), HexHash([0xa0; 32]));
         assert!(lo < hi && lo.to_string() < hi.to_string());
+    }
+
+    #[test]
+    fn a_shard_name_reads_back_from_what_it_shows() {
+        let name = ShardHash([0x5c; 32]);
+        assert_eq!(ShardHash::from_hex(&name.to_string()), Some(name));
+        assert_eq!(
+            format!("{name:?}"),
+            format!("ShardHash({})", "5c".repeat(32))
+        );
+        for bad in ["5C".repeat(32), "5c".repeat(31), String::new(), "x".into()] {
+            assert_eq!(ShardHash::from_hex(&bad), None, "{bad}");
+        }
     }
 }

@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use crate::engine::plan::{check_borrowed, Plan};
 use crate::format::manifest::{hex, Hash};
+use crate::remote::format::hash::ShardHash;
 use crate::remote::format::layout::{encode, GlobalManifest, ShardName, MAX_WORLD_SIZE};
 use crate::remote::global::shards::ShardUpload;
 use crate::remote::global::Coordinator;
@@ -69,8 +70,9 @@ impl Coordinator<'_> {
     }
 
     /// Does the work of [`Remote::commit_global`](crate::Remote::commit_global).
-    pub(crate) fn commit_global(&self, step: u64, shards: &[String]) -> Result<()> {
-        let ids = shard_ids(step, shards, None)?;
+    pub(crate) fn commit_global(&self, step: u64, shards: &[ShardHash]) -> Result<()> {
+        let named: Vec<Option<ShardHash>> = shards.iter().copied().map(Some).collect();
+        let ids = shard_ids(step, &named, None)?;
         self.with_push_lock(|_| self.commit_locked(step, &ids, None))
     }
 
@@ -80,7 +82,7 @@ impl Coordinator<'_> {
         (step, rank, world_size): (u64, u32, u32),
         ckpt: &GradientCheckpoint,
         tensors: &BTreeMap<String, TensorRef<'_>>,
-        shards: &[String],
+        shards: &[Option<ShardHash>],
     ) -> Result<ShardInfo> {
         check_borrowed(ckpt, tensors)?;
         let plan = Plan::with_borrowed(ckpt, tensors);
@@ -96,7 +98,7 @@ impl Coordinator<'_> {
             let info =
                 self.put_shard(step, rank, world_size, &plan, lock, ShardUpload::Manifest)?;
             let own = &mut ids[rank as usize];
-            own.hash = info.hash;
+            own.hash = info.shard.0;
             self.commit_locked(step, &ids, Some(rank))?;
             Ok(info)
         })
@@ -137,8 +139,9 @@ impl Coordinator<'_> {
 }
 
 /// The shards of a global step as `commit_global` is given them, by rank;
-/// `own`'s entry is not read (its hash is filled in once uploaded).
-fn shard_ids(step: u64, shards: &[String], own: Option<u32>) -> Result<Vec<ShardName>> {
+/// `own`'s entry is not read (its hash is filled in once uploaded), and
+/// every other rank's must name a shard.
+fn shard_ids(step: u64, shards: &[Option<ShardHash>], own: Option<u32>) -> Result<Vec<ShardName>> {
     let invalid = |reason: String| Error::InvalidCheckpoint { step, reason };
     let world_size = u32::try_from(shards.len())
         .ok()
@@ -153,11 +156,10 @@ fn shard_ids(step: u64, shards: &[String], own: Option<u32>) -> Result<Vec<Shard
         .iter()
         .zip(0..)
         .map(|(name, rank)| {
-            let hash: Hash = if Some(rank) == own {
-                Hash::default()
-            } else {
-                crate::remote::format::layout::parse_hex(name)
-                    .ok_or_else(|| invalid(format!("shard {rank}: {name:?} is not a hash")))?
+            let hash: Hash = match name {
+                _ if Some(rank) == own => Hash::default(),
+                Some(name) => name.0,
+                None => return Err(invalid(format!("shard {rank}: no shard named"))),
             };
             Ok(ShardName {
                 rank,

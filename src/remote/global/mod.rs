@@ -9,6 +9,7 @@ pub(crate) mod shards;
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use crate::remote::format::hash::ShardHash;
 use crate::remote::global::shards::{ShardInfo, ShardStatus, ShardUpload};
 use crate::remote::read::pieces::GlobalStep;
 use crate::remote::write::Writer;
@@ -129,7 +130,7 @@ impl Remote {
     /// that is not a hash; [`Error::Corrupt`](crate::Error::Corrupt) naming the shard when one is
     /// missing, damaged or names a chunk the bucket lacks;
     /// [`BucketError::Request`](crate::BucketError::Request) when the bucket fails.
-    pub fn commit_global(&self, step: u64, shards: &[String]) -> Result<()> {
+    pub fn commit_global(&self, step: u64, shards: &[ShardHash]) -> Result<()> {
         self.coordinator().commit_global(step, shards)
     }
 
@@ -150,7 +151,7 @@ impl Remote {
         (step, rank, world_size): (u64, u32, u32),
         ckpt: &GradientCheckpoint,
         tensors: &BTreeMap<String, TensorRef<'_>>,
-        shards: &[String],
+        shards: &[Option<ShardHash>],
     ) -> Result<ShardInfo> {
         self.coordinator()
             .upload_shard_and_commit((step, rank, world_size), ckpt, tensors, shards)

@@ -11,9 +11,10 @@ use std::time::{Duration, Instant};
 
 use crate::engine::hashing::with_known_hashes;
 use crate::engine::plan::Plan;
-use crate::format::manifest::{hex, ChunkRef, Hash};
+use crate::format::manifest::{ChunkRef, Hash};
 use crate::remote::coordination::locks::Lock;
 use crate::remote::format::hash::HexHash;
+use crate::remote::format::hash::ShardHash;
 use crate::remote::format::layout::{encode, GlobalManifest, ShardName, MAX_WORLD_SIZE};
 use crate::remote::format::manifest::{RemoteManifest, RemotePacked};
 use crate::remote::format::pack_format::MANIFEST_FORMAT_PACKS;
@@ -44,11 +45,9 @@ pub struct ShardInfo {
     /// Time from this shard landing to the end of the call: looking for the
     /// other shards and, when all are there, writing the step's commit.
     pub finalize: Duration,
-    /// The shard's name: the hash of its manifest, in hex (what
+    /// The shard's name: the hash of its manifest (what
     /// [`Remote::commit_global`](crate::Remote::commit_global) takes).
-    pub shard: String,
-    /// The same hash, as the crate uses it.
-    pub(crate) hash: Hash,
+    pub shard: ShardHash,
 }
 
 /// Which ranks of a step have landed ([`Remote::shards`](crate::Remote::shards)).
@@ -134,6 +133,12 @@ impl Coordinator<'_> {
         manifest.format = MANIFEST_FORMAT_PACKS;
         (manifest.packs, manifest.index) = (Some(packed.packs), Some(packed.index));
         manifest.check_to_write(step)?;
+        let (bytes, hash) = encode(step, &manifest)?;
+        let id = ShardName {
+            rank,
+            world_size,
+            hash,
+        };
         let mut info = ShardInfo {
             step,
             rank,
@@ -142,16 +147,8 @@ impl Coordinator<'_> {
             bytes_skipped: total.saturating_sub(uploaded),
             complete: false,
             finalize: Duration::ZERO,
-            shard: String::new(),
-            hash: Hash::default(),
+            shard: ShardHash(hash),
         };
-        let (bytes, hash) = encode(step, &manifest)?;
-        let id = ShardName {
-            rank,
-            world_size,
-            hash,
-        };
-        (info.shard, info.hash) = (hex(&hash), hash);
         if then == ShardUpload::ChunksOnly {
             return Ok(info);
         }
