@@ -77,6 +77,7 @@ mod exchange;
 mod file;
 mod format;
 mod graph;
+mod hex;
 mod options;
 mod process;
 #[cfg(feature = "remote")]

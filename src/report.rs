@@ -123,17 +123,13 @@ impl ContentDigest {
     /// The digest that `Display` shows as `hex`: 64 lowercase hex digits,
     /// or None.
     pub fn from_hex(hex: &str) -> Option<Self> {
-        let lower = hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
-        lower
-            .then(|| blake3::Hash::from_hex(hex).ok())
-            .flatten()
-            .map(|h| Self(*h.as_bytes()))
+        crate::hex::decode(hex).map(Self)
     }
 }
 
 impl std::fmt::Display for ContentDigest {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(blake3::Hash::from_bytes(self.0).to_hex().as_str())
+        f.write_str(&crate::hex::encode(&self.0))
     }
 }
 

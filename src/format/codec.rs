@@ -154,5 +154,5 @@ impl<'a> Reader<'a> {
 
 /// Lowercase hex of a hash, for messages and format 1's JSON.
 pub(crate) fn hex(hash: &Hash) -> String {
-    blake3::Hash::from_bytes(*hash).to_hex().to_string()
+    crate::hex::encode(hash)
 }

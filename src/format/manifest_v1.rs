@@ -85,6 +85,9 @@ pub(crate) fn decode(step: u64, json: &[u8]) -> Result<Manifest> {
     })
 }
 
+/// A hash in format 1's JSON, read as format 1 always read it (either
+/// case of hex digits), so that no store that opened before fails to now;
+/// everything written since uses `crate::hex`'s one form.
 fn parse_hex<E: serde::de::Error>(text: &str) -> std::result::Result<Hash, E> {
     blake3::Hash::from_hex(text.as_bytes())
         .map(|h| *h.as_bytes())

@@ -24,22 +24,7 @@ impl HexHash {
 
 /// The bytes 64 lowercase hex digits spell; None for anything else.
 pub(crate) fn parse_hex(s: &str) -> Option<Hash> {
-    fn digit(c: u8) -> Option<u8> {
-        match c {
-            b'0'..=b'9' => Some(c - b'0'),
-            b'a'..=b'f' => Some(c - b'a' + 10),
-            _ => None,
-        }
-    }
-    let bytes = s.as_bytes();
-    if bytes.len() != 64 {
-        return None;
-    }
-    let mut out = [0u8; 32];
-    for (byte, pair) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-        *byte = digit(pair[0])? << 4 | digit(pair[1])?;
-    }
-    Some(out)
+    crate::hex::decode(s)
 }
 
 impl From<Hash> for HexHash {
