@@ -7,12 +7,11 @@ use crate::checkpoint::MAX_TEXT_BYTES;
 use crate::format::layout::{chunk_count, small_tail};
 use crate::remote::format::hash::HexHash;
 use crate::remote::format::layout::{
-    GlobalManifest, MANIFEST_FORMAT, MANIFEST_FORMAT_TAILS, MAX_DIMS, MAX_WORLD_SIZE,
+    GlobalManifest, ManifestFormat, MANIFEST_FORMAT, MAX_DIMS, MAX_WORLD_SIZE,
 };
 use crate::remote::format::manifest::{
     RemoteBlob, RemoteManifest, RemotePlace, RemoteTail, RemoteTensor,
 };
-use crate::remote::format::pack_format::MANIFEST_FORMAT_PACKS;
 use crate::{Dtype, Tensor};
 
 impl RemoteManifest {
@@ -31,21 +30,8 @@ impl RemoteManifest {
     /// cannot: checked before anything is allocated from its numbers or
     /// added up. Else the step's logical bytes.
     pub(crate) fn check(&self, step: u64) -> std::result::Result<u64, String> {
-        if ![
-            MANIFEST_FORMAT,
-            MANIFEST_FORMAT_TAILS,
-            MANIFEST_FORMAT_PACKS,
-        ]
-        .contains(&self.format)
-        {
-            return Err(format!(
-                "manifest format {} (this build reads {MANIFEST_FORMAT} to \
-                 {MANIFEST_FORMAT_PACKS})",
-                self.format
-            ));
-        }
         let tails = self.blobs.values().any(|b| b.tail().is_some());
-        if tails && self.format < MANIFEST_FORMAT_TAILS {
+        if tails && self.format < ManifestFormat::Tails {
             return Err(format!(
                 "a blob tail in a manifest of format {}",
                 self.format
@@ -85,12 +71,12 @@ impl RemoteManifest {
     /// formats list no packs.
     fn check_packs(&self) -> std::result::Result<(), String> {
         let (packs, index) = match (&self.packs, &self.index) {
-            (None, None) if self.format != MANIFEST_FORMAT_PACKS => return Ok(()),
-            (Some(packs), Some(index)) if self.format == MANIFEST_FORMAT_PACKS => (packs, index),
+            (None, None) if self.format != ManifestFormat::Packs => return Ok(()),
+            (Some(packs), Some(index)) if self.format == ManifestFormat::Packs => (packs, index),
             _ => {
                 return Err(format!(
-                    "packs and an index belong to manifest format {MANIFEST_FORMAT_PACKS}, \
-                     not {}",
+                    "packs and an index belong to manifest format {}, not {}",
+                    ManifestFormat::Packs,
                     self.format
                 ))
             }
@@ -275,8 +261,18 @@ mod tests {
             .check(1)
             .expect_err("overflow");
         assert!(huge.contains("outside"), "{huge}");
-        let newer = manifest(4, 100, 228, &h).check(1).expect_err("format 4");
-        assert!(newer.contains("manifest format 4"), "{newer}");
+        // A format this build does not know is refused as it is decoded.
+        for unknown in [0, 4, u32::MAX] {
+            let newer = serde_json::from_value::<RemoteManifest>(json(unknown, 100, 228, &h))
+                .expect_err("an unknown format")
+                .to_string();
+            assert!(
+                newer.contains(&format!(
+                    "manifest format {unknown} (this build reads 1 to 3)"
+                )),
+                "{newer}"
+            );
+        }
         let bare = manifest(3, 100, 228, &h).check(1).expect_err("no packs");
         assert!(bare.contains("packs and an index"), "{bare}");
     }

@@ -9,8 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::format::layout::{chunk_lengths, small_tail};
 use crate::format::manifest::{BlobRef, Hash, PackedRef, Placement};
 use crate::remote::format::hash::HexHash;
-use crate::remote::format::layout::{canonical, encode, MANIFEST_FORMAT};
-use crate::remote::format::pack_format::MANIFEST_FORMAT_PACKS;
+use crate::remote::format::layout::{canonical, encode, ManifestFormat};
 use crate::Dtype;
 
 /// Which blobs are tensors: a blob's name to its dtype and shape.
@@ -19,7 +18,7 @@ pub(crate) type TypeOf<'a> = dyn Fn(&str) -> Option<(Dtype, Vec<u64>)> + 'a;
 /// A step's manifest in the bucket.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub(crate) struct RemoteManifest {
-    pub(crate) format: u32,
+    pub(crate) format: ManifestFormat,
     pub(crate) step: u64,
     pub(crate) timestamp: u64,
     pub(crate) loss_cid: Option<String>,
@@ -96,7 +95,7 @@ impl RemoteManifest {
             source: Box::new(e),
         })?;
         Ok(RemoteManifest {
-            format: MANIFEST_FORMAT,
+            format: ManifestFormat::Chunks,
             step: ckpt.step,
             timestamp: ckpt.timestamp,
             loss_cid: ckpt.loss_cid.clone(),
@@ -119,11 +118,11 @@ impl RemoteManifest {
     /// hashes, so that a push that lists the bucket finds the marker.
     pub(crate) fn unpacked_hash(&self) -> crate::Result<Option<Hash>> {
         let tails = self.blobs.values().any(|b| b.tail().is_some());
-        if self.format != MANIFEST_FORMAT_PACKS || tails {
+        if self.format != ManifestFormat::Packs || tails {
             return Ok(None);
         }
         let mut plain = self.clone();
-        (plain.format, plain.packs, plain.index) = (MANIFEST_FORMAT, None, None);
+        (plain.format, plain.packs, plain.index) = (ManifestFormat::Chunks, None, None);
         Ok(Some(encode(self.step, &plain)?.1))
     }
 }
@@ -276,7 +275,7 @@ mod tests {
     fn plain() -> RemoteManifest {
         let h = "ab".repeat(32);
         let json = serde_json::json!({
-            "format": MANIFEST_FORMAT, "step": 7, "timestamp": 3, "loss_cid": null,
+            "format": 1, "step": 7, "timestamp": 3, "loss_cid": null,
             "metrics": {"loss": 0.5}, "graph": {"edges": [], "nodes": {}},
             "blobs": {"w": {"len": 1 << 20, "chunks": [h]}},
             "packed": null,
@@ -289,7 +288,7 @@ mod tests {
         let before = plain();
         let (_, want) = encode(7, &before)?;
         let mut packed = before.clone();
-        packed.format = MANIFEST_FORMAT_PACKS;
+        packed.format = ManifestFormat::Packs;
         packed.packs = Some(vec![RemotePack {
             hash: HexHash([0xcd; 32]),
             len: 1 << 20,

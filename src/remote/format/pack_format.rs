@@ -9,9 +9,6 @@ use serde::{Deserialize, Serialize};
 use crate::format::manifest::Hash;
 use crate::remote::format::hash::HexHash;
 
-/// The version of a shard manifest whose chunks lie in packs.
-pub(crate) const MANIFEST_FORMAT_PACKS: u32 = 3;
-
 /// The size a pack is filled to (a pack holds at least one chunk, so one
 /// larger chunk makes a larger pack): a save costs about one request per
 /// this many bytes.

@@ -16,9 +16,9 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::format::manifest::{hex, Hash};
-use crate::remote::format::layout::{encode, GlobalManifest, ShardName};
+use crate::remote::format::layout::{encode, GlobalManifest, ManifestFormat, ShardName};
 use crate::remote::format::manifest::RemoteManifest;
-use crate::remote::format::pack_format::{Location, MANIFEST_FORMAT_PACKS};
+use crate::remote::format::pack_format::Location;
 use crate::remote::gc::Collector;
 use crate::remote::read::restore::Want;
 use crate::remote::read::step::StepManifest;
@@ -189,7 +189,7 @@ fn names_any(m: &RemoteManifest, doomed: &HashSet<Hash>) -> bool {
 
 /// `m` with its chunks where `moved` says, the others where they were.
 fn relocated(m: &RemoteManifest, moved: &HashMap<Hash, Location>) -> Result<RemoteManifest> {
-    if m.format != MANIFEST_FORMAT_PACKS {
+    if m.format != ManifestFormat::Packs {
         return Ok(m.clone());
     }
     let old: HashMap<Hash, Location> = m.locations().into_iter().collect();

@@ -15,9 +15,10 @@ use crate::format::manifest::{ChunkRef, Hash};
 use crate::remote::coordination::locks::Lock;
 use crate::remote::format::hash::HexHash;
 use crate::remote::format::hash::ShardHash;
-use crate::remote::format::layout::{encode, GlobalManifest, ShardName, MAX_WORLD_SIZE};
+use crate::remote::format::layout::{
+    encode, GlobalManifest, ManifestFormat, ShardName, MAX_WORLD_SIZE,
+};
 use crate::remote::format::manifest::{RemoteManifest, RemotePacked};
-use crate::remote::format::pack_format::MANIFEST_FORMAT_PACKS;
 use crate::remote::global::Coordinator;
 use crate::remote::read::step::StepManifest;
 use crate::remote::BucketError;
@@ -130,7 +131,7 @@ impl Coordinator<'_> {
             lengths.iter().map(|(_, n)| n).sum::<u64>(),
             packed.bytes_uploaded,
         );
-        manifest.format = MANIFEST_FORMAT_PACKS;
+        manifest.format = ManifestFormat::Packs;
         (manifest.packs, manifest.index) = (Some(packed.packs), Some(packed.index));
         manifest.check_to_write(step)?;
         let (bytes, hash) = encode(step, &manifest)?;
