@@ -1,6 +1,6 @@
 //! Object storage: committed steps replicated to a bucket (S3 or a
 //! directory) through the `object_store` crate, and restored from the
-//! bucket alone. See [`layout`] for the names in the bucket.
+//! bucket alone. See [`layout`](format::layout) for the names in the bucket.
 
 mod bucket;
 mod coordination;

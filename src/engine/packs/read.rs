@@ -98,7 +98,7 @@ pub(crate) struct PackReader {
     files: PackFiles,
     /// Set when a pack file fails a check ([`View::pack_fault`]).
     ///
-    /// [`View::pack_fault`]: super::View
+    /// [`View::pack_fault`]: crate::engine::read::View
     faulted: Arc<AtomicBool>,
 }
 

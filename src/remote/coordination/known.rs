@@ -1,4 +1,4 @@
-//! What a [`Remote`] remembers of its bucket's packs: where the chunks it
+//! What a [`Remote`](crate::Remote) remembers of its bucket's packs: where the chunks it
 //! wrote or read lie, under the collection mark of the time
 //! ([`mark`](super::mark)); a new mark makes it forget. Writers
 //! deduplicate against it, readers add what they read to it.
@@ -11,7 +11,7 @@ use crate::remote::format::manifest::RemoteManifest;
 use crate::remote::format::pack_format::Location;
 use crate::{Error, Result};
 
-/// What a [`Remote`] knows is in its bucket: where chunks lie, while the
+/// What a [`Remote`](crate::Remote) knows is in its bucket: where chunks lie, while the
 /// bucket's collection mark is `mark`.
 #[derive(Debug, Default)]
 pub(crate) struct Known {

@@ -16,7 +16,7 @@
 //! half the grace period) may have been taken for dead: before it writes a
 //! commit it rewrites its lock, waits out any collection that started
 //! meanwhile, and checks again (HEAD) that every chunk the step names is
-//! there, uploading what is not ([`Remote::reassert`](crate::Remote::reassert)).
+//! there, uploading what is not ([`Shared::reassert`](super::Shared::reassert)).
 
 use std::time::{Duration, Instant};
 

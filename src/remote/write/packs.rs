@@ -1,12 +1,12 @@
 //! Bucket format 3: a shard's new chunks travel in pack objects of a
-//! target size ([`DEFAULT_PACK_BYTES`]), not one object per chunk. A pack
+//! target size ([`DEFAULT_PACK_BYTES`](crate::DEFAULT_PACK_BYTES)), not one object per chunk. A pack
 //! is its chunks' bytes back to back; it is named by the BLAKE3 hash of
 //! its chunk list ([`pack_name`]), so the name is a function of the bytes
 //! and a rewrite puts the same bytes back. The shard's manifest (format 3)
 //! lists the packs it needs and an index (chunk -> pack, offset); every
 //! chunk is still checked against its own hash when read.
 //!
-//! Deduplication asks the bucket nothing per chunk: a [`Remote`] remembers
+//! Deduplication asks the bucket nothing per chunk: a [`Remote`](crate::Remote) remembers
 //! where the chunks it wrote or read lie ([`Known`](crate::remote::coordination::known::Known)), with the bucket's
 //! collection mark at the time. A garbage collection writes a new mark
 //! before it deletes anything, so a memory whose mark is still the
