@@ -106,7 +106,7 @@ impl Remote {
     /// exactly these shards.
     ///
     /// ```
-    /// use ckptstore::{ComputationGraphStore, GradientCheckpoint, Remote};
+    /// use ckptstore::{ComputationGraphStore, GradientCheckpoint, Remote, ShardHash};
     /// # let dir = tempfile::tempdir()?;
     /// let remote = Remote::open(&format!("file://{}", dir.path().display()))?;
     /// let shard = |rank: u8| {
@@ -115,7 +115,7 @@ impl Remote {
     ///     c.set_optimizer_state("w", vec![rank; 100]);
     ///     c
     /// };
-    /// let names: Vec<String> = (0..2)
+    /// let names: Vec<ShardHash> = (0..2)
     ///     .map(|r| Ok(remote.upload_shard(3, r, 2, &shard(r as u8))?.shard))
     ///     .collect::<ckptstore::Result<_>>()?;
     /// assert_eq!(remote.steps()?, Vec::<u64>::new()); // not before the commit
@@ -126,8 +126,8 @@ impl Remote {
     /// ```
     ///
     /// # Errors
-    /// [`Error::InvalidCheckpoint`](crate::Error::InvalidCheckpoint) for no shards, too many, or a name
-    /// that is not a hash; [`Error::Corrupt`](crate::Error::Corrupt) naming the shard when one is
+    /// [`Error::InvalidCheckpoint`](crate::Error::InvalidCheckpoint) for no shards or too
+    /// many; [`Error::Corrupt`](crate::Error::Corrupt) naming the shard when one is
     /// missing, damaged or names a chunk the bucket lacks;
     /// [`BucketError::Request`](crate::BucketError::Request) when the bucket fails.
     pub fn commit_global(&self, step: u64, shards: &[ShardHash]) -> Result<()> {
