@@ -138,12 +138,15 @@ impl Remote {
     /// coordinator's own shard with [`ShardUpload::Manifest`], then
     /// [`commit_global`](Self::commit_global) of `shards` with this rank's
     /// entry the shard just uploaded (what `shards` holds there is not
-    /// read), under one push lock: a coordinator's save in one lock
-    /// cycle, its own shard not read back. The other ranks' names are
-    /// checked before anything is uploaded.
+    /// read: `None` will do), under one push lock: a coordinator's save in
+    /// one lock cycle, its own shard not read back. Every other rank's
+    /// entry must name its shard; that is checked before anything is
+    /// uploaded.
     ///
     /// # Errors
-    /// As [`upload_shard_borrowed`](Self::upload_shard_borrowed) and
+    /// [`Error::InvalidCheckpoint`](crate::Error::InvalidCheckpoint) for
+    /// another rank's entry `None` or as many entries as ranks not given;
+    /// as [`upload_shard_borrowed`](Self::upload_shard_borrowed) and
     /// [`commit_global`](Self::commit_global); no commit is written if the
     /// upload fails.
     pub fn upload_shard_and_commit(
