@@ -453,7 +453,6 @@ impl RawRemote {
     }
 }
 
-/// Pieces as Python passes them, as the library takes them.
 /// The shards of a global step as Python names them (their hashes in hex,
 /// by rank), decoded: `own`'s entry is not read (None), every other must
 /// be a hash.
@@ -479,6 +478,7 @@ fn shard_names(
         .collect()
 }
 
+/// Pieces as Python passes them, as the library takes them.
 fn piece_refs(pieces: &[(u32, String, u64, u64)]) -> Vec<ckptstore::Piece<'_>> {
     pieces
         .iter()

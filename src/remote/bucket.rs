@@ -114,7 +114,8 @@ impl Bucket {
         })
     }
 
-    /// Retry requests for `window` ([`Remote::with_retry_window`](super::Remote::with_retry_window)).
+    /// Retry requests for `window`
+    /// ([`Remote::with_retry_window`](super::Remote::with_retry_window)).
     pub(crate) fn set_retry_window(&mut self, window: Duration) -> Result<()> {
         if let Some(name) = &self.s3_name {
             self.store = s3::s3_store(name, window)
@@ -143,7 +144,8 @@ impl Bucket {
     }
 
     /// Run `f`, a request for `key`, to completion; its error becomes
-    /// [`BucketError::Request`](crate::BucketError::Request) (or [`BucketError::NoBucket`](crate::BucketError::NoBucket)).
+    /// [`BucketError::Request`](crate::BucketError::Request) (or
+    /// [`BucketError::NoBucket`](crate::BucketError::NoBucket)).
     pub(crate) fn block_on<T>(
         &self,
         op: &str,

@@ -75,24 +75,26 @@ impl std::fmt::Debug for Remote {
 }
 
 impl Remote {
-    /// Open `url`: `s3://BUCKET/PREFIX` (credentials, endpoint and region
-    /// from `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`,
-    /// `AWS_ENDPOINT_URL`, `AWS_ALLOW_HTTP`) or `file:///DIR` (a directory
-    /// as a bucket: it reads as empty while it is missing, the first write
-    /// creates it, and every object and its directory is fsynced before a
-    /// commit names it). Nothing is requested yet.
+    /// Open `url`: `s3://BUCKET/PREFIX` (credentials, endpoint and region from
+    /// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`,
+    /// `AWS_ENDPOINT_URL`, `AWS_ALLOW_HTTP`) or `file:///DIR` (a directory as a
+    /// bucket: it reads as empty while it is missing, the first write creates
+    /// it, and every object and its directory is fsynced before a commit names
+    /// it). Nothing is requested yet.
     ///
     /// # Errors
-    /// [`BucketError::InvalidUrl`](crate::BucketError::InvalidUrl) for another scheme or a malformed URL.
+    /// [`BucketError::InvalidUrl`](crate::BucketError::InvalidUrl) for another
+    /// scheme or a malformed URL.
     pub fn open(url: &str) -> Result<Remote> {
         Ok(Remote::over(Bucket::open(url)?))
     }
 
-    /// A remote over any [`ObjectStore`] (tests inject faults this way),
-    /// at `prefix` in it; `url` names it in errors.
+    /// A remote over any [`ObjectStore`] (tests inject faults this way), at
+    /// `prefix` in it; `url` names it in errors.
     ///
     /// # Errors
-    /// [`BucketError::InvalidUrl`](crate::BucketError::InvalidUrl) when `prefix` is not a valid object path.
+    /// [`BucketError::InvalidUrl`](crate::BucketError::InvalidUrl) when
+    /// `prefix` is not a valid object path.
     pub fn with_store(store: Arc<dyn ObjectStore>, prefix: &str, url: &str) -> Result<Remote> {
         Ok(Remote::over(Bucket::with_store(store, prefix, url)?))
     }
@@ -107,14 +109,14 @@ impl Remote {
     }
 
     /// Set how long requests to a server that does not answer are retried
-    /// (default [`DEFAULT_RETRY_WINDOW`], 30 s): a restart or an outage
-    /// shorter than this is waited out, a longer one fails the operation
-    /// with an error naming the URL. For `s3://` remotes (a directory does
-    /// not retry; a store given to [`with_store`](Self::with_store) keeps
-    /// its own policy).
+    /// (default [`DEFAULT_RETRY_WINDOW`], 30 s): a restart or an outage shorter
+    /// than this is waited out, a longer one fails the operation with an error
+    /// naming the URL. For `s3://` remotes (a directory does not retry; a store
+    /// given to [`with_store`](Self::with_store) keeps its own policy).
     ///
     /// # Errors
-    /// [`BucketError::Request`](crate::BucketError::Request) if the client cannot be configured again.
+    /// [`BucketError::Request`](crate::BucketError::Request) if the client
+    /// cannot be configured again.
     pub fn with_retry_window(mut self, window: Duration) -> Result<Remote> {
         self.bucket.set_retry_window(window)?;
         Ok(self)

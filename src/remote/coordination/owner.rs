@@ -37,9 +37,10 @@ impl Shared<'_> {
     /// Claim the prefix for the store `id` unless it holds another run.
     ///
     /// # Errors
-    /// [`BucketError::PrefixOwned`](crate::BucketError::PrefixOwned) when another store's run is there;
-    /// [`BucketError::Busy`](crate::BucketError::Busy) when other stores keep claiming it at the same
-    /// moment.
+    /// [`BucketError::PrefixOwned`](crate::BucketError::PrefixOwned) when
+    /// another store's run is there;
+    /// [`BucketError::Busy`](crate::BucketError::Busy) when other stores keep
+    /// claiming it at the same moment.
     pub(crate) fn claim(&self, id: &str) -> Result<()> {
         let own_claim = format!("{CLAIM}{id}");
         for attempt in 1..=CLAIM_ATTEMPTS {

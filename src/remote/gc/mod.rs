@@ -37,9 +37,9 @@ impl Remote {
 
     /// Delete the steps `policy` does not keep (as
     /// [`CheckpointStore::apply_retention`](crate::CheckpointStore::apply_retention)
-    /// does locally; the bucket has no pins), then the chunks no remaining
-    /// step needs ([`collect_garbage`](Self::collect_garbage)). Returns the
-    /// steps deleted. A push does not upload a deleted step again.
+    /// does locally; the bucket has no pins), then the chunks no remaining step
+    /// needs ([`collect_garbage`](Self::collect_garbage)). Returns the steps
+    /// deleted. A push does not upload a deleted step again.
     ///
     /// ```
     /// use ckptstore::{CheckpointStore, ComputationGraphStore, GradientCheckpoint, Remote, Retention};
@@ -59,7 +59,8 @@ impl Remote {
     /// # Errors
     /// [`Error::InvalidOptions`](crate::Error::InvalidOptions) for a policy
     /// that keeps nothing (see [`Retention::allow_deleting_all`]);
-    /// [`BucketError::Request`](crate::BucketError::Request) when the bucket fails.
+    /// [`BucketError::Request`](crate::BucketError::Request) when the bucket
+    /// fails.
     pub fn apply_retention(&self, policy: &Retention) -> Result<Vec<u64>> {
         self.collector().apply_retention(policy)
     }

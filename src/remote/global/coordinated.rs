@@ -1,10 +1,10 @@
 //! Global steps a coordinator completes (the storage layer under
 //! `torch.distributed.checkpoint`): every rank uploads its shard without
-//! completing the step ([`Remote::upload_shard`](crate::Remote::upload_shard)); the coordinator, told
-//! every rank's shard, writes the step's commit naming exactly those
-//! ([`Remote::commit_global`](crate::Remote::commit_global)). Shards of an attempt that died before its
-//! commit are named by no commit: they never mix into a step and never
-//! block one (gc removes them).
+//! completing the step ([`Remote::upload_shard`](crate::Remote::upload_shard));
+//! the coordinator, told every rank's shard, writes the step's commit naming
+//! exactly those ([`Remote::commit_global`](crate::Remote::commit_global)).
+//! Shards of an attempt that died before its commit are named by no commit:
+//! they never mix into a step and never block one (gc removes them).
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
@@ -76,7 +76,8 @@ impl Coordinator<'_> {
         self.with_push_lock(|_| self.commit_locked(step, &ids, None))
     }
 
-    /// Does the work of [`Remote::upload_shard_and_commit`](crate::Remote::upload_shard_and_commit).
+    /// Does the work of
+    /// [`Remote::upload_shard_and_commit`](crate::Remote::upload_shard_and_commit).
     pub(crate) fn upload_shard_and_commit(
         &self,
         (step, rank, world_size): (u64, u32, u32),

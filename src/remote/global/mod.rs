@@ -76,15 +76,16 @@ impl Remote {
             .upload_shard_data(step, rank, world_size, ckpt)
     }
 
-    /// [`upload_shard`](Self::upload_shard), [`upload_shard_data`](Self::upload_shard_data)
-    /// or [`commit_shard`](Self::commit_shard), as `how` says, of rank
-    /// `rank`'s shard `ckpt` with the tensors `tensors` added, whose bytes
-    /// are hashed and uploaded from where they lie: no copy of them is
-    /// made (the Python package uploads numpy arrays and torch tensors
-    /// this way).
+    /// [`upload_shard`](Self::upload_shard),
+    /// [`upload_shard_data`](Self::upload_shard_data) or
+    /// [`commit_shard`](Self::commit_shard), as `how` says, of rank `rank`'s
+    /// shard `ckpt` with the tensors `tensors` added, whose bytes are hashed
+    /// and uploaded from where they lie: no copy of them is made (the Python
+    /// package uploads numpy arrays and torch tensors this way).
     ///
     /// # Errors
-    /// As the operation `how` names; [`Error::InvalidCheckpoint`](crate::Error::InvalidCheckpoint) if a name
+    /// As the operation `how` names;
+    /// [`Error::InvalidCheckpoint`](crate::Error::InvalidCheckpoint) if a name
     /// of `tensors` is also a blob or tensor of `ckpt`.
     pub fn upload_shard_borrowed(
         &self,
@@ -160,13 +161,14 @@ impl Remote {
             .upload_shard_and_commit((step, rank, world_size), ckpt, tensors, shards)
     }
 
-    /// The index of step `step` if `ckptstore.dcp` saved it: its tensors
-    /// with their global shapes and stored boxes; `None` for a step that is
-    /// not complete or was not saved through DCP.
+    /// The index of step `step` if `ckptstore.dcp` saved it: its tensors with
+    /// their global shapes and stored boxes; `None` for a step that is not
+    /// complete or was not saved through DCP.
     ///
     /// # Errors
-    /// [`Error::Corrupt`](crate::Error::Corrupt) when the metadata is damaged; [`BucketError::Request`](crate::BucketError::Request)
-    /// when the bucket fails.
+    /// [`Error::Corrupt`](crate::Error::Corrupt) when the metadata is damaged;
+    /// [`BucketError::Request`](crate::BucketError::Request) when the bucket
+    /// fails.
     pub fn dcp_index(&self, step: u64) -> Result<Option<DcpIndex>> {
         self.coordinator().dcp_index(step)
     }
@@ -184,20 +186,23 @@ impl Remote {
         self.coordinator().dcp_metadata(global)
     }
 
-    /// Write DCP step `step` to `path` as one safetensors file of whole
-    /// tensors under their fully qualified names (with `prefix`, only the
-    /// names under it, the prefix stripped: `"model."` gives a file an
-    /// unsharded model's `load_state_dict` takes). One tensor is in memory
-    /// at a time, read in windows of 32 MiB; every chunk is hash-checked;
-    /// the file is written durably, or not at all. The names written.
+    /// Write DCP step `step` to `path` as one safetensors file of whole tensors
+    /// under their fully qualified names (with `prefix`, only the names under
+    /// it, the prefix stripped: `"model."` gives a file an unsharded model's
+    /// `load_state_dict` takes). One tensor is in memory at a time, read in
+    /// windows of 32 MiB; every chunk is hash-checked; the file is written
+    /// durably, or not at all. The names written.
     ///
     /// # Errors
-    /// [`Error::StepNotFound`](crate::Error::StepNotFound) when the step is not a complete DCP step;
-    /// [`Error::InvalidCheckpoint`](crate::Error::InvalidCheckpoint) naming a chosen tensor whose dtype
-    /// safetensors cannot hold ([`DcpDtype::Torch`](crate::DcpDtype::Torch): leave it out with a
+    /// [`Error::StepNotFound`](crate::Error::StepNotFound) when the step is not
+    /// a complete DCP step;
+    /// [`Error::InvalidCheckpoint`](crate::Error::InvalidCheckpoint) naming a
+    /// chosen tensor whose dtype safetensors cannot hold
+    /// ([`DcpDtype::Torch`](crate::DcpDtype::Torch): leave it out with a
     /// prefix, or load it through `ckptstore.dcp`);
-    /// [`Error::Corrupt`](crate::Error::Corrupt) for damaged data or metadata (a box not stored,
-    /// boxes that do not cover a tensor); I/O errors naming `path`.
+    /// [`Error::Corrupt`](crate::Error::Corrupt) for damaged data or metadata
+    /// (a box not stored, boxes that do not cover a tensor); I/O errors naming
+    /// `path`.
     pub fn consolidate(&self, step: u64, path: &Path, prefix: Option<&str>) -> Result<Vec<String>> {
         self.coordinator().consolidate(step, path, prefix)
     }
@@ -228,16 +233,15 @@ impl Remote {
             .export_hf(step, dir, max_shard, prefix, cast)
     }
 
-    /// Upload rank `rank`'s shard of global step `step` of `world_size`
-    /// ranks: its chunks in pack objects, those this remote wrote or loaded
-    /// before (under the bucket's current collection mark) not uploaded
-    /// again. The step
-    /// becomes visible ([`steps`](Self::steps),
-    /// [`latest_step`](Self::latest_step)) once all `world_size` shards are
-    /// in: the rank that lands last, or any rank that finds them all,
-    /// writes its commit. Never waits for other ranks. Committing the same
-    /// shard again through the same remote (a retry) uploads nothing new
-    /// and leaves one shard; a restarted process packs its chunks again.
+    /// Upload rank `rank`'s shard of global step `step` of `world_size` ranks:
+    /// its chunks in pack objects, those this remote wrote or loaded before
+    /// (under the bucket's current collection mark) not uploaded again. The
+    /// step becomes visible ([`steps`](Self::steps),
+    /// [`latest_step`](Self::latest_step)) once all `world_size` shards are in:
+    /// the rank that lands last, or any rank that finds them all, writes its
+    /// commit. Never waits for other ranks. Committing the same shard again
+    /// through the same remote (a retry) uploads nothing new and leaves one
+    /// shard; a restarted process packs its chunks again.
     ///
     /// ```
     /// use ckptstore::{ComputationGraphStore, GradientCheckpoint, Remote};
@@ -258,10 +262,12 @@ impl Remote {
     /// ```
     ///
     /// # Errors
-    /// [`BucketError::WorldSizeMismatch`](crate::BucketError::WorldSizeMismatch) when shards of the step with another
-    /// world size are there; [`Error::InvalidCheckpoint`](crate::Error::InvalidCheckpoint) for a rank not
-    /// below `world_size` or a checkpoint of another step;
-    /// [`BucketError::Request`](crate::BucketError::Request) when the bucket fails.
+    /// [`BucketError::WorldSizeMismatch`](crate::BucketError::WorldSizeMismatch)
+    /// when shards of the step with another world size are there;
+    /// [`Error::InvalidCheckpoint`](crate::Error::InvalidCheckpoint) for a rank
+    /// not below `world_size` or a checkpoint of another step;
+    /// [`BucketError::Request`](crate::BucketError::Request) when the bucket
+    /// fails.
     pub fn commit_shard(
         &self,
         step: u64,

@@ -62,14 +62,16 @@ impl Remote {
         self.reader().latest_step()
     }
 
-    /// Step `step`, restored from the bucket with every chunk hash-checked,
-    /// or `None` if the bucket has no complete copy of it.
+    /// Step `step`, restored from the bucket with every chunk hash-checked, or
+    /// `None` if the bucket has no complete copy of it.
     ///
     /// # Errors
-    /// [`Error::Corrupt`](crate::Error::Corrupt) when a chunk is missing or fails its hash check
-    /// (naming the URL); [`BucketError::Request`](crate::BucketError::Request) when the bucket fails;
-    /// [`BucketError::ShardedStep`](crate::BucketError::ShardedStep) for a global step of several ranks (read its
-    /// shards with [`get_shard`](Self::get_shard)).
+    /// [`Error::Corrupt`](crate::Error::Corrupt) when a chunk is missing or
+    /// fails its hash check (naming the URL);
+    /// [`BucketError::Request`](crate::BucketError::Request) when the bucket
+    /// fails; [`BucketError::ShardedStep`](crate::BucketError::ShardedStep) for
+    /// a global step of several ranks (read its shards with
+    /// [`get_shard`](Self::get_shard)).
     pub fn get(&self, step: u64) -> Result<Option<GradientCheckpoint>> {
         self.reader().get(step)
     }
@@ -84,14 +86,15 @@ impl Remote {
         self.reader().get_with(step, progress)
     }
 
-    /// Copy step `step` from the bucket into `store` (one commit there).
-    /// An empty store takes the run identity of the prefix
-    /// ([`owner`](Self::owner)): a job resumed from the bucket on a new
-    /// machine goes on pushing into it.
+    /// Copy step `step` from the bucket into `store` (one commit there). An
+    /// empty store takes the run identity of the prefix
+    /// ([`owner`](Self::owner)): a job resumed from the bucket on a new machine
+    /// goes on pushing into it.
     ///
     /// # Errors
-    /// [`Error::StepsNotFound`](crate::Error::StepsNotFound) when the bucket has no complete copy of it;
-    /// as [`get`](Self::get) and [`CheckpointStore::commit`].
+    /// [`Error::StepsNotFound`](crate::Error::StepsNotFound) when the bucket
+    /// has no complete copy of it; as [`get`](Self::get) and
+    /// [`CheckpointStore::commit`].
     pub fn pull(&self, step: u64, store: &CheckpointStore) -> Result<CommitInfo> {
         self.reader().pull(step, store)
     }
@@ -117,12 +120,12 @@ impl Remote {
         self.reader().summaries()
     }
 
-    /// Step `step`'s metadata, from its manifest (no chunk is read), or
-    /// `None` if the bucket has no complete copy of it.
+    /// Step `step`'s metadata, from its manifest (no chunk is read), or `None`
+    /// if the bucket has no complete copy of it.
     ///
     /// # Errors
-    /// [`BucketError::ShardedStep`](crate::BucketError::ShardedStep) for a global step of several ranks (see
-    /// [`get_shard`](Self::get_shard)).
+    /// [`BucketError::ShardedStep`](crate::BucketError::ShardedStep) for a
+    /// global step of several ranks (see [`get_shard`](Self::get_shard)).
     pub fn info(&self, step: u64) -> Result<Option<StepInfo>> {
         self.reader().info(step)
     }
@@ -170,14 +173,15 @@ impl Remote {
         self.reader().read_pieces(global, pieces)
     }
 
-    /// [`read_pieces`](Self::read_pieces) into the caller's buffers, one
-    /// per piece and of its length (a tensor's memory): each chunk's bytes
-    /// are copied straight into place, once checked. On an error a buffer
-    /// may hold some of its piece, never bytes that failed a check.
+    /// [`read_pieces`](Self::read_pieces) into the caller's buffers, one per
+    /// piece and of its length (a tensor's memory): each chunk's bytes are
+    /// copied straight into place, once checked. On an error a buffer may hold
+    /// some of its piece, never bytes that failed a check.
     ///
     /// # Errors
-    /// As [`read_pieces`](Self::read_pieces); [`Error::InvalidCheckpoint`](crate::Error::InvalidCheckpoint)
-    /// when a buffer's length is not its piece's.
+    /// As [`read_pieces`](Self::read_pieces);
+    /// [`Error::InvalidCheckpoint`](crate::Error::InvalidCheckpoint) when a
+    /// buffer's length is not its piece's.
     pub fn read_pieces_into(
         &self,
         global: &GlobalStep,
@@ -196,14 +200,15 @@ impl Remote {
         self.reader().slices(global, piece)
     }
 
-    /// [`read_pieces_into`](Self::read_pieces_into), and for each of
-    /// `proved` (byte ranges within the pieces) the proofs of its
-    /// [`slices`](Self::slices), back to back, made from each chunk once
-    /// it is checked: what a rank handing those bytes on sends with them.
+    /// [`read_pieces_into`](Self::read_pieces_into), and for each of `proved`
+    /// (byte ranges within the pieces) the proofs of its
+    /// [`slices`](Self::slices), back to back, made from each chunk once it is
+    /// checked: what a rank handing those bytes on sends with them.
     ///
     /// # Errors
     /// As [`read_pieces_into`](Self::read_pieces_into), and
-    /// [`Error::InvalidCheckpoint`](crate::Error::InvalidCheckpoint) for a range outside the pieces.
+    /// [`Error::InvalidCheckpoint`](crate::Error::InvalidCheckpoint) for a
+    /// range outside the pieces.
     pub fn read_pieces_proving(
         &self,
         global: &GlobalStep,

@@ -316,9 +316,11 @@ impl Reader<'_> {
     }
 }
 
-/// The proofs [`Remote::read_pieces_proving`](crate::Remote::read_pieces_proving) makes: for each range, the
-/// proof of each of its slices, made when the chunk it lies in arrives (a
-/// slice of a whole chunk has an empty proof, and needs no chunk bytes).
+/// The proofs
+/// [`Remote::read_pieces_proving`](crate::Remote::read_pieces_proving) makes:
+/// for each range, the proof of each of its slices, made when the chunk it lies
+/// in arrives (a slice of a whole chunk has an empty proof, and needs no chunk
+/// bytes).
 struct Proofs {
     /// By range, then slice: the proof, once made.
     made: Vec<Vec<Vec<u8>>>,

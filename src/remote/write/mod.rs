@@ -36,10 +36,10 @@ impl<'r> std::ops::Deref for Writer<'r> {
 }
 
 impl Remote {
-    /// Upload every committed step of `store` that this bucket lacks, deduplicated by content
-    /// against everything in the bucket. Idempotent and resumable: rerun
-    /// after any failure or kill, it finishes the job without uploading
-    /// again what landed. A step that the bucket's retention deleted
+    /// Upload every committed step of `store` that this bucket lacks,
+    /// deduplicated by content against everything in the bucket. Idempotent and
+    /// resumable: rerun after any failure or kill, it finishes the job without
+    /// uploading again what landed. A step that the bucket's retention deleted
     /// ([`Remote::apply_retention`]) is not uploaded again.
     ///
     /// ```
@@ -60,10 +60,11 @@ impl Remote {
     /// ```
     ///
     /// # Errors
-    /// [`BucketError::Request`](crate::BucketError::Request) when the bucket cannot be reached or refuses a
-    /// request (after bounded retries); [`BucketError::Busy`](crate::BucketError::Busy) when a
-    /// garbage collection of the bucket holds its lock for longer than the
-    /// grace period; store errors as for reads.
+    /// [`BucketError::Request`](crate::BucketError::Request) when the bucket
+    /// cannot be reached or refuses a request (after bounded retries);
+    /// [`BucketError::Busy`](crate::BucketError::Busy) when a garbage
+    /// collection of the bucket holds its lock for longer than the grace
+    /// period; store errors as for reads.
     pub fn push(&self, store: &CheckpointStore) -> Result<PushReport> {
         self.writer().push(store)
     }

@@ -1,17 +1,18 @@
-//! Bucket format 3: a shard's new chunks travel in pack objects of a
-//! target size ([`DEFAULT_PACK_BYTES`](crate::DEFAULT_PACK_BYTES)), not one object per chunk. A pack
-//! is its chunks' bytes back to back; it is named by the BLAKE3 hash of
-//! its chunk list ([`pack_name`]), so the name is a function of the bytes
-//! and a rewrite puts the same bytes back. The shard's manifest (format 3)
-//! lists the packs it needs and an index (chunk -> pack, offset); every
+//! Bucket format 3: a shard's new chunks travel in pack objects of a target
+//! size ([`DEFAULT_PACK_BYTES`](crate::DEFAULT_PACK_BYTES)), not one object per
+//! chunk. A pack is its chunks' bytes back to back; it is named by the BLAKE3
+//! hash of its chunk list ([`pack_name`]), so the name is a function of the
+//! bytes and a rewrite puts the same bytes back. The shard's manifest (format
+//! 3) lists the packs it needs and an index (chunk -> pack, offset); every
 //! chunk is still checked against its own hash when read.
 //!
-//! Deduplication asks the bucket nothing per chunk: a [`Remote`](crate::Remote) remembers
-//! where the chunks it wrote or read lie ([`Known`](crate::remote::coordination::known::Known)), with the bucket's
-//! collection mark at the time. A garbage collection writes a new mark
-//! before it deletes anything, so a memory whose mark is still the
-//! bucket's (read under the push lock, which no collection overlaps)
-//! names only packs that are there.
+//! Deduplication asks the bucket nothing per chunk: a [`Remote`](crate::Remote)
+//! remembers where the chunks it wrote or read lie
+//! ([`Known`](crate::remote::coordination::known::Known)), with the bucket's
+//! collection mark at the time. A garbage collection writes a new mark before
+//! it deletes anything, so a memory whose mark is still the bucket's (read
+//! under the push lock, which no collection overlaps) names only packs that are
+//! there.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -131,15 +132,15 @@ pub(crate) struct Packed {
 pub(crate) type ReadPiece<'r> = dyn FnMut(usize) -> Result<Bytes> + 'r;
 
 impl Writer<'_> {
-    /// Put `pieces` (chunks: hash, length) in the bucket's packs under the
-    /// push lock `lock`, the bucket's collection mark `mark` read under it: those this remote knows are there stay where
-    /// they are, the rest go into new packs, each piece read by `read`
-    /// when its pack is uploaded; returns where they all lie. `landed`
-    /// gets the bytes of each pack as it lands (and may stop the upload).
-    /// Nothing is asked of the bucket per chunk: its collection mark says
-    /// whether what this remote knows still holds, and a lock that lapsed
-    /// (a collection may have run) has the packs relied on checked, and
-    /// the gone ones uploaded again.
+    /// Put `pieces` (chunks: hash, length) in the bucket's packs under the push
+    /// lock `lock`, the bucket's collection mark `mark` read under it: those
+    /// this remote knows are there stay where they are, the rest go into new
+    /// packs, each piece read by `read` when its pack is uploaded; returns
+    /// where they all lie. `landed` gets the bytes of each pack as it lands
+    /// (and may stop the upload). Nothing is asked of the bucket per chunk: its
+    /// collection mark says whether what this remote knows still holds, and a
+    /// lock that lapsed (a collection may have run) has the packs relied on
+    /// checked, and the gone ones uploaded again.
     pub(crate) fn pack(
         &self,
         pieces: &[(Hash, u64)],
