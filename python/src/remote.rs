@@ -165,7 +165,15 @@ impl RawRemote {
         let Some(shards) = commit else {
             return self.shard_call(py, shard, &tensors, ckpt, ShardUpload::Manifest);
         };
-        let shards = shard_names(shard.0, &shards, Some(shard.1)).map_err(py_err)?;
+        let (step, own) = (shard.0, shard.1);
+        let shards = ranks(&shards)
+            .map(|(rank, name)| {
+                (rank != own)
+                    .then(|| shard_name(step, rank, name))
+                    .transpose()
+            })
+            .collect::<ckptstore::Result<Vec<_>>>()
+            .map_err(py_err)?;
         let borrowed = borrowed(&tensors)?;
         let info = py
             .detach(|| {
@@ -236,8 +244,10 @@ impl RawRemote {
 
     /// Complete global step `step` with exactly these shards, by rank.
     fn commit_global(&self, py: Python<'_>, step: u64, shards: Vec<String>) -> PyResult<()> {
-        let named = shard_names(step, &shards, None).map_err(py_err)?;
-        let shards: Vec<ShardHash> = named.into_iter().flatten().collect();
+        let shards = ranks(&shards)
+            .map(|(rank, name)| shard_name(step, rank, name))
+            .collect::<ckptstore::Result<Vec<_>>>()
+            .map_err(py_err)?;
         py.detach(|| self.remote.commit_global(step, &shards))
             .map_err(py_err)
     }
@@ -453,29 +463,18 @@ impl RawRemote {
     }
 }
 
-/// The shards of a global step as Python names them (their hashes in hex,
-/// by rank), decoded: `own`'s entry is not read (None), every other must
-/// be a hash.
-fn shard_names(
-    step: u64,
-    names: &[String],
-    own: Option<u32>,
-) -> ckptstore::Result<Vec<Option<ShardHash>>> {
-    names
-        .iter()
-        .zip(0u32..)
-        .map(|(name, rank)| {
-            if Some(rank) == own {
-                return Ok(None);
-            }
-            ShardHash::from_hex(name)
-                .map(Some)
-                .ok_or_else(|| ckptstore::Error::InvalidCheckpoint {
-                    step,
-                    reason: format!("shard {rank}: {name:?} is not a hash"),
-                })
-        })
-        .collect()
+/// The shard names of a global step as Python gives them (by rank), each
+/// with its rank.
+fn ranks(names: &[String]) -> impl Iterator<Item = (u32, &String)> {
+    (0u32..).zip(names)
+}
+
+/// Rank `rank`'s shard name as Python gives it (its hash in hex), decoded.
+fn shard_name(step: u64, rank: u32, name: &str) -> ckptstore::Result<ShardHash> {
+    ShardHash::from_hex(name).ok_or_else(|| ckptstore::Error::InvalidCheckpoint {
+        step,
+        reason: format!("shard {rank}: {name:?} is not a hash"),
+    })
 }
 
 /// Pieces as Python passes them, as the library takes them.

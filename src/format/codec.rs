@@ -153,6 +153,4 @@ impl<'a> Reader<'a> {
 }
 
 /// Lowercase hex of a hash, for messages and format 1's JSON.
-pub(crate) fn hex(hash: &Hash) -> String {
-    crate::hex::encode(hash)
-}
+pub(crate) use crate::hex::encode as hex;

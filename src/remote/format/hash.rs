@@ -23,9 +23,7 @@ impl HexHash {
 }
 
 /// The bytes 64 lowercase hex digits spell; None for anything else.
-pub(crate) fn parse_hex(s: &str) -> Option<Hash> {
-    crate::hex::decode(s)
-}
+pub(crate) use crate::hex::decode as parse_hex;
 
 impl From<Hash> for HexHash {
     fn from(h: Hash) -> Self {
