@@ -22,6 +22,11 @@ pub struct CommitInfo {
     pub chunks_written: u64,
     /// Chunks referenced without writing.
     pub chunks_reused: u64,
+    /// Chunks written again (and counted among `chunks_written`) because
+    /// the pack file that held them was missing or not whole: the commit
+    /// healed the store rather than point at bytes that are gone. Steps
+    /// that already used such a chunk read it from its new place.
+    pub chunks_healed: u64,
     /// Bytes of the step's manifest (graph and metadata).
     pub manifest_bytes: u64,
     /// Blob bytes freed: of the step this commit replaced, and of the steps

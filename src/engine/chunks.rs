@@ -26,6 +26,11 @@ pub(crate) struct Added {
     pub(crate) bytes_reused: u64,
     pub(crate) chunks_written: u64,
     pub(crate) chunks_reused: u64,
+    /// Chunks written again because the pack file that held them was
+    /// missing or not whole (counted among the written too).
+    pub(crate) chunks_healed: u64,
+    /// Their bytes.
+    pub(crate) bytes_healed: u64,
     /// The stored chunk of each piece, in order.
     pub(crate) refs: Vec<ChunkRef>,
 }
@@ -100,14 +105,16 @@ impl<'txn> ChunkTables<'txn> {
             let hash = next_hash(hashes)?;
             let len = piece.len() as u64;
             let (id, written) = match self.lookup(&hash)? {
-                // Staged by this commit: written now, in effect.
-                Some((id, 0)) => {
-                    self.set_index(&hash, id, 1)?;
-                    (id, true)
-                }
                 Some((id, uses)) => {
+                    let healed = self.heal(&hash, id, piece)?;
+                    if healed {
+                        added.chunks_healed += 1;
+                        added.bytes_healed += len;
+                    }
                     self.set_index(&hash, id, uses + 1)?;
-                    (id, false)
+                    // Staged by this commit (no use yet): written now, in
+                    // effect.
+                    (id, uses == 0 || healed)
                 }
                 None => (self.insert_new(&hash, piece, 1)?, true),
             };
@@ -142,23 +149,48 @@ impl<'txn> ChunkTables<'txn> {
         Ok(refs)
     }
 
-    /// Write the chunks among `pieces` that are not stored yet, with no use
-    /// (staged), for a later transaction's [`add`](Self::add) to reference;
-    /// push each piece's hash to `staged`.
+    /// Write the chunks among `pieces` that are not stored yet (or whose
+    /// pack file is lost: written again, see [`heal`](Self::heal)), with
+    /// no use (staged), for a later transaction's [`add`](Self::add) to
+    /// reference; push each piece's hash to `staged`. Returns the chunks
+    /// healed.
     pub(crate) fn stage(
         &mut self,
         pieces: &[&[u8]],
         hashes: &mut dyn Iterator<Item = Hash>,
         staged: &mut Vec<Hash>,
-    ) -> Result<()> {
+    ) -> Result<u64> {
+        let mut healed = 0;
         for piece in pieces {
             let hash = next_hash(hashes)?;
-            if self.lookup(&hash)?.is_none() {
-                self.insert_new(&hash, piece, 0)?;
+            match self.lookup(&hash)? {
+                Some((id, _)) => healed += u64::from(self.heal(&hash, id, piece)?),
+                None => {
+                    self.insert_new(&hash, piece, 0)?;
+                }
             }
             staged.push(hash);
         }
-        Ok(())
+        Ok(healed)
+    }
+
+    /// Before chunk `hash` (stored as `id`) is referenced again: if the pack
+    /// file holding it is missing or not whole, write `piece` (its bytes,
+    /// from the caller) again under the same id, in this transaction's
+    /// pack file or `chunk_data`, so that this commit, and every step
+    /// that already uses the chunk, reads it from there. Returns whether
+    /// it did.
+    fn heal(&mut self, hash: &Hash, id: u64, piece: &[u8]) -> Result<bool> {
+        if self.packs.holds(id)? {
+            return Ok(false);
+        }
+        self.packs.remove(id)?;
+        if !self.packs.insert(id, hash, piece)? {
+            self.data
+                .insert(id, piece)
+                .context(|| format!("writing table chunk_data for chunk {}", hex(hash)))?;
+        }
+        Ok(true)
     }
 
     /// Delete the chunks among `hashes` that are still staged (unused).

@@ -207,7 +207,13 @@ impl<'txn> Engine<'txn> {
         self.put_packed(step, &plan.packed)?;
         let bytes_written = added.bytes_written + plan.packed.len() as u64;
         self.put_summary(&plan.summary(bytes_written))?;
-        self.count(bytes_written, added.chunks_written, Freed::default());
+        // A healed chunk was stored before: written again, not added.
+        let chunks_added = added.chunks_written - added.chunks_healed;
+        self.count(
+            bytes_written - added.bytes_healed,
+            chunks_added,
+            Freed::default(),
+        );
         let mut removed = Vec::new();
         if !policy.is_empty() {
             let doomed = self.retention_doomed(policy)?;
@@ -222,6 +228,7 @@ impl<'txn> Engine<'txn> {
             bytes_reused: added.bytes_reused,
             chunks_written: added.chunks_written,
             chunks_reused: added.chunks_reused,
+            chunks_healed: added.chunks_healed,
             manifest_bytes: manifest.len() as u64,
             bytes_freed: freed.bytes,
             removed,
@@ -331,13 +338,13 @@ impl<'txn> Engine<'txn> {
     }
 
     /// Stage the new chunks among `pieces` (see [`ChunkTables::stage`]),
-    /// marking the store as staging.
+    /// marking the store as staging; returns the chunks healed.
     pub(crate) fn stage(
         &mut self,
         pieces: &[&[u8]],
         hashes: &mut dyn Iterator<Item = Hash>,
         staged: &mut Vec<Hash>,
-    ) -> Result<()> {
+    ) -> Result<u64> {
         self.meta
             .insert(META_STAGING, [1u8].as_slice())
             .context(|| "writing table meta".to_owned())?;

@@ -403,6 +403,15 @@ impl Bucket {
     }
 
     /// Whether there is an object at `key` (a HEAD).
+    /// The length of the object at `key`, if there is one (a HEAD).
+    pub(crate) async fn size_of(&self, key: &Path) -> Result<Option<u64>> {
+        match self.store.head(key).await {
+            Ok(meta) => Ok(Some(meta.size)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.error("looking for", key, e)),
+        }
+    }
+
     pub(crate) async fn has(&self, key: &Path) -> Result<bool> {
         match self.store.head(key).await {
             Ok(_) => Ok(true),

@@ -231,13 +231,15 @@ fn commit_staged(
         part_bytes,
         &mut staged,
     )
-    .and_then(|()| {
+    .and_then(|healed| {
         // Staged: the chunks are in redb already, none go to a pack file.
         let ending = Ending {
             staged: true,
             packs: false,
         };
-        commit_once(db, plan, replace, &mut staged.iter().copied(), ending)
+        let mut info = commit_once(db, plan, replace, &mut staged.iter().copied(), ending)?;
+        info.chunks_healed += healed;
+        Ok(info)
     });
     if result.is_err() {
         // Best effort: what is left is deleted at the next writable open.
@@ -249,7 +251,8 @@ fn commit_staged(
 }
 
 /// Stage `pieces` (of step `step`) in transactions of up to `part_bytes`;
-/// with `check_exists`, the first refuses a stored step.
+/// with `check_exists`, the first refuses a stored step. Returns the
+/// chunks healed (written again: their pack file was lost).
 fn stage(
     db: &Db,
     step: u64,
@@ -258,10 +261,11 @@ fn stage(
     hashes: &mut dyn Iterator<Item = Hash>,
     part_bytes: usize,
     staged: &mut Vec<Hash>,
-) -> Result<()> {
+) -> Result<u64> {
     let what = || format!("committing step {step}");
     let mut rest = pieces;
     let mut first = check_exists;
+    let mut healed = 0;
     while !rest.is_empty() {
         let mut n = 1;
         let mut bytes = rest[0].len();
@@ -279,11 +283,12 @@ fn stage(
                 engine.pack_new_chunks()?;
             }
             engine.stage(part, hashes, staged)
-        })?;
+        })
+        .map(|n| healed += n)?;
         first = false;
         rest = tail;
     }
-    Ok(())
+    Ok(healed)
 }
 
 impl CheckpointStore {
@@ -317,6 +322,7 @@ pub(crate) fn put_streamed(
     let _one_staging_at_a_time = db.staging()?;
     let mut staged = Vec::new();
     let mut streamed = Vec::new();
+    let mut healed = 0;
     let result = (|| {
         // Streamed tensors keep their type in the checkpoint, without data
         // (added once the checkpoint's own data has been validated).
@@ -341,11 +347,11 @@ pub(crate) fn put_streamed(
             batch.push((entry, data));
             if batch_bytes >= part_bytes {
                 let part = std::mem::take(&mut batch);
-                stage_batch(db, step, &part, &mut staged, &mut streamed)?;
+                healed += stage_batch(db, step, &part, &mut staged, &mut streamed)?;
                 batch_bytes = 0;
             }
         }
-        stage_batch(db, step, &batch, &mut staged, &mut streamed)?;
+        healed += stage_batch(db, step, &batch, &mut staged, &mut streamed)?;
         ckpt.validate()?;
         ckpt.tensors.extend(hollow);
         let plan = Plan::with_streamed(&ckpt, &streamed);
@@ -365,25 +371,26 @@ pub(crate) fn put_streamed(
     }
     let mut info = result?;
     info.duration = start.elapsed();
+    info.chunks_healed += healed;
     Ok(info)
 }
 
 /// Stage the large blobs and tensors of `batch` (hashed on every core),
 /// recording each as streamed; the first staging of a step refuses a
-/// stored step.
+/// stored step. Returns the chunks healed.
 fn stage_batch(
     db: &Db,
     step: u64,
     batch: &[(&Incoming, Vec<u8>)],
     staged: &mut Vec<Hash>,
     streamed: &mut Vec<Streamed>,
-) -> Result<()> {
+) -> Result<u64> {
     if batch.is_empty() {
-        return Ok(());
+        return Ok(0);
     }
     let pieces: Vec<&[u8]> = batch.iter().flat_map(|(_, data)| split(data)).collect();
     let first = staged.len();
-    with_hashes(&pieces, db.settings().threads, |hashes| {
+    let healed = with_hashes(&pieces, db.settings().threads, |hashes| {
         let part_bytes = part_bytes(db.settings());
         stage(db, step, &pieces, first == 0, hashes, part_bytes, staged)
     })?;
@@ -398,5 +405,5 @@ fn stage_batch(
         });
         at += n;
     }
-    Ok(())
+    Ok(healed)
 }

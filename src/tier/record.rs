@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use super::names::{RecordName, MAX_RANKS};
+use super::names::{RecordName, StoreKind, StoreName, MAX_RANKS};
 use crate::{ContentDigest, Error, Result};
 
 /// The record format this build writes (and the newest it reads): 2, a
@@ -112,6 +112,31 @@ impl Record {
     /// The save's number of ranks.
     pub fn world_size(&self) -> u32 {
         u32::try_from(self.digests.len()).unwrap_or(u32::MAX)
+    }
+
+    /// What the node directory of `rank` holds of this save once `rank`
+    /// recorded it (the record vouches for it): `rank`'s own shard, and a
+    /// copy of each rank whose copies it keeps, each store with the
+    /// content digest its step must have.
+    pub fn kept_by(&self, rank: u32) -> Vec<(StoreName, ContentDigest)> {
+        let mut out = Vec::new();
+        if let Some(d) = self.digests.get(rank as usize) {
+            let own = StoreName {
+                kind: StoreKind::Own,
+                rank,
+            };
+            out.push((own, *d));
+        }
+        for (src, (holders, d)) in (0u32..).zip(self.copies.iter().zip(&self.digests)) {
+            if src != rank && holders.contains(&rank) {
+                let copy = StoreName {
+                    kind: StoreKind::Copies,
+                    rank: src,
+                };
+                out.push((copy, *d));
+            }
+        }
+        out
     }
 
     /// The record's bytes (UTF-8 JSON) to be written at `path` under

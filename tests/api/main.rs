@@ -18,6 +18,7 @@ mod handed_on_ranges;
 mod hashed_copies;
 mod large_commits_stage_their_chunks;
 mod latest_and_listing;
+mod lost_pack_files;
 mod pack_files;
 mod ranged_reads;
 mod read_only_open;

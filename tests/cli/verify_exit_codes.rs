@@ -98,9 +98,16 @@ fn verify_and_stats_report_pack_files_and_their_damage() -> Result {
 
 /// A node's directory of the local tier (the fixture 0.4.0 wrote).
 fn tier_copy(dir: &std::path::Path) -> Result<std::path::PathBuf> {
-    let from =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tier-0.4.0/node0");
-    let to = dir.join("node0");
+    node_copy(dir, "node0")
+}
+
+/// Node `node` of the fixture 0.4.0 wrote (2 nodes of 1 rank, each
+/// keeping a copy of the other's shard), copied into `dir`.
+fn node_copy(dir: &std::path::Path, node: &str) -> Result<std::path::PathBuf> {
+    let from = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/tier-0.4.0")
+        .join(node);
+    let to = dir.join(node);
     std::fs::create_dir_all(to.join("records"))?;
     for entry in std::fs::read_dir(&from)?.chain(std::fs::read_dir(from.join("records"))?) {
         let path = entry?.path();
@@ -143,5 +150,66 @@ fn verify_checks_a_tier_directory_against_its_records() -> Result {
     assert!(out.contains("1 saves recorded"), "{out}");
     let (code, out, _) = common::ckpt(&["verify", p, "--pages"])?;
     assert_eq!(code, 1, "{out}");
+    Ok(())
+}
+
+/// Issue 65, item 3: a recorded save whose shard, and the only copy of
+/// it, are lost from the nodes' directories cannot be restored, and
+/// `verify` of each directory says so (it passed both before).
+#[test]
+fn verify_reports_a_shard_and_its_copy_missing_from_the_directories() -> Result {
+    let dir = tempfile::tempdir()?;
+    let (node0, node1) = (
+        node_copy(dir.path(), "node0")?,
+        node_copy(dir.path(), "node1")?,
+    );
+    std::fs::remove_file(node0.join("rank-00000.ckpt"))?;
+    std::fs::remove_file(node1.join("copies-of-00000.ckpt"))?;
+    for (node, lost) in [
+        (&node0, "rank-00000.ckpt"),
+        (&node1, "copies-of-00000.ckpt"),
+    ] {
+        let (code, out, err) = common::ckpt(&["verify", node.to_str().ok_or("path")?])?;
+        assert_eq!(code, 3, "{out}{err}");
+        for step in [2, 3] {
+            assert!(
+                out.contains(&format!("MISSING {lost} step {step}: rank ")),
+                "{out}"
+            );
+        }
+        assert!(out.contains(", 2 damaged"), "{out}");
+    }
+    // What the other node holds is whole: rank 1's shard and its copy.
+    let (code, out, _) = common::ckpt(&["verify", node0.to_str().ok_or("path")?])?;
+    assert!(
+        code == 3 && !out.contains("copies-of-00001.ckpt step"),
+        "{out}"
+    );
+    Ok(())
+}
+
+/// Issue 65, item 3: a store file of the directory that cannot be read is
+/// damage (exit 3, named), and the rest is still listed and checked (both
+/// stopped with exit 1 at the first such file before).
+#[test]
+fn ls_and_verify_of_a_directory_read_past_a_store_that_cannot_be_read() -> Result {
+    let dir = tempfile::tempdir()?;
+    let node = node_copy(dir.path(), "node0")?;
+    let p = node.to_str().ok_or("path")?;
+    std::fs::write(node.join("copies-of-00001.ckpt"), vec![0x5a; 8192])?;
+    let (code, out, err) = common::ckpt(&["ls", p])?;
+    assert_eq!(code, 3, "{out}{err}");
+    assert!(err.contains("DAMAGED copies-of-00001.ckpt"), "{err}");
+    assert!(out.contains("2 complete steps"), "{out}");
+    let (code, out, err) = common::ckpt(&["ls", p, "--json"])?;
+    assert_eq!(code, 3, "{out}{err}");
+    let listed: serde_json::Value = serde_json::from_str(&out)?;
+    assert_eq!(listed[0]["ranks"], serde_json::json!([0]), "{out}");
+    let (code, out, err) = common::ckpt(&["verify", p])?;
+    assert_eq!(code, 3, "{out}{err}");
+    assert!(out.contains("DAMAGED copies-of-00001.ckpt"), "{out}");
+    // Rank 0's store was still read, and the lost copy is named too.
+    assert!(out.contains("2 store steps read"), "{out}");
+    assert!(out.contains("MISSING copies-of-00001.ckpt step 3"), "{out}");
     Ok(())
 }

@@ -15,6 +15,7 @@ mod faults;
 mod format3;
 mod garage;
 mod hf;
+mod lost_packs;
 mod promise;
 mod remembered;
 mod replicate;

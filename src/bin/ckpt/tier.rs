@@ -33,10 +33,14 @@ pub(crate) fn is_tier(path: &Path) -> bool {
     path.is_dir()
 }
 
+/// `ckpt ls DIR`: exit 3 if a store of the directory cannot be read
+/// (named on stderr; the rest is listed).
 pub(crate) fn ls(dir: &Path, json: bool) -> Result<ExitCode> {
     let tier = TierDir::new(dir);
     let (saves, _) = saves(&tier)?;
-    let held = held(&tier, &mut |_, _, _| Ok(()))?;
+    let (held, unreadable) = held(&tier, &mut |_, _, _| Ok(()), &mut |line| {
+        eprintln!("ckpt: {line}");
+    })?;
     let mut listed = Vec::new();
     for (r, cost) in saves.values() {
         let has = |kind| -> Vec<u32> {
@@ -57,9 +61,14 @@ pub(crate) fn ls(dir: &Path, json: bool) -> Result<ExitCode> {
             cost: *cost,
         });
     }
+    let code = if unreadable == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(3)
+    };
     if json {
         println!("{}", serde_json::to_string_pretty(&listed)?);
-        return Ok(ExitCode::SUCCESS);
+        return Ok(code);
     }
     println!(
         "{:>10}  {:>5}  {:<16}  {:<16}  {:>9}  {:>9}  {:>10}  bucket",
@@ -90,13 +99,15 @@ pub(crate) fn ls(dir: &Path, json: bool) -> Result<ExitCode> {
         );
     }
     println!("{} complete steps", listed.len());
-    Ok(ExitCode::SUCCESS)
+    Ok(code)
 }
 
 /// `ckpt verify DIR`: every step of every store of the directory read and
 /// hash-checked, and every shard and copy of a recorded save compared
-/// with the digest its record gives. Exit 3 on damage (a refused record
-/// too). `--pages` checks a store file, not a directory.
+/// with the digest its record gives; a shard or copy a record here says
+/// this node keeps, and that is not here, is missing. Exit 3 on damage (a
+/// refused record, a store that cannot be read, a shard missing, too).
+/// `--pages` checks a store file, not a directory.
 pub(crate) fn verify(dir: &Path, pages: bool) -> Result<ExitCode> {
     if pages {
         return Err("--pages checks a store file: give one of the directory's stores".into());
@@ -105,15 +116,20 @@ pub(crate) fn verify(dir: &Path, pages: bool) -> Result<ExitCode> {
     let (saves, refused) = saves(&tier)?;
     let mut damaged = refused;
     let mut checked = 0usize;
-    let held = held(&tier, &mut |name, store, steps| {
-        let report = store.verify()?;
-        for (step, e) in &report.damaged {
-            println!("DAMAGED {name} step {step}: {}", one_line(e));
-        }
-        damaged += report.damaged.len();
-        checked += steps;
-        Ok(())
-    })?;
+    let (held, unreadable) = held(
+        &tier,
+        &mut |name, store, steps| {
+            let report = store.verify()?;
+            for (step, e) in &report.damaged {
+                println!("DAMAGED {name} step {step}: {}", one_line(e));
+            }
+            damaged += report.damaged.len();
+            checked += steps;
+            Ok(())
+        },
+        &mut |line| println!("{line}"),
+    )?;
+    damaged += unreadable;
     let mut shards = 0usize;
     for (r, _) in saves.values() {
         for ((name, step), digest) in &held {
@@ -130,6 +146,7 @@ pub(crate) fn verify(dir: &Path, pages: bool) -> Result<ExitCode> {
             }
         }
     }
+    damaged += missing(&tier, &saves, &held)?;
     println!(
         "{} saves recorded, {shards} shards and copies of them checked against their records, \
          {checked} store steps read, {damaged} damaged",
@@ -142,6 +159,38 @@ pub(crate) fn verify(dir: &Path, pages: bool) -> Result<ExitCode> {
     })
 }
 
+/// Print each shard and copy that a record of the newest save of a step
+/// says this node keeps (`Record::kept_by` the rank that wrote it) but
+/// that no store of the directory holds; their number.
+fn missing(tier: &TierDir, saves: &Saves, held: &Held) -> Result<usize> {
+    let (records, _) = tier.records(None)?;
+    let mut missing = std::collections::BTreeSet::new();
+    for (name, r) in &records {
+        if saves
+            .get(&r.step)
+            .is_none_or(|(newest, _)| newest.key() != r.key())
+        {
+            continue;
+        }
+        for (store, _) in r.kept_by(name.rank) {
+            if !held.contains_key(&(store, r.step)) {
+                missing.insert((r.step, store, name.rank));
+            }
+        }
+    }
+    for (step, store, by) in &missing {
+        let what = match store.kind {
+            StoreKind::Own => "its own shard",
+            StoreKind::Copies => "a copy of its shard",
+        };
+        println!(
+            "MISSING {store} step {step}: rank {by}'s record says this node keeps {what} \
+             of step {step} for rank {}; it is not here",
+            store.rank
+        );
+    }
+    Ok(missing.len())
+}
 /// Bytes in MiB, for the table (the precision of a float is plenty there).
 #[allow(clippy::cast_precision_loss)]
 fn mib(bytes: u64) -> f64 {
@@ -197,22 +246,52 @@ fn saves(tier: &TierDir) -> Result<(Saves, usize)> {
     Ok((out, refused.len()))
 }
 
+/// The content digest of each step of each store of the directory.
+type Held = BTreeMap<(StoreName, u64), ContentDigest>;
+
 /// The content digest of each step of each store of the directory, after
-/// `each` saw the store (opened read-only) and its number of steps.
+/// `each` saw the store (opened read-only) and its number of steps; and
+/// the number of stores that could not be read, each told to `damaged` in
+/// a line (the others are still read).
 fn held(
     tier: &TierDir,
     each: &mut dyn FnMut(StoreName, &CheckpointStore, usize) -> Result<()>,
-) -> Result<BTreeMap<(StoreName, u64), ContentDigest>> {
+    damaged: &mut dyn FnMut(String),
+) -> Result<(Held, usize)> {
     let mut out = BTreeMap::new();
+    let mut unreadable = 0;
     for name in tier.stores()? {
-        let store = open_read(&tier.store_path(name))?;
-        let steps = store.steps()?;
-        each(name, &store, steps.len())?;
-        for step in steps {
-            if let Some(d) = store.content_digest(step)? {
+        let path = tier.store_path(name);
+        let read = open_read(&path).and_then(|store| {
+            let steps = store.steps()?;
+            let mut digests = Vec::with_capacity(steps.len());
+            for &step in &steps {
+                digests.push((step, store.content_digest(step)?));
+            }
+            Ok((store, digests))
+        });
+        let (store, digests) = match read {
+            Ok(found) => found,
+            Err(e) => {
+                unreadable += 1;
+                damaged(format!(
+                    "DAMAGED {name}: {} cannot be read ({}); a load passes over it",
+                    path.display(),
+                    one_line(&*e)
+                ));
+                continue;
+            }
+        };
+        if let Err(e) = each(name, &store, digests.len()) {
+            unreadable += 1;
+            damaged(format!("DAMAGED {name}: {}", one_line(&*e)));
+            continue;
+        }
+        for (step, digest) in digests {
+            if let Some(d) = digest {
                 out.insert((name, step), d);
             }
         }
     }
-    Ok(out)
+    Ok((out, unreadable))
 }

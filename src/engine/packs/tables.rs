@@ -31,6 +31,9 @@ pub(crate) struct PackTables<'txn> {
     /// Set when a pack file read in this transaction fails its check: the
     /// damage is in that file, not in the redb file.
     pub(crate) faulted: bool,
+    /// Pack files this transaction checked before reusing a chunk in them
+    /// (see [`PackTables::holds`]): whether each was present and whole.
+    confirmed: HashMap<u32, bool>,
 }
 
 impl<'txn> PackTables<'txn> {
@@ -43,6 +46,7 @@ impl<'txn> PackTables<'txn> {
             files: None,
             dead: Vec::new(),
             faulted: false,
+            confirmed: HashMap::new(),
         }
     }
 
@@ -78,6 +82,46 @@ impl<'txn> PackTables<'txn> {
             .insert(id, loc.encode().as_slice())
             .context(|| format!("writing table pack_chunks for chunk {}", hex(hash)))?;
         Ok(true)
+    }
+
+    /// Whether chunk `id` may be referenced as stored: it is in `chunk_data`
+    /// or in this transaction's pack file, or its pack file is present and
+    /// whole (there, of the recorded length, under a header naming it).
+    /// Each pack file is checked once per transaction; a commit that reuses
+    /// a chunk never points at bytes that are gone (a file deleted by hand,
+    /// cut short, or replaced).
+    pub(crate) fn holds(&mut self, id: u64) -> Result<bool> {
+        let Some(dir) = self.dir.clone() else {
+            return Ok(true);
+        };
+        if !self.exist()? {
+            return Ok(true);
+        }
+        let ctx = || format!("reading table pack_chunks for chunk id {id}");
+        let Some(bytes) = self.chunks()?.get(id).context(ctx)? else {
+            return Ok(true);
+        };
+        let loc = PackLoc::decode(id, bytes.value())?;
+        drop(bytes);
+        if self.writer.as_ref().is_some_and(|w| w.id() == loc.pack) {
+            return Ok(true);
+        }
+        if let Some(&whole) = self.confirmed.get(&loc.pack) {
+            return Ok(whole);
+        }
+        let ctx = || format!("reading table pack_files for pack file {}", loc.pack);
+        let recorded = self
+            .files()?
+            .get(loc.pack)
+            .context(ctx)?
+            .map(|g| g.value().0);
+        let path = dir.file(loc.pack);
+        let whole = recorded.is_some_and(|len| {
+            dir.io.len(&path).is_ok_and(|n| n == len)
+                && dir.header_of(&path).is_some_and(|h| h.pack == loc.pack)
+        });
+        self.confirmed.insert(loc.pack, whole);
+        Ok(whole)
     }
 
     /// Delete the record of chunk `id` if it is in a pack file; the bytes

@@ -1,9 +1,12 @@
 //! What a [`Remote`](crate::Remote) remembers of its bucket's packs: where the chunks it
 //! wrote or read lie, under the collection mark of the time
 //! ([`mark`](super::mark)); a new mark makes it forget. Writers
-//! deduplicate against it, readers add what they read to it.
+//! deduplicate against it, readers add what they read to it. A writer
+//! relies only on packs this remote wrote or confirmed present and whole
+//! itself (`confirmed`): what a reader learned of another writer's pack is
+//! checked once (a HEAD) before any save points at it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use crate::format::manifest::Hash;
 use crate::remote::coordination::Shared;
@@ -18,18 +21,49 @@ pub(crate) struct Known {
     mark: Option<Vec<u8>>,
     at: HashMap<Hash, Location>,
     /// The manifests (step, hash) whose chunks `at` has learned.
-    learned: std::collections::HashSet<(u64, Hash)>,
+    learned: HashSet<(u64, Hash)>,
+    /// The packs this remote uploaded, or found present and whole, under
+    /// `mark`.
+    confirmed: HashSet<Hash>,
 }
 
 impl Known {
     /// The memory, emptied if the bucket's mark is no longer `mark`.
     pub(crate) fn under(&mut self, mark: &[u8]) -> &mut HashMap<Hash, Location> {
         if self.mark.as_deref() != Some(mark) {
-            self.at.clear();
-            self.learned.clear();
+            self.clear();
             self.mark = Some(mark.to_vec());
         }
         &mut self.at
+    }
+
+    /// The packs (name, length) holding chunks among `chunks` that this
+    /// remote knows of but has not confirmed (under `mark`): what a save
+    /// deduplicating against them must check first.
+    pub(crate) fn unconfirmed(
+        &mut self,
+        mark: &[u8],
+        chunks: impl Iterator<Item = Hash>,
+    ) -> Vec<(Hash, u64)> {
+        self.under(mark);
+        let mut packs: HashMap<Hash, u64> = HashMap::new();
+        for chunk in chunks {
+            if let Some(l) = self.at.get(&chunk) {
+                if !self.confirmed.contains(&l.pack) {
+                    packs.insert(l.pack, l.pack_len);
+                }
+            }
+        }
+        let mut packs: Vec<(Hash, u64)> = packs.into_iter().collect();
+        packs.sort_unstable();
+        packs
+    }
+
+    /// Note that `packs` are in the bucket whole (uploaded by this remote,
+    /// or checked), while the mark is `mark`.
+    pub(crate) fn confirm(&mut self, mark: &[u8], packs: impl Iterator<Item = Hash>) {
+        self.under(mark);
+        self.confirmed.extend(packs);
     }
 
     /// Note that the chunks of the manifest of `step` of hash `hash` are
@@ -49,12 +83,14 @@ impl Known {
     pub(crate) fn clear(&mut self) {
         self.at.clear();
         self.learned.clear();
+        self.confirmed.clear();
     }
 
     /// Forget every chunk of the packs `gone` (and which manifests were
     /// learned: one of them named a pack that is gone).
     pub(crate) fn forget(&mut self, gone: &[Hash]) {
         self.at.retain(|_, loc| !gone.contains(&loc.pack));
+        self.confirmed.retain(|p| !gone.contains(p));
         self.learned.clear();
     }
 }

@@ -11,8 +11,13 @@
 //! ([`Known`](crate::remote::coordination::known::Known)), with the bucket's
 //! collection mark at the time. A garbage collection writes a new mark before
 //! it deletes anything, so a memory whose mark is still the bucket's (read
-//! under the push lock, which no collection overlaps) names only packs that are
-//! there.
+//! under the push lock, which no collection overlaps) names only packs that no
+//! collection deleted. A pack can still be lost another way (deleted by hand,
+//! a lifecycle rule, a damaged bucket), so a save relies only on packs this
+//! remote uploaded or confirmed present and whole itself: any other pack it
+//! would deduplicate against is checked once (a HEAD per pack, never per
+//! chunk), and the chunks of one that is missing or of another length are
+//! uploaded again from the caller's bytes.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -150,12 +155,14 @@ impl Writer<'_> {
         landed: &mut dyn FnMut(u64) -> Result<()>,
     ) -> Result<Packed> {
         let (mut bytes_uploaded, mut chunks_uploaded) = (0, 0);
+        self.confirm_packs(pieces, mark)?;
         loop {
             let (new, placed) = {
                 let mut known = self.known()?;
                 place_pieces(pieces, known.under(mark), self.pack_bytes)
             };
             chunks_uploaded += placed.len() as u64;
+            let uploaded: Vec<Hash> = new.iter().map(|p| p.name).collect();
             self.upload_packs(new, read, &mut |n| {
                 bytes_uploaded += n;
                 landed(n)?;
@@ -163,6 +170,7 @@ impl Writer<'_> {
             })?;
             let indexed = {
                 let mut guard = self.known()?;
+                guard.confirm(mark, uploaded.into_iter());
                 let known = guard.under(mark);
                 known.extend(placed);
                 index_of(pieces.iter().map(|(h, _)| *h), |h| known.get(h).copied())
@@ -178,13 +186,34 @@ impl Writer<'_> {
             if !self.reassert(lock)? {
                 return Ok(packed(packs, index));
             }
-            let named: Vec<Hash> = packs.iter().map(|p| p.hash.0).collect();
+            let named: Vec<(Hash, u64)> = packs.iter().map(|p| (p.hash.0, p.len)).collect();
             let gone = self.missing_packs(&named)?;
             if gone.is_empty() {
                 return Ok(packed(packs, index));
             }
             self.known()?.forget(&gone);
         }
+    }
+
+    /// Check once (a HEAD each) the packs that chunks among `pieces` lie in
+    /// by what this remote knows, but that it has not uploaded or confirmed
+    /// itself: those present and whole are confirmed, the others forgotten
+    /// (their chunks are then uploaded again).
+    fn confirm_packs(&self, pieces: &[(Hash, u64)], mark: &[u8]) -> Result<()> {
+        let unconfirmed = self
+            .known()?
+            .unconfirmed(mark, pieces.iter().map(|(h, _)| *h));
+        if unconfirmed.is_empty() {
+            return Ok(());
+        }
+        let gone = self.missing_packs(&unconfirmed)?;
+        let mut known = self.known()?;
+        if !gone.is_empty() {
+            known.forget(&gone);
+        }
+        let whole = unconfirmed.into_iter().map(|(p, _)| p);
+        known.confirm(mark, whole.filter(|p| !gone.contains(p)));
+        Ok(())
     }
 
     /// Upload `packs`, a few at a time, each one's pieces read by `read`
@@ -220,15 +249,16 @@ impl Writer<'_> {
         Ok(())
     }
 
-    /// Which of `packs` are missing from the bucket (a HEAD each).
-    pub(crate) fn missing_packs(&self, packs: &[Hash]) -> Result<Vec<Hash>> {
+    /// Which of `packs` (name, length) are missing from the bucket or not
+    /// of their length (a HEAD each).
+    pub(crate) fn missing_packs(&self, packs: &[(Hash, u64)]) -> Result<Vec<Hash>> {
         use futures::{StreamExt, TryStreamExt};
         let bucket = &self.bucket;
         bucket.run(async {
             futures::stream::iter(packs.iter().copied())
-                .map(|pack| async move {
-                    let found = bucket.has(&bucket.layout.pack(&pack)).await?;
-                    Ok::<_, crate::Error>((!found).then_some(pack))
+                .map(|(pack, len)| async move {
+                    let found = bucket.size_of(&bucket.layout.pack(&pack)).await?;
+                    Ok::<_, crate::Error>((found != Some(len)).then_some(pack))
                 })
                 .buffer_unordered(PACKS_IN_FLIGHT * 4)
                 .try_filter_map(|gone| async move { Ok(gone) })
