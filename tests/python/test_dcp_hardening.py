@@ -40,7 +40,11 @@ def finish(procs, timeout=120):
     return [p.communicate(timeout=timeout)[0] for p in procs]
 
 
-def test_one_load_reads_one_save_while_the_step_is_saved_again(tmp_path):
+def _load_while_saved_again(tmp_path, world):
+    """Step 1 saved at 2 ranks, loaded at 2 while it is saved again (the
+    documented recovery) at `world` ranks after rank 0 opened it and
+    before rank 1 does: each rank's output, and the load's seconds from
+    the re-save on."""
     url = f"file://{tmp_path}/bucket"
     run("save", url, 1, 2, salt=0)
     flags = tmp_path / "flags"
@@ -50,13 +54,46 @@ def test_one_load_reads_one_save_while_the_step_is_saved_again(tmp_path):
     while not (flags / "opened").exists():
         assert time.monotonic() < deadline, finish(loading)
         time.sleep(0.05)
-    # Saved again (the documented recovery) after rank 0 opened the step
-    # and before rank 1 does.
-    run("save", url, 1, 2, salt=9)
+    run("save", url, 1, world, salt=9)
     (flags / "resaved").touch()
+    began = time.monotonic()
     outs = finish(loading)
+    return outs, time.monotonic() - began
+
+
+def test_one_load_reads_one_save_while_the_step_is_saved_again(tmp_path):
+    outs, _ = _load_while_saved_again(tmp_path, 2)
     for rank, text in enumerate(outs):
         assert "ok" in text.splitlines(), f"rank {rank}:\n{text[-3000:]}"
+
+
+def test_a_load_while_the_step_is_saved_again_with_another_layout_names_the_resave_on_every_rank(tmp_path):
+    # Issue 65: rank 0 opened step 1 as saved at 2 ranks; it is saved again
+    # at 1 rank (another layout of the same tensors) before rank 1 opens
+    # it. Every rank refuses the load at once, naming the re-save (before,
+    # the coordinator raised KeyError or "outside its stored chunk" from
+    # planning with rank 1's plan of the other save).
+    outs, took = _load_while_saved_again(tmp_path, 1)
+    for rank, text in enumerate(outs):
+        assert "failed:" in text and "saved again" in text, f"rank {rank}:\n{text[-3000:]}"
+        assert "Timed out" not in text, f"rank {rank}:\n{text[-3000:]}"
+    assert took < 60
+
+
+def test_a_rank_that_cannot_open_the_chosen_save_fails_a_striped_load_on_every_rank(tmp_path):
+    # Issue 65: rank 1 is given another bucket holding another save of the
+    # step; it cannot open the coordinator's and raises before the striped
+    # exchange. Every rank raises at once, naming it (before, rank 0 waited
+    # out the fan-out group's timeout, 10 minutes by default).
+    url = f"file://{tmp_path}/bucket"
+    run("save", url, 1, 2, salt=0)
+    run("save", url + "-other", 1, 2, salt=9)
+    began = time.monotonic()
+    outs = finish(start("load-apart", url, 2, tmp_path))
+    for rank, text in enumerate(outs):
+        assert "failed:" in text and "no longer holds the save of step 1" in text, f"rank {rank}:\n{text[-3000:]}"
+        assert "Timed out" not in text, f"rank {rank} waited for the others:\n{text[-3000:]}"
+    assert time.monotonic() - began < 60
 
 
 def _fails_fast_on_every_rank(mode, tmp_path, expect):

@@ -113,6 +113,20 @@ def test_a_state_over_the_budget_is_refused_before_anything_is_allocated(monkeyp
     assert made == []
 
 
+def test_a_smaller_budget_is_checked_when_an_arena_is_reused():
+    # Issue 65: the arena of an earlier save, of the same layout, was reused
+    # under a budget it exceeds.
+    pool = _staging.Pool()
+    first = pool.stage("k", model())
+    pool.give_back("k", first.state)
+    with pytest.raises(StagingBudgetError, match="over the budget of 1000000"):
+        pool.stage("k", model(), budget=1_000_000)
+    # The copy stays in the pool: a save within the budget reuses it.
+    again = pool.stage("k", model(2.0), budget=100_000_000)
+    assert torch.equal(again.state["w"], model(2.0)["w"])
+    assert again.state["w"].data_ptr() == first.state["w"].data_ptr()
+
+
 def test_hashing_waits_for_each_piece_and_not_for_the_rest(monkeypatch):
     # The hashes of a piece are taken once its copy has landed, before the
     # later pieces' (the copy's events, in order).

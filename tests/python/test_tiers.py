@@ -526,6 +526,39 @@ def test_any_exception_reading_a_chunk_map_fails_the_load_on_every_rank(tmp_path
         assert oks(text) == ["ok 1"], text[-3000:]
 
 
+@pytest.mark.parametrize("replicated", [False, True], ids=["dtensors", "replicated"])
+def test_a_rank_whose_staging_fails_fails_the_async_save_on_every_rank(tmp_path, replicated):
+    # Issue 65: rank 1's staging copy of step 3 raises (a MemoryError, as
+    # StagingBudgetError is). Every rank's save of step 3 raises at once,
+    # naming it, and the ranks stay in step: the same Tiers saves step 4
+    # and loads it, and a relaunch restores step 4 bit-identical, never a
+    # step 3 of one rank's state paired with another's step. Before, rank 1
+    # raised alone: rank 0 paired its save of step 3 with rank 1's of 4.
+    env = {"CKPT_TIERS_REPLICATED_MIB": "1"} if replicated else {}
+    started = time.monotonic()
+    actions = ["save:1", "async:2", "fault:stage:1", "asyncfails:3", "async:4", "load:4"]
+    out = job(tmp_path, actions, world=2, per_node=1, env=env)
+    assert time.monotonic() - started < 90
+    for _, text in out:
+        assert [l.split()[1] for l in text.splitlines() if l.startswith("failed ")] == ["3"], text[-3000:]
+        assert "injected on rank 1: staging" in text, text[-3000:]
+        assert oks(text) == ["ok 4"], text[-3000:]
+    out = job(tmp_path, ["load:any", "loadfails:3", "load:2"], world=2, per_node=1, env=env)
+    for _, text in out:
+        assert oks(text) == ["ok 4", "ok 2"], text[-3000:]
+
+
+def test_ranks_at_different_steps_fail_together_rather_than_pair(tmp_path):
+    # Issue 65: every collective of a save names its step. Ranks told
+    # different steps raise on every rank at the first collective, and
+    # the same Tiers then saves and loads in step.
+    out = job(tmp_path, ["save:1", "skew:2", "save:3", "load:3"], world=2, per_node=1)
+    for _, text in out:
+        assert [l.split()[1] for l in text.splitlines() if l.startswith("failed ")] == ["2"], text[-3000:]
+        assert "not at the same operation" in text, text[-3000:]
+        assert oks(text) == ["ok 3"], text[-3000:]
+
+
 def collective_bytes(tmp, world, tensors):
     """Bytes received through the tier's collectives: by rank 0 in the
     second save of the job (the one shard it copies is a plain rank's: the

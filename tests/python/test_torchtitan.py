@@ -139,6 +139,14 @@ def test_keep_latest_k_keeps_the_newest_steps_in_the_bucket(tmp_path):
     assert ckptstore.Remote(bucket).steps() == [STEPS - 1, STEPS]
 
 
+def test_keep_latest_k_with_the_local_tier_keeps_k_steps_in_the_bucket(tmp_path):
+    # Issue 65: retention ran as each save returned, before its upload
+    # landed, and never after: k + 1 steps were left.
+    bucket, local = f"file://{tmp_path}/bucket", f"{tmp_path}/node{{node}}"
+    run(tmp_path, world=1, target=bucket, local=local, keep=2)
+    assert ckptstore.Remote(bucket).steps() == [STEPS - 1, STEPS]
+
+
 def test_the_local_tier_saves_every_step_and_uploads_every_kth(tmp_path, reference):
     steps, _, _ = reference
     bucket, local = f"file://{tmp_path}/bucket", f"{tmp_path}/node{{node}}"

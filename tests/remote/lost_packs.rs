@@ -88,21 +88,35 @@ fn read_back(open: &dyn Fn() -> ckptstore::Result<Remote>, step: u64) -> Result<
     Ok(())
 }
 
+/// An in-memory bucket, and the requests made of it counted.
+fn bucket() -> (Arc<InMemory>, Arc<Failing>) {
+    let memory = Arc::new(InMemory::new());
+    let counting = Arc::new(Failing::new(memory.clone(), 0));
+    (memory, counting)
+}
+
+/// Step 1 saved by one remote, then loaded (its frozen tensor) by a new
+/// one, which is returned: it knows where step 1's chunks lie, and has
+/// confirmed none of its packs.
+fn saved_then_loaded(open: &dyn Fn() -> ckptstore::Result<Remote>) -> Result<Remote> {
+    let first = open()?;
+    let info = first.upload_shard(1, 0, 1, &shard(1))?;
+    first.commit_global(1, &[info.shard])?;
+    let job = open()?;
+    let global = job.open_global(1)?.ok_or("complete")?;
+    job.read_pieces(&global, &[(0, "frozen", 0, 8 * MIB as u64)])?;
+    Ok(job)
+}
+
 #[test]
 fn a_save_after_its_packs_were_lost_uploads_their_chunks_again() -> Result {
     for loss in [Loss::Deleted, Loss::Truncated, Loss::Replaced] {
-        let memory = Arc::new(InMemory::new());
-        let counting = Arc::new(Failing::new(memory.clone(), 0));
+        let (memory, counting) = bucket();
         let open = || Remote::with_store(counting.clone(), "run", "mem://run");
-        let first = open()?;
-        let info = first.upload_shard(1, 0, 1, &shard(1))?;
-        first.commit_global(1, &[info.shard])?;
         // The job comes back: it loads step 1 (and so knows where its
         // chunks lie), then the bucket loses the packs.
-        let job = open()?;
+        let job = saved_then_loaded(&open)?;
         read_back(&open, 1)?;
-        let global = job.open_global(1)?.ok_or("complete")?;
-        job.read_pieces(&global, &[(0, "frozen", 0, 8 * MIB as u64)])?;
         lose(&memory, "run", loss)?;
         counting.reset();
         let info = job.upload_shard(2, 0, 1, &shard(2))?;
@@ -133,15 +147,9 @@ fn a_save_after_its_packs_were_lost_uploads_their_chunks_again() -> Result {
 
 #[test]
 fn a_pack_learned_by_a_load_is_confirmed_once_then_relied_on() -> Result {
-    let memory = Arc::new(InMemory::new());
-    let counting = Arc::new(Failing::new(memory.clone(), 0));
+    let (_, counting) = bucket();
     let open = || Remote::with_store(counting.clone(), "run", "mem://run");
-    let first = open()?;
-    let info = first.upload_shard(1, 0, 1, &shard(1))?;
-    first.commit_global(1, &[info.shard])?;
-    let job = open()?;
-    let global = job.open_global(1)?.ok_or("complete")?;
-    job.read_pieces(&global, &[(0, "frozen", 0, 8 * MIB as u64)])?;
+    let job = saved_then_loaded(&open)?;
     // Each save's requests.
     let save = |step: u64| -> Result<usize> {
         counting.reset();

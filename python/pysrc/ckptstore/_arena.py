@@ -132,12 +132,18 @@ def _span_bytes(shape: Sequence[int], stride: Sequence[int], size: int) -> int:
     return (sum((n - 1) * s for n, s in zip(shape, stride)) + 1) * size
 
 
-def _check_budget(nbytes: int, budget: Optional[int]) -> None:
-    available = available_bytes()
+def within_budget(nbytes: int, budget: Optional[int]) -> None:
+    """Refuse `nbytes` of staging over `budget` (an arena reused is
+    checked too: the budget may have shrunk since it was made)."""
     if budget is not None and nbytes > budget:
         raise StagingBudgetError(
             f"staging the state's device tensors takes {nbytes} bytes of host memory, over the budget of {budget}"
         )
+
+
+def _check_budget(nbytes: int, budget: Optional[int]) -> None:
+    available = available_bytes()
+    within_budget(nbytes, budget)
     if available is not None and nbytes > available:
         raise StagingBudgetError(
             f"staging the state's device tensors takes {nbytes} bytes of host memory; the host has {available} "

@@ -119,18 +119,33 @@ class StorageReader(_storage.StorageReader):
         self._metadata = metadata
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
-        return plan
+        # Which save this rank planned from, for the coordinator to tell a
+        # re-save with another layout from its own.
+        return dataclasses.replace(plan, storage_data=(self._resolved, self._commit))
 
     def prepare_global_plan(self, plans: List[LoadPlan]) -> List[LoadPlan]:
         # The coordinator's save is the load's: every rank reads it; and,
         # fanned out, the stripes each rank reads and hands on.
         fans: List[Optional[_fan_plan.FanPlan]] = [None] * len(plans)
-        if self._fans_out(len(plans)):
-            needs = [[self._piece(i, self._where[i.storage_index])[0] for i in p.items] for p in plans]
-            fans = [fan for fan in _fan_plan.plan(needs, self._from.readers, self._from.nodes)]
+        try:
+            if self._fans_out(len(plans)):
+                needs = [[self._piece(i, self._where[i.storage_index])[0] for i in p.items] for p in plans]
+                fans = [fan for fan in _fan_plan.plan(needs, self._from.readers, self._from.nodes)]
+        except (KeyError, ValueError) as e:
+            if all(p.storage_data == (self._resolved, self._commit) for p in plans):
+                raise
+            # A rank planned from another save of the step, of another
+            # layout: refused on every rank (DCP scatters this failure).
+            raise RuntimeError(self._resaved()) from e
         return [
             dataclasses.replace(p, storage_data=(self._resolved, self._commit, fan)) for p, fan in zip(plans, fans)
         ]
+
+    def _resaved(self) -> str:
+        return (
+            f"step {self._resolved} of {self._from.description} was saved again while this load "
+            "opened it, with another layout: load again"
+        )
 
     def _fans_out(self, world: int) -> bool:
         """Whether a load at `world` ranks (DCP's) reads each byte once."""
@@ -146,10 +161,7 @@ class StorageReader(_storage.StorageReader):
         step, commit = chosen[:2]
         self._open(step, commit)
         if self._metadata.state_dict_metadata != planned:
-            raise RuntimeError(
-                f"step {step} of {self._from.description} was saved again while this load "
-                "opened it, with another layout: load again"
-            )
+            raise RuntimeError(self._resaved())
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> "Future[None]":
         # This rank's reads are planned before the target reads them, also
@@ -162,15 +174,20 @@ class StorageReader(_storage.StorageReader):
             batch, dest = self._plan(plan, planner)
         except Exception as e:  # noqa: BLE001 (raised by the target's read)
             failure = e
+        fan = plan.storage_data[2] if isinstance(plan.storage_data, tuple) else None
+        what = f"loading step {self._resolved} of {self._from.description}"
         if self._opened is None:
-            raise failure or RuntimeError("read_data before read_metadata")
+            failure = failure or RuntimeError("read_data before read_metadata")
+            if fan is not None:
+                # The others wait in the striped exchange: its first
+                # collective raises this failure on every rank.
+                self._joined().check(failure, what)
+            raise failure
         pieces = [piece for _, piece, _, _ in batch]
         deliver = lambda i, data: self._put([batch[i]], [data], planner)  # noqa: E731
-        fan = plan.storage_data[2] if isinstance(plan.storage_data, tuple) else None
         if fan is None:
             self._opened.read(pieces, dest, deliver, failure)
         else:
-            what = f"loading step {self._resolved} of {self._from.description}"
             _fan_out.run(self._joined(), self._opened, fan, pieces, dest, deliver, failure, what)
         fut: Future[None] = Future()
         fut.set_result(None)

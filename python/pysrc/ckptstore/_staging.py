@@ -86,7 +86,13 @@ class Pool:
         def now() -> Begun:
             with self._lock:
                 old, arena = self._free.pop(key, (None, None))
-            out = begin(state, old, shared, arena, budget)
+            try:
+                out = begin(state, old, shared, arena, budget)
+            except BaseException:
+                if old is not None:  # still free for a later save
+                    with self._lock:
+                        self._free.setdefault(key, (old, arena))
+                raise
             if out.arena is not None:
                 with self._lock:
                     self._arenas[id(out.state)] = out.arena
@@ -189,6 +195,8 @@ def begin(value: Any, reuse: Any = None, shared: bool = False, arena: Optional[A
         layout = Layout.of(sources)
         if arena is None or arena.layout != layout or arena.shared != shared:
             arena = Arena(layout, sources[0].device, shared, budget)
+        else:
+            _arena.within_budget(layout.nbytes, budget)
         carved = arena.carve()
         copying = _arena.Copy(arena, sources, carved, [t.is_contiguous() for t in sources])
         views.extend(carved)

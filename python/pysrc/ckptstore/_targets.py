@@ -371,8 +371,12 @@ class OpenedBucket:
         self._remote = remote
         opened = remote.open_global(step, commit)
         if opened is None:
-            which = f"step {step}" if commit is None else f"the commit {commit} of step {step}"
-            raise FileNotFoundError(f"{url} has no complete {which}")
+            if commit is None:
+                raise FileNotFoundError(f"{url} has no complete step {step}")
+            raise FileNotFoundError(
+                f"{url} no longer holds the save of step {step} this load chose (commit {commit}): "
+                "the step was saved again or removed meanwhile; load again"
+            )
         self._opened = opened
         self.commit: Optional[str] = opened.commit
         self._by_rank: Dict[int, Dict[str, Tuple[Optional[str], Optional[List[int]], int]]] = {}

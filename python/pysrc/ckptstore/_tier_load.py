@@ -4,22 +4,26 @@ whole, and DCP's reads striped as a bucket's are (`_fan_out`), each
 stripe read by a rank holding that shard (its own store, or a copy) from
 its stores and handed to the ranks that need it."""
 
+import json
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, TypeVar, Union
 
 import numpy as np
+from torch.distributed.checkpoint.api import CheckpointException
 
 from ._ckptstore import ChunkMap, tier_evaluate, tier_holders, tier_pick
 from ._errors import CorruptError, Error
 from ._fan_out import Refused
 from ._proofs import Refusal
 from ._store import Store
-from ._targets import Deliver, Opened, Piece, Slice, read_in_batches
+from ._targets import METADATA, Deliver, Opened, Piece, Slice, read_in_batches
 from ._tier_layout import Record, records_in
+from ._tier_save import SIZES
 from ._tier_wire import Group
 
 __all__ = [
-    "Choice", "Held", "Holding", "MapOf", "ReadOf", "ShardsLost", "TierSource", "choose", "chunk_map_held", "read_held"
+    "Choice", "Held", "Holding", "MapOf", "ReadOf", "ShardsLost", "TierSource", "choose", "chunk_map_held", "layout_of",
+    "read_held", "refusals",
 ]
 
 # Fill each (entry, start, array) with bytes of rank `src`'s shard (of the
@@ -270,3 +274,33 @@ def _from_stores(opened: Held, src: int, step: int, use: Callable[[Store], Optio
             return got
         problems.append(f"step {step} is gone from a store of rank {src}'s shards, or is another save")
     raise CorruptError("; ".join(problems) or f"no store here holds rank {src}'s shard of step {step}")
+
+
+def layout_of(opened: List[Tuple[str, int, Store]], record: Record) -> Tuple[str, List[Dict[str, int]]]:
+    """DCP's metadata and the entry sizes in rank 0's shard of `record`'s
+    save, from this rank's stores (hash-checked)."""
+    problems = []
+    for _, held, store in sorted(opened, key=lambda o: o[0] != "own"):
+        if held != 0 or store.content_digest(record.step) != record.digests[0]:
+            continue
+        try:
+            metadata, sizes = store.get_blob(record.step, METADATA), store.get_blob(record.step, SIZES)
+        except CorruptError as e:
+            problems.append(str(e))
+            continue
+        if metadata is None or sizes is None:
+            problems.append(f"rank 0's shard of step {record.step} has no DCP metadata")
+            continue
+        return metadata.decode(), [{str(k): int(v) for k, v in s.items()} for s in json.loads(sizes)]
+    raise CorruptError("; ".join(problems) or f"no store here holds rank 0's shard of step {record.step}")
+
+
+def refusals(e: CheckpointException) -> Dict[Tuple[int, int], str]:
+    """The refusals a load failed with (`_fan_out.Refused`, raised on every
+    rank alike): why, by (holder, source rank)."""
+    out: Dict[Tuple[int, int], str] = {}
+    for failure in e.failures.values():
+        if isinstance(failure[0], Refused):
+            for holder, src, why in failure[0].refusals:
+                out.setdefault((holder, src), why)
+    return out

@@ -5,12 +5,17 @@ job), objects and bytes sent point to point to the ranks that need them
 (bytes in pieces of at most 64 MiB, each array hash-checked by its
 receiver against the BLAKE3 its sender sent with it), streams of
 messages run in rounds (a load's bytes, `stream`), and a failure flag
-reduced over every rank at each step where one may fail."""
+reduced over every rank at each step where one may fail. The flag goes
+with what the rank is doing (`Group.on`: "save of step 3"), so ranks at
+different operations fail together rather than pair them."""
 
+import contextlib
+import hashlib
 import pickle
+from concurrent.futures import Future
 from datetime import timedelta
 
-from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple, TypeVar
+from typing import Any, Callable, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple, TypeVar
 
 import numpy as np
 import torch
@@ -93,6 +98,13 @@ def attempt(work: Callable[[], T]) -> Tuple[Optional[T], Optional[BaseException]
         return None, e
 
 
+def failed_future(e: BaseException) -> "Future[Any]":
+    """A future that failed with `e`."""
+    fut: "Future[Any]" = Future()
+    fut.set_exception(e)
+    return fut
+
+
 def described(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
@@ -103,6 +115,18 @@ class Group:
 
     def __init__(self, group: Optional[Any], rank: int, world: int) -> None:
         self.group, self.rank, self.world = group, rank, world
+        self.about = ""
+
+    @contextlib.contextmanager
+    def on(self, about: str) -> Iterator[None]:
+        """Name what this rank's collectives are about within the block
+        ("save of step 3"): each failure flag carries it, and ranks that
+        are about different things raise on every rank at that flag."""
+        before, self.about = self.about, about
+        try:
+            yield
+        finally:
+            self.about = before
 
     def gather(self, obj: Any) -> List[Any]:
         """Every rank's `obj`, by rank (a collective)."""
@@ -118,9 +142,17 @@ class Group:
         objects gathered only when some rank has one)."""
         if self.group is None:
             return [] if mine is None else [(0, mine)]
-        flag = torch.tensor([0 if mine is None else 1], dtype=torch.int32)
+        tag = _tag(self.about)
+        flag = torch.tensor([0 if mine is None else 1, tag, -tag], dtype=torch.int64)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
-        if not int(flag.item()):
+        if int(flag[1]) != -int(flag[2]):
+            # Some rank is about another operation: every rank sees the
+            # same reduced tags, so every rank raises here.
+            raise TierFailure(
+                f"the ranks are not at the same operation (rank {self.rank}: {self.about or 'none named'}); "
+                "every rank must call the same saves and loads, with the same steps, in the same order"
+            )
+        if not int(flag[0]):
             return []
         return [(r, t) for r, t in enumerate(self.gather(mine)) if t is not None]
 
@@ -320,6 +352,13 @@ class Group:
 
     def _pieces(self, t: torch.Tensor, peer: int, op: Any) -> List[Any]:
         return [op(t[at : at + PIECE], peer, group=self.group) for at in range(0, int(t.numel()), PIECE)]
+
+
+def _tag(about: str) -> int:
+    """`about` as a non-negative 62-bit number (0 for nothing named)."""
+    if not about:
+        return 0
+    return int.from_bytes(hashlib.blake2b(about.encode(), digest_size=8).digest(), "little") >> 2
 
 
 def _contiguous(a: np.ndarray) -> np.ndarray:

@@ -1,14 +1,13 @@
 """`ckptstore.dcp.Tiers`: a job's checkpoints on each node's own disk,
 with copies on peer nodes, over a bucket."""
 
-import json
 import os
 import threading
 import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 import numpy as np
 import torch.distributed as dist
@@ -19,12 +18,11 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.checkpoint.stateful import Stateful
 
 from ._convert import step_number
-from ._errors import CorruptError, Error
+from ._errors import Error
 from ._store import Store
 from ._store import open as open_store
 from ._dcp_read import StorageReader
 from ._dcp_write import StorageWriter
-from ._fan_out import Refused
 from ._targets import METADATA, is_bucket_url, remote_of
 from ._tier_layout import (
     Topology,
@@ -39,11 +37,13 @@ from ._tier_layout import (
     stores_in,
     write_record,
 )
-from ._tier_load import Choice, Holding, MapOf, ReadOf, ShardsLost, TierSource, choose, chunk_map_held, read_held
+from ._tier_load import (
+    Choice, Holding, MapOf, ReadOf, ShardsLost, TierSource, choose, chunk_map_held, layout_of, read_held, refusals
+)
 from ._staging import Hashes, Pool
 from ._cost import Clock, SaveCost
 from ._tier_save import SIZES, TierShard, agree, record_of, send_copies
-from ._tier_wire import DEFAULT_TIMEOUT, Group, TierFailure, attempt, described
+from ._tier_wire import DEFAULT_TIMEOUT, Group, TierFailure, attempt, described, failed_future
 
 
 class Tiers:
@@ -66,7 +66,10 @@ class Tiers:
     `timeout`), never the job's, so training's collectives and a
     background save or upload never meet. With `background_staging`,
     `async_save` returns before its copy is made (see there).
-    docs/tiers.md has the details."""
+    `uploaded(step)` is called on every rank, on the upload thread, once
+    each step is whole in the bucket (the place for the bucket's
+    retention: what it counts has landed); an exception it raises fails
+    that upload. docs/tiers.md has the details."""
 
     def __init__(
         self,
@@ -79,6 +82,7 @@ class Tiers:
         *,
         timeout: Optional[timedelta] = None,
         background_staging: bool = False,
+        uploaded: Optional[Callable[[int], None]] = None,
     ) -> None:
         for name, value, least in (("peers", peers, 0), ("durable_every", durable_every, 1), ("keep_local", keep_local, 1)):
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
@@ -88,6 +92,7 @@ class Tiers:
         self._bucket = None if bucket is None else str(bucket)
         self._peers, self._every, self._keep = peers, durable_every, keep_local
         self._background = bool(background_staging)
+        self._uploaded = uploaded
         if dist.is_available() and dist.is_initialized():
             rank, world = dist.get_rank(), dist.get_world_size()
             wait = DEFAULT_TIMEOUT if timeout is None else timeout
@@ -153,17 +158,25 @@ class Tiers:
         (`close` frees it)."""
         self._check()
         clock, step = Clock(), step_number(step)
-        staging, copy = self._pool.in_background(
-            None, _state_dicts(state), self._stager,
-            lambda begun: clock.staged(
-                time.perf_counter() - clock.started, begun - clock.started if self._background else None
-            ),
-        )
+        try:
+            staging, copy = self._pool.in_background(
+                None, _state_dicts(state), self._stager,
+                lambda begun: clock.staged(
+                    time.perf_counter() - clock.started, begun - clock.started if self._background else None
+                ),
+            )
+        except Exception as e:  # noqa: BLE001 - told to every rank by the save
+            staging, copy = failed_future(e), failed_future(e)
         if not self._background:
-            staging.result()
+            staging.exception()  # done; a failure reaches every rank through the save
 
         def save_now() -> SaveCost:
-            copied = copy.result()
+            copied, failed = attempt(copy.result)
+            if copied is None:
+                # This rank could not stage its state: the save's first
+                # collective fails it on every rank.
+                assert failed is not None
+                return self._save_now({}, step, clock, None, failed)
             try:
                 return self._save_now(copied.state, step, clock, copied.hashes)
             finally:  # free for the next async_save
@@ -242,11 +255,31 @@ class Tiers:
     # The save (on the save thread).
 
     def _save_now(
-        self, state: Dict[str, Any], step: int, clock: Clock, hashes: Optional[Hashes]
+        self,
+        state: Dict[str, Any],
+        step: int,
+        clock: Clock,
+        hashes: Optional[Hashes],
+        failed: Optional[BaseException] = None,
+    ) -> SaveCost:
+        """Save `state` as `step` on every rank together; `failed`: this
+        rank could not stage it (every rank raises)."""
+        with self._group.on(f"save of step {step}"):
+            return self._save(state, step, clock, hashes, failed)
+
+    def _save(
+        self,
+        state: Dict[str, Any],
+        step: int,
+        clock: Clock,
+        hashes: Optional[Hashes],
+        staging: Optional[BaseException],
     ) -> SaveCost:
         topo, rank, group = self._topology, self._rank, self._group
 
         def prepare() -> Tuple[Store, int]:
+            if staging is not None:
+                raise staging
             os.makedirs(self._dir, exist_ok=True)  # a node's disk may have been replaced
             own = self._store(own_store(self._dir, rank))
             # This rank vouches no more for an older save of the step.
@@ -347,7 +380,8 @@ class Tiers:
         own, records, keys = found
         agreed = set.intersection(*(set(map(tuple, p)) for p in self._uploads.gather(keys)))
         for key in sorted(agreed):
-            self._upload(records[key], own)
+            with self._uploads.on(f"upload of step {records[key].step}"):
+                self._upload(records[key], own)
 
     def _upload(self, record: Any, own: Store) -> None:
         assert self._bucket is not None
@@ -372,6 +406,8 @@ class Tiers:
         if failures:
             raise RuntimeError(f"step {record.step} was not uploaded to {self._bucket}: " + "; ".join(dict.fromkeys(failures)))
         mark_in_bucket(self._dir, record)
+        if self._uploaded is not None:
+            self._uploaded(record.step)
 
     # The load.
 
@@ -384,6 +420,10 @@ class Tiers:
         self.wait()
         self._close_stores()
         wanted = None if step is None else step_number(step)
+        with self._group.on("load of the newest step" if wanted is None else f"load of step {wanted}"):
+            return self._load(state, wanted)
+
+    def _load(self, state: Dict[str, Any], wanted: Optional[int]) -> int:
         surveyed, failed = attempt(self._survey)
         opened = [] if surveyed is None else surveyed[0]
         try:
@@ -431,7 +471,7 @@ class Tiers:
                 self._dcp_load(state, StorageReader(source))
                 return
             except CheckpointException as e:
-                told = {k: why for k, why in _refusals(e).items() if k not in refused}
+                told = {k: why for k, why in refusals(e).items() if k not in refused}
                 if not told:
                     raise
                 for (holder, src), why in told.items():
@@ -482,7 +522,7 @@ class Tiers:
             return record.metadata, list(record.sizes)
         problems = []
         for holder in choice.holders.get(0, []):
-            got, failed = attempt(lambda: _layout_of(opened, record)) if self._rank == holder else (None, None)
+            got, failed = attempt(lambda: layout_of(opened, record)) if self._rank == holder else (None, None)
             got, why = self._group.broadcast((got, None if failed is None else described(failed)), holder)
             if got is not None:
                 return got  # type: ignore[no-any-return]
@@ -540,40 +580,10 @@ class Tiers:
         return opened, held
 
 
-def _layout_of(opened: List[Tuple[str, int, Store]], record: Any) -> Tuple[str, List[Dict[str, int]]]:
-    """DCP's metadata and the entry sizes in rank 0's shard of `record`'s
-    save, from this rank's stores (hash-checked)."""
-    problems = []
-    for _, held, store in sorted(opened, key=lambda o: o[0] != "own"):
-        if held != 0 or store.content_digest(record.step) != record.digests[0]:
-            continue
-        try:
-            metadata, sizes = store.get_blob(record.step, METADATA), store.get_blob(record.step, SIZES)
-        except CorruptError as e:
-            problems.append(str(e))
-            continue
-        if metadata is None or sizes is None:
-            problems.append(f"rank 0's shard of step {record.step} has no DCP metadata")
-            continue
-        return metadata.decode(), [{str(k): int(v) for k, v in s.items()} for s in json.loads(sizes)]
-    raise CorruptError("; ".join(problems) or f"no store here holds rank 0's shard of step {record.step}")
-
-
 def _state_dicts(state: Dict[str, Any]) -> Dict[str, Any]:
     """`state` with each `Stateful` value (a model, an optimizer wrapper)
     replaced by its `state_dict()`, as DCP's save does."""
     return {key: value.state_dict() if isinstance(value, Stateful) else value for key, value in state.items()}
-
-
-def _refusals(e: CheckpointException) -> Dict[Tuple[int, int], str]:
-    """The refusals a load failed with (`_fan_out.Refused`, raised on every
-    rank alike): why, by (holder, source rank)."""
-    out: Dict[Tuple[int, int], str] = {}
-    for failure in e.failures.values():
-        if isinstance(failure[0], Refused):
-            for holder, src, why in failure[0].refusals:
-                out.setdefault((holder, src), why)
-    return out
 
 
 def _first_line(e: BaseException) -> str:

@@ -19,7 +19,8 @@ leaves nothing a resume picks up. `load()` restores the newest committed
 step (or `load_step`) at any world size, resharding as DCP does; a step
 0 restores the model only (torchtitan's seed checkpoint). `keep_latest_k`
 is the bucket's retention (`Remote.gc(keep_last=k)`), run by rank 0 once
-a save is durable, never on a step in flight. `async_mode="async"` saves
+a save is durable (with the local tier: once its upload lands, and at
+`close()`), never on a step in flight. `async_mode="async"` saves
 on DCP's thread; `"async_with_pinned_mem"` through ckptstore's own
 staging (`StorageWriter(background_staging=True)`): `save` returns at
 once, `maybe_wait_for_staging()` waits for the copy. `close()` waits for
@@ -120,7 +121,13 @@ class CheckpointManager(_TitanManager):  # type: ignore[misc]
         self.tiers: Optional[Tiers] = None
         if config.local is not None:
             keep = max(2, config.keep_latest_k or 2)
-            self.tiers = Tiers(config.local, self.target, config.peers, config.upload_every, keep, timeout=wait)
+            # The bucket's retention runs once an upload lands (and at
+            # close): run as a save returns, it would count the steps
+            # before the upload in flight and leave k + 1.
+            self.tiers = Tiers(
+                config.local, self.target, config.peers, config.upload_every, keep,
+                timeout=wait, uploaded=lambda _step: self._retain(),
+            )
 
     # Saves.
 
@@ -141,9 +148,9 @@ class CheckpointManager(_TitanManager):  # type: ignore[misc]
 
     def _save_now(self, states: Dict[str, Any], step: int) -> None:
         if self.tiers is not None:
-            self.tiers.save(states, step)
-        else:
-            save(states, storage_writer=StorageWriter(self.target, step))
+            self.tiers.save(states, step)  # retention once its upload lands
+            return
+        save(states, storage_writer=StorageWriter(self.target, step))
         self._retain()
 
     def _save_async(self, states: Dict[str, Any], step: int) -> None:
@@ -166,7 +173,8 @@ class CheckpointManager(_TitanManager):  # type: ignore[misc]
         self.save_future = None
         if future is not None:
             future.result()
-        self._retain()
+        if self.tiers is None:  # the tier's: once its upload lands
+            self._retain()
 
     def _maybe_wait_for_staging(self) -> None:
         if self.staging_future is not None:
@@ -267,6 +275,7 @@ class CheckpointManager(_TitanManager):  # type: ignore[misc]
             if self.tiers is not None:
                 self.tiers.close()
                 self.tiers = None
+                self._retain()  # every upload has landed
             super()._close()
 
 

@@ -10,6 +10,8 @@ Modes:
                 FLAGS_DIR/opened (the test saves step 1 again in between)
   load-unlisted load the latest step; rank 0 cannot list the bucket
   load-flaky    load step 1; rank 1's first metadata read fails
+  load-apart    load step 1; rank 1 from TARGET-other, which holds
+                another save of it (it cannot open the coordinator's)
   save-error    save step 2; rank 1's write fails with a ckptstore.Error
   subgroup      ranks 1 and 2 save and load in a group of their own;
                 rank 0 saves and loads alone with no_dist=True
@@ -75,7 +77,7 @@ def main():
     )
     try:
         run(mode, target, rank, world, flags)
-    except Exception as e:  # the test reads what each rank saw
+    except BaseException as e:  # the test reads what each rank saw (DCP's CheckpointException too)
         print(f"failed: {type(e).__name__}: {e}", flush=True)
     print("done", flush=True)
     os._exit(0)
@@ -131,6 +133,8 @@ def run(mode, target, rank, world, flags):
         except BaseException as e:  # DCP's CheckpointException is a BaseException
             print(f"failed: {type(e).__name__}: {e}", flush=True)
         return
+    elif mode == "load-apart":
+        full = load_dtensors(mesh, target + ("-other" if rank == 1 else ""), 1)
     elif mode == "load-flaky":
         original = StorageReader.read_metadata
         failed = []

@@ -16,8 +16,11 @@ it reads a shard), `fault:record:R` (rank R's next save fails with a
 MemoryError as it writes its record), `fault:map:R` (rank R's next load
 fails with a MemoryError as it reads a chunk map it is to send), `fault:wire:R` (the next message rank R streams in a
 load arrives damaged), `fault:flip:R` (rank R flips a byte it is about to
-send of the stripes it read, once they passed its stores' check), `savefails:S` / `loadfails:S` (a save or load
-that must raise: prints "failed S TYPE").
+send of the stripes it read, once they passed its stores' check), `fault:stage:R` (rank R's next staging
+copy of an async_save fails with a MemoryError), `savefails:S` / `loadfails:S` (a save or load
+that must raise: prints "failed S TYPE"), `asyncfails:S` (an async_save of S whose
+save must raise, as must the `wait` after it: prints "failed S TYPE"), `skew:S` (a save of S on every
+rank but rank 1, which saves S + 1: every rank's must raise).
 Each prints what it did: "saved S", "ok S".
 
 Options from the environment: CKPT_TIERS_PEERS (1), CKPT_TIERS_PER_NODE
@@ -216,6 +219,18 @@ def fault(where, rank):
         fan_module._Send.__init__ = flipped
         return
 
+    if where == "stage":
+        import ckptstore._staging as staging_module
+
+        original_begin = staging_module.begin
+
+        def failing_begin(*args, **kwargs):
+            staging_module.begin = original_begin
+            raise MemoryError(f"injected on rank {rank}: staging")
+
+        staging_module.begin = failing_begin
+        return
+
     if where == "wire":
         original_header = wire_module._header
 
@@ -372,6 +387,31 @@ def main():
             else:
                 print(f"MISMATCH {what} {arg} did not fail", flush=True)
                 sys.exit(3)
+        elif what == "skew":
+            # Rank 1 saves step S + 1 where the others save step S: every
+            # rank's save must raise.
+            step = int(arg) + (1 if rank == 1 else 0)
+            try:
+                tiers.save(state(mesh, step, empty=False), step)
+            except BaseException as e:  # noqa: BLE001
+                print(f"failed {arg} {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", flush=True)
+            else:
+                print(f"MISMATCH skew {arg} did not fail", flush=True)
+                sys.exit(3)
+        elif what == "asyncfails":
+            current[0] = int(arg)
+            try:
+                response = tiers.async_save(state(mesh, int(arg), empty=False), int(arg))
+                response.upload_completion.result()
+            except BaseException as e:  # noqa: BLE001
+                print(f"failed {arg} {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", flush=True)
+            else:
+                print(f"MISMATCH asyncfails {arg} did not fail", flush=True)
+                sys.exit(3)
+            try:
+                tiers.wait()
+            except BaseException:  # noqa: BLE001 - the same failure, told once more
+                pass
         elif what == "close":
             tiers.close()
             print("closed", flush=True)
