@@ -148,7 +148,9 @@ impl GradientCheckpoint {
     }
 
     /// Check that the checkpoint can be stored and read back exactly: JSON
-    /// has no NaN or infinity, so every metric must be finite; metadata
+    /// has no NaN or infinity, so every metric must be finite; no metric is
+    /// named with the library's prefix (a step without a save record would
+    /// read two such metrics as the record 0.4.0 kept there); metadata
     /// strings (loss CID, names) are at most [`MAX_TEXT_BYTES`] long, the
     /// cap a bucket's readers hold them to.
     pub(crate) fn validate(&self) -> Result<()> {
@@ -177,6 +179,19 @@ impl GradientCheckpoint {
                     ),
                 });
             }
+        }
+        if let Some(name) = self
+            .metrics
+            .keys()
+            .find(|n| n.starts_with(RESERVED_METRICS))
+        {
+            return Err(Error::InvalidCheckpoint {
+                step: self.step,
+                reason: format!(
+                    "metric {name:?}: names beginning {RESERVED_METRICS:?} are the library's \
+                     (0.4.0 kept a save's cost under them; the step's save record holds it now)"
+                ),
+            });
         }
         if let Some((name, v)) = self.metrics.iter().find(|(_, v)| !v.is_finite()) {
             return Err(Error::InvalidCheckpoint {
@@ -216,6 +231,11 @@ impl GradientCheckpoint {
         })
     }
 }
+
+/// The prefix of metric names the library keeps for itself: 0.4.0 recorded
+/// a save's cost as metrics under it, which a step without a save record
+/// still reads as its record. Refused in a checkpoint to store.
+pub(crate) const RESERVED_METRICS: &str = "ckptstore.";
 
 /// The longest metadata string a checkpoint may carry (its loss CID, a
 /// blob, tensor or metric name), in bytes.

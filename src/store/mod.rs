@@ -215,6 +215,8 @@ impl std::fmt::Debug for CheckpointStore {
 }
 
 #[cfg(test)]
+mod legacy_metrics;
+#[cfg(test)]
 mod pack_faults;
 #[cfg(test)]
 mod pack_power_cuts;

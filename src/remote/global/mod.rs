@@ -4,6 +4,8 @@
 
 pub(crate) mod coordinated;
 pub(crate) mod dcp;
+#[cfg(test)]
+mod legacy_metrics;
 pub(crate) mod shards;
 
 use std::collections::BTreeMap;
