@@ -14,6 +14,7 @@ from typing import Any, Dict, Hashable, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch.distributed.checkpoint import storage as _storage
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
@@ -234,6 +235,8 @@ class StorageWriter(_storage.StorageWriter):
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self._coordinator = is_coordinator
+        if kwargs.get("use_collectives", True) is False:
+            _refuse_rank_local(self._to.description)
 
     def storage_meta(self) -> Optional[StorageMeta]:
         return StorageMeta(checkpoint_id=str(self._step))
@@ -328,6 +331,19 @@ class StorageWriter(_storage.StorageWriter):
         shards[self._rank] = self._count(put)
         self._give_back()
         self._done()
+
+
+def _refuse_rank_local(description: str) -> None:
+    """Refuse a rank-local save (`dcp.save(..., use_collectives=False)`) of
+    several ranks: each rank would plan and commit the step alone, and the
+    ranks' commits would replace each other (acknowledged, with the other
+    ranks' data gone). One process saving alone is an ordinary save."""
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if world > 1:
+        raise NotImplementedError(
+            f"a rank-local save (use_collectives=False) of {world} ranks to {description} is not "
+            "supported yet: each rank would commit the step alone; save with use_collectives=True"
+        )
 
 
 def fold(

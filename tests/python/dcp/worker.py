@@ -1,7 +1,7 @@
 """One rank of a DCP save or load through ckptstore.dcp (run by
 test_dcp.py as WORLD processes over gloo on 127.0.0.1).
 
-    python worker.py save|save_again|async_save|load TARGET STEP RANK WORLD PORT [SALT]
+    python worker.py save|save_local|save_again|async_save|load TARGET STEP RANK WORLD PORT [SALT]
 
 WORLD 1 with PORT 0 runs without a process group (DCP's no_dist). The
 state is a function of SALT (default 0), so a loader knows every byte to
@@ -157,6 +157,14 @@ def main():
         StorageWriter.write_data = write_then_die
     if mode == "save":
         dcp.save(state(mesh, salt, empty=False), storage_writer=StorageWriter(target, step))
+        print("saved", flush=True)
+    elif mode == "save_local":
+        # DCP's rank-local mode: refused at several ranks (issue 66).
+        try:
+            writer = StorageWriter(target, step)
+            dcp.save(state(mesh, salt, empty=False), storage_writer=writer, use_collectives=False)
+        except Exception as e:  # noqa: BLE001 - the test reads it
+            print(f"failed {type(e).__name__}: {e}", flush=True)
         print("saved", flush=True)
     elif mode == "save_again":
         # Steps STEP and STEP + 1 of the same state in one process; rank 0
