@@ -15,9 +15,22 @@ pub(crate) fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// Write `bytes` to `path` through a fsynced temporary file and a rename,
-/// then fsync the directory. Removes the temporary file on failure.
-pub(crate) fn write_durably(path: &Path, bytes: &[u8]) -> Result<()> {
+/// Write `bytes` to `path` whole or not at all, durably: through a
+/// temporary file beside it (`.NAME.tmpPID-UUID`, PID this process's id,
+/// so that a sweeper can tell one a killed writer left), fsynced, renamed
+/// over `path`, then the directory fsynced. On failure the temporary file
+/// is removed and `path` is untouched; errors name `path`.
+///
+/// ```
+/// # let dir = tempfile::tempdir()?;
+/// let path = dir.path().join("marker.json");
+/// ckptstore::write_durably(&path, b"{}")?;
+/// assert_eq!(std::fs::read(&path)?, b"{}");
+/// ckptstore::remove_durably(&path)?;
+/// assert!(!path.exists());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn write_durably(path: &Path, bytes: &[u8]) -> Result<()> {
     write_durably_with(path, |file| file.write_all(bytes))
 }
 
@@ -28,7 +41,7 @@ pub(crate) fn write_durably_with(
     path: &Path,
     write: impl FnOnce(&mut File) -> std::io::Result<()>,
 ) -> Result<()> {
-    let (dir, tmp) = temp_beside(path, "tmp");
+    let (dir, tmp) = temp_beside(path, &format!("tmp{}", std::process::id()));
     let result = (|| {
         // Errors name the file the caller asked for, not the temporary one.
         let mut file = File::create(&tmp).map_err(|e| Error::io("create", path, e))?;
@@ -47,7 +60,7 @@ pub(crate) fn write_durably_with(
 
 /// Remove `path` if it is there, and fsync its directory: once this
 /// returns, a crash does not bring it back.
-pub(crate) fn remove_durably(path: &Path) -> Result<()> {
+pub fn remove_durably(path: &Path) -> Result<()> {
     match fs::remove_file(path) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
@@ -123,6 +136,35 @@ pub(crate) fn real_path(path: &Path) -> Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_durable_writes_temporary_file_names_its_process() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("m.json");
+        let names = || -> Vec<String> {
+            fs::read_dir(dir.path())
+                .expect("list")
+                .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+                .collect()
+        };
+        // While it is written: `.m.json.tmpPID-UUID`, and nothing else.
+        let mut seen = Vec::new();
+        let failed = write_durably_with(&path, |file| {
+            file.write_all(b"half")?;
+            seen = names();
+            Err(std::io::Error::other("injected"))
+        });
+        let pid = format!(".m.json.tmp{}-", std::process::id());
+        assert!(
+            seen.len() == 1 && seen[0].starts_with(&pid) && seen[0].len() == pid.len() + 36,
+            "{seen:?}"
+        );
+        // A write that fails leaves neither file.
+        assert!(failed.is_err() && names().is_empty(), "{:?}", names());
+        write_durably(&path, b"whole").expect("write");
+        assert_eq!(fs::read(&path).expect("read"), b"whole");
+        assert_eq!(names(), ["m.json"]);
+    }
 
     #[test]
     fn real_paths_resolve_links_and_new_names() {

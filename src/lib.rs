@@ -90,6 +90,7 @@ mod tensor;
 pub mod tier;
 
 pub use checkpoint::{GradientCheckpoint, MAX_TEXT_BYTES};
+pub use file::{remove_durably, write_durably};
 
 /// The length of a blob's chunks, all but its last few (which are shorter):
 /// ranged reads cut on multiples of it from a blob's start share no chunk.

@@ -7,6 +7,7 @@
 mod arrays;
 mod convert;
 mod dcp;
+mod files;
 mod global_step;
 mod handle;
 mod record;
@@ -91,6 +92,8 @@ fn _ckptstore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(pyo3::wrap_pyfunction!(dcp::dcp_box_span, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(dcp::dcp_metadata_encode, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(dcp::dcp_metadata_decode, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(files::write_durably, m)?)?;
+    m.add_function(pyo3::wrap_pyfunction!(files::remove_durably, m)?)?;
     results::register(m)?;
     tier::register(m)?;
     m.add("Error", m.py().get_type::<CkptError>())?;

@@ -5,6 +5,7 @@ rotation removes steps; nothing unsafe is stored or loaded."""
 
 import json
 import os
+import uuid
 import pathlib
 
 import pytest
@@ -138,8 +139,9 @@ def test_the_store_is_the_truth_when_a_save_dies_before_its_marker(tmp_path, mon
 
 def test_a_marker_file_half_written_by_a_killed_process_is_swept(tmp_path):
     """A process killed between writing a marker's temporary file and
-    renaming it leaves `<marker>.<pid>.tmp`: the next save there removes
-    it (a dead process's, empty or a marker), and nothing else."""
+    renaming it leaves `.<marker>.tmp<pid>-<uuid>` (the crate's durable
+    write; 0.4 wrote `<marker>.<pid>.tmp`): the next save there removes it
+    (a dead process's, empty or a marker), and nothing else."""
     import subprocess
     import sys
 
@@ -153,10 +155,17 @@ def test_a_marker_file_half_written_by_a_killed_process_is_swept(tmp_path):
     (d / f"epoch=0.ckpt.{pid}.tmp").write_bytes(b"")
     (d / f"notes.{pid}.tmp").write_text("not a marker")
     (d / f"mine.ckpt.{os.getpid()}.tmp").write_bytes(b"")  # a live process's
+    crate = f"tmp{pid}-{uuid.uuid4()}"
+    (d / f".last.ckpt.{crate}").write_bytes((d / "last.ckpt").read_bytes())
+    (d / f".epoch=1.ckpt.{crate}").write_bytes(b"")
+    (d / f".notes.{crate}").write_text("not a marker")
+    live = f".mine.ckpt.tmp{os.getpid()}-{uuid.uuid4()}"
+    (d / live).write_bytes(b"")
     again = cl.CheckpointIO(tmp_path / "run.ckpt")
     again.save_checkpoint(_checkpoint(8, "new", torch.ones(4)), d / "last.ckpt")
     again.teardown()
-    assert sorted(f.name for f in d.iterdir()) == sorted(["last.ckpt", f"notes.{pid}.tmp", f"mine.ckpt.{os.getpid()}.tmp"])
+    kept = ["last.ckpt", f"notes.{pid}.tmp", f"mine.ckpt.{os.getpid()}.tmp", f".notes.{crate}", live]
+    assert sorted(f.name for f in d.iterdir()) == sorted(kept)
 
 
 def test_loads_a_regular_checkpoint_file_and_reports_missing_names(tmp_path):

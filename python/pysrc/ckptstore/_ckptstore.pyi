@@ -37,6 +37,7 @@ __all__ = [
     "dcp_metadata_decode",
     "dcp_metadata_encode",
     "hash_arrays",
+    "remove_durably",
     "slice_proof_len",
     "tier_evaluate",
     "tier_holders",
@@ -49,6 +50,7 @@ __all__ = [
     "tier_store_path",
     "tier_stores",
     "tier_write_record",
+    "write_durably",
 ]
 
 MAX_WORLD_SIZE: int
@@ -329,6 +331,8 @@ class ChunkMap:
 def slice_proof_len(len: int, a: int, b: int) -> int: ...
 def hash_arrays(arrays: List[Any]) -> List[str]: ...
 def copy_hashed(pairs: List[Tuple[Any, Any]]) -> List[ChunkHashes]: ...
+def write_durably(path: str, data: bytes) -> None: ...
+def remove_durably(path: str) -> None: ...
 # A value of DCP's state: (dtype, itemsize, size, requires_grad, [(offsets,
 # sizes)]) for a tensor, None for a non-tensor value; where an item is:
 # (fqn, offset, index, rank, entry).

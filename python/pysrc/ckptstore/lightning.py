@@ -25,7 +25,7 @@ Lightning finds checkpoints by listing the callback's `dirpath` (for
 each path also gets a *marker file*: a few hundred bytes of JSON naming
 the store (relative to the marker), the path (relative to the store's
 directory: a run directory moves or is copied whole) and its step,
-written (atomically, fsynced) after
+written (atomically, fsynced: the crate's own durable write) after
 the step commits and removed before the name is dropped. `cat
 checkpoints/last.ckpt` shows where the state is; a marker copied away
 alone is not a checkpoint. The store is the truth: a load looks the path
@@ -72,7 +72,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple, Union
 import numpy as np
 import torch
 
-from ._ckptstore import SaveRecord, Tensor
+from ._ckptstore import SaveRecord, Tensor, remove_durably, write_durably
 from ._cost import SaveCost
 from ._store import Store
 from ._store import open as open_store
@@ -250,8 +250,7 @@ class CheckpointIO(_CheckpointIO):
             name = self._lookup(store, file)
         else:
             name = str(marker["name"])
-            os.unlink(file)
-            _fsync_dir(os.path.dirname(file))
+            remove_durably(file)
         self._drop(store, name, keep=None)
 
     def teardown(self) -> None:
@@ -539,32 +538,28 @@ def _read_marker(path: str) -> Optional[Dict[str, Any]]:
 
 
 def _write_marker(path: str, marker: Dict[str, Any]) -> None:
-    """Write `marker` at `path` whole or not at all, durably."""
-    directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(json.dumps(marker, indent=1).encode() + b"\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(directory)
+    """Write `marker` at `path` whole or not at all, durably (in Rust:
+    through `.<marker>.tmp<pid>-<uuid>` beside it)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    write_durably(path, json.dumps(marker, indent=1).encode() + b"\n")
 
 
-_TEMP = re.compile(r".+\.([0-9]+)\.tmp")
+# Temporary files of a marker's write: the crate's (`.<marker>.tmp<pid>-
+# <uuid>`), and 0.4's (`<marker>.<pid>.tmp`).
+_TEMP = re.compile(r"\..+\.tmp([0-9]+)-[0-9a-f-]{36}|.+\.([0-9]+)\.tmp")
 
 
 def _remove_stale_temps(directory: str) -> None:
-    """Remove the temporary files `_write_marker` left in `directory` when
-    its process was killed: named `<marker>.<pid>.tmp` by a process no
-    longer alive, and empty or a marker (never another file)."""
+    """Remove the temporary files a marker's write left in `directory` when
+    its process was killed: named with the pid of a process no longer
+    alive, and empty or a marker (never another file)."""
     try:
         names = os.listdir(directory)
     except FileNotFoundError:
         return
     for name in names:
         found = _TEMP.fullmatch(name)
-        if found is None or _alive(int(found.group(1))):
+        if found is None or _alive(int(found.group(1) or found.group(2))):
             continue
         path = os.path.join(directory, name)
         try:
@@ -585,10 +580,3 @@ def _alive(pid: int) -> bool:
         return True  # another user's, or no such pid number: kept
     return True
 
-
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory or ".", os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
