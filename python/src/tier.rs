@@ -1,7 +1,8 @@
 //! `ckptstore.dcp.Tiers`' directory and rules (`ckptstore::tier`), for the
-//! Python layer's collectives: a record crosses as a tuple of its fields
-//! (`_tier_layout.Record`), a holding as (holder, kind, rank, step,
-//! digest). Every check of a file is Rust's.
+//! Python layer's collectives: a node's directory is a `TierDir`, a record
+//! a frozen `TierRecord` (checked when made, pickled as its fields), a
+//! holding (holder, kind, rank, step, digest). Every check of a file is
+//! Rust's.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -105,11 +106,7 @@ fn record(f: RecordFields) -> PyResult<Record> {
 fn holdings(held: Vec<HoldingFields>) -> PyResult<Vec<Holding>> {
     held.into_iter()
         .map(|(holder, kind, rank, step, hex)| {
-            let kind = match kind.as_str() {
-                "own" => StoreKind::Own,
-                "copy" => StoreKind::Copies,
-                other => return Err(PyValueError::new_err(format!("a store of kind {other:?}"))),
-            };
+            let kind = store_kind(&kind)?;
             Ok(Holding {
                 holder,
                 store: StoreName { kind, rank },
@@ -120,148 +117,253 @@ fn holdings(held: Vec<HoldingFields>) -> PyResult<Vec<Holding>> {
         .collect()
 }
 
-/// The records of a node's directory (of rank `rank` only, if given), as
-/// tuples of their fields; and why each refused file was refused.
-#[pyfunction]
-#[pyo3(signature = (directory, rank=None))]
-pub(crate) fn tier_records(
-    py: Python<'_>,
-    directory: String,
-    rank: Option<u32>,
-) -> PyResult<(Vec<RecordFields>, Vec<String>)> {
-    let (records, refused) = py
-        .detach(|| TierDir::new(directory).records(rank))
-        .map_err(py_err)?;
-    Ok((
-        records.iter().map(|(_, r)| fields(r)).collect(),
-        refused.iter().map(ToString::to_string).collect(),
-    ))
+/// A record of a save on the local tier (`ckptstore::tier::Record`),
+/// frozen: checked when made, read field by field, pickled as its fields
+/// (ranks hand records to each other).
+#[pyclass(frozen, eq, module = "ckptstore._ckptstore", name = "TierRecord")]
+#[derive(PartialEq)]
+pub(crate) struct TierRecord(Record);
+
+#[pymethods]
+impl TierRecord {
+    #[new]
+    #[pyo3(signature = (step, saved_at, ranks_per_node, digests, copies, upload, sizes=None, metadata=None, cost=None, seq=0))]
+    #[allow(clippy::too_many_arguments)] // the record's fields, by name
+    fn new(
+        step: u64,
+        saved_at: u64,
+        ranks_per_node: u32,
+        digests: Vec<String>,
+        copies: Vec<Vec<u32>>,
+        upload: bool,
+        sizes: Option<Vec<BTreeMap<String, u64>>>,
+        metadata: Option<String>,
+        cost: Option<HashMap<String, f64>>,
+        seq: u64,
+    ) -> PyResult<Self> {
+        let fields = (
+            step,
+            saved_at,
+            seq,
+            ranks_per_node,
+            digests,
+            copies,
+            sizes,
+            upload,
+            metadata,
+            cost,
+        );
+        record(fields).map(TierRecord)
+    }
+
+    #[getter]
+    fn step(&self) -> u64 {
+        self.0.step
+    }
+    #[getter]
+    fn saved_at(&self) -> u64 {
+        self.0.saved_at
+    }
+    #[getter]
+    fn seq(&self) -> u64 {
+        self.0.seq
+    }
+    #[getter]
+    fn ranks_per_node(&self) -> u32 {
+        self.0.ranks_per_node
+    }
+    #[getter]
+    fn digests(&self) -> Vec<String> {
+        fields(&self.0).4
+    }
+    #[getter]
+    fn copies(&self) -> Vec<Vec<u32>> {
+        self.0.copies.clone()
+    }
+    #[getter]
+    fn upload(&self) -> bool {
+        self.0.upload
+    }
+    #[getter]
+    fn sizes(&self) -> Option<Vec<BTreeMap<String, u64>>> {
+        fields(&self.0).6
+    }
+    #[getter]
+    fn metadata(&self) -> Option<String> {
+        fields(&self.0).8
+    }
+    #[getter]
+    fn cost(&self) -> Option<HashMap<String, f64>> {
+        fields(&self.0).9
+    }
+    #[getter]
+    fn world_size(&self) -> u32 {
+        self.0.world_size()
+    }
+    /// Which save of which step: (step, saved_at).
+    #[getter]
+    fn key(&self) -> (u64, u64) {
+        self.0.key()
+    }
+
+    fn __reduce__(slf: &Bound<'_, Self>) -> PyResult<(Py<PyAny>, Py<PyAny>)> {
+        let py = slf.py();
+        let r = &slf.get().0;
+        let f = fields(r);
+        let args = (f.0, f.1, f.3, f.4, f.5, f.7, f.6, f.8, f.9, f.2).into_pyobject(py)?;
+        Ok((slf.get_type().into_any().unbind(), args.into_any().unbind()))
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "TierRecord(step={}, saved_at={}, seq={}, world_size={}, upload={})",
+            self.0.step,
+            self.0.saved_at,
+            self.0.seq,
+            self.0.world_size(),
+            if self.0.upload { "True" } else { "False" }
+        )
+    }
 }
 
-/// Write rank `rank`'s record durably (refused unless a reader takes it).
-#[pyfunction]
-pub(crate) fn tier_write_record(
-    py: Python<'_>,
-    directory: String,
-    rank: u32,
-    record: RecordFields,
-) -> PyResult<()> {
-    let record = self::record(record)?;
-    py.detach(|| TierDir::new(directory).write_record(rank, &record))
-        .map_err(py_err)
-}
+/// A node's directory of the local tier (`ckptstore::tier::TierDir`):
+/// its records, marks and stores, every rule Rust's.
+#[pyclass(frozen, module = "ckptstore._ckptstore", name = "TierDir")]
+pub(crate) struct PyTierDir(TierDir);
 
-/// Remove rank `rank`'s record of `step` and the step's in-bucket mark.
-#[pyfunction]
-pub(crate) fn tier_remove_record(
-    py: Python<'_>,
-    directory: String,
-    step: u64,
-    rank: u32,
-) -> PyResult<()> {
-    py.detach(|| TierDir::new(directory).remove_record(step, rank))
-        .map_err(py_err)
-}
+#[pymethods]
+impl PyTierDir {
+    #[new]
+    fn new(path: String) -> Self {
+        PyTierDir(TierDir::new(path))
+    }
 
-/// Mark the save `key` (step, saved_at) whole in the bucket, durably.
-#[pyfunction]
-pub(crate) fn tier_mark_in_bucket(
-    py: Python<'_>,
-    directory: String,
-    key: (u64, u64),
-) -> PyResult<()> {
-    py.detach(|| TierDir::new(directory).mark_in_bucket(key))
-        .map_err(py_err)
-}
+    #[getter]
+    fn path(&self) -> String {
+        self.0.path().to_string_lossy().into_owned()
+    }
 
-/// Whether the save `key` (step, saved_at) is marked whole in the bucket.
-#[pyfunction]
-pub(crate) fn tier_in_bucket(py: Python<'_>, directory: String, key: (u64, u64)) -> PyResult<bool> {
-    py.detach(|| TierDir::new(directory).in_bucket(key))
-        .map_err(py_err)
-}
+    /// The records (of rank `rank` only, if given); and why each refused
+    /// file was refused.
+    #[pyo3(signature = (rank=None))]
+    fn records(
+        &self,
+        py: Python<'_>,
+        rank: Option<u32>,
+    ) -> PyResult<(Vec<TierRecord>, Vec<String>)> {
+        let (records, refused) = py.detach(|| self.0.records(rank)).map_err(py_err)?;
+        Ok((
+            records.into_iter().map(|(_, r)| TierRecord(r)).collect(),
+            refused.iter().map(ToString::to_string).collect(),
+        ))
+    }
 
-/// Where a node's directory keeps the store of `kind` ("own" or "copy")
-/// of rank `rank`.
-#[pyfunction]
-pub(crate) fn tier_store_path(directory: String, kind: &str, rank: u32) -> PyResult<String> {
-    let kind = match kind {
-        "own" => StoreKind::Own,
-        "copy" => StoreKind::Copies,
-        other => return Err(PyValueError::new_err(format!("a store of kind {other:?}"))),
-    };
-    let path = TierDir::new(directory).store_path(StoreName { kind, rank });
-    Ok(path.to_string_lossy().into_owned())
-}
+    /// Write rank `rank`'s record durably (refused unless a reader takes it).
+    fn write_record(&self, py: Python<'_>, rank: u32, record: &TierRecord) -> PyResult<()> {
+        py.detach(|| self.0.write_record(rank, &record.0))
+            .map_err(py_err)
+    }
 
-/// The stores of a node's directory: (kind "own" or "copy", rank, path).
-#[pyfunction]
-pub(crate) fn tier_stores(directory: String) -> PyResult<Vec<(String, u32, String)>> {
-    let dir = TierDir::new(directory);
-    Ok(dir
-        .stores()
-        .map_err(py_err)?
-        .into_iter()
-        .map(|name| {
-            let kind = if name.kind == StoreKind::Own {
-                "own"
-            } else {
-                "copy"
-            };
-            (
-                kind.to_owned(),
-                name.rank,
-                dir.store_path(name).to_string_lossy().into_owned(),
-            )
-        })
-        .collect())
-}
+    /// Remove rank `rank`'s record of `step` and the step's in-bucket mark.
+    fn remove_record(&self, py: Python<'_>, step: u64, rank: u32) -> PyResult<()> {
+        py.detach(|| self.0.remove_record(step, rank))
+            .map_err(py_err)
+    }
 
-/// The steps rank `rank` keeps after a save (`ckptstore::tier::retain`
-/// over its records and the directory's in-bucket marks).
-#[pyfunction]
-pub(crate) fn tier_retain(
-    py: Python<'_>,
-    directory: String,
-    rank: u32,
-    keep: usize,
-) -> PyResult<Vec<u64>> {
-    py.detach(|| {
-        let dir = TierDir::new(directory);
-        let (records, _) = dir.records(Some(rank))?;
-        let records: Vec<Record> = records.into_iter().map(|(_, r)| r).collect();
-        let mut marked = BTreeSet::new();
-        for r in &records {
-            if dir.in_bucket(r.key())? {
-                marked.insert(r.key());
-            }
-        }
-        let kept = tier::retain(&records, keep, |r| marked.contains(&r.key()));
-        Ok(kept.into_iter().collect())
-    })
-    .map_err(py_err)
-}
+    /// Mark the save `key` (step, saved_at) whole in the bucket, durably.
+    fn mark_in_bucket(&self, py: Python<'_>, key: (u64, u64)) -> PyResult<()> {
+        py.detach(|| self.0.mark_in_bucket(key)).map_err(py_err)
+    }
 
-/// Each record of `directory` evaluated against what the job holds.
-#[pyfunction]
-pub(crate) fn tier_evaluate(
-    py: Python<'_>,
-    directory: String,
-    held: Vec<HoldingFields>,
-) -> PyResult<Vec<EvaluationFields>> {
-    let held = holdings(held)?;
-    py.detach(|| {
-        let (records, _) = TierDir::new(directory).records(None)?;
-        let index = Held::new(&held);
-        Ok(records
-            .iter()
-            .map(|(_, r)| {
-                let e = index.evaluate(r);
-                (e.order, e.key, e.missing)
+    /// Whether the save `key` (step, saved_at) is marked whole in the bucket.
+    fn in_bucket(&self, py: Python<'_>, key: (u64, u64)) -> PyResult<bool> {
+        py.detach(|| self.0.in_bucket(key)).map_err(py_err)
+    }
+
+    /// Where the store of `kind` ("own" or "copy") of rank `rank` is.
+    fn store_path(&self, kind: &str, rank: u32) -> PyResult<String> {
+        let path = self.0.store_path(StoreName {
+            kind: store_kind(kind)?,
+            rank,
+        });
+        Ok(path.to_string_lossy().into_owned())
+    }
+
+    /// The stores: (kind "own" or "copy", rank, path), in name order.
+    fn stores(&self) -> PyResult<Vec<(String, u32, String)>> {
+        Ok(self
+            .0
+            .stores()
+            .map_err(py_err)?
+            .into_iter()
+            .map(|name| {
+                let kind = if name.kind == StoreKind::Own {
+                    "own"
+                } else {
+                    "copy"
+                };
+                let path = self.0.store_path(name);
+                (
+                    kind.to_owned(),
+                    name.rank,
+                    path.to_string_lossy().into_owned(),
+                )
             })
             .collect())
-    })
-    .map_err(py_err)
+    }
+
+    /// The steps a rank whose records are `records` keeps after a save
+    /// (`ckptstore::tier::retain` over them and the directory's in-bucket
+    /// marks): those of its `keep` saves made last and those still to be
+    /// uploaded.
+    fn retain(
+        &self,
+        py: Python<'_>,
+        records: Vec<PyRef<'_, TierRecord>>,
+        keep: usize,
+    ) -> PyResult<Vec<u64>> {
+        let records: Vec<Record> = records.iter().map(|r| r.0.clone()).collect();
+        py.detach(|| {
+            let mut marked = BTreeSet::new();
+            for r in &records {
+                if self.0.in_bucket(r.key())? {
+                    marked.insert(r.key());
+                }
+            }
+            let kept = tier::retain(&records, keep, |r| marked.contains(&r.key()));
+            Ok(kept.into_iter().collect())
+        })
+        .map_err(py_err)
+    }
+
+    /// Each record evaluated against what the job holds.
+    fn evaluate(
+        &self,
+        py: Python<'_>,
+        held: Vec<HoldingFields>,
+    ) -> PyResult<Vec<EvaluationFields>> {
+        let held = holdings(held)?;
+        py.detach(|| {
+            let (records, _) = self.0.records(None)?;
+            let index = Held::new(&held);
+            Ok(records
+                .iter()
+                .map(|(_, r)| {
+                    let e = index.evaluate(r);
+                    (e.order, e.key, e.missing)
+                })
+                .collect())
+        })
+        .map_err(py_err)
+    }
+}
+
+fn store_kind(kind: &str) -> PyResult<StoreKind> {
+    match kind {
+        "own" => Ok(StoreKind::Own),
+        "copy" => Ok(StoreKind::Copies),
+        other => Err(PyValueError::new_err(format!("a store of kind {other:?}"))),
+    }
 }
 
 /// The save to restore among every rank's evaluations (of `step` only, if
@@ -289,25 +391,17 @@ pub(crate) fn tier_pick(
 /// stores first, then copies, by rank).
 #[pyfunction]
 pub(crate) fn tier_holders(
-    record: RecordFields,
+    record: &TierRecord,
     held: Vec<HoldingFields>,
 ) -> PyResult<Vec<Vec<u32>>> {
-    let record = self::record(record)?;
     let held = holdings(held)?;
-    Ok(Held::new(&held).all_holders(&record))
+    Ok(Held::new(&held).all_holders(&record.0))
 }
 
-/// Register the functions.
+/// Register the classes and functions.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(pyo3::wrap_pyfunction!(tier_records, m)?)?;
-    m.add_function(pyo3::wrap_pyfunction!(tier_write_record, m)?)?;
-    m.add_function(pyo3::wrap_pyfunction!(tier_remove_record, m)?)?;
-    m.add_function(pyo3::wrap_pyfunction!(tier_mark_in_bucket, m)?)?;
-    m.add_function(pyo3::wrap_pyfunction!(tier_in_bucket, m)?)?;
-    m.add_function(pyo3::wrap_pyfunction!(tier_stores, m)?)?;
-    m.add_function(pyo3::wrap_pyfunction!(tier_store_path, m)?)?;
-    m.add_function(pyo3::wrap_pyfunction!(tier_retain, m)?)?;
-    m.add_function(pyo3::wrap_pyfunction!(tier_evaluate, m)?)?;
+    m.add_class::<TierRecord>()?;
+    m.add_class::<PyTierDir>()?;
     m.add_function(pyo3::wrap_pyfunction!(tier_pick, m)?)?;
     m.add_function(pyo3::wrap_pyfunction!(tier_holders, m)?)?;
     Ok(())

@@ -11,7 +11,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, TypeVar
 import numpy as np
 from torch.distributed.checkpoint.api import CheckpointException
 
-from ._ckptstore import ChunkMap, tier_evaluate, tier_holders, tier_pick
+from ._ckptstore import ChunkMap, TierDir, tier_holders, tier_pick
 from ._errors import CorruptError, Error
 from ._fan_out import Refused
 from ._proofs import Refusal
@@ -63,13 +63,13 @@ class Choice:
 
 def choose(
     group: Group,
-    directory: str,
+    tier: TierDir,
     held: List[Holding],
     step: Optional[int],
     failure: Optional[BaseException] = None,
 ) -> Tuple[Optional[Choice], str, List[int]]:
     """The save made last (of `step`, if given) that the job can restore
-    whole from the local tier, by the records of every node's `directory`
+    whole from the local tier, by the records of every node's directory
     (`ckptstore::tier` evaluates and picks); why a save made after it
     cannot be (or ""); and the steps of those saves, the last made first.
     `failure`: this rank could not survey its stores (raised on every
@@ -77,7 +77,7 @@ def choose(
     group.check(failure, "loading from the local tier")
     holdings = [(rank, kind, src, s, d) for rank, hs in enumerate(group.gather(held)) for kind, src, s, d in hs]
     # The ranks of a node read the same records: each save once per rank.
-    reports = group.gather(list({tuple(e[1]): e for e in tier_evaluate(directory, holdings)}.values()))
+    reports = group.gather(list({tuple(e[1]): e for e in tier.evaluate(holdings)}.values()))
     best, newer = tier_pick([e for r in reports for e in r], step)
     why = ""
     if newer:
@@ -88,8 +88,8 @@ def choose(
         return None, why, steps
     key = tuple(best[1])
     src = min(r for r, evals in enumerate(reports) if any(tuple(e[1]) == key and not e[2] for e in evals))
-    record = group.broadcast(records_in(directory).get(key) if group.rank == src else None, src)  # type: ignore[arg-type]
-    holders = tier_holders(record.fields(), holdings)
+    record = group.broadcast(records_in(tier).get(key) if group.rank == src else None, src)  # type: ignore[arg-type]
+    holders = tier_holders(record, holdings)
     return Choice(record, dict(enumerate(holders))), why, steps
 
 

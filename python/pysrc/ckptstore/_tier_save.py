@@ -167,8 +167,8 @@ def record_of(
         saved_at=saved_at,
         seq=seq,
         ranks_per_node=per_node,
-        digests=tuple(digests),
-        copies=tuple(tuple(c) for c in copies),
+        digests=list(digests),
+        copies=[list(c) for c in copies],
         upload=upload,
         cost={k: v for k, v in dataclasses.asdict(cost).items() if k != "step"},
     )

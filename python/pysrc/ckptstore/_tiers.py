@@ -24,19 +24,7 @@ from ._store import open as open_store
 from ._dcp_read import StorageReader
 from ._dcp_write import StorageWriter
 from ._targets import METADATA, is_bucket_url, remote_of
-from ._tier_layout import (
-    Topology,
-    copy_store,
-    in_bucket,
-    kept_steps,
-    mark_in_bucket,
-    node_directory,
-    own_store,
-    records_in,
-    remove_record,
-    stores_in,
-    write_record,
-)
+from ._tier_layout import Record, TierDir, Topology, kept_steps, node_directory, records_in, write_record
 from ._tier_load import (
     Choice, Holding, MapOf, ReadOf, ShardsLost, TierSource, choose, chunk_map_held, layout_of, read_held, refusals
 )
@@ -106,6 +94,7 @@ class Tiers:
         self._topology = Topology(self._group.world, per_node)
         self._rank = self._group.rank
         self._dir = node_directory(os.fspath(local), self._topology.node_of(self._rank))
+        self._tier = TierDir(self._dir)
         os.makedirs(self._dir, exist_ok=True)
         others = self._topology.nodes - 1
         if peers > others and self._rank == 0:
@@ -277,21 +266,23 @@ class Tiers:
     ) -> SaveCost:
         topo, rank, group = self._topology, self._rank, self._group
 
-        def prepare() -> Tuple[Store, int]:
+        def prepare() -> Tuple[Store, Dict[Tuple[int, int], Record]]:
             if staging is not None:
                 raise staging
             os.makedirs(self._dir, exist_ok=True)  # a node's disk may have been replaced
-            own = self._store(own_store(self._dir, rank))
+            own = self._store(self._tier.store_path("own", rank))
             # This rank vouches no more for an older save of the step.
-            remove_record(self._dir, step, rank)
-            return own, max((r.seq for r in records_in(self._dir, rank).values()), default=0)
+            self._tier.remove_record(step, rank)
+            # The directory, read once for this save (its order, retention).
+            return own, records_in(self._tier, rank)
 
         # A failure on any rank fails the save on every rank, here or in
         # DCP's exchange or in `agree`, never leaving the others waiting.
         prepared, failed = attempt(prepare)
         group.check(failed, f"step {step} was not saved on the local tier")
         assert prepared is not None
-        own, newest = prepared
+        own, records = prepared
+        newest = max((r.seq for r in records.values()), default=0)
         shard = TierShard(own)
         writer = StorageWriter(shard, step)
         writer.use_hashes(hashes or {})
@@ -302,7 +293,7 @@ class Tiers:
         def copy() -> None:
             copies = send_copies(group, topo.sources(rank, self._peers), topo.holders(rank, self._peers), shard.values)
             for src, values in copies.items():
-                store = self._store(copy_store(self._dir, src))
+                store = self._store(self._tier.store_path("copy", src))
                 infos.append(store.save(step, values, replace=True))
                 copy_digests[src] = store.content_digest(step) or ""
 
@@ -324,8 +315,8 @@ class Tiers:
         # every rank, and nothing is uploaded. The save is complete all the
         # same where its record was written.
         def finish() -> None:
-            write_record(self._dir, rank, record)
-            self._retain()
+            write_record(self._tier, rank, record)
+            self._retain({**records, record.key: record})
 
         _, failed = attempt(finish)
         group.check(failed, f"step {step} is durable on every rank, but some rank could not record it")
@@ -334,17 +325,16 @@ class Tiers:
                 self._running.append(self._uploader.submit(self._upload_pending))
         return cost
 
-    def _retain(self) -> None:
-        """Keep the `keep_local` complete saves made last (in the order of
-        saves, not of step numbers: the save that just completed is always
-        kept) and those still to be uploaded; remove every other step from
-        this rank's stores."""
-        records = records_in(self._dir, self._rank)
+    def _retain(self, records: Dict[Tuple[int, int], Record]) -> None:
+        """Keep the `keep_local` complete saves made last among this rank's
+        `records` (in the order of saves, not of step numbers: the save
+        that just completed is always kept) and those still to be
+        uploaded; remove every other step from this rank's stores."""
         if not records:
             return
-        keep = kept_steps(self._dir, self._rank, self._keep)
-        paths = [own_store(self._dir, self._rank)]
-        paths += [copy_store(self._dir, src) for src in self._topology.sources(self._rank, self._peers)]
+        keep = kept_steps(self._tier, list(records.values()), self._keep)
+        paths = [self._tier.store_path("own", self._rank)]
+        paths += [self._tier.store_path("copy", src) for src in self._topology.sources(self._rank, self._peers)]
         for path in paths:
             if not os.path.exists(path):
                 continue
@@ -354,7 +344,7 @@ class Tiers:
                     store.remove(s)
         for step, _ in records:
             if step not in keep:
-                remove_record(self._dir, step, self._rank)
+                self._tier.remove_record(step, self._rank)
 
     # Uploads to the bucket (on the upload thread, over the upload group).
 
@@ -362,14 +352,14 @@ class Tiers:
         """Upload every complete step due for the bucket and not there yet
         that every rank still holds, oldest first."""
         def pending() -> Tuple[Store, Dict[Tuple[int, int], Any], List[Tuple[int, int]]]:
-            own = self._store(own_store(self._dir, self._rank))
-            records = records_in(self._dir, self._rank)
+            own = self._store(self._tier.store_path("own", self._rank))
+            records = records_in(self._tier, self._rank)
             keys = sorted(
                 key
                 for key, r in records.items()
                 if r.upload
                 and r.world_size == self._topology.world
-                and not in_bucket(self._dir, r)
+                and not self._tier.in_bucket(r.key)
                 and own.content_digest(r.step) == r.digests[self._rank]
             )
             return own, records, keys
@@ -405,7 +395,7 @@ class Tiers:
         failures = [f for f in failures if f]
         if failures:
             raise RuntimeError(f"step {record.step} was not uploaded to {self._bucket}: " + "; ".join(dict.fromkeys(failures)))
-        mark_in_bucket(self._dir, record)
+        self._tier.mark_in_bucket(record.key)
         if self._uploaded is not None:
             self._uploaded(record.step)
 
@@ -430,7 +420,7 @@ class Tiers:
             # A rank that could not survey its stores fails the load on
             # every rank (choose's first collective).
             held = [] if surveyed is None else surveyed[1]
-            choice, why, newer = choose(self._group, self._dir, held, wanted, failed)
+            choice, why, newer = choose(self._group, self._tier, held, wanted, failed)
             if choice is not None and newer and self._bucket is not None:
                 # A newer save is broken here: the bucket may hold it whole.
                 whole = self._in_bucket(newer)
@@ -560,7 +550,7 @@ class Tiers:
         opened: List[Tuple[str, int, Store]] = []
         held: List[Holding] = []
         try:
-            for i, (kind, src, path) in enumerate(stores_in(self._dir)):
+            for i, (kind, src, path) in enumerate(self._tier.stores()):
                 if ranks[i % len(ranks)] != self._rank:
                     continue
                 try:

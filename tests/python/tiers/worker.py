@@ -171,11 +171,11 @@ def arm(die, node):
     elif phase == "record":
         original_write = tiers_module.write_record
 
-        def write_record(directory, rank, record):
+        def write_record(tier, rank, record):
             if record.step == step:
                 time.sleep(random.uniform(0, 0.02))
                 os.kill(os.getpid(), signal.SIGKILL)
-            return original_write(directory, rank, record)
+            return original_write(tier, rank, record)
 
         tiers_module.write_record = write_record
     elif phase == "upload":
