@@ -6,15 +6,8 @@
 
 use crate::db::TxnKind;
 use crate::engine::plan::Plan;
-use crate::{
-    CheckpointStore, ComputationGraphStore, GradientCheckpoint, Retention, SaveRecord, Staging,
-};
-
-fn record() -> SaveRecord {
-    SaveRecord::default()
-        .with_staging(Staging::new(0.75, 0.125).expect("finite"))
-        .with_name("lightning:checkpoints/last.ckpt")
-}
+use crate::save_record::legacy::{record, step_0_4_0};
+use crate::{CheckpointStore, GradientCheckpoint, Retention};
 
 /// Commit `ckpt` as 0.4.0 did: its metrics unchecked.
 fn commit_as_0_4_0(store: &CheckpointStore, ckpt: &GradientCheckpoint) -> crate::Result<()> {
@@ -32,14 +25,7 @@ fn commit_as_0_4_0(store: &CheckpointStore, ckpt: &GradientCheckpoint) -> crate:
 fn a_step_0_4_0_wrote_reads_its_metrics_as_its_record() -> crate::Result<()> {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = CheckpointStore::open(dir.path().join("s.ckpt"))?;
-    let mut old = GradientCheckpoint::new(ComputationGraphStore::new(), 3)
-        .with_metric("loss", 0.25)
-        .with_metric("ckptstore.staging_s", 0.75)
-        .with_metric("ckptstore.blocked_s", 0.125)
-        .with_metric("lightning:checkpoints/last.ckpt", 1.0)
-        .with_metric("lightning:gone.ckpt", 1.0);
-    old.set_optimizer_state("w", vec![7; 64]);
-    old.set_optimizer_state("lightning:checkpoints/last.ckpt", b"{}".to_vec());
+    let old = step_0_4_0(3).with_metric("lightning:gone.ckpt", 1.0);
     commit_as_0_4_0(&store, &old)?;
 
     let back = store.get(3)?.expect("step 3");
