@@ -31,6 +31,8 @@ pub(crate) struct PackTables<'txn> {
     /// Set when a pack file read in this transaction fails its check: the
     /// damage is in that file, not in the redb file.
     pub(crate) faulted: bool,
+    /// Whether `pack_chunks` was there when first looked up (`exist`).
+    listed: Option<bool>,
     /// Pack files this transaction checked before reusing a chunk in them
     /// (see [`PackTables::holds`]): whether each was present and whole.
     confirmed: HashMap<u32, bool>,
@@ -46,6 +48,7 @@ impl<'txn> PackTables<'txn> {
             files: None,
             dead: Vec::new(),
             faulted: false,
+            listed: None,
             confirmed: HashMap::new(),
         }
     }
@@ -58,17 +61,23 @@ impl<'txn> PackTables<'txn> {
         opened(self.txn, &mut self.files, PACK_FILES)
     }
 
-    /// Whether this store has pack tables at all (without creating them).
-    fn exist(&self) -> Result<bool> {
+    /// Whether this store has pack tables at all (without creating them;
+    /// looked up once per transaction until this one creates them).
+    fn exist(&mut self) -> Result<bool> {
         if self.chunks.is_some() {
             return Ok(true);
         }
+        if let Some(found) = self.listed {
+            return Ok(found);
+        }
         let ctx = || "listing tables".to_owned();
-        Ok(self
+        let found = self
             .txn
             .list_tables()
             .context(ctx)?
-            .any(|t| redb::TableHandle::name(&t) == "pack_chunks"))
+            .any(|t| redb::TableHandle::name(&t) == "pack_chunks");
+        self.listed = Some(found);
+        Ok(found)
     }
 
     /// Write chunk `id` (`hash`) to this transaction's pack file, if it
