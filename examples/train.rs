@@ -2,7 +2,7 @@
 //! resumes from the latest committed step.
 //!
 //! ```text
-//! cargo run --release --example train [-- STORE_PATH]
+//! cargo run --release --no-default-features --example train [-- STORE_PATH]
 //! ```
 //!
 //! The first run happens in a child process that aborts (no clean shutdown,
