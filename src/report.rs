@@ -22,10 +22,12 @@ pub struct CommitInfo {
     pub chunks_written: u64,
     /// Chunks referenced without writing.
     pub chunks_reused: u64,
-    /// Chunks written again (and counted among `chunks_written`) because
-    /// the pack file that held them was missing or not whole: the commit
-    /// healed the store rather than point at bytes that are gone. Steps
-    /// that already used such a chunk read it from its new place.
+    /// Chunks written again because the pack file that held them was
+    /// missing or not whole: the commit healed the store rather than point
+    /// at bytes that are gone. Steps that already used such a chunk read it
+    /// from its new place. Counted among `chunks_written` (a commit that
+    /// stages its chunks in parts first writes them as it stages, and
+    /// counts them among `chunks_reused`).
     pub chunks_healed: u64,
     /// Bytes of the step's manifest (graph and metadata).
     pub manifest_bytes: u64,

@@ -107,7 +107,8 @@ impl<'txn> ChunkTables<'txn> {
             let (id, written) = match self.lookup(&hash)? {
                 Some((id, uses)) => {
                     let healed = self.heal(&hash, id, piece)?;
-                    if healed {
+                    if healed && uses > 0 {
+                        // Stored (and counted) before: written again only.
                         added.chunks_healed += 1;
                         added.bytes_healed += len;
                     }
