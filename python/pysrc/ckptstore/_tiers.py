@@ -365,13 +365,13 @@ class Tiers:
             return own, records, keys
 
         found, failed = attempt(pending)
-        self._uploads.check(failed, "uploading to the bucket")
+        with self._uploads.on("uploads due"):
+            self._uploads.check(failed, "uploading to the bucket")
         assert found is not None
         own, records, keys = found
         agreed = set.intersection(*(set(map(tuple, p)) for p in self._uploads.gather(keys)))
         for key in sorted(agreed):
-            with self._uploads.on(f"upload of step {records[key].step}"):
-                self._upload(records[key], own)
+            self._upload(records[key], own)
 
     def _upload(self, record: Any, own: Store) -> None:
         assert self._bucket is not None
