@@ -186,11 +186,7 @@ impl<'txn> ChunkTables<'txn> {
             return Ok(false);
         }
         self.packs.remove(id)?;
-        if !self.packs.insert(id, hash, piece)? {
-            self.data
-                .insert(id, piece)
-                .context(|| format!("writing table chunk_data for chunk {}", hex(hash)))?;
-        }
+        self.put_bytes(id, hash, piece)?;
         Ok(true)
     }
 
@@ -252,13 +248,20 @@ impl<'txn> ChunkTables<'txn> {
     fn insert_new(&mut self, hash: &Hash, piece: &[u8], uses: u64) -> Result<u64> {
         let id = self.next_id;
         self.next_id += 1;
+        self.put_bytes(id, hash, piece)?;
+        self.set_index(hash, id, uses)?;
+        Ok(id)
+    }
+
+    /// Write `piece` (chunk `hash`) as chunk `id`: to this transaction's
+    /// pack file if it packs, else to `chunk_data`.
+    fn put_bytes(&mut self, id: u64, hash: &Hash, piece: &[u8]) -> Result<()> {
         if !self.packs.insert(id, hash, piece)? {
             self.data
                 .insert(id, piece)
                 .context(|| format!("writing table chunk_data for chunk {}", hex(hash)))?;
         }
-        self.set_index(hash, id, uses)?;
-        Ok(id)
+        Ok(())
     }
 
     fn set_index(&mut self, hash: &Hash, id: u64, uses: u64) -> Result<()> {

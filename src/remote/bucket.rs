@@ -402,7 +402,6 @@ impl Bucket {
         put.map(drop).map_err(|e| self.write_error(op, key, e))
     }
 
-    /// Whether there is an object at `key` (a HEAD).
     /// The length of the object at `key`, if there is one (a HEAD).
     pub(crate) async fn size_of(&self, key: &Path) -> Result<Option<u64>> {
         match self.store.head(key).await {
@@ -412,12 +411,9 @@ impl Bucket {
         }
     }
 
+    /// Whether there is an object at `key` (a HEAD).
     pub(crate) async fn has(&self, key: &Path) -> Result<bool> {
-        match self.store.head(key).await {
-            Ok(_) => Ok(true),
-            Err(object_store::Error::NotFound { .. }) => Ok(false),
-            Err(e) => Err(self.error("looking for", key, e)),
-        }
+        Ok(self.size_of(key).await?.is_some())
     }
 
     /// Bytes `at..at + len` of the object at `key`, unchecked, or, with no

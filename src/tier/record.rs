@@ -114,29 +114,22 @@ impl Record {
         u32::try_from(self.digests.len()).unwrap_or(u32::MAX)
     }
 
-    /// What the node directory of `rank` holds of this save once `rank`
-    /// recorded it (the record vouches for it): `rank`'s own shard, and a
-    /// copy of each rank whose copies it keeps, each store with the
-    /// content digest its step must have.
-    pub fn kept_by(&self, rank: u32) -> Vec<(StoreName, ContentDigest)> {
-        let mut out = Vec::new();
-        if let Some(d) = self.digests.get(rank as usize) {
-            let own = StoreName {
-                kind: StoreKind::Own,
-                rank,
-            };
-            out.push((own, *d));
-        }
-        for (src, (holders, d)) in (0u32..).zip(self.copies.iter().zip(&self.digests)) {
-            if src != rank && holders.contains(&rank) {
-                let copy = StoreName {
-                    kind: StoreKind::Copies,
-                    rank: src,
-                };
-                out.push((copy, *d));
-            }
-        }
-        out
+    /// The stores whose step of this save the node directory of `rank`
+    /// holds once `rank` recorded it (the record vouches for them):
+    /// `rank`'s own shard, and a copy of each rank whose copies it keeps.
+    /// Each step's content digest is that rank's in [`digests`](Self::digests).
+    pub fn kept_by(&self, rank: u32) -> Vec<StoreName> {
+        let own = (rank < self.world_size()).then_some(StoreName {
+            kind: StoreKind::Own,
+            rank,
+        });
+        let copies = (0u32..).zip(&self.copies).filter_map(|(src, holders)| {
+            (src != rank && holders.contains(&rank)).then_some(StoreName {
+                kind: StoreKind::Copies,
+                rank: src,
+            })
+        });
+        own.into_iter().chain(copies).collect()
     }
 
     /// The record's bytes (UTF-8 JSON) to be written at `path` under

@@ -42,7 +42,10 @@ pub(crate) fn ls(dir: &Path, json: bool) -> Result<ExitCode> {
         eprintln!("ckpt: {line}");
     })?;
     let mut listed = Vec::new();
-    for (r, cost) in saves.values() {
+    for Newest {
+        record: r, cost, ..
+    } in saves.values()
+    {
         let has = |kind| -> Vec<u32> {
             (0..r.world_size())
                 .filter(|&src| {
@@ -131,7 +134,7 @@ pub(crate) fn verify(dir: &Path, pages: bool) -> Result<ExitCode> {
     )?;
     damaged += unreadable;
     let mut shards = 0usize;
-    for (r, _) in saves.values() {
+    for Newest { record: r, .. } in saves.values() {
         for ((name, step), digest) in &held {
             if *step != r.step || name.rank >= r.world_size() {
                 continue;
@@ -146,7 +149,7 @@ pub(crate) fn verify(dir: &Path, pages: bool) -> Result<ExitCode> {
             }
         }
     }
-    damaged += missing(&tier, &saves, &held)?;
+    damaged += missing(&saves, &held);
     println!(
         "{} saves recorded, {shards} shards and copies of them checked against their records, \
          {checked} store steps read, {damaged} damaged",
@@ -162,19 +165,14 @@ pub(crate) fn verify(dir: &Path, pages: bool) -> Result<ExitCode> {
 /// Print each shard and copy that a record of the newest save of a step
 /// says this node keeps (`Record::kept_by` the rank that wrote it) but
 /// that no store of the directory holds; their number.
-fn missing(tier: &TierDir, saves: &Saves, held: &Held) -> Result<usize> {
-    let (records, _) = tier.records(None)?;
+fn missing(saves: &Saves, held: &Held) -> usize {
     let mut missing = std::collections::BTreeSet::new();
-    for (name, r) in &records {
-        if saves
-            .get(&r.step)
-            .is_none_or(|(newest, _)| newest.key() != r.key())
-        {
-            continue;
-        }
-        for (store, _) in r.kept_by(name.rank) {
-            if !held.contains_key(&(store, r.step)) {
-                missing.insert((r.step, store, name.rank));
+    for (&step, newest) in saves {
+        for &by in &newest.by {
+            for store in newest.record.kept_by(by) {
+                if !held.contains_key(&(store, step)) {
+                    missing.insert((step, store, by));
+                }
             }
         }
     }
@@ -189,7 +187,7 @@ fn missing(tier: &TierDir, saves: &Saves, held: &Held) -> Result<usize> {
             store.rank
         );
     }
-    Ok(missing.len())
+    missing.len()
 }
 /// Bytes in MiB, for the table (the precision of a float is plenty there).
 #[allow(clippy::cast_precision_loss)]
@@ -208,12 +206,22 @@ fn list(ranks: &[u32]) -> String {
         .join(",")
 }
 
-/// The newest save of each step, with its cost over the node's ranks.
-type Saves = BTreeMap<u64, (Record, Option<Cost>)>;
+/// The newest save of each step, with its cost over the node's ranks and
+/// the ranks whose records of it are here.
+type Saves = BTreeMap<u64, Newest>;
 
-/// The newest save of each step recorded in the directory, with its cost
-/// over the ranks whose records of it are here (the longest times, the
-/// bytes summed); and the number of records refused (each named on
+/// A step's newest save recorded in a directory.
+struct Newest {
+    record: Record,
+    /// The save's cost over the ranks that recorded it here.
+    cost: Option<Cost>,
+    /// The ranks whose records of it are here.
+    by: Vec<u32>,
+}
+
+/// The newest save of each step recorded in the directory, with the ranks
+/// whose records of it are here and its cost over them (the longest times,
+/// the bytes summed); and the number of records refused (each named on
 /// stderr, and skipped).
 fn saves(tier: &TierDir) -> Result<(Saves, usize)> {
     let (records, refused) = tier.records(None)?;
@@ -227,15 +235,21 @@ fn saves(tier: &TierDir) -> Result<(Saves, usize)> {
         );
     }
     let mut out = Saves::new();
-    for (_, r) in records {
+    for (name, r) in records {
         let cost = r.cost;
-        let slot = out.entry(r.step).or_insert_with(|| (r.clone(), None));
-        if slot.0.saved_at < r.saved_at {
-            *slot = (r.clone(), None);
+        let newest = |r: &Record| Newest {
+            record: r.clone(),
+            cost: None,
+            by: Vec::new(),
+        };
+        let slot = out.entry(r.step).or_insert_with(|| newest(&r));
+        if slot.record.saved_at < r.saved_at {
+            *slot = newest(&r);
         }
-        if slot.0.saved_at == r.saved_at {
+        if slot.record.saved_at == r.saved_at {
+            slot.by.push(name.rank);
             if let Some(c) = cost {
-                let sum = slot.1.get_or_insert_with(Cost::default);
+                let sum = slot.cost.get_or_insert_with(Cost::default);
                 sum.blocked_seconds = sum.blocked_seconds.max(c.blocked_seconds);
                 sum.durable_seconds = sum.durable_seconds.max(c.durable_seconds);
                 sum.bytes_new += c.bytes_new;

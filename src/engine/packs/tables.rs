@@ -100,10 +100,7 @@ impl<'txn> PackTables<'txn> {
     /// a chunk never points at bytes that are gone (a file deleted by hand,
     /// cut short, or replaced).
     pub(crate) fn holds(&mut self, id: u64) -> Result<bool> {
-        let Some(dir) = self.dir.clone() else {
-            return Ok(true);
-        };
-        if !self.exist()? {
+        if self.dir.is_none() || !self.exist()? {
             return Ok(true);
         }
         let ctx = || format!("reading table pack_chunks for chunk id {id}");
@@ -124,11 +121,14 @@ impl<'txn> PackTables<'txn> {
             .get(loc.pack)
             .context(ctx)?
             .map(|g| g.value().0);
-        let path = dir.file(loc.pack);
-        let whole = recorded.is_some_and(|len| {
-            dir.io.len(&path).is_ok_and(|n| n == len)
-                && dir.header_of(&path).is_some_and(|h| h.pack == loc.pack)
-        });
+        let whole = match (&self.dir, recorded) {
+            (Some(dir), Some(len)) => {
+                let path = dir.file(loc.pack);
+                dir.io.len(&path).is_ok_and(|n| n == len)
+                    && dir.header_of(&path).is_some_and(|h| h.pack == loc.pack)
+            }
+            _ => false,
+        };
         self.confirmed.insert(loc.pack, whole);
         Ok(whole)
     }
