@@ -37,18 +37,21 @@ type HoldingFields = (u32, String, u32, u64, String);
 /// (order, (step, saved_at), missing ranks).
 type EvaluationFields = ((u64, u64, u64), (u64, u64), Vec<u32>);
 
+/// A save's cost as `SaveCost`'s fields.
+fn cost_fields(c: Cost) -> HashMap<String, f64> {
+    #[allow(clippy::cast_precision_loss)] // bytes as Python floats, as SaveCost keeps them
+    let bytes = |n: u64| n as f64;
+    HashMap::from([
+        ("blocked_seconds".to_owned(), c.blocked_seconds),
+        ("staging_seconds".to_owned(), c.staging_seconds),
+        ("durable_seconds".to_owned(), c.durable_seconds),
+        ("bytes_new".to_owned(), bytes(c.bytes_new)),
+        ("bytes_deduplicated".to_owned(), bytes(c.bytes_deduplicated)),
+    ])
+}
+
 fn fields(r: &Record) -> RecordFields {
-    let cost = r.cost.map(|c| {
-        #[allow(clippy::cast_precision_loss)] // bytes as Python floats, as SaveCost keeps them
-        let bytes = |n: u64| n as f64;
-        HashMap::from([
-            ("blocked_seconds".to_owned(), c.blocked_seconds),
-            ("staging_seconds".to_owned(), c.staging_seconds),
-            ("durable_seconds".to_owned(), c.durable_seconds),
-            ("bytes_new".to_owned(), bytes(c.bytes_new)),
-            ("bytes_deduplicated".to_owned(), bytes(c.bytes_deduplicated)),
-        ])
-    });
+    let cost = r.cost.map(cost_fields);
     (
         r.step,
         r.saved_at,
@@ -174,7 +177,7 @@ impl TierRecord {
     }
     #[getter]
     fn digests(&self) -> Vec<String> {
-        fields(&self.0).4
+        self.0.digests.iter().map(ToString::to_string).collect()
     }
     #[getter]
     fn copies(&self) -> Vec<Vec<u32>> {
@@ -186,15 +189,15 @@ impl TierRecord {
     }
     #[getter]
     fn sizes(&self) -> Option<Vec<BTreeMap<String, u64>>> {
-        fields(&self.0).6
+        self.0.legacy.as_ref().map(|l| l.sizes.clone())
     }
     #[getter]
     fn metadata(&self) -> Option<String> {
-        fields(&self.0).8
+        self.0.legacy.as_ref().map(|l| l.metadata.clone())
     }
     #[getter]
     fn cost(&self) -> Option<HashMap<String, f64>> {
-        fields(&self.0).9
+        self.0.cost.map(cost_fields)
     }
     #[getter]
     fn world_size(&self) -> u32 {

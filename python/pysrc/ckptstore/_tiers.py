@@ -330,8 +330,6 @@ class Tiers:
         `records` (in the order of saves, not of step numbers: the save
         that just completed is always kept) and those still to be
         uploaded; remove every other step from this rank's stores."""
-        if not records:
-            return
         keep = kept_steps(self._tier, list(records.values()), self._keep)
         paths = [self._tier.store_path("own", self._rank)]
         paths += [self._tier.store_path("copy", src) for src in self._topology.sources(self._rank, self._peers)]
