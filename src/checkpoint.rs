@@ -270,3 +270,28 @@ impl Incoming {
         Ok(())
     }
 }
+
+/// A step as 0.4.0 wrote it, for the tests of reading one: its save's
+/// cost and Lightning's name among its metrics, beside a run's own; and
+/// the record it reads as.
+#[cfg(test)]
+pub(crate) mod legacy {
+    use crate::{ComputationGraphStore, GradientCheckpoint, SaveRecord, Staging};
+
+    pub(crate) fn step_0_4_0(step: u64) -> GradientCheckpoint {
+        let mut old = GradientCheckpoint::new(ComputationGraphStore::new(), step)
+            .with_metric("loss", 0.25)
+            .with_metric("ckptstore.staging_s", 0.75)
+            .with_metric("ckptstore.blocked_s", 0.125)
+            .with_metric("lightning:checkpoints/last.ckpt", 1.0);
+        old.set_optimizer_state("w", vec![7; 64]);
+        old.set_optimizer_state("lightning:checkpoints/last.ckpt", b"{}".to_vec());
+        old
+    }
+
+    pub(crate) fn record() -> SaveRecord {
+        SaveRecord::default()
+            .with_staging(Staging::new(0.75, 0.125).expect("finite"))
+            .with_name("lightning:checkpoints/last.ckpt")
+    }
+}

@@ -4,9 +4,9 @@
 //! commit now refuses those metric names, so the step is written here as
 //! 0.4.0's commit wrote it: through the engine, without the check.
 
+use crate::checkpoint::legacy::{record, step_0_4_0};
 use crate::db::TxnKind;
 use crate::engine::plan::Plan;
-use crate::save_record::legacy::{record, step_0_4_0};
 use crate::{CheckpointStore, GradientCheckpoint, Retention};
 
 /// Commit `ckpt` as 0.4.0 did: its metrics unchecked.

@@ -4,9 +4,9 @@
 //! upload now refuses those metric names, so the shard is written here as
 //! 0.4.0's upload wrote it: without the check.
 
+use crate::checkpoint::legacy::{record, step_0_4_0};
 use crate::engine::plan::Plan;
 use crate::remote::global::shards::ShardUpload;
-use crate::save_record::legacy::{record, step_0_4_0};
 use crate::Remote;
 
 #[test]
