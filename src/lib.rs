@@ -98,16 +98,16 @@ pub const CHUNK_BYTES: usize = format::layout::CHUNK_SIZE;
 pub use engine::hashing::ChunkHasher;
 pub use engine::slices::{slice_proof, slice_proof_len, ChunkSlice, SliceCheck};
 pub use error::{Cause, Error, PackError, PackOp, Result};
-pub use exchange::dcp::{BoxSpan, DcpDtype, DcpIndex, DcpTensor, DCP_METADATA};
+pub use exchange::dcp::{BoxSpan, DcpDtype, DcpIndex, DcpTensor, DCP_METADATA, DCP_RANK_METADATA};
 pub use exchange::dcp_doc::{DcpChunk, DcpDocument, DcpEntry, DcpPathPart, DcpWhere, DCP_FORMAT};
 pub use exchange::hf::{cast_dtype, HfExport, DEFAULT_MAX_SHARD_BYTES};
 pub use graph::{ComputationGraphStore, ComputationNode};
 pub use options::{Durability, DEFAULT_PACK_THRESHOLD};
 #[cfg(feature = "remote")]
 pub use remote::{
-    BucketError, EntryInfo, GcReport, GlobalStep, Piece, PushReport, Remote, ShardHash, ShardInfo,
-    ShardStatus, ShardUpload, DEFAULT_GRACE_PERIOD, DEFAULT_PACK_BYTES, DEFAULT_RETRY_WINDOW,
-    MAX_MANIFEST_BYTES, MAX_WORLD_SIZE,
+    BucketError, EntryInfo, GcReport, GlobalStep, Piece, PushReport, Remote, SaveId, ShardHash,
+    ShardInfo, ShardStatus, ShardUpload, DEFAULT_GRACE_PERIOD, DEFAULT_PACK_BYTES,
+    DEFAULT_RETRY_WINDOW, MAX_MANIFEST_BYTES, MAX_WORLD_SIZE,
 };
 #[cfg(feature = "remote")]
 pub use report::ReplicationStatus;

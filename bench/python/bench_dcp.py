@@ -27,6 +27,11 @@ fan_out=False (each rank reads it all) and s3torchconnector: seconds,
 requests (Garage's log) and the bytes the ranks asked of the bucket
 (ckptstore's, counted in the process; s3torchconnector's are not seen
 from Python). --replicated-only runs that part alone.
+
+With --rank-local (directory mode): DCP's rank-local mode
+(`use_collectives=False`) through ckptstore and through DCP's
+FileSystemWriter, against ckptstore's collective mode: save and
+same-world load times, and the bytes each rank asked of the bucket.
 """
 
 import argparse
@@ -87,16 +92,16 @@ def worker(mode, kind, target, world, rank, port, mib, step):
         else:
             dcp.load(state, storage_reader=S3StorageReader(region, target, s3client_config=config))
     elif mode == "save":
-        writer = StorageWriter(target, step) if kind == "ckptstore" else dcp.FileSystemWriter(target)
-        dcp.save(state, storage_writer=writer)
-    elif kind == "fs":
+        writer = StorageWriter(target, step) if kind.startswith("ckptstore") else dcp.FileSystemWriter(target)
+        dcp.save(state, storage_writer=writer, use_collectives=not kind.endswith("-local"))
+    elif kind in ("fs", "fs-local"):
         dcp.load(state, storage_reader=dcp.FileSystemReader(target))
     else:
         if kind == "ckptstore-unproved":
             import ckptstore._targets
 
             ckptstore._targets.OpenedBucket.proves = False
-        fan_out = kind in ("ckptstore", "ckptstore-unproved")
+        fan_out = kind in ("ckptstore", "ckptstore-unproved", "ckptstore-local")
         dcp.load(state, storage_reader=StorageReader(target, step, fan_out=fan_out))
     dist.barrier()
     took, read = time.perf_counter() - start, _rchar() - before
@@ -227,6 +232,41 @@ def _replicated_s3(args, bucket, log, run_id):
               f"{counted.get('GET', 0):>5} {shown}")
 
 
+def _rank_local(args, base):
+    """DCP's rank-local mode (`use_collectives=False`) against the
+    collective mode, and against DCP's FileSystemWriter in rank-local
+    mode: save and same-world load, the slowest rank's time (medians of
+    --reps, the order rotating), and the bytes each rank asked of the
+    bucket in the load (ckptstore's; the bucket's requests per rank are
+    pinned in tests/python/test_dcp_rank_local.py)."""
+    kinds = ("ckptstore", "ckptstore-local", "fs-local")
+    print("rank-local mode: seconds (ratio: collective ckptstore's / this)")
+    print(f"{'ranks':>5} {'op':>5} " + " ".join(f"{k:>16}" for k in kinds) + f" {'asked/rank MiB':>15}")
+    for world in [w for w in args.ranks if w > 1]:
+        times = {(m, k): [] for m in ("save", "load") for k in kinds}
+        asked = []
+        for rep in range(args.reps):
+            order = kinds[rep % 3:] + kinds[:rep % 3]
+            for kind in order:
+                where = os.path.join(base, f"{kind}-{world}-{rep}")
+                target = f"file://{where}" if kind.startswith("ckptstore") else where
+                for mode in ("save", "load"):
+                    os.sync()
+                    took, ranks = run(mode, kind, target, world, args.mib, 1)
+                    times[(mode, kind)].append(took)
+                    if mode == "load" and kind == "ckptstore-local":
+                        asked.append(max(a for *_, a in ranks))
+                shutil.rmtree(where, ignore_errors=True)
+        for mode in ("save", "load"):
+            base_s = statistics.median(times[(mode, "ckptstore")])
+            cells = []
+            for kind in kinds:
+                t = statistics.median(times[(mode, kind)])
+                cells.append(f"{t:>9.3f} ({base_s / t:.2f})")
+            extra = f"{statistics.median(asked) / 2**20:>15.1f}" if mode == "load" else ""
+            print(f"{world:>5} {mode:>5} " + " ".join(f"{c:>16}" for c in cells) + f" {extra}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mib", type=int, default=1024)
@@ -237,6 +277,7 @@ def main():
     ap.add_argument("--ranks", default="1,4", help="the world sizes to run, comma-separated (default 1,4)")
     ap.add_argument("--replicated-mib", type=int, default=256, help="the replicated state of --s3 (default 256)")
     ap.add_argument("--replicated-only", action="store_true", help="with --s3: the replicated state's loads alone")
+    ap.add_argument("--rank-local", action="store_true", help="also DCP's rank-local mode (use_collectives=False)")
     ap.add_argument("--worker", nargs=8, help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.ranks = [int(r) for r in args.ranks.split(",")]
@@ -268,6 +309,8 @@ def main():
                 ours = statistics.median(times[(mode, "ckptstore")])
                 theirs = statistics.median(times[(mode, "fs")])
                 print(f"{world:>5} {mode:>5} {ours:>12.3f} {theirs:>13.3f} {theirs / ours:>6.2f}")
+        if args.rank_local:
+            _rank_local(args, base)
         # Bytes read per rank at half the world size.
         share = args.mib * (1 << 20) // 2
         print(f"load at 2 ranks of a step saved at 4: bytes read per rank (share {share / 2**20:.0f} MiB)")

@@ -99,6 +99,8 @@ fn _ckptstore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("Error", m.py().get_type::<CkptError>())?;
     m.add("MAX_WORLD_SIZE", ckptstore::MAX_WORLD_SIZE)?;
     m.add("CHUNK_BYTES", ckptstore::CHUNK_BYTES)?;
+    m.add("DCP_METADATA", ckptstore::DCP_METADATA)?;
+    m.add("DCP_RANK_METADATA", ckptstore::DCP_RANK_METADATA)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("StepExistsError", m.py().get_type::<StepExistsError>())?;
     m.add("CorruptError", m.py().get_type::<CorruptError>())?;

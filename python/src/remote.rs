@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use ckptstore::{Remote, ShardHash, ShardUpload};
+use ckptstore::{Remote, SaveId, ShardHash, ShardUpload};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -130,8 +130,11 @@ impl RawRemote {
     }
 
     /// Commit rank `rank`'s shard of global step `step` of `world_size`
-    /// ranks, given as `(step, rank, world_size)` (the arrays are copied).
-    #[pyo3(signature = (shard, tensors, blobs, metrics, record = None))]
+    /// ranks, given as `(step, rank, world_size)` (the arrays are copied);
+    /// with `save` (the identity of a rank-local save, alike on its ranks),
+    /// the step completes only with shards of that save.
+    #[pyo3(signature = (shard, tensors, blobs, metrics, record = None, save = None))]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn save_shard(
         &self,
         py: Python<'_>,
@@ -140,9 +143,13 @@ impl RawRemote {
         blobs: Vec<(String, Vec<u8>)>,
         metrics: BTreeMap<String, f64>,
         record: Option<PyRef<'_, crate::record::SaveRecord>>,
+        save: Option<&str>,
     ) -> PyResult<results::ShardInfo> {
         let ckpt = checkpoint(shard.0, blobs, metrics, record.as_deref());
-        self.shard_call(py, shard, &tensors, ckpt, ShardUpload::Complete)
+        let how = save.map_or(ShardUpload::Complete, |s| {
+            ShardUpload::RankLocal(SaveId::of(s))
+        });
+        self.shard_call(py, shard, &tensors, ckpt, how)
     }
 
     /// Upload rank `rank`'s shard of global step `step` without completing

@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use super::dcp_doc::DcpDocument;
-pub use super::dcp_doc::DCP_METADATA;
+pub use super::dcp_doc::{DCP_METADATA, DCP_RANK_METADATA};
 use crate::{Dtype, Error, Result};
 
 /// The dtype of a tensor of a DCP step.
@@ -161,6 +161,56 @@ impl DcpIndex {
             .into_iter()
             .filter_map(|w| Some(((w.fqn, w.offset?), (w.rank, w.entry))))
             .collect();
+        Ok((index, places))
+    }
+}
+
+#[cfg(feature = "remote")] // a bucket's rank-local steps
+impl DcpIndex {
+    /// The index of a rank-local save, from each rank's (`ranks`, by
+    /// rank, with where its boxes are): every rank's boxes of each tensor,
+    /// a box stored by several ranks (a replicated tensor) read from the
+    /// first.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] for no ranks, or a tensor the ranks saved with
+    /// another dtype or shape.
+    pub(crate) fn merged(step: u64, ranks: Vec<(DcpIndex, Places)>) -> Result<(DcpIndex, Places)> {
+        let mut ranks = ranks.into_iter();
+        let corrupt =
+            |why: String| Error::corrupt(Some(step), format!("{DCP_RANK_METADATA}: {why}"));
+        let (mut index, mut places) = ranks.next().ok_or_else(|| corrupt("no ranks".into()))?;
+        for (rank, (other, other_places)) in ranks.enumerate() {
+            for (fqn, t) in other.tensors {
+                let Some(have) = index.tensors.get_mut(&fqn) else {
+                    index.tensors.insert(fqn, t);
+                    continue;
+                };
+                if have.dtype != t.dtype || have.shape != t.shape {
+                    return Err(corrupt(format!(
+                        "{fqn}: rank {} saved it as {:?} {:?}, the ranks before it as {:?} {:?}",
+                        rank + 1,
+                        t.dtype,
+                        t.shape,
+                        have.dtype,
+                        have.shape
+                    )));
+                }
+                for b in t.boxes {
+                    if !have.boxes.iter().any(|h| h.0 == b.0) {
+                        have.boxes.push(b);
+                    }
+                }
+            }
+            for value in other.values {
+                if !index.values.contains(&value) {
+                    index.values.push(value);
+                }
+            }
+            for (key, at) in other_places {
+                places.entry(key).or_insert(at);
+            }
+        }
         Ok((index, places))
     }
 }

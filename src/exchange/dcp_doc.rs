@@ -21,6 +21,13 @@ use crate::{Error, Result};
 /// The entry of the coordinator's shard that holds DCP's metadata.
 pub const DCP_METADATA: &str = ".dcp/metadata.json";
 
+/// The entry of each rank's shard of a rank-local save (DCP's
+/// `use_collectives=False`) that holds the metadata of that rank's own
+/// items, in the schema of [`DCP_METADATA`]. Such a step has no
+/// [`DCP_METADATA`]: a reader that knows only that finds none and refuses
+/// the step, rather than read one rank's metadata as the whole.
+pub const DCP_RANK_METADATA: &str = ".dcp/rank-metadata.json";
+
 /// The format [`DcpDocument::encode`] writes and the one this build reads.
 pub const DCP_FORMAT: u32 = 1;
 

@@ -19,7 +19,7 @@ use object_store::ObjectStore;
 pub use crate::error::BucketError;
 use crate::Result;
 use bucket::Bucket;
-pub use format::hash::ShardHash;
+pub use format::hash::{SaveId, ShardHash};
 pub(crate) use format::layout::Commit;
 pub use format::layout::{MAX_MANIFEST_BYTES, MAX_WORLD_SIZE};
 pub use format::pack_format::DEFAULT_PACK_BYTES;

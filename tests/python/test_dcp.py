@@ -157,20 +157,6 @@ def test_a_flipped_byte_is_refused_with_corrupt_error(tmp_path):
     assert any("CorruptError" in text and "fails its hash check" in text for _, text in out), out
 
 
-def test_a_rank_local_save_of_several_ranks_is_refused_and_of_one_is_a_save(tmp_path):
-    # Issue 66: with use_collectives=False each rank committed the step
-    # alone, the ranks' commits replacing each other (acknowledged; the
-    # other rank's data gone). Refused on every rank until it is whole.
-    url = f"file://{tmp_path}/bucket"
-    for rank, (_, text) in enumerate(run("save_local", url, 1, 2)):
-        assert "failed NotImplementedError: a rank-local save" in text, f"rank {rank}:\n{text[-3000:]}"
-    assert ckptstore.Remote(url).steps() == []
-    # One process alone: an ordinary save, loaded as any.
-    out = run("save_local", url, 1, 1)
-    assert "failed" not in out[0][1], out[0][1]
-    run("load", url, 1, 1)
-
-
 def test_a_local_store_takes_one_process(tmp_path):
     path = tmp_path / "run.ckpt"
     run("save", path, 3, 1)

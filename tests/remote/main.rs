@@ -17,6 +17,7 @@ mod garage;
 mod hf;
 mod lost_packs;
 mod promise;
+mod rank_local;
 mod remembered;
 mod replicate;
 mod retention;

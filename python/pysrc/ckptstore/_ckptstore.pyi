@@ -6,6 +6,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, final
 
 __all__ = [
     "CHUNK_BYTES",
+    "DCP_METADATA",
+    "DCP_RANK_METADATA",
     "MAX_WORLD_SIZE",
     "__version__",
     "Buffer",
@@ -48,6 +50,8 @@ __all__ = [
 
 MAX_WORLD_SIZE: int
 CHUNK_BYTES: int
+DCP_METADATA: str
+DCP_RANK_METADATA: str
 __version__: str
 
 class Error(Exception): ...
@@ -524,6 +528,7 @@ class RawRemote:
         blobs: List[_Blob],
         metrics: Dict[str, float],
         record: Optional[SaveRecord] = None,
+        save: Optional[str] = None,
     ) -> ShardInfo: ...
     def load_shard(self, rank: int, step: Optional[int] = None) -> Optional[Dict[str, Any]]: ...
     def shards(self, step: int) -> ShardStatus: ...

@@ -15,7 +15,7 @@ from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
-from . import _dcp_json, _fan_out, _fan_plan
+from . import _dcp_json, _dcp_local, _fan_out, _fan_plan
 from ._ckptstore import dcp_box_span
 from ._convert import step_number
 from ._dcp_json import Where
@@ -49,7 +49,14 @@ class StorageReader(_storage.StorageReader):
     whole job (a load over a group of some ranks reads as without it);
     a load at one rank and a `no_dist` load read as without it.
     `fan_out=False`: every rank reads what it needs itself, and the load
-    waits on no collective but DCP's."""
+    waits on no collective but DCP's.
+
+    A step saved rank-locally (`dcp.save(..., use_collectives=False)`)
+    loads at the world size it was saved at rank-locally: each rank plans
+    from the metadata it saved and reads only its own shard (a state
+    sharded otherwise than when saved is refused; `rank_local=False`
+    loads it as at any other world size: every rank reads every rank's
+    metadata, the global view, and the load is striped)."""
 
     def __init__(
         self,
@@ -58,11 +65,12 @@ class StorageReader(_storage.StorageReader):
         *,
         fan_out: bool = True,
         timeout: Optional[timedelta] = None,
+        rank_local: bool = True,
     ) -> None:
         super().__init__()
         self._target = target
         self._from = load_target(target)
-        self._fan_out, self._timeout = fan_out, timeout
+        self._fan_out, self._timeout, self._rank_local = fan_out, timeout, bool(rank_local)
         self._group: Optional[Group] = None
         self._step = None if step is None else step_number(step)
         self._resolved: Optional[int] = None
@@ -70,11 +78,17 @@ class StorageReader(_storage.StorageReader):
         self._opened: Optional[Opened] = None
         self._where: Dict[MetadataIndex, Where] = {}
         self._metadata: Any = None
+        # This rank's metadata, where the load reads a rank-local save
+        # rank-locally (`_open`).
+        self._local: Optional[Metadata] = None
 
     def __getstate__(self) -> Dict[str, Any]:
         # Sent as its arguments, where its target can be.
         check_sendable(self, self._from)
-        return {"target": self._target, "step": self._step, "fan_out": self._fan_out, "timeout": self._timeout}
+        return {
+            "target": self._target, "step": self._step, "fan_out": self._fan_out, "timeout": self._timeout,
+            "rank_local": self._rank_local,
+        }
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__init__(**state)  # type: ignore[misc]
@@ -95,7 +109,9 @@ class StorageReader(_storage.StorageReader):
         return self._resolved
 
     # No `rank=`/`**kwargs`: DCP would retry a failed read rank-locally and
-    # leave that rank out of the collectives the others wait in.
+    # leave that rank out of the collectives the others wait in. (A
+    # rank-local save loaded at its own world size is read rank-locally
+    # all the same: each rank from its own metadata, `_open`.)
     def read_metadata(self) -> Metadata:
         step = self._step if self._step is not None else self._from.latest()
         if step is None:
@@ -105,14 +121,35 @@ class StorageReader(_storage.StorageReader):
         return metadata
 
     def _open(self, step: int, commit: Optional[str]) -> None:
-        """Open `step` (exactly `commit`, if given) and read its metadata."""
-        self._resolved, self._commit, self._opened = step, None, None
+        """Open `step` (exactly `commit`, if given) and read its metadata:
+        the coordinator's; of a rank-local save, this rank's own where it
+        is loaded at the world size it was saved at (each rank plans from
+        its own and reads only its own shard: `_local`), else every
+        rank's, merged."""
+        self._resolved, self._commit, self._opened, self._local = step, None, None, None
         self._opened = self._from.open(step, commit)
         self._commit = self._opened.commit
-        text = self._opened.metadata()
-        metadata = _dcp_json.from_json(text)
+        rank, world = _dcp_local.world()
+        own = self._opened.rank_metadata(rank)
+        if own is None:
+            metadata = _dcp_json.from_json(self._opened.metadata())
+        elif own[0] == world > 1 and self._rank_local:
+            metadata = self._local = _dcp_json.from_json(own[1])
+        else:
+            metadata = _dcp_local.merged([self._rank_doc(r, own) for r in range(own[0])])
         self._where = metadata.storage_data
         self._metadata = metadata
+
+    def _rank_doc(self, rank: int, own: Tuple[int, bytes]) -> Metadata:
+        """Rank `rank`'s metadata of a rank-local save; `own`, the one this
+        rank read (of rank `dist rank` modulo the saved world)."""
+        assert self._opened is not None
+        if rank == _dcp_local.world()[0] % own[0]:
+            return _dcp_json.from_json(own[1])
+        found = self._opened.rank_metadata(rank)
+        if found is None:
+            raise ValueError(f"step {self._resolved} of {self._from.description}: rank {rank}'s shard has no metadata")
+        return _dcp_json.from_json(found[1])
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self._where = metadata.storage_data
@@ -128,7 +165,8 @@ class StorageReader(_storage.StorageReader):
         # fanned out, the stripes each rank reads and hands on.
         fans: List[Optional[_fan_plan.FanPlan]] = [None] * len(plans)
         try:
-            if self._fans_out(len(plans)):
+            # A rank-local read: each rank reads its own shard itself.
+            if self._local is None and self._fans_out(len(plans)):
                 needs = [[self._piece(i, self._where[i.storage_index])[0] for i in p.items] for p in plans]
                 fans = [fan for fan in _fan_plan.plan(needs, self._from.readers, self._from.nodes)]
         except (KeyError, ValueError) as e:
@@ -171,6 +209,8 @@ class StorageReader(_storage.StorageReader):
         dest: Dict[int, np.ndarray] = {}
         failure: Optional[BaseException] = None
         try:
+            if self._local is not None:
+                _dcp_local.check_covered(plan, planner, self._local, self._from.description)
             batch, dest = self._plan(plan, planner)
         except Exception as e:  # noqa: BLE001 (raised by the target's read)
             failure = e

@@ -14,13 +14,12 @@ from typing import Any, Dict, Hashable, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch.distributed.checkpoint import storage as _storage
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
 from torch.futures import Future
 
-from . import _dcp_json
+from . import _dcp_json, _dcp_local
 from ._ckptstore import SaveRecord, Tensor
 from ._convert import step_number
 from ._cost import Clock, SaveCost
@@ -125,6 +124,9 @@ class StorageWriter(_storage.StorageWriter):
         self._budget = staging_budget
         self._rank, self._world = 0, 1
         self._coordinator = True
+        # A rank-local save's identity (`_dcp_local`); None for a save
+        # with collectives.
+        self._save: Optional[str] = None
         self._kept: Dict[str, Any] = {}
         self._lent: Optional[_Lent] = None
         self._hashes: Hashes = {}
@@ -235,8 +237,30 @@ class StorageWriter(_storage.StorageWriter):
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self._coordinator = is_coordinator
+        self._save = None
         if kwargs.get("use_collectives", True) is False:
-            _refuse_rank_local(self._to.description)
+            self._set_up_rank_local(kwargs.get("rank"))
+
+    def _set_up_rank_local(self, dcp_rank: Any) -> None:
+        """A rank-local save (`use_collectives=False`) of every rank of the
+        default process group: this rank's place and the save's identity,
+        agreed without a collective. One process saving alone is an
+        ordinary save."""
+        rank, world = _dcp_local.world()
+        if world == 1:
+            return
+        if not self._to.rank_local:
+            raise NotImplementedError(
+                f"a rank-local save (use_collectives=False) of {world} ranks to {self._to.description} "
+                "is not supported: save with use_collectives=True, or to a bucket URL"
+            )
+        if dcp_rank is not None and int(dcp_rank) != rank:
+            raise ValueError(
+                f"a rank-local save over a group of some ranks (rank {dcp_rank} of the save, {rank} of "
+                f"the job): the step is whole only with every rank of the job's {world}"
+            )
+        self._rank, self._world = rank, world
+        self._save = _dcp_local.save_identity(self._to.pool_key, self._step)
 
     def storage_meta(self) -> Optional[StorageMeta]:
         return StorageMeta(checkpoint_id=str(self._step))
@@ -245,7 +269,10 @@ class StorageWriter(_storage.StorageWriter):
         return plan
 
     def prepare_global_plan(self, plans: List[SavePlan]) -> List[SavePlan]:
-        world = len(plans)
+        # A rank-local save plans on each rank alone: its place is its
+        # rank in the job, not in the plans.
+        local = self._save is not None
+        world = self._world if local else len(plans)
         if not self._to.many_ranks and world > 1:
             raise ValueError(
                 f"a local store takes one process; {world} ranks save to a bucket URL "
@@ -257,6 +284,8 @@ class StorageWriter(_storage.StorageWriter):
                 f"Checkpoint already exists and self.overwrite=False: step {self._step} is already in "
                 f"{self._to.description}; StorageWriter(..., overwrite=True) replaces it"
             )
+        if local:
+            return [dataclasses.replace(plans[0], storage_data=(self._rank, world))]
         # Each rank's place in this save and its size, from the plans DCP
         # gathered (the save's group, whatever it is).
         return [dataclasses.replace(p, storage_data=(i, world)) for i, p in enumerate(plans)]
@@ -269,13 +298,14 @@ class StorageWriter(_storage.StorageWriter):
         values: Dict[str, Any] = {}
         written = [self._resolve(item, planner, values) for item in plan.items]
         shard = ""
-        if self._coordinator:
-            # Its shard is put with the metadata by finish; its data now,
-            # where the target takes it ahead, beside the other ranks'
-            # (finish then finds it there). A save of one rank has no one
+        if self._coordinator or self._save is not None:
+            # Its shard is put with the metadata by finish (every rank's,
+            # in a rank-local save); its data now, where the target takes
+            # it ahead, beside the other ranks' (finish then finds it
+            # there). A save of one rank, or a rank-local save, has no one
             # to put beside: its data is hashed and put once, by finish.
             self._kept = values
-            if self._world > 1:
+            if self._world > 1 and self._save is None:
                 self._count(self._to.put_data(self._step, self._rank, self._world, values))
         else:
             shard = self._count(self._to.put(self._step, self._rank, self._world, values, None, self._overwrite))
@@ -325,26 +355,17 @@ class StorageWriter(_storage.StorageWriter):
         metadata.storage_data = storage
         values = dict(self._kept)
         self._kept = {}
-        values[METADATA] = _dcp_json.to_json(metadata)
-        values.update(self._to.layout_entries(sizes))
-        put = self._to.finish(self._step, self._rank, self._world, values, self._record(), self._overwrite, shards)
-        shards[self._rank] = self._count(put)
+        if self._save is not None:
+            # This rank's metadata (its own items), in its own shard.
+            values[_dcp_local.RANK_METADATA] = _dcp_json.to_json(metadata)
+            put = self._to.finish_local(self._step, self._rank, self._world, values, self._record(), self._save)
+        else:
+            values[METADATA] = _dcp_json.to_json(metadata)
+            values.update(self._to.layout_entries(sizes))
+            put = self._to.finish(self._step, self._rank, self._world, values, self._record(), self._overwrite, shards)
+        self._count(put)
         self._give_back()
         self._done()
-
-
-def _refuse_rank_local(description: str) -> None:
-    """Refuse a rank-local save (`dcp.save(..., use_collectives=False)`) of
-    several ranks: each rank would plan and commit the step alone, and the
-    ranks' commits would replace each other (acknowledged, with the other
-    ranks' data gone). One process saving alone is an ordinary save."""
-    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    if world > 1:
-        raise NotImplementedError(
-            f"a rank-local save (use_collectives=False) of {world} ranks to {description} is not "
-            "supported yet: each rank would commit the step alone; save with use_collectives=True"
-        )
-
 
 def fold(
     results: List[List[_storage.WriteResult]], world: int

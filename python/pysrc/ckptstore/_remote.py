@@ -140,6 +140,26 @@ class Remote:
             raw_store(store), (step_number(step), int(rank), int(world_size)), [str(d) for d in drop], extra
         )
 
+    def commit_shard(
+        self,
+        step: int,
+        rank: int,
+        world_size: int,
+        state: Mapping[str, Value],
+        record: Optional[SaveRecord] = None,
+        save: Optional[str] = None,
+    ) -> ShardInfo:
+        """Upload rank `rank`'s shard of global step `step` and complete the
+        step if every rank's shard is there (whichever rank finds them
+        writes the commit; `info.complete` says whether this call saw it
+        complete). With `save` (an identity every rank of one save gives
+        alike), the step completes only with shards of that save: ranks
+        that never coordinate (DCP's rank-local mode) and saves of the
+        step that died do not mix."""
+        tensors, blobs = split_state(state)
+        shard = (step_number(step), int(rank), int(world_size))
+        return self._raw.save_shard(shard, tensors, blobs, {}, record, save)
+
     def commit_global(self, step: int, shards: List[str]) -> None:
         """Complete global step `step` with exactly `shards` (each rank's
         `info.shard`, by rank), after checking each is there and hashes

@@ -13,15 +13,16 @@ from typing import (
 
 import numpy as np
 
-from ._ckptstore import HfExport, SaveRecord
+from ._ckptstore import DCP_METADATA, HfExport, SaveRecord
 from ._convert import step_number
 from ._dcp_json import torch_dtype
+from ._dcp_local import RANK_METADATA
 from ._remote import Remote
 from ._store import Store
 from ._store import open as open_store
 from ._tier_wire import Group
 
-METADATA = ".dcp/metadata.json"
+METADATA = DCP_METADATA
 """The entry of the coordinator's shard that holds DCP's metadata."""
 
 UserTarget = Union[str, "os.PathLike[str]", Store]
@@ -101,6 +102,12 @@ class Opened(Protocol):
     def metadata(self) -> bytes:
         """DCP's metadata, as `METADATA` holds it."""
 
+    def rank_metadata(self, rank: int) -> Optional[Tuple[int, bytes]]:
+        """Where the step is a rank-local save's: its world size, and the
+        DCP metadata rank `rank` saved (`_dcp_local.RANK_METADATA`; for a
+        rank beyond its world, the metadata of rank `rank` modulo it).
+        None for a save with collectives."""
+
     def length(self, rank: int, entry: str) -> int:
         """Bytes of `entry` of rank `rank`'s shard."""
 
@@ -160,6 +167,9 @@ class SaveTarget(Protocol):
     pool_key: Hashable
     """The key of the staged copies saves to it reuse, in this process."""
 
+    rank_local: bool
+    """Whether it takes rank-local saves (`finish_local`) of several ranks."""
+
     def committed(self, step: int) -> bool:
         """Whether `step` is complete in it."""
 
@@ -190,6 +200,13 @@ class SaveTarget(Protocol):
         """The coordinator's end of a save: store its shard as `put` does,
         then complete `step` with exactly `shards` (by rank; this rank's
         entry is the shard just stored)."""
+
+    def finish_local(
+        self, step: int, rank: int, world: int, values: Mapping[str, Any], record: Optional[SaveRecord], save: str
+    ) -> Put:
+        """A rank's end of a rank-local save `save` (an identity alike on
+        its ranks): store its shard durably; `step` is complete once every
+        rank's shard of `save` is stored, and never with another save's."""
 
 
 class LoadTarget(Protocol):
@@ -301,6 +318,7 @@ class Bucket:
     many_ranks = True
     sendable = True
     fans_out = True
+    rank_local = True
     readers: Optional[Dict[int, List[int]]] = None
     nodes: Optional[List[int]] = None
     group: Optional[Group] = None
@@ -351,6 +369,12 @@ class Bucket:
         info = self._remote.upload_shard(step, rank, world, values, record=record, commit=shards)
         return Put(info.shard, info.bytes_uploaded, info.bytes_skipped)
 
+    def finish_local(
+        self, step: int, rank: int, world: int, values: Mapping[str, Any], record: Optional[SaveRecord], save: str
+    ) -> Put:
+        info = self._remote.commit_shard(step, rank, world, values, record, save)
+        return Put(info.shard, info.bytes_uploaded, info.bytes_skipped)
+
     def open(self, step: int, commit: Optional[str]) -> Opened:
         return OpenedBucket(self._remote, step, commit, self.url)
 
@@ -380,10 +404,7 @@ class OpenedBucket:
         self._opened = opened
         self.commit: Optional[str] = opened.commit
         self._by_rank: Dict[int, Dict[str, Tuple[Optional[str], Optional[List[int]], int]]] = {}
-        metadata = remote.dcp_metadata(opened)
-        if metadata is None:
-            raise ValueError(f"step {step} of {url} was not saved by ckptstore.dcp")
-        self._metadata = metadata
+        self._step, self._url = step, url
 
     def _entries(self, rank: int) -> Dict[str, Tuple[Optional[str], Optional[List[int]], int]]:
         """Rank `rank`'s entries, its shard read once."""
@@ -393,7 +414,19 @@ class OpenedBucket:
         return found
 
     def metadata(self) -> bytes:
-        return self._metadata
+        metadata = self._remote.dcp_metadata(self._opened)
+        if metadata is None:
+            raise ValueError(f"step {self._step} of {self._url} was not saved by ckptstore.dcp")
+        return metadata
+
+    def rank_metadata(self, rank: int) -> Optional[Tuple[int, bytes]]:
+        world = self._opened.world_size
+        rank %= world
+        found = self._entries(rank).get(RANK_METADATA)
+        if found is None:
+            return None
+        read = self._remote.read_pieces(self._opened, [(rank, RANK_METADATA, 0, found[2])])
+        return world, read[0].tobytes()
 
     def length(self, rank: int, entry: str) -> int:
         return self._entries(rank)[entry][2]
@@ -428,6 +461,7 @@ class LocalStore:
     many_ranks = False
     sendable = False
     fans_out = True
+    rank_local = False
     readers: Optional[Dict[int, List[int]]] = None
     nodes: Optional[List[int]] = None
     group: Optional[Group] = None
@@ -473,6 +507,11 @@ class LocalStore:
     ) -> Put:
         # One process: its shard, committed, is the step.
         return self.put(step, rank, world, values, record, replace)
+
+    def finish_local(
+        self, step: int, rank: int, world: int, values: Mapping[str, Any], record: Optional[SaveRecord], save: str
+    ) -> Put:
+        raise NotImplementedError(f"{self.description} takes no rank-local save")
 
     def open(self, step: int, commit: Optional[str]) -> Opened:
         return OpenedLocal(self, step, commit)
@@ -520,6 +559,9 @@ class OpenedLocal:
 
     def metadata(self) -> bytes:
         return self._metadata.tobytes()
+
+    def rank_metadata(self, rank: int) -> Optional[Tuple[int, bytes]]:
+        return None  # one process's save
 
     def length(self, rank: int, entry: str) -> int:
         if rank != 0 or entry not in self._lengths:

@@ -141,6 +141,9 @@ class TierSource:
     def metadata(self) -> bytes:
         return self._metadata.encode()
 
+    def rank_metadata(self, rank: int) -> Optional[Tuple[int, bytes]]:
+        return None  # the tier saves with its own collectives
+
     def length(self, rank: int, entry: str) -> int:
         sizes = self._sizes
         if not 0 <= rank < len(sizes) or entry not in sizes[rank]:

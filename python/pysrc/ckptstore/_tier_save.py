@@ -40,6 +40,7 @@ class TierShard:
     description = "the local tier"
     many_ranks = True
     sendable = False
+    rank_local = False  # the tier keeps its own protocol
 
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -76,6 +77,11 @@ class TierShard:
         # Committed as any rank's shard: every rank records the save once
         # every shard and copy is durable (`agree`, `Tiers`).
         return self.put(step, rank, world, values, record, replace)
+
+    def finish_local(
+        self, step: int, rank: int, world: int, values: Mapping[str, Any], record: Optional[SaveRecord], save: str
+    ) -> Put:
+        raise NotImplementedError(f"{self.description} takes no rank-local save")
 
 
 def entry_bytes(value: Any) -> np.ndarray:

@@ -75,6 +75,32 @@ impl fmt::Debug for ShardHash {
     }
 }
 
+/// Which save a shard of a rank-local save belongs to
+/// ([`ShardUpload::RankLocal`](crate::ShardUpload::RankLocal)): the BLAKE3
+/// hash of an identity every rank of the save gives alike and no other
+/// save of the step gives. A step completes only with shards of one save.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SaveId(pub(crate) Hash);
+
+impl SaveId {
+    /// The id of the save `identity` names.
+    pub fn of(identity: &str) -> SaveId {
+        SaveId(*blake3::hash(identity.as_bytes()).as_bytes())
+    }
+}
+
+impl fmt::Display for SaveId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&hex(&self.0))
+    }
+}
+
+impl fmt::Debug for SaveId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SaveId({self})")
+    }
+}
+
 impl Serialize for HexHash {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&hex(&self.0))

@@ -39,6 +39,12 @@ pub(crate) struct RemoteManifest {
     /// (Boxed: most manifests have none, and every commit body holds one.)
     #[serde(default, skip_serializing_if = "no_record")]
     pub(crate) save_record: Box<crate::SaveRecord>,
+    /// A shard of a rank-local save: which save
+    /// ([`SaveId`](crate::SaveId)); its step completes only with shards
+    /// naming the same. Left out otherwise (a reader before it ignores it).
+    /// (Boxed, as the record is.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) save: Option<Box<HexHash>>,
 }
 
 impl RemoteManifest {
@@ -106,6 +112,7 @@ impl RemoteManifest {
             packs: None,
             index: None,
             save_record: Box::new(ckpt.save_record.clone()),
+            save: None,
         })
     }
 }

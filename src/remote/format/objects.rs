@@ -45,6 +45,7 @@ impl RemoteManifest {
             packs: self.packs.clone(),
             index: self.index.clone(),
             save_record: Box::default(),
+            save: self.save.clone(),
         }
     }
 }

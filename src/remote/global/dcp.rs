@@ -5,7 +5,9 @@
 
 use std::path::Path;
 
-use crate::exchange::dcp::{BoxSource, DcpIndex, DcpTensor, Places, DCP_METADATA};
+use crate::exchange::dcp::{
+    BoxSource, DcpIndex, DcpTensor, Places, DCP_METADATA, DCP_RANK_METADATA,
+};
 use crate::exchange::hf::Source;
 use crate::exchange::write::write_whole;
 use crate::remote::global::Coordinator;
@@ -22,19 +24,38 @@ impl Coordinator<'_> {
         let Some(global) = self.open_global(step)? else {
             return Ok(None);
         };
-        let Some(bytes) = self.dcp_metadata(&global)? else {
-            return Ok(None);
-        };
-        let (index, places) = DcpIndex::decode(step, global.world_size(), &bytes)?;
+        let world = global.world_size();
+        if let Some(bytes) = self.dcp_metadata(&global)? {
+            let (index, places) = DcpIndex::decode(step, world, &bytes)?;
+            return Ok(Some((global, index, places)));
+        }
+        // A rank-local save: each rank's metadata, merged.
+        let mut ranks = Vec::new();
+        for rank in 0..world {
+            let Some(e) = self.entries(&global, rank)?.get(DCP_RANK_METADATA).cloned() else {
+                return Ok(None);
+            };
+            let mut got = self.read_pieces(&global, &[(rank, DCP_RANK_METADATA, 0, e.len)])?;
+            ranks.push(DcpIndex::decode(
+                step,
+                world,
+                &got.pop().unwrap_or_default(),
+            )?);
+        }
+        let (index, places) = DcpIndex::merged(step, ranks)?;
         Ok(Some((global, index, places)))
     }
 
     /// Does the work of [`Remote::dcp_metadata`](crate::Remote::dcp_metadata).
     pub(crate) fn dcp_metadata(&self, global: &GlobalStep) -> Result<Option<Vec<u8>>> {
         for rank in 0..global.world_size() {
-            if let Some(e) = self.entries(global, rank)?.get(DCP_METADATA) {
+            let entries = self.entries(global, rank)?;
+            if let Some(e) = entries.get(DCP_METADATA) {
                 let mut got = self.read_pieces(global, &[(rank, DCP_METADATA, 0, e.len)])?;
                 return Ok(Some(got.pop().unwrap_or_default()));
+            }
+            if entries.contains_key(DCP_RANK_METADATA) {
+                return Ok(None); // a rank-local save: no global document
             }
         }
         Ok(None)

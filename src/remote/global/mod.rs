@@ -79,8 +79,9 @@ impl Remote {
     }
 
     /// [`upload_shard`](Self::upload_shard),
-    /// [`upload_shard_data`](Self::upload_shard_data) or
-    /// [`commit_shard`](Self::commit_shard), as `how` says, of rank `rank`'s
+    /// [`upload_shard_data`](Self::upload_shard_data),
+    /// [`commit_shard`](Self::commit_shard) or a shard of a rank-local save
+    /// ([`ShardUpload::RankLocal`]), as `how` says, of rank `rank`'s
     /// shard `ckpt` with the tensors `tensors` added, whose bytes are hashed
     /// and uploaded from where they lie: no copy of them is made (the Python
     /// package uploads numpy arrays and torch tensors this way).
@@ -164,8 +165,9 @@ impl Remote {
     }
 
     /// The index of step `step` if `ckptstore.dcp` saved it: its tensors with
-    /// their global shapes and stored boxes; `None` for a step that is not
-    /// complete or was not saved through DCP.
+    /// their global shapes and stored boxes (of a rank-local save, every
+    /// rank's metadata merged); `None` for a step that is not complete or
+    /// was not saved through DCP.
     ///
     /// # Errors
     /// [`Error::Corrupt`](crate::Error::Corrupt) when the metadata is damaged;
@@ -176,7 +178,9 @@ impl Remote {
     }
 
     /// The DCP metadata document of an opened global step (the bytes of
-    /// [`DCP_METADATA`](crate::DCP_METADATA)), `None` if `ckptstore.dcp` did not save it. The
+    /// [`DCP_METADATA`](crate::DCP_METADATA)), `None` if `ckptstore.dcp` did not save it
+    /// or saved it rank-locally (each rank's shard holds its own,
+    /// [`DCP_RANK_METADATA`](crate::DCP_RANK_METADATA)). The
     /// coordinator's shard holds it: rank 0's, unless the save's
     /// coordinator had another rank; a rank's shard manifest is read
     /// (and checked) only until it is found.

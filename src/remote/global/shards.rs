@@ -14,7 +14,7 @@ use crate::engine::plan::Plan;
 use crate::format::manifest::{ChunkRef, Hash};
 use crate::remote::coordination::locks::Lock;
 use crate::remote::format::hash::HexHash;
-use crate::remote::format::hash::ShardHash;
+use crate::remote::format::hash::{SaveId, ShardHash};
 use crate::remote::format::layout::{
     encode, GlobalManifest, ManifestFormat, ShardName, MAX_WORLD_SIZE,
 };
@@ -133,6 +133,8 @@ impl Coordinator<'_> {
         );
         manifest.format = ManifestFormat::Packs;
         (manifest.packs, manifest.index) = (Some(packed.packs), Some(packed.index));
+        let save = then.save().map(|s| HexHash(s.0));
+        manifest.save = save.map(Box::new);
         manifest.check_to_write(step)?;
         let (bytes, hash) = encode(step, &manifest)?;
         let id = ShardName {
@@ -160,9 +162,12 @@ impl Coordinator<'_> {
         }
         let landed = Instant::now();
         // Another rank may have started the step with another world size
-        // since the check before the upload.
-        self.check_world_size(step, world_size)?;
-        info.complete = self.finalize(step, &id)?;
+        // since the check before the upload (a rank-local save's shards
+        // are told apart by their save, whatever world wrote the others).
+        if save.is_none() {
+            self.check_world_size(step, world_size)?;
+        }
+        info.complete = self.finalize(step, &id, save)?;
         info.finalize = landed.elapsed();
         Ok(info)
     }
@@ -186,10 +191,11 @@ impl Coordinator<'_> {
     }
 
     /// If every rank of `step` has a whole shard in the current attempt
-    /// (written after the step's newest commit; of a rank's, the newest),
-    /// write the step's manifest and a commit of a newer generation.
-    /// Whether the step's newest commit then names shard `ours`.
-    fn finalize(&self, step: u64, ours: &ShardName) -> Result<bool> {
+    /// (written after the step's newest commit, of save `save`; of a
+    /// rank's, the newest), write the step's manifest and a commit of a
+    /// newer generation. Whether the step's newest commit then names shard
+    /// `ours`.
+    fn finalize(&self, step: u64, ours: &ShardName, save: Option<HexHash>) -> Result<bool> {
         let commits = self.commit_times(step)?;
         let newest = commits.last().copied();
         let since = newest.map_or(i64::MIN, |(_, t)| t);
@@ -203,6 +209,12 @@ impl Coordinator<'_> {
                 (id.world_size == ours.world_size && t > since).then_some((t, id))
             })
             .collect();
+        // Until every rank is listed no shard is read: a rank that lands
+        // before the last asks a listing, not a manifest per rank.
+        let listed: BTreeSet<u32> = attempt.iter().map(|(_, id)| id.rank).collect();
+        if listed.len() != usize::try_from(ours.world_size).unwrap_or(usize::MAX) {
+            return self.names_shard(newest.map(|(c, _)| c), ours);
+        }
         // Newest first; of shards written in the same millisecond, the
         // smallest hash, so that every rank that finalizes picks the same.
         attempt.sort_by(|(ta, a), (tb, b)| tb.cmp(ta).then(a.hash.cmp(&b.hash)));
@@ -213,7 +225,10 @@ impl Coordinator<'_> {
             }
             // A shard's chunks land before it, and collection takes no
             // chunk a young shard names: a shard there and whole is whole.
-            if self.checked_shard(step, id, None)?.is_ok() {
+            // Only ours are chosen, so a rank's shard of another save (a
+            // save of the step that died) does not hide its older one.
+            if matches!(self.checked_shard(step, id, None)?, Ok(m) if m.save.as_deref() == save.as_ref())
+            {
                 chosen.insert(id.rank, *id);
             }
         }
@@ -358,6 +373,22 @@ pub enum ShardUpload {
     /// The manifest, and the step's commit when every rank is there (as
     /// [`Remote::commit_shard`](crate::Remote::commit_shard)).
     Complete,
+    /// As [`Complete`](Self::Complete), for a save of ranks that do not
+    /// coordinate (DCP's rank-local mode): the manifest names the save,
+    /// and the step's commit is written, by whichever rank finds them
+    /// there, once every rank's shard of this save is: never with a shard
+    /// of another save of the step, whatever its world size.
+    RankLocal(SaveId),
+}
+
+impl ShardUpload {
+    /// The save a rank-local upload names.
+    fn save(self) -> Option<SaveId> {
+        match self {
+            ShardUpload::RankLocal(save) => Some(save),
+            _ => None,
+        }
+    }
 }
 
 /// A checkpoint held in memory, as the bucket takes it: its manifest, its

@@ -3,6 +3,10 @@ test_dcp.py as WORLD processes over gloo on 127.0.0.1).
 
     python worker.py save|save_local|save_again|async_save|load TARGET STEP RANK WORLD PORT [SALT]
 
+save_local saves in DCP's rank-local mode (use_collectives=False); saves
+in that mode and loads print "collectives [...]", the torch.distributed
+calls the process made (DCP's and ckptstore's).
+
 WORLD 1 with PORT 0 runs without a process group (DCP's no_dist). The
 state is a function of SALT (default 0), so a loader knows every byte to
 expect; a load prints "ok <step>" when every tensor and value is
@@ -11,7 +15,7 @@ after its data is written, before the coordinator's finish.
 
 CKPT_BIG_ROWS=N gives model.big N rows (1100: 1.3 MB, two chunks).
 Loads: CKPT_REPLICATE=1 places every tensor Replicate (saves too);
-CKPT_FAN_OUT=0 loads with fan_out=False; CKPT_STRIPE_CHUNKS=N cuts a
+CKPT_FAN_OUT=0 loads with fan_out=False; CKPT_RANK_LOCAL=0 with rank_local=False; CKPT_STRIPE_CHUNKS=N cuts a
 striped load's stripes at N chunks; a load prints "read <bytes>", what
 the rank asked of the bucket or the local store. CKPT_DIE_IN_READ=R kills rank R at its
 first read of the bucket or of the store's state, CKPT_FAIL_IN_READ=R
@@ -115,6 +119,14 @@ def count_reads(rank):
             return _original(self, opened, pieces, *rest)
 
         setattr(ckptstore.Remote, name, counted)
+    # Whose shard manifests this rank reads (printed "shards [...]").
+    entries = ckptstore.Remote.entries
+
+    def counted_entries(self, opened, of, _original=entries):
+        read.append(of)
+        return _original(self, opened, of)
+
+    ckptstore.Remote.entries = counted_entries
     from ckptstore._targets import METADATA
 
     for name in ("read_ranges", "read_ranges_proving"):
@@ -131,6 +143,26 @@ def count_reads(rank):
 
         setattr(ckptstore.Store, name, counted_ranges)
     return read
+
+
+def count_collectives():
+    """The collectives this process makes from now on, by name (into a
+    list), DCP's and ckptstore's: every torch.distributed call that
+    sends."""
+    calls = []
+    for name in (
+        "all_gather_object", "gather_object", "scatter_object_list", "broadcast_object_list", "all_reduce",
+        "all_gather", "broadcast", "gather", "scatter", "all_to_all", "send", "recv", "barrier", "new_group",
+        "monitored_barrier", "reduce_scatter", "all_gather_into_tensor", "reduce_scatter_tensor",
+    ):
+        original = getattr(dist, name)
+
+        def counted(*args, _original=original, _name=name, **kwargs):
+            calls.append(_name)
+            return _original(*args, **kwargs)
+
+        setattr(dist, name, counted)
+    return calls
 
 
 def main():
@@ -159,12 +191,15 @@ def main():
         dcp.save(state(mesh, salt, empty=False), storage_writer=StorageWriter(target, step))
         print("saved", flush=True)
     elif mode == "save_local":
-        # DCP's rank-local mode: refused at several ranks (issue 66).
+        # DCP's rank-local mode (a local store refuses it at several ranks).
+        saved = state(mesh, salt, empty=False)
+        calls = count_collectives()
         try:
             writer = StorageWriter(target, step)
-            dcp.save(state(mesh, salt, empty=False), storage_writer=writer, use_collectives=False)
+            dcp.save(saved, storage_writer=writer, use_collectives=False)
         except Exception as e:  # noqa: BLE001 - the test reads it
             print(f"failed {type(e).__name__}: {e}", flush=True)
+        print(f"collectives {sorted(calls)}", flush=True)
         print("saved", flush=True)
     elif mode == "save_again":
         # Steps STEP and STEP + 1 of the same state in one process; rank 0
@@ -211,17 +246,27 @@ def main():
         read = count_reads(rank)
         loaded = state(mesh, salt, empty=True)
         fan_out = os.environ.get("CKPT_FAN_OUT") != "0"
-        reader = StorageReader(target, None if step < 0 else step, fan_out=fan_out, timeout=TIMEOUT)
+        rank_local = os.environ.get("CKPT_RANK_LOCAL") != "0"
+        reader = StorageReader(
+            target, None if step < 0 else step, fan_out=fan_out, timeout=TIMEOUT, rank_local=rank_local
+        )
         trace = os.environ.get("CKPT_TRACE") == "1"
         if trace:
             import tracemalloc
 
             tracemalloc.start()
-        dcp.load(loaded, storage_reader=reader)
+        calls = count_collectives()
+        try:
+            dcp.load(loaded, storage_reader=reader)
+        except Exception as e:  # noqa: BLE001 - the test reads it
+            print(f"failed {type(e).__name__}: {e}", flush=True)
+            raise
+        print(f"collectives {sorted(calls)}", flush=True)
         if trace:
             print(f"peak {tracemalloc.get_traced_memory()[1]}", flush=True)
             tracemalloc.stop()
         print(f"read {read[0]}", flush=True)
+        print(f"shards {sorted(set(read[1:]))}", flush=True)
         for name in SPECS:
             t = loaded[name]
             got = t.full_tensor() if hasattr(t, "full_tensor") else t

@@ -1,0 +1,144 @@
+"""DCP's rank-local mode (`dcp.save(..., use_collectives=False)`) over a
+bucket: each rank commits its own shard, with its own metadata, naming
+the save it belongs to; the bucket completes the step once every rank's
+shard of that save is there (`ShardUpload::RankLocal`). Here: the save's
+identity, which the ranks agree on without a collective, and the global
+view a load at another world size builds from the ranks' metadata."""
+
+import math
+import os
+import threading
+import uuid
+from typing import Any, Dict, Hashable, List, Tuple
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.metadata import (
+    BytesStorageMetadata, ChunkStorageMetadata, Metadata, MetadataIndex, StorageMeta, TensorStorageMetadata
+)
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan
+
+from ._ckptstore import DCP_RANK_METADATA
+
+RANK_METADATA = DCP_RANK_METADATA
+"""The entry of each rank's shard of a rank-local save that holds that
+rank's DCP metadata (its own items only). A step saved with collectives
+holds `METADATA` in its coordinator's shard instead: a reader that knows
+only that finds no metadata in a rank-local step and refuses it."""
+
+_NONCE_KEY = "ckptstore/rank-local/job"
+_lock = threading.Lock()
+_nonce: Dict[int, str] = {}
+_counts: Dict[Tuple[str, Hashable, int], int] = {}
+
+
+def world() -> Tuple[int, int]:
+    """(this process's rank, the world size) of the default process group;
+    (0, 1) without one."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def save_identity(target: Hashable, step: int) -> str:
+    """The identity of this process's next rank-local save of `step` to
+    `target`, alike on every rank of the job that makes the same saves:
+    the job's nonce (agreed once per process through the process group's
+    store, no collective) and how many saves of the step to the target
+    this process began. A save that died leaves its count used on every
+    rank that began it, so the next save of the step is told apart."""
+    nonce = _job_nonce()
+    with _lock:
+        key = (nonce, target, step)
+        count = _counts.get(key, 0) + 1
+        _counts[key] = count
+    return f"{nonce}/{target!r}/{step}/{count}"
+
+
+def _job_nonce() -> str:
+    """A nonce of this job: the first a rank offers through the default
+    store, under a key that a relaunch by torchelastic (same store, next
+    restart) does not share."""
+    group = dist.distributed_c10d._get_default_store()  # noqa: SLF001 (the pg's own store)
+    with _lock:
+        found = _nonce.get(id(group))
+        if found is not None:
+            return found
+    run = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")
+    key = f"{_NONCE_KEY}/{run}/{restart}"
+    agreed = group.compare_set(key, "", uuid.uuid4().hex).decode()
+    with _lock:
+        _nonce[id(group)] = agreed
+    return agreed
+
+
+def merged(ranks: List[Metadata]) -> Metadata:
+    """The global metadata of a rank-local save, from each rank's (by
+    rank): every rank's chunks of each tensor, each stored box found where
+    the first rank holding it stored it (a replicated tensor is in every
+    rank's shard)."""
+    state: Dict[str, Any] = {}
+    storage: Dict[MetadataIndex, Any] = {}
+    planner: Dict[str, Any] = {}
+    for rank, md in enumerate(ranks):
+        for fqn, m in md.state_dict_metadata.items():
+            state[fqn] = _merge(state.get(fqn), m, fqn, rank)
+        for index, where in md.storage_data.items():
+            storage.setdefault(index, where)
+        planner.update(md.planner_data or {})
+    return Metadata(
+        state_dict_metadata=state,
+        planner_data=planner or None,
+        storage_data=storage,
+        storage_meta=StorageMeta(),
+        version=ranks[0].version if ranks else None,
+    )
+
+
+def _merge(have: Any, m: Any, fqn: str, rank: int) -> Any:
+    """`have` (the earlier ranks' metadata of `fqn`) with rank `rank`'s `m`."""
+    if have is None:
+        if isinstance(m, TensorStorageMetadata):
+            return TensorStorageMetadata(m.properties, m.size, list(m.chunks))
+        return m
+    if isinstance(have, BytesStorageMetadata) and isinstance(m, BytesStorageMetadata):
+        return have
+    if not (isinstance(have, TensorStorageMetadata) and isinstance(m, TensorStorageMetadata)):
+        raise ValueError(f"{fqn}: rank {rank} saved it as another kind of item than the ranks before it")
+    if m.size != have.size or m.properties.dtype != have.properties.dtype:
+        raise ValueError(
+            f"{fqn}: rank {rank} saved it as {m.properties.dtype} {list(m.size)}, "
+            f"the ranks before it as {have.properties.dtype} {list(have.size)}"
+        )
+    known = {tuple(c.offsets) for c in have.chunks}
+    have.chunks.extend(
+        ChunkStorageMetadata(c.offsets, c.sizes) for c in m.chunks if tuple(c.offsets) not in known
+    )
+    return have
+
+
+def check_covered(plan: LoadPlan, planner: Any, own: Metadata, description: str) -> None:
+    """Refuse a rank-local load that would leave part of a tensor unread:
+    this rank's own boxes must cover each of its tensors the saved step
+    holds (a state sharded otherwise than when it was saved, at the same
+    world size). The planner's state is DCP's default planners'."""
+    state = getattr(planner, "state_dict", None)
+    if not isinstance(state, dict):
+        return
+    covered: Dict[str, int] = {}
+    for item in plan.items:
+        if item.type == LoadItemType.TENSOR:
+            covered[item.dest_index.fqn] = covered.get(item.dest_index.fqn, 0) + math.prod(item.lengths)
+    short = []
+    for fqn, value in state.items():
+        local = value.to_local() if hasattr(value, "to_local") else value
+        if fqn in own.state_dict_metadata and isinstance(local, torch.Tensor):
+            if covered.get(fqn, 0) != local.numel():
+                short.append(f"{fqn} ({covered.get(fqn, 0)} of {local.numel()} elements)")
+    if short:
+        raise ValueError(
+            f"this rank's shard of the rank-local save in {description} does not hold all of "
+            f"{', '.join(short[:3])}{' ...' if len(short) > 3 else ''}: the state is sharded otherwise "
+            "than when it was saved; StorageReader(..., rank_local=False) reads every rank's shard"
+        )

@@ -1,0 +1,149 @@
+"""DCP's rank-local mode through ckptstore.dcp (issue 66): real processes
+over gloo, `dcp.save(..., use_collectives=False)` to a bucket. A step is
+listed only once every rank's shard of one save is there; a rank killed
+before its shard leaves no step, and a later save of the step completes;
+loads at the world size it was saved at read each rank's own shard
+alone, and at other sizes every rank's metadata, bit-identical; against
+a directory bucket and the Garage server."""
+
+import os
+import uuid
+
+import pytest
+
+import ckptstore
+from test_dcp import run
+
+LONG = os.environ.get("CKPT_LONG") == "1"
+
+
+@pytest.fixture(params=["dir", "garage"])
+def url(request, tmp_path):
+    if request.param == "dir":
+        return f"file://{tmp_path}/bucket"
+    bucket = os.environ.get("CKPT_TEST_BUCKET")
+    if not bucket:
+        pytest.skip("no Garage (CKPT_TEST_BUCKET unset)")
+    return f"s3://{bucket}/rank-local-{uuid.uuid4().hex}"
+
+
+def _lines(text, prefix):
+    return [line[len(prefix):] for line in text.splitlines() if line.startswith(prefix)]
+
+
+def _saved_rank_locally(url, step, world, salt=0):
+    out = run("save_local", url, step, world, salt=salt)
+    for rank, (_, text) in enumerate(out):
+        assert "failed" not in text, f"rank {rank}:\n{text[-3000:]}"
+        # No collective but DCP's closing barrier.
+        assert _lines(text, "collectives ") == ["['barrier']"], f"rank {rank}:\n{text[-3000:]}"
+
+
+def _loaded(url, step, world, salt=0, env=None):
+    out = run("load", url, step, world, salt=salt, env=env)
+    for rank, (_, text) in enumerate(out):
+        assert text.strip().endswith(f"ok {step}"), f"rank {rank}:\n{text[-3000:]}"
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 4, 8] if LONG else [2, 4])
+def test_a_rank_local_save_loads_at_its_world_size_reading_each_rank_s_own_shard(url, world):
+    _saved_rank_locally(url, 3, world)
+    remote = ckptstore.Remote(url)
+    assert remote.steps() == [3]
+    assert remote.shards(3).complete and remote.shards(3).world_size == world
+    for rank, (_, text) in enumerate(_loaded(url, 3, world)):
+        # Its own shard's metadata and data, nothing of another's; no
+        # collective of ckptstore's (DCP's plan exchange and its last
+        # gather, as in every dcp.load of torch 2.15).
+        assert _lines(text, "shards ") == [f"[{rank}]"], text
+        calls = eval(_lines(text, "collectives ")[0])  # noqa: S307 - the worker's own list
+        assert sorted(calls) == ["all_gather_object", "gather_object", "scatter_object_list"], calls
+    assert remote.verify().ok
+
+
+@pytest.mark.parametrize("saved,loaded", [(4, 2), (4, 1), (2, 4)])
+def test_a_rank_local_save_loads_at_other_world_sizes_bit_identical(tmp_path, saved, loaded):
+    url = f"file://{tmp_path}/bucket"
+    _saved_rank_locally(url, 5, saved, salt=2)
+    _loaded(url, 5, loaded, salt=2)
+
+
+def test_a_state_sharded_otherwise_at_the_same_world_size_is_refused_or_read_whole(tmp_path):
+    url = f"file://{tmp_path}/bucket"
+    _saved_rank_locally(url, 1, 2)
+    # Every tensor replicated: each rank's own shard holds half of each.
+    out = run("load", url, 1, 2, env={"CKPT_REPLICATE": "1", "CKPT_PG_TIMEOUT": "20"}, expect_ok=False)
+    for rank, (code, text) in enumerate(out):
+        assert code != 0 and "does not hold all of model.a" in text, f"rank {rank}:\n{text[-3000:]}"
+    _loaded(url, 1, 2, env={"CKPT_REPLICATE": "1", "CKPT_RANK_LOCAL": "0"})
+
+
+def test_a_rank_killed_before_its_shard_leaves_no_step_and_a_later_save_completes(tmp_path):
+    url = f"file://{tmp_path}/bucket"
+    _saved_rank_locally(url, 1, 2)
+    # Step 2: rank 1 writes its data and dies before its shard; rank 0's
+    # shard lands, and its closing barrier fails.
+    env = {"CKPT_DIE_AFTER_WRITE": "1", "CKPT_PG_TIMEOUT": "10"}
+    out = run("save_local", url, 2, 2, salt=7, env=env, expect_ok=False)
+    assert out[1][0] == 9
+    remote = ckptstore.Remote(url)
+    assert remote.steps() == [1]
+    status = remote.shards(2)
+    assert (status.landed, status.complete) == ([0], False)
+    # The relaunched job saves step 2 again, with other values: its rank 1
+    # finds rank 0's shard of the dead save and does not take it.
+    _saved_rank_locally(url, 2, 2, salt=1)
+    assert remote.steps() == [1, 2]
+    _loaded(url, 2, 2, salt=1)
+    _loaded(url, 2, 1, salt=1)
+
+
+def test_a_local_store_refuses_a_rank_local_save_of_several_ranks(tmp_path):
+    path = tmp_path / "run.ckpt"
+    for rank, (_, text) in enumerate(run("save_local", path, 1, 2)):
+        assert "failed NotImplementedError: a rank-local save" in text, f"rank {rank}:\n{text[-3000:]}"
+    if path.exists():
+        with ckptstore.open(path, read_only=True) as store:
+            assert store.steps() == []
+
+
+def test_a_rank_local_save_of_one_process_is_an_ordinary_save(tmp_path):
+    url = f"file://{tmp_path}/bucket"
+    out = run("save_local", url, 1, 1)
+    assert "failed" not in out[0][1], out[0][1]
+    _loaded(url, 1, 1)
+    _loaded(url, 1, 2)
+
+
+def test_a_rank_local_step_consolidates_and_shows_as_any(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    import torch
+    from safetensors.torch import load_file
+
+    from ckptstore.dcp import consolidate
+    from test_dcp import WORKER
+
+    sys.path.insert(0, str(WORKER.parent))
+    try:
+        import worker
+    finally:
+        sys.path.pop(0)
+    url = f"file://{tmp_path}/bucket"
+    _saved_rank_locally(url, 4, 2)
+    out = tmp_path / "model.safetensors"
+    names = consolidate(url, 4, out, prefix="model.")
+    assert sorted(names) == ["a", "b", "big", "c"]
+    got = load_file(str(out))
+    for name in names:
+        want = worker.full(f"model.{name}", 0)
+        assert got[name].dtype == want.dtype and torch.equal(got[name], want), name
+    ckpt = os.environ.get("CKPT_BIN", "ckpt")
+    shown = subprocess.run([ckpt, "show", url, "4", "--json"], check=True, capture_output=True, text=True)
+    index = json.loads(shown.stdout)
+    assert index["world_size"] == 2 and index["dcp"]
+    assert index["tensors"]["model.big"]["shape"] == [1100, 300]
+    assert index["values"] == ["extra.epoch", "extra.name"]

@@ -1,0 +1,144 @@
+//! Rank-local saves (`ShardUpload::RankLocal`, DCP's
+//! `use_collectives=False`): ranks that never coordinate complete a step
+//! only with every rank's shard of one save.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use ckptstore::{
+    ComputationGraphStore, GradientCheckpoint, Remote, Retention, SaveId, ShardInfo, ShardUpload,
+};
+
+use super::{bytes, Result};
+
+/// Rank `rank`'s shard of `step` in the save that fills it with `fill`.
+fn shard(step: u64, rank: u32, fill: u64) -> GradientCheckpoint {
+    let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), step);
+    c.timestamp = 1_790_000_000 + step;
+    c.set_optimizer_state("w", bytes(fill * 10 + u64::from(rank), 256 << 10));
+    c
+}
+
+/// Rank `rank` of `world` puts its shard of `step` in save `save`.
+fn put(remote: &Remote, (step, rank, world): (u64, u32, u32), save: &str) -> Result<ShardInfo> {
+    let fill = u64::from(save.as_bytes()[0]);
+    Ok(remote.upload_shard_borrowed(
+        (step, rank, world),
+        &shard(step, rank, fill),
+        &BTreeMap::new(),
+        ShardUpload::RankLocal(SaveId::of(save)),
+    )?)
+}
+
+fn dir_remote(dir: &std::path::Path) -> Result<Remote> {
+    Ok(Remote::open(&format!("file://{}/bucket", dir.display()))?)
+}
+
+#[test]
+fn a_step_completes_only_with_shards_of_one_save() -> Result {
+    let dir = tempfile::tempdir()?;
+    let remote = dir_remote(dir.path())?;
+    // Save "a" of step 5 died after rank 0's shard landed.
+    assert!(!put(&remote, (5, 0, 2), "a")?.complete);
+    // Save "b": its rank 1 lands first and finds two ranks' shards, one
+    // of them save "a"'s: not a step.
+    assert!(!put(&remote, (5, 1, 2), "b")?.complete);
+    assert_eq!(remote.steps()?, Vec::<u64>::new());
+    assert!(put(&remote, (5, 0, 2), "b")?.complete);
+    assert_eq!(remote.steps()?, vec![5]);
+    let fill = u64::from(b'b');
+    for rank in 0..2 {
+        assert_eq!(remote.get_shard(5, rank)?, Some(shard(5, rank, fill)));
+    }
+    // Saved again (save "c"): the step is save "b" until "c" is whole.
+    assert!(!put(&remote, (5, 1, 2), "c")?.complete);
+    assert_eq!(remote.get_shard(5, 1)?, Some(shard(5, 1, fill)));
+    assert!(put(&remote, (5, 0, 2), "c")?.complete);
+    assert_eq!(remote.get_shard(5, 1)?, Some(shard(5, 1, u64::from(b'c'))));
+    assert!(remote.verify()?.is_ok());
+    Ok(())
+}
+
+#[test]
+fn a_save_that_died_at_another_world_size_neither_blocks_the_step_nor_stays() -> Result {
+    let dir = tempfile::tempdir()?;
+    let remote = dir_remote(dir.path())?.with_grace_period(Duration::ZERO);
+    // A job of 4 ranks died saving step 3: two shards landed.
+    for rank in [0, 2] {
+        assert!(!put(&remote, (3, rank, 4), "four")?.complete);
+    }
+    // Relaunched at 2 ranks, it saves step 3 again.
+    assert!(!put(&remote, (3, 0, 2), "two")?.complete);
+    assert!(put(&remote, (3, 1, 2), "two")?.complete);
+    assert_eq!(remote.world_sizes()?, [(3, 2)].into());
+    // Collection takes the dead save's shards, and keeps the step.
+    remote.apply_retention(&Retention::new().keep_last(1))?;
+    let left = std::fs::read_dir(dir.path().join(format!("bucket/shards/{:020}", 3)))?.count();
+    assert_eq!(left, 2);
+    let fill = u64::from(b't');
+    for rank in 0..2 {
+        assert_eq!(remote.get_shard(3, rank)?, Some(shard(3, rank, fill)));
+    }
+    assert!(remote.verify()?.is_ok());
+    Ok(())
+}
+
+/// Requests per rank of a rank-local save and of a load at its world
+/// size, over one counting in-memory store (each rank a `Remote` of its
+/// own, as processes are): constant in the world size, but for the rank
+/// that finds every shard there and completes the step (a manifest per
+/// rank).
+#[test]
+fn a_rank_local_save_and_load_cost_each_rank_requests_constant_in_the_world() -> Result {
+    use std::sync::Arc;
+
+    use object_store::memory::InMemory;
+
+    use super::faults::Failing;
+
+    let mut costs = Vec::new();
+    for world in [2u32, 4, 8, 32] {
+        let counting = Arc::new(Failing::new(Arc::new(InMemory::new()), 0));
+        let open = || Remote::with_store(counting.clone(), "run", "mem://run");
+        let mut saves = Vec::new();
+        for rank in 0..world {
+            let remote = open()?;
+            counting.reset();
+            let info = put(&remote, (7, rank, world), "s")?;
+            saves.push(counting.requests());
+            assert_eq!(info.complete, rank == world - 1, "rank {rank} of {world}");
+        }
+        let mut loads = Vec::new();
+        for rank in 0..world {
+            let reader = open()?;
+            counting.reset();
+            let global = reader.open_global(7)?.ok_or("complete")?;
+            let len = reader.entries(&global, rank)?["w"].len;
+            let got = reader.read_pieces(&global, &[(rank, "w", 0, len)])?;
+            assert!(got[0] == shard(7, rank, u64::from(b's')).optimizer_state["w"]);
+            loads.push(counting.requests());
+        }
+        let last = saves.pop().ok_or("a rank")?;
+        eprintln!(
+            "{world} ranks: a save {saves:?} requests, the completing rank's {last}; a load {loads:?}"
+        );
+        // Every rank that lands before the last: the same (the first
+        // also makes the bucket's collection mark).
+        let most = *saves.iter().max().ok_or("a rank")?;
+        assert!(
+            saves[1..].iter().all(|&n| n == saves[1]),
+            "{world} ranks: {saves:?}"
+        );
+        assert!(last <= most + world as usize + 4, "{world} ranks: {last}");
+        assert!(
+            loads.iter().all(|&n| n == loads[0]),
+            "{world} ranks: {loads:?}"
+        );
+        costs.push((most, loads[0]));
+    }
+    assert!(
+        costs.iter().all(|&c| c == costs[0]),
+        "by world size: {costs:?}"
+    );
+    Ok(())
+}
