@@ -28,9 +28,14 @@ alone.
 The modules of the Python bindings (python/src/) and of the CLI
 (src/bin/ckpt/) must not name each other in a circle either, nor the
 modules of the Python package (python/pysrc/ckptstore/), whose front
-doors, `__init__.py` and `dcp.py`, only re-export (no module imports it) and whose
-modules import no underscored name of another (imports under
-`if TYPE_CHECKING:` are for annotations only, and not counted).
+doors, its packages' `__init__.py` (the package's and `ckptstore.dcp`'s),
+only re-export (no module imports one) and whose modules import no
+underscored name of another (imports under `if TYPE_CHECKING:` are for
+annotations only, and not counted). Inside `ckptstore.dcp` its parts
+point one way, lowest first (PACKAGE_ORDER): the ranks' wire, the
+metadata document, the rank-local mode's rules, the targets, the
+striped loads (`stripes/`: plan, proofs, run), the reader, the writer,
+the exports, the local tier (`tiers/`: layout, save, load, `Tiers`).
 
 Every `crate::...` path is read (grouped `use crate::{a, b::{c, d}}` too),
 and a name the crate root re-exports (`crate::CheckpointStore`) is resolved
@@ -315,6 +320,16 @@ def flat_edges(folder: pathlib.Path, root: str) -> dict:
 PACKAGE = ROOT / "python" / "pysrc" / "ckptstore"
 
 
+# The order of the parts of `ckptstore.dcp` and of its subpackages, lowest
+# first: a module may import its own part and the parts before it, never
+# one after (as src/remote/'s parts).
+PACKAGE_ORDER = {
+    "dcp": ["_wire", "_document", "_rank_local", "_targets", "stripes", "_reader", "_writer", "_export", "tiers"],
+    "dcp.stripes": ["_plan", "_proofs", "_run"],
+    "dcp.tiers": ["_layout", "_save", "_load", "_tiers"],
+}
+
+
 def _runtime_imports(tree: ast.Module):
     """The package-relative imports of a module run at import time or
     later (not those under `if TYPE_CHECKING:`)."""
@@ -323,42 +338,88 @@ def _runtime_imports(tree: ast.Module):
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             skip |= {id(n) for b in node.body for n in ast.walk(b)}
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.level == 1 and id(node) not in skip:
+        if isinstance(node, ast.ImportFrom) and node.level >= 1 and id(node) not in skip:
             yield node
+
+
+def _package_modules() -> dict:
+    """Every module of the package by dotted name below `ckptstore` (a
+    package by its own name, the root's front door as `__init__`)."""
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+        if parts[-1] == "__init__" and len(parts) > 1:
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _imported(node: ast.ImportFrom, here: str, modules: dict) -> list:
+    """The modules a relative import in module `here` names (a name that is
+    no module is the package's, or the module's, own)."""
+    package = here.split(".")[:-1] if not modules[here].name == "__init__.py" else here.split(".")
+    if here == "__init__":
+        package = []
+    base = package[: len(package) - (node.level - 1)]
+    if node.module:
+        target = ".".join(base + node.module.split("."))  # `_ckptstore` has no file
+        subs = [f"{target}.{a.name}" for a in node.names]
+        return subs if all(m in modules for m in subs) else [target]  # a package's modules, or names
+    found = []
+    for alias in node.names:
+        target = ".".join(base + [alias.name])
+        found.append(target if target in modules else (".".join(base) or "__init__"))
+    return found
+
+
+def _out_of_order(here: str, target: str):
+    """The order of the package whose parts module `here` importing
+    `target` points up, or None."""
+    for package, order in PACKAGE_ORDER.items():
+        prefix = package + "."
+        if not (here.startswith(prefix) and target.startswith(prefix)):
+            continue
+        mine, theirs = here[len(prefix):].split(".")[0], target[len(prefix):].split(".")[0]
+        if mine in order and theirs in order and order.index(theirs) > order.index(mine):
+            return order
+    return None
 
 
 def package_edges() -> tuple:
     """module file -> the package's module files it imports; and the
-    problems of the front door and of underscored names imported."""
-    files = {p.stem: p for p in PACKAGE.glob("*.py")}
-    files.update({p.parent.name: p for p in PACKAGE.glob("*/__init__.py")})
+    problems of the front doors, of the order of `ckptstore.dcp`'s parts
+    and of underscored names imported."""
+    modules = _package_modules()
+    doors = {m for m, p in modules.items() if p.name == "__init__.py"}
     graph, problems = {}, []
-    for name, path in files.items():
-        tree = ast.parse(path.read_text())
+    for here, path in modules.items():
         targets = set()
-        for node in _runtime_imports(tree):
-            if node.module:  # from .m import a, b
-                targets.add(node.module.split(".")[0])
-                if node.module in files and node.module != "_ckptstore":
+        for node in _runtime_imports(ast.parse(path.read_text())):
+            for target in _imported(node, here, modules):
+                targets.add(target)
+                names_of = node.module and target.split(".")[-1] == node.module.split(".")[-1]
+                if names_of and target != "_ckptstore" and target in modules and target not in doors:
                     hidden = [a.name for a in node.names if a.name.startswith("_")]
                     if hidden:
-                        problems.append(f"{path.name} imports {', '.join(hidden)} of {node.module}")
-            else:  # from . import m
-                targets |= {a.name if a.name in files else "__init__" for a in node.names}
-        graph[path] = {files[t] for t in targets if t in files and t != name}
-    init = files["__init__"]
-    for path, targets in graph.items():
-        if init in targets:
-            problems.append(f"{path.name} imports the front door (__init__.py): import the module that defines it")
-    # The front doors: the package's, and `ckptstore.dcp`'s.
-    for door in (init, files["dcp"]):
-        for node in ast.parse(door.read_text()).body:
+                        problems.append(f"{path.name} imports {', '.join(hidden)} of {target}")
+                order = _out_of_order(here, target)
+                if order:
+                    problems.append(f"{here} imports {target}, a part after its own (lowest first: {', '.join(order)})")
+        targets.discard(here)
+        for door in doors & targets:
+            # A front door is imported by no module (a package's own
+            # parts neither: they import the module that defines a name).
+            if not here.startswith(door + ".") or door == "__init__":
+                problems.append(f"{here} imports the front door {door}: import the module that defines it")
+        graph[path] = {modules[t] for t in targets if t in modules}
+    for door in doors:
+        for node in ast.parse(modules[door].read_text()).body:
             plain = isinstance(node, (ast.Import, ast.ImportFrom)) or (
                 isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
             )
             named_all = isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["__all__"]
             if not plain and not named_all:
-                problems.append(f"{door.name} line {node.lineno}: a front door only re-exports")
+                problems.append(f"{modules[door].relative_to(PACKAGE)} line {node.lineno}: a front door only re-exports")
     return graph, problems
 
 

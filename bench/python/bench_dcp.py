@@ -98,9 +98,9 @@ def worker(mode, kind, target, world, rank, port, mib, step):
         dcp.load(state, storage_reader=dcp.FileSystemReader(target))
     else:
         if kind == "ckptstore-unproved":
-            import ckptstore._targets
+            import ckptstore.dcp._targets
 
-            ckptstore._targets.OpenedBucket.proves = False
+            ckptstore.dcp._targets.OpenedBucket.proves = False
         fan_out = kind in ("ckptstore", "ckptstore-unproved", "ckptstore-local")
         dcp.load(state, storage_reader=StorageReader(target, step, fan_out=fan_out))
     dist.barrier()

@@ -66,7 +66,7 @@ def _evict(root):
 
 def count_collectives(received: List[int]) -> None:
     """Wrap torch.distributed's collectives to count what this rank
-    receives through those called by ckptstore's tier (`_tier_wire`),
+    receives through those called by ckptstore's tier (`_wire`),
     leaving out DCP's own and the bytes of shards (`Group._pieces`):
     added to `received[0]`, DCP's metadata (which every rank's planner
     needs once) to `received[1]`."""
@@ -79,7 +79,7 @@ def count_collectives(received: List[int]) -> None:
         frame = sys._getframe(2)
         while frame.f_code.co_name.startswith("<"):  # a comprehension: its function
             frame = frame.f_back
-        if frame.f_globals.get("__name__") != "ckptstore._tier_wire" or frame.f_code.co_name == "_pieces":
+        if frame.f_globals.get("__name__") != "ckptstore.dcp._wire" or frame.f_code.co_name == "_pieces":
             return None
         return frame
 
@@ -154,8 +154,8 @@ def _memory(key: str) -> int:
 def _unproved(load):
     """`load` with the receivers' check switched off (no chunk maps sent,
     no proofs): the baseline of what the check costs."""
-    import ckptstore._fan_out as fan_out
-    from ckptstore._tier_load import TierSource
+    import ckptstore.dcp.stripes._run as fan_out
+    from ckptstore.dcp.tiers._load import TierSource
 
     maps_travel = fan_out.MapsTravel
     fan_out.MapsTravel = type("Never", (), {})

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from ckptstore import _fan_plan
+from ckptstore.dcp.stripes import _plan as _fan_plan
 from test_dcp import run
 
 # Stripes of one chunk: the 1.3 MB tensor takes several phases.
@@ -255,7 +255,7 @@ def test_a_local_stores_load_reads_the_save_it_opened_or_fails(tmp_path):
     import torch.distributed.checkpoint as dcp
 
     import ckptstore
-    from ckptstore._targets import LocalStore
+    from ckptstore.dcp._targets import LocalStore
     from ckptstore.dcp import StorageWriter
 
     path = tmp_path / "run.ckpt"

@@ -128,7 +128,7 @@ def test_every_exception_type_of_the_package_survives_pickle():
     import pkgutil
 
     found = set()
-    for info in pkgutil.iter_modules(ckptstore.__path__, "ckptstore."):
+    for info in pkgutil.walk_packages(ckptstore.__path__, "ckptstore."):
         if info.name.split(".")[-1].startswith("bench"):
             continue
         module = importlib.import_module(info.name)

@@ -11,7 +11,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.staging import AsyncStager
 
-from ckptstore import _dcp_write
+from ckptstore.dcp import _writer as _dcp_write
 from ckptstore.dcp import StorageReader, StorageWriter
 
 

@@ -1,4 +1,4 @@
-"""A striped load's proofs (`_proofs`): ranges of a bucket's step, their
+"""A striped load's proofs (`stripes._proofs`): ranges of a bucket's step, their
 proofs made by the reading rank's read (`read_proving`, Rust), checked by
 `Checks` as a receiver gets them, in messages cut anywhere, against the
 slices of the manifest it opened itself; a flipped byte anywhere in a
@@ -11,7 +11,9 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from ckptstore import _fan_plan, _proofs, _targets
+from ckptstore.dcp.stripes import _plan as _fan_plan
+from ckptstore.dcp.stripes import _proofs
+from ckptstore.dcp import _targets
 from ckptstore.dcp import StorageWriter
 
 
@@ -68,7 +70,7 @@ def test_ranges_check_out_in_messages_cut_anywhere_and_a_flipped_byte_fails_its_
 
 
 def test_chunk_maps_sent_together_come_apart_as_sent_and_damage_is_said():
-    from ckptstore._proofs import _framed, _unframed
+    from ckptstore.dcp.stripes._proofs import _framed, _unframed
 
     maps = [b"\x01" * 70, "no store here holds it", b""]
     sent = _framed(maps)

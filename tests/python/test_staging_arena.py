@@ -9,7 +9,8 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from ckptstore import _arena, _dcp_write, _staging
+from ckptstore import _arena, _staging
+from ckptstore.dcp import _writer as _dcp_write
 from ckptstore._ckptstore import ChunkHasher, copy_hashed
 from ckptstore.dcp import StagingBudgetError, StorageReader, StorageWriter
 

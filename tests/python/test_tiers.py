@@ -258,7 +258,7 @@ def test_bytes_a_holder_damaged_after_its_check_are_refused_and_the_next_holder_
 
 
 def test_streams_are_cut_in_messages_of_a_bounded_size():
-    from ckptstore._fan_plan import LEAST, WINDOW, cut, message_size
+    from ckptstore.dcp.stripes._plan import LEAST, WINDOW, cut, message_size
 
     assert list(cut([5, 0, 3, 9], 4)) == [
         [(0, 0, 4)], [(0, 4, 1), (2, 0, 3)], [(3, 0, 4)], [(3, 4, 4)], [(3, 8, 1)]

@@ -55,12 +55,12 @@ from torch.distributed.checkpoint.state_dict_saver import async_save, save
 from torchtitan.components.checkpointer import MODEL, AsyncMode  # type: ignore[import-untyped]
 from torchtitan.components.checkpointer import CheckpointManager as _TitanManager
 
-from ._dcp_export import export_hf
-from ._dcp_read import StorageReader
-from ._dcp_write import StorageWriter
+from .dcp._export import export_hf
+from .dcp._reader import StorageReader
+from .dcp._writer import StorageWriter
 from ._remote import Remote
-from ._targets import is_bucket_url, target_of
-from ._tiers import Tiers
+from .dcp._targets import is_bucket_url, target_of
+from .dcp.tiers._tiers import Tiers
 
 __all__ = ["CheckpointManager"]
 

@@ -15,7 +15,7 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
-from ckptstore import _dcp_write
+from ckptstore.dcp import _writer as _dcp_write
 from ckptstore.dcp import StorageReader, StorageWriter
 
 

@@ -24,7 +24,7 @@ phase's stripes once it has read and checked them (a fault in its
 memory), before it hands them on;
 CKPT_PG_TIMEOUT=S is the groups' timeout in seconds (default 60).
 CKPT_MANY=N adds N tensors of 64 KiB; CKPT_WINDOW=B sets the bytes a
-striped load has in transit each way (_fan_plan.WINDOW); with
+striped load has in transit each way (stripes._plan.WINDOW); with
 CKPT_TRACE=1 a load prints "peak <bytes>", the most memory Python and
 numpy held during dcp.load (tracemalloc; tensors are torch's, not
 counted).
@@ -89,24 +89,24 @@ def count_reads(rank):
     (into a one-item list),
     and die or fail at its first read where the environment says."""
     import ckptstore
-    import ckptstore._fan_out
-    import ckptstore._fan_plan
+    import ckptstore.dcp.stripes._run
+    import ckptstore.dcp.stripes._plan
     from ckptstore._ckptstore import CHUNK_BYTES
 
     if os.environ.get("CKPT_STRIPE_CHUNKS"):
-        ckptstore._fan_plan.STRIPE = int(os.environ["CKPT_STRIPE_CHUNKS"]) * CHUNK_BYTES
+        ckptstore.dcp.stripes._plan.STRIPE = int(os.environ["CKPT_STRIPE_CHUNKS"]) * CHUNK_BYTES
     read = [0]
     die = os.environ.get("CKPT_DIE_IN_READ") == str(rank)
     fail = os.environ.get("CKPT_FAIL_IN_READ") == str(rank)
     if os.environ.get("CKPT_FLIP_SENT") == str(rank):
-        read_stripes = ckptstore._fan_out._Read.__init__
+        read_stripes = ckptstore.dcp.stripes._run._Read.__init__
 
         def flipped(self, *args, _original=read_stripes):
             _original(self, *args)
             if len(self.data):
                 self.data[len(self.data) // 2] ^= 1
 
-        ckptstore._fan_out._Read.__init__ = flipped
+        ckptstore.dcp.stripes._run._Read.__init__ = flipped
     for name in ("read_pieces", "read_pieces_into", "read_pieces_proving"):
         original = getattr(ckptstore.Remote, name)
 
@@ -127,7 +127,7 @@ def count_reads(rank):
         return _original(self, opened, of)
 
     ckptstore.Remote.entries = counted_entries
-    from ckptstore._targets import METADATA
+    from ckptstore.dcp._targets import METADATA
 
     for name in ("read_ranges", "read_ranges_proving"):
         original = getattr(ckptstore.Store, name)
@@ -236,13 +236,13 @@ def main():
         print("saved", flush=True)
     else:
         # Small batches, so that a load takes many (the default is 64 MiB).
-        import ckptstore._targets
+        import ckptstore.dcp._targets
 
-        ckptstore._targets.BATCH_BYTES = 256 << 10
+        ckptstore.dcp._targets.BATCH_BYTES = 256 << 10
         if os.environ.get("CKPT_WINDOW"):
-            import ckptstore._fan_plan
+            import ckptstore.dcp.stripes._plan
 
-            ckptstore._fan_plan.WINDOW = int(os.environ["CKPT_WINDOW"])
+            ckptstore.dcp.stripes._plan.WINDOW = int(os.environ["CKPT_WINDOW"])
         read = count_reads(rank)
         loaded = state(mesh, salt, empty=True)
         fan_out = os.environ.get("CKPT_FAN_OUT") != "0"

@@ -52,7 +52,7 @@ import torch
 import torch.distributed as dist
 
 import ckptstore
-import ckptstore._tiers as tiers_module
+import ckptstore.dcp.tiers._tiers as tiers_module
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "bench", "python"))
 from bench_tiers import count_collectives  # noqa: E402 - the benchmark's counter, outside the package
@@ -201,11 +201,11 @@ def fault(where, rank):
     """Make this rank's next save or load fail with a MemoryError (once),
     or (`wire`) the next message it streams arrive damaged, or (`flip`)
     a byte of the largest range it next sends flip after its read."""
-    import ckptstore._tier_save as save_module
-    import ckptstore._tier_wire as wire_module
+    import ckptstore.dcp.tiers._save as save_module
+    import ckptstore.dcp._wire as wire_module
 
     if where == "flip":
-        import ckptstore._fan_out as fan_module
+        import ckptstore.dcp.stripes._run as fan_module
 
         original_send = fan_module._Send.__init__
 

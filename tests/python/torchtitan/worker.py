@@ -148,7 +148,7 @@ def main():
         threading.Timer(delay, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
     if "slow_save" in options:
         # A fault on top of the real writer: each rank's write lags.
-        import ckptstore._dcp_write as write_module
+        import ckptstore.dcp._writer as write_module
 
         original = write_module.StorageWriter.write_data
 

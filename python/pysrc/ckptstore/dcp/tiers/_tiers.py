@@ -17,21 +17,21 @@ from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.checkpoint.stateful import Stateful
 
-from ._convert import step_number
-from ._errors import Error
-from ._store import Store
-from ._store import open as open_store
-from ._dcp_read import StorageReader
-from ._dcp_write import StorageWriter
-from ._targets import METADATA, is_bucket_url, remote_of
-from ._tier_layout import Record, TierDir, Topology, kept_steps, node_directory, records_in, write_record
-from ._tier_load import (
+from ..._convert import step_number
+from ..._errors import Error
+from ..._store import Store
+from ..._store import open as open_store
+from .._reader import StorageReader
+from .._writer import StorageWriter
+from .._targets import METADATA, is_bucket_url, remote_of
+from ._layout import Record, TierDir, Topology, kept_steps, node_directory, records_in, write_record
+from ._load import (
     Choice, Holding, MapOf, ReadOf, ShardsLost, TierSource, choose, chunk_map_held, layout_of, read_held, refusals
 )
-from ._staging import Hashes, Pool
-from ._cost import Clock, SaveCost
-from ._tier_save import SIZES, TierShard, agree, record_of, send_copies
-from ._tier_wire import DEFAULT_TIMEOUT, Group, TierFailure, attempt, described, failed_future
+from ..._staging import Hashes, Pool
+from ..._cost import Clock, SaveCost
+from ._save import SIZES, TierShard, agree, record_of, send_copies
+from .._wire import DEFAULT_TIMEOUT, Group, TierFailure, attempt, described, failed_future
 
 
 class Tiers:

@@ -13,12 +13,12 @@ from typing import Any, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._ckptstore import CommitInfo, SaveRecord, Tensor
-from ._store import Store
-from ._cost import SaveCost
-from ._targets import Put
-from ._tier_layout import Record
-from ._tier_wire import Group, TierFailure, attempt
+from ..._ckptstore import CommitInfo, SaveRecord, Tensor
+from ..._store import Store
+from ..._cost import SaveCost
+from .._targets import Put
+from ._layout import Record
+from .._wire import Group, TierFailure, attempt
 
 Values = Dict[str, Any]
 

@@ -52,13 +52,13 @@ on a machine with a GPU (written for torch 2.11 and later; not yet run
 on one); everything else of staging is tested on the CPU (torch 2.15).
 """
 
-from ._cost import SaveCost
-from ._arena import StagingBudgetError
-from ._dcp_export import consolidate, export_hf
-from ._dcp_read import StorageReader
-from ._dcp_write import StorageWriter
+from .._cost import SaveCost
+from .._arena import StagingBudgetError
+from ._export import consolidate, export_hf
+from ._reader import StorageReader
+from ._writer import StorageWriter
 from ._targets import METADATA
-from ._tiers import Tiers
+from .tiers._tiers import Tiers
 
 __all__ = [
     "StorageWriter", "StorageReader", "Tiers", "SaveCost", "METADATA", "StagingBudgetError", "consolidate", "export_hf",

@@ -1,6 +1,6 @@
 """ckptstore.dcp's StorageReader: one load reads one save of a step of
 a target (`_targets`), and of it the boxes its ranks take, in reads of
-neighbouring bytes; at several ranks, each byte once (`_fan_out`)."""
+neighbouring bytes; at several ranks, each byte once (`stripes._run`)."""
 
 import dataclasses
 import io
@@ -15,12 +15,14 @@ from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
-from . import _dcp_json, _dcp_local, _fan_out, _fan_plan
-from ._ckptstore import dcp_box_span
-from ._convert import step_number
-from ._dcp_json import Where
+from . import _document, _rank_local
+
+from .stripes import _plan, _run
+from .._ckptstore import dcp_box_span
+from .._convert import step_number
+from ._document import Where
 from ._targets import LoadTarget, Opened, Piece, UserTarget, check_sendable, is_step_id, load_target
-from ._tier_wire import DEFAULT_TIMEOUT, Group
+from ._wire import DEFAULT_TIMEOUT, Group
 
 # A read item, the bytes it reads, the stored box they hold (dtype,
 # lengths, strides; None for bytes) and the tensor they go into (None for
@@ -42,7 +44,7 @@ class StorageReader(_storage.StorageReader):
     With `fan_out` (the default), a load at several ranks reads each byte
     of the target once: the coordinator gives each stripe of the bytes
     the ranks need to one rank, which reads it and hands it to the others
-    (`_fan_out`), over a gloo group of the reader's own, made by every
+    (`stripes._run`), over a gloo group of the reader's own, made by every
     rank at its first such load (`timeout`: its collectives' timeout,
     `DEFAULT_TIMEOUT` if None; the local tier's loads use the tier's
     group, a stripe of a shard read by a rank that holds it). That needs DCP's process group to be the
@@ -129,14 +131,14 @@ class StorageReader(_storage.StorageReader):
         self._resolved, self._commit, self._opened, self._local = step, None, None, None
         self._opened = self._from.open(step, commit)
         self._commit = self._opened.commit
-        rank, world = _dcp_local.world()
+        rank, world = _rank_local.world()
         own = self._opened.rank_metadata(rank)
         if own is None:
-            metadata = _dcp_json.from_json(self._opened.metadata())
+            metadata = _document.from_json(self._opened.metadata())
         elif own[0] == world > 1 and self._rank_local:
-            metadata = self._local = _dcp_json.from_json(own[1])
+            metadata = self._local = _document.from_json(own[1])
         else:
-            metadata = _dcp_local.merged([self._rank_doc(r, own) for r in range(own[0])])
+            metadata = _rank_local.merged([self._rank_doc(r, own) for r in range(own[0])])
         self._where = metadata.storage_data
         self._metadata = metadata
 
@@ -144,12 +146,12 @@ class StorageReader(_storage.StorageReader):
         """Rank `rank`'s metadata of a rank-local save; `own`, the one this
         rank read (of rank `dist rank` modulo the saved world)."""
         assert self._opened is not None
-        if rank == _dcp_local.world()[0] % own[0]:
-            return _dcp_json.from_json(own[1])
+        if rank == _rank_local.world()[0] % own[0]:
+            return _document.from_json(own[1])
         found = self._opened.rank_metadata(rank)
         if found is None:
             raise ValueError(f"step {self._resolved} of {self._from.description}: rank {rank}'s shard has no metadata")
-        return _dcp_json.from_json(found[1])
+        return _document.from_json(found[1])
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self._where = metadata.storage_data
@@ -163,12 +165,12 @@ class StorageReader(_storage.StorageReader):
     def prepare_global_plan(self, plans: List[LoadPlan]) -> List[LoadPlan]:
         # The coordinator's save is the load's: every rank reads it; and,
         # fanned out, the stripes each rank reads and hands on.
-        fans: List[Optional[_fan_plan.FanPlan]] = [None] * len(plans)
+        fans: List[Optional[_plan.FanPlan]] = [None] * len(plans)
         try:
             # A rank-local read: each rank reads its own shard itself.
             if self._local is None and self._fans_out(len(plans)):
                 needs = [[self._piece(i, self._where[i.storage_index])[0] for i in p.items] for p in plans]
-                fans = [fan for fan in _fan_plan.plan(needs, self._from.readers, self._from.nodes)]
+                fans = [fan for fan in _plan.plan(needs, self._from.readers, self._from.nodes)]
         except (KeyError, ValueError) as e:
             if all(p.storage_data == (self._resolved, self._commit) for p in plans):
                 raise
@@ -210,7 +212,7 @@ class StorageReader(_storage.StorageReader):
         failure: Optional[BaseException] = None
         try:
             if self._local is not None:
-                _dcp_local.check_covered(plan, planner, self._local, self._from.description)
+                _rank_local.check_covered(plan, planner, self._local, self._from.description)
             batch, dest = self._plan(plan, planner)
         except Exception as e:  # noqa: BLE001 (raised by the target's read)
             failure = e
@@ -228,7 +230,7 @@ class StorageReader(_storage.StorageReader):
         if fan is None:
             self._opened.read(pieces, dest, deliver, failure)
         else:
-            _fan_out.run(self._joined(), self._opened, fan, pieces, dest, deliver, failure, what)
+            _run.run(self._joined(), self._opened, fan, pieces, dest, deliver, failure, what)
         fut: Future[None] = Future()
         fut.set_result(None)
         return fut

@@ -18,7 +18,7 @@ from torch.distributed.checkpoint.metadata import (
 )
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan
 
-from ._ckptstore import DCP_RANK_METADATA
+from .._ckptstore import DCP_RANK_METADATA
 
 RANK_METADATA = DCP_RANK_METADATA
 """The entry of each rank's shard of a rank-local save that holds that

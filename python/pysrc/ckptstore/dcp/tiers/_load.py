@@ -1,6 +1,6 @@
 """A load from the node-local tier (`ckptstore.dcp.Tiers.load`): what
 every rank holds, the newest save that the surviving stores can restore
-whole, and DCP's reads striped as a bucket's are (`_fan_out`), each
+whole, and DCP's reads striped as a bucket's are (`stripes._run`), each
 stripe read by a rank holding that shard (its own store, or a copy) from
 its stores and handed to the ranks that need it."""
 
@@ -11,15 +11,15 @@ from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, TypeVar
 import numpy as np
 from torch.distributed.checkpoint.api import CheckpointException
 
-from ._ckptstore import ChunkMap, TierDir, tier_holders, tier_pick
-from ._errors import CorruptError, Error
-from ._fan_out import Refused
-from ._proofs import Refusal
-from ._store import Store
-from ._targets import METADATA, Deliver, Opened, Piece, Slice, read_in_batches
-from ._tier_layout import Record, records_in
-from ._tier_save import SIZES
-from ._tier_wire import Group
+from ..._ckptstore import ChunkMap, TierDir, tier_holders, tier_pick
+from ..._errors import CorruptError, Error
+from ..stripes._run import Refused
+from ..stripes._proofs import Refusal
+from ..._store import Store
+from .._targets import METADATA, Deliver, Opened, Piece, Slice, read_in_batches
+from ._layout import Record, records_in
+from ._save import SIZES
+from .._wire import Group
 
 __all__ = [
     "Choice", "Held", "Holding", "MapOf", "ReadOf", "ShardsLost", "TierSource", "choose", "chunk_map_held", "layout_of",
@@ -299,7 +299,7 @@ def layout_of(opened: List[Tuple[str, int, Store]], record: Record) -> Tuple[str
 
 
 def refusals(e: CheckpointException) -> Dict[Tuple[int, int], str]:
-    """The refusals a load failed with (`_fan_out.Refused`, raised on every
+    """The refusals a load failed with (`stripes._run.Refused`, raised on every
     rank alike): why, by (holder, source rank)."""
     out: Dict[Tuple[int, int], str] = {}
     for failure in e.failures.values():

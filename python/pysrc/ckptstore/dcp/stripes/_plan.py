@@ -1,4 +1,4 @@
-"""The plan of a striped load (`_fan_out`): the stripes of the union of
+"""The plan of a striped load (`stripes._run`): the stripes of the union of
 the byte ranges every rank needs, who reads each, and in which phase;
 what each reader sends each rank, in messages both ends cut alike
 (`cut`, `message_size`). Pure: it reads and sends nothing; the
@@ -8,8 +8,8 @@ own `FanPlan`."""
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
-from ._ckptstore import CHUNK_BYTES
-from ._targets import Piece
+from ..._ckptstore import CHUNK_BYTES
+from .._targets import Piece
 
 STRIPE = 32 * CHUNK_BYTES
 """The most bytes one reader reads in one phase (whole chunks; a load of

@@ -21,8 +21,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ._errors import CorruptError
-from ._ckptstore import hash_arrays
+from .._errors import CorruptError
+from .._ckptstore import hash_arrays
 
 PIECE = 64 << 20
 """Bytes sent in one message."""

@@ -1,4 +1,4 @@
-"""The proofs of a striped load (`_fan_out`) whose target proves its bytes
+"""The proofs of a striped load (`stripes._run`) whose target proves its bytes
 (a bucket, a local store, the tier): the bytes a rank hands another go
 with proofs against the target's chunk hashes, and the receiver checks
 each range with them against the hashes of the manifest it read itself,
@@ -19,9 +19,9 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple, TypeVar, Union
 
 import numpy as np
 
-from ._ckptstore import SliceCheck, slice_proof_len
-from ._targets import MapsTravel, Piece, Slice
-from ._tier_wire import Group
+from ..._ckptstore import SliceCheck, slice_proof_len
+from .._targets import MapsTravel, Piece, Slice
+from .._wire import Group
 
 # (rank that read or sent the bytes, source rank of the shard, why)
 Refusal = Tuple[int, int, str]

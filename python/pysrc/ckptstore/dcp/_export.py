@@ -5,7 +5,7 @@ core."""
 import os
 from typing import Any, List, Optional
 
-from ._ckptstore import HfExport
+from .._ckptstore import HfExport
 from ._targets import UserTarget, target_of
 
 

@@ -21,7 +21,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Set, Tuple
 
-from ._ckptstore import TierDir, TierRecord
+from ..._ckptstore import TierDir, TierRecord
 
 Record = TierRecord
 """That save `saved_at` of `step` is complete on the local tier: every

@@ -18,8 +18,8 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from ._ckptstore import dcp_metadata_decode, dcp_metadata_encode
-from ._convert import DTYPE_NAMES
+from .._ckptstore import dcp_metadata_decode, dcp_metadata_encode
+from .._convert import DTYPE_NAMES
 _FROM_STORE = {v: k for k, v in DTYPE_NAMES.items()}
 
 

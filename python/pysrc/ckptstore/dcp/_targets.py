@@ -1,8 +1,8 @@
 """The seam under ckptstore.dcp's writer and reader. A target is where a
 save's shards go and a load's bytes come from: a bucket (any number of
 ranks), a local store (one process), or a rank's store on the node-local
-tier with its peers behind it (`_tier_save.TierShard`,
-`_tier_load.TierSource`). The writer and the reader ask a target only
+tier with its peers behind it (`tiers._save.TierShard`,
+`tiers._load.TierSource`). The writer and the reader ask a target only
 what `SaveTarget`, `LoadTarget` and `Opened` say; nothing in them depends
 on its kind."""
 
@@ -13,14 +13,14 @@ from typing import (
 
 import numpy as np
 
-from ._ckptstore import DCP_METADATA, HfExport, SaveRecord
-from ._convert import step_number
-from ._dcp_json import torch_dtype
-from ._dcp_local import RANK_METADATA
-from ._remote import Remote
-from ._store import Store
-from ._store import open as open_store
-from ._tier_wire import Group
+from .._ckptstore import DCP_METADATA, HfExport, SaveRecord
+from .._convert import step_number
+from ._document import torch_dtype
+from ._rank_local import RANK_METADATA
+from .._remote import Remote
+from .._store import Store
+from .._store import open as open_store
+from ._wire import Group
 
 METADATA = DCP_METADATA
 """The entry of the coordinator's shard that holds DCP's metadata."""
@@ -104,7 +104,7 @@ class Opened(Protocol):
 
     def rank_metadata(self, rank: int) -> Optional[Tuple[int, bytes]]:
         """Where the step is a rank-local save's: its world size, and the
-        DCP metadata rank `rank` saved (`_dcp_local.RANK_METADATA`; for a
+        DCP metadata rank `rank` saved (`_rank_local.RANK_METADATA`; for a
         rank beyond its world, the metadata of rank `rank` modulo it).
         None for a save with collectives."""
 
@@ -221,7 +221,7 @@ class LoadTarget(Protocol):
 
     fans_out: bool
     """Whether a load of it at several ranks reads each byte once, by one
-    rank that hands it on (`_fan_out`): where its reads are ranged."""
+    rank that hands it on (`stripes._run`): where its reads are ranged."""
 
     readers: Optional[Dict[int, List[int]]]
     """The ranks that may read each source rank's shard in such a load

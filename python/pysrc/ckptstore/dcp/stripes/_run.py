@@ -3,7 +3,7 @@ byte a load needs is read from the target once, by one rank, and handed
 to every other rank that needs it.
 
 The coordinator, which sees every rank's reads, cuts the union of the
-byte ranges the ranks need into stripes (`_fan_plan`: at most STRIPE
+byte ranges the ranks need into stripes (`stripes._plan`: at most STRIPE
 bytes, cut on chunk boundaries so that no chunk is fetched by two
 readers) and gives
 each stripe to one reader: a rank that needs it (the last stripe's reader
@@ -17,7 +17,7 @@ shared among the streams of whichever end has more); the reader's reads
 are checked against the target's chunk hashes as they are read, and
 where the target proves its bytes (every target now), each range goes
 with its proof and its receiver checks it against the chunk hashes of
-the manifest it read itself (`_proofs`; on the tier, the shard's chunk
+the manifest it read itself (`stripes._proofs`; on the tier, the shard's chunk
 map its holder sent before the phases, taken for the content digest in
 the save's record); else each message's BLAKE3 is checked where it
 lands.
@@ -33,17 +33,17 @@ the node where most of the ranks needing it are (`nodes`: a node's ranks
 hand bytes to each other without the network). A reader that cannot read
 a stripe sound, or whose message arrives damaged, is told to every rank
 at the end of the phase (`Refused`, raised on every rank), and the tier
-loads again without it (`_tiers`)."""
+loads again without it (`tiers._tiers`)."""
 
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
-from ._fan_plan import FanPlan, Part, Segment, cut
+from ._plan import FanPlan, Part, Segment, cut
 from ._proofs import Checks, Refusal, interleave, proof_lens, send_maps, split
-from ._targets import Deliver, MapsTravel, Opened, Piece, Slice
-from ._tier_wire import Group, TierFailure, attempt, described
+from .._targets import Deliver, MapsTravel, Opened, Piece, Slice
+from .._wire import Group, TierFailure, attempt, described
 
 
 class Refused(RuntimeError):
@@ -351,7 +351,7 @@ def _send_maps(
 ) -> None:
     """Send each rank this one hands bytes to the chunk map of each shard
     whose bytes it hands it, and take those sent to this rank, before the
-    phases (`_proofs.send_maps`). Any rank's failure (`failure`, reading
+    phases (`stripes._proofs.send_maps`). Any rank's failure (`failure`, reading
     its maps, taking them) is raised on every rank before or after the
     point-to-point sends, never between; maps refused raise `Refused`."""
     to: Dict[int, Set[int]] = {}

@@ -19,14 +19,14 @@ from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, Stora
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
 from torch.futures import Future
 
-from . import _dcp_json, _dcp_local
-from ._ckptstore import SaveRecord, Tensor
-from ._convert import step_number
-from ._cost import Clock, SaveCost
-from ._errors import StepExistsError
-from ._dcp_json import Where
+from . import _document, _rank_local
+from .._ckptstore import SaveRecord, Tensor
+from .._convert import step_number
+from .._cost import Clock, SaveCost
+from .._errors import StepExistsError
+from ._document import Where
 from ._targets import METADATA, Put, SaveTarget, UserTarget, check_sendable, is_step_id, save_target
-from ._staging import Hashes, Pending, Pool, Staged, hashes_of
+from .._staging import Hashes, Pending, Pool, Staged, hashes_of
 
 # The staged copies of async saves, reused by the next save to the same
 # target once the one that used it is done (`StorageWriter.stage`).
@@ -69,7 +69,7 @@ def _host_bytes(t: torch.Tensor) -> Tuple[str, List[int], np.ndarray]:
     if t.device.type != "cpu":
         t = t.cpu()
     t = t.contiguous()
-    name = _dcp_json.json_dtype(t.dtype)
+    name = _document.json_dtype(t.dtype)
     flat = t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8)
     if name.startswith("torch."):
         # No safetensors name: its bytes (DCP's metadata keeps the dtype).
@@ -124,7 +124,7 @@ class StorageWriter(_storage.StorageWriter):
         self._budget = staging_budget
         self._rank, self._world = 0, 1
         self._coordinator = True
-        # A rank-local save's identity (`_dcp_local`); None for a save
+        # A rank-local save's identity (`_rank_local`); None for a save
         # with collectives.
         self._save: Optional[str] = None
         self._kept: Dict[str, Any] = {}
@@ -246,7 +246,7 @@ class StorageWriter(_storage.StorageWriter):
         default process group: this rank's place and the save's identity,
         agreed without a collective. One process saving alone is an
         ordinary save."""
-        rank, world = _dcp_local.world()
+        rank, world = _rank_local.world()
         if world == 1:
             return
         if not self._to.rank_local:
@@ -260,7 +260,7 @@ class StorageWriter(_storage.StorageWriter):
                 f"the job): the step is whole only with every rank of the job's {world}"
             )
         self._rank, self._world = rank, world
-        self._save = _dcp_local.save_identity(self._to.pool_key, self._step)
+        self._save = _rank_local.save_identity(self._to.pool_key, self._step)
 
     def storage_meta(self) -> Optional[StorageMeta]:
         return StorageMeta(checkpoint_id=str(self._step))
@@ -357,10 +357,10 @@ class StorageWriter(_storage.StorageWriter):
         self._kept = {}
         if self._save is not None:
             # This rank's metadata (its own items), in its own shard.
-            values[_dcp_local.RANK_METADATA] = _dcp_json.to_json(metadata)
+            values[_rank_local.RANK_METADATA] = _document.to_json(metadata)
             put = self._to.finish_local(self._step, self._rank, self._world, values, self._record(), self._save)
         else:
-            values[METADATA] = _dcp_json.to_json(metadata)
+            values[METADATA] = _document.to_json(metadata)
             values.update(self._to.layout_entries(sizes))
             put = self._to.finish(self._step, self._rank, self._world, values, self._record(), self._overwrite, shards)
         self._count(put)

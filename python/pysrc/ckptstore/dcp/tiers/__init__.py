@@ -1,0 +1,4 @@
+"""The node-local tier (`ckptstore.dcp.Tiers`): a node's directory and
+records (`_layout`), a save's shard and copies (`_save`), a load from the
+tier (`_load`), and `Tiers` (`_tiers`). `ckptstore.dcp` re-exports
+`Tiers`; nothing is re-exported here."""
