@@ -35,7 +35,8 @@ annotations only, and not counted). Inside `ckptstore.dcp` its parts
 point one way, lowest first (PACKAGE_ORDER): the ranks' wire, the
 metadata document, the rank-local mode's rules, the targets, the
 striped loads (`stripes/`: plan, proofs, run), the reader, the writer,
-the exports, the local tier (`tiers/`: layout, save, load, `Tiers`).
+the exports, the local tier (`tiers/`: layout, a node, the save, the
+load, the upload, `Tiers`).
 
 Every `crate::...` path is read (grouped `use crate::{a, b::{c, d}}` too),
 and a name the crate root re-exports (`crate::CheckpointStore`) is resolved
@@ -326,7 +327,7 @@ PACKAGE = ROOT / "python" / "pysrc" / "ckptstore"
 PACKAGE_ORDER = {
     "dcp": ["_wire", "_document", "_rank_local", "_targets", "stripes", "_reader", "_writer", "_export", "tiers"],
     "dcp.stripes": ["_plan", "_proofs", "_run"],
-    "dcp.tiers": ["_layout", "_save", "_load", "_tiers"],
+    "dcp.tiers": ["_layout", "_node", "_save", "_load", "_upload", "_tiers"],
 }
 
 

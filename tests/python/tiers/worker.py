@@ -52,7 +52,8 @@ import torch
 import torch.distributed as dist
 
 import ckptstore
-import ckptstore.dcp.tiers._tiers as tiers_module
+import ckptstore.dcp.tiers._load as load_module
+import ckptstore.dcp.tiers._save as save_module
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "bench", "python"))
 from bench_tiers import count_collectives  # noqa: E402 - the benchmark's counter, outside the package
@@ -151,25 +152,25 @@ def arm(die, node):
         return
     step = int(step)
     if phase == "commit":
-        original = tiers_module.TierShard.put
+        original = save_module.TierShard.put
 
         def put(self, at, *args):
             if at == step:
                 kill_later(0.03)
             return original(self, at, *args)
 
-        tiers_module.TierShard.put = put
+        save_module.TierShard.put = put
     elif phase == "copy":
-        original_send = tiers_module.send_copies
+        original_send = save_module.send_copies
 
         def send_copies(group, sources, holders, values):
             if step == current[0]:
                 kill_later(0.05)
             return original_send(group, sources, holders, values)
 
-        tiers_module.send_copies = send_copies
+        save_module.send_copies = send_copies
     elif phase == "record":
-        original_write = tiers_module.write_record
+        original_write = save_module.write_record
 
         def write_record(tier, rank, record):
             if record.step == step:
@@ -177,7 +178,7 @@ def arm(die, node):
                 os.kill(os.getpid(), signal.SIGKILL)
             return original_write(tier, rank, record)
 
-        tiers_module.write_record = write_record
+        save_module.write_record = write_record
     elif phase == "upload":
         original_upload = ckptstore.Remote.upload_shard_from
 
@@ -201,7 +202,6 @@ def fault(where, rank):
     """Make this rank's next save or load fail with a MemoryError (once),
     or (`wire`) the next message it streams arrive damaged, or (`flip`)
     a byte of the largest range it next sends flip after its read."""
-    import ckptstore.dcp.tiers._save as save_module
     import ckptstore.dcp._wire as wire_module
 
     if where == "flip":
@@ -243,8 +243,8 @@ def fault(where, rank):
         wire_module._header = damaged
         return
 
-    module, name = {"save": (save_module, "header"), "load": (tiers_module, "read_held"),
-                    "record": (tiers_module, "write_record"), "map": (tiers_module, "chunk_map_held")}[where]
+    module, name = {"save": (save_module, "header"), "load": (load_module, "read_held"),
+                    "record": (save_module, "write_record"), "map": (load_module, "chunk_map_held")}[where]
     original = getattr(module, name)
 
     def failing(*args, **kwargs):
@@ -333,14 +333,14 @@ def main():
             # call: the second call comes while the first save may still
             # run, whose staged copy must not be reused under it.
             first = int(arg)
-            slow = tiers_module.TierShard.put
+            slow = save_module.TierShard.put
 
             def put_later(self, at, *args):
                 if at == first:
                     time.sleep(0.5)  # still in flight at the second call
                 return slow(self, at, *args)
 
-            tiers_module.TierShard.put = put_later
+            save_module.TierShard.put = put_later
             responses = []
             for step in (first, first + 1):
                 current[0] = step

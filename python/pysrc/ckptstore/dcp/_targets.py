@@ -167,9 +167,6 @@ class SaveTarget(Protocol):
     pool_key: Hashable
     """The key of the staged copies saves to it reuse, in this process."""
 
-    rank_local: bool
-    """Whether it takes rank-local saves (`finish_local`) of several ranks."""
-
     def committed(self, step: int) -> bool:
         """Whether `step` is complete in it."""
 
@@ -200,6 +197,12 @@ class SaveTarget(Protocol):
         """The coordinator's end of a save: store its shard as `put` does,
         then complete `step` with exactly `shards` (by rank; this rank's
         entry is the shard just stored)."""
+
+
+@runtime_checkable
+class RankLocalTarget(Protocol):
+    """A save target that takes DCP's rank-local saves of several ranks
+    (a bucket)."""
 
     def finish_local(
         self, step: int, rank: int, world: int, values: Mapping[str, Any], record: Optional[SaveRecord], save: str
@@ -318,7 +321,6 @@ class Bucket:
     many_ranks = True
     sendable = True
     fans_out = True
-    rank_local = True
     readers: Optional[Dict[int, List[int]]] = None
     nodes: Optional[List[int]] = None
     group: Optional[Group] = None
@@ -461,7 +463,6 @@ class LocalStore:
     many_ranks = False
     sendable = False
     fans_out = True
-    rank_local = False
     readers: Optional[Dict[int, List[int]]] = None
     nodes: Optional[List[int]] = None
     group: Optional[Group] = None
@@ -507,11 +508,6 @@ class LocalStore:
     ) -> Put:
         # One process: its shard, committed, is the step.
         return self.put(step, rank, world, values, record, replace)
-
-    def finish_local(
-        self, step: int, rank: int, world: int, values: Mapping[str, Any], record: Optional[SaveRecord], save: str
-    ) -> Put:
-        raise NotImplementedError(f"{self.description} takes no rank-local save")
 
     def open(self, step: int, commit: Optional[str]) -> Opened:
         return OpenedLocal(self, step, commit)

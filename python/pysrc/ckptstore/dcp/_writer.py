@@ -25,7 +25,7 @@ from .._convert import step_number
 from .._cost import Clock, SaveCost
 from .._errors import StepExistsError
 from ._document import Where
-from ._targets import METADATA, Put, SaveTarget, UserTarget, check_sendable, is_step_id, save_target
+from ._targets import METADATA, Put, RankLocalTarget, SaveTarget, UserTarget, check_sendable, is_step_id, save_target
 from .._staging import Hashes, Pending, Pool, Staged, hashes_of
 
 # The staged copies of async saves, reused by the next save to the same
@@ -249,7 +249,7 @@ class StorageWriter(_storage.StorageWriter):
         rank, world = _rank_local.world()
         if world == 1:
             return
-        if not self._to.rank_local:
+        if not isinstance(self._to, RankLocalTarget):  # the tier keeps its own protocol
             raise NotImplementedError(
                 f"a rank-local save (use_collectives=False) of {world} ranks to {self._to.description} "
                 "is not supported: save with use_collectives=True, or to a bucket URL"
@@ -358,6 +358,7 @@ class StorageWriter(_storage.StorageWriter):
         if self._save is not None:
             # This rank's metadata (its own items), in its own shard.
             values[_rank_local.RANK_METADATA] = _document.to_json(metadata)
+            assert isinstance(self._to, RankLocalTarget)  # set up so
             put = self._to.finish_local(self._step, self._rank, self._world, values, self._record(), self._save)
         else:
             values[METADATA] = _document.to_json(metadata)

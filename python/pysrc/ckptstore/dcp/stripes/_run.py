@@ -33,7 +33,7 @@ the node where most of the ranks needing it are (`nodes`: a node's ranks
 hand bytes to each other without the network). A reader that cannot read
 a stripe sound, or whose message arrives damaged, is told to every rank
 at the end of the phase (`Refused`, raised on every rank), and the tier
-loads again without it (`tiers._tiers`)."""
+loads again without it (`tiers._load.Load`)."""
 
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple

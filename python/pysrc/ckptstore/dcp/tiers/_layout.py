@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Set, Tuple
 
 from ..._ckptstore import TierDir, TierRecord
+from ..._store import Store
 
 Record = TierRecord
 """That save `saved_at` of `step` is complete on the local tier: every
@@ -31,7 +32,14 @@ the ranks keeping rank r's) was durable. Made, read and written by
 sizes are in the coordinator's shard; a record of 0.4.0 (format 1)
 carries them (`metadata`, `sizes[r]`)."""
 
-__all__ = ["Record", "TierDir", "Topology", "kept_steps", "node_directory", "records_in", "write_record"]
+__all__ = ["Held", "Holding", "Record", "TierDir", "Topology", "kept_steps", "node_directory", "records_in", "write_record"]
+
+# This rank's stores: (kind "own" or "copy", the rank whose shards it
+# holds, the store).
+Held = List[Tuple[str, int, Store]]
+
+# (kind "own" or "copy", source rank, step, content digest)
+Holding = Tuple[str, int, int, str]
 
 
 @dataclass(frozen=True)

@@ -5,24 +5,28 @@ stripe read by a rank holding that shard (its own store, or a copy) from
 its stores and handed to the ranks that need it."""
 
 import json
+import warnings
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, TypeVar, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, TypeVar, Union
 
 import numpy as np
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
 from ..._ckptstore import ChunkMap, TierDir, tier_holders, tier_pick
 from ..._errors import CorruptError, Error
-from ..stripes._run import Refused
-from ..stripes._proofs import Refusal
 from ..._store import Store
-from .._targets import METADATA, Deliver, Opened, Piece, Slice, read_in_batches
-from ._layout import Record, records_in
+from .._reader import StorageReader
+from .._targets import METADATA, Deliver, Opened, Piece, Slice, read_in_batches, remote_of
+from .._wire import Group, TierFailure, attempt, described
+from ..stripes._proofs import Refusal
+from ..stripes._run import Refused
+from ._layout import Held, Holding, Record, records_in
+from ._node import Node
 from ._save import SIZES
-from .._wire import Group
 
 __all__ = [
-    "Choice", "Held", "Holding", "MapOf", "ReadOf", "ShardsLost", "TierSource", "choose", "chunk_map_held", "layout_of",
+    "Choice", "Load", "MapOf", "ReadOf", "ShardsLost", "TierSource", "choose", "chunk_map_held", "layout_of",
     "read_held", "refusals",
 ]
 
@@ -38,18 +42,11 @@ ReadOf = Callable[[int, str, List[Tuple[str, int, np.ndarray]], List[Tuple[str, 
 MapOf = Callable[[int, str], bytes]
 
 
-# This rank's stores: (kind "own" or "copy", the rank whose shards it
-# holds, the store).
-Held = List[Tuple[str, int, Store]]
-
 
 class ShardsLost(Error):
     """No surviving rank holds some shard of the step being loaded (or
     every holder's copy failed its hash check)."""
 
-
-# (kind "own" or "copy", source rank, step, content digest)
-Holding = Tuple[str, int, int, str]
 
 
 @dataclass(frozen=True)
@@ -307,3 +304,148 @@ def refusals(e: CheckpointException) -> Dict[Tuple[int, int], str]:
             for holder, src, why in failure[0].refusals:
                 out.setdefault((holder, src), why)
     return out
+
+
+class Load:
+    """The tier's loads, over `group`: from the local tier where the
+    surviving ranks' stores hold every shard of the step (each rank
+    reading its share of its node's stores, `Node.survey`), else from
+    `bucket` (None: the local tier alone), with a warning that says why."""
+
+    def __init__(self, node: Node, group: Group, bucket: Optional[str]) -> None:
+        self._node, self._group, self._bucket = node, group, bucket
+
+    def run(self, state: Dict[str, Any], wanted: Optional[int]) -> int:
+        """Restore `state` from step `wanted` (the newest if None); the
+        step restored."""
+        rank = self._node.rank
+        surveyed, failed = attempt(self._node.survey)
+        opened = [] if surveyed is None else surveyed[0]
+        try:
+            # A rank that could not survey its stores fails the load on
+            # every rank (choose's first collective).
+            held = [] if surveyed is None else surveyed[1]
+            choice, why, newer = choose(self._group, self._node.tier, held, wanted, failed)
+            if choice is not None and newer and self._bucket is not None:
+                # A newer save is broken here: the bucket may hold it whole.
+                whole = self._in_bucket(newer)
+                if whole is not None:
+                    return self._from_bucket(state, whole, why)
+            if choice is not None:
+                if why and rank == 0:
+                    warnings.warn(f"ckptstore.dcp.Tiers: {why}; restoring step {choice.record.step}", stacklevel=3)
+                try:
+                    self._from_tier(state, choice, opened)
+                    return choice.record.step
+                except (CheckpointException, ShardsLost) as e:
+                    if self._bucket is None:
+                        raise
+                    why = f"the local tier could not serve step {choice.record.step} ({_first_line(e)})"
+        finally:
+            for _, _, store in opened:
+                store.close()
+        return self._from_bucket(state, wanted, why)
+
+    def _from_tier(self, state: Dict[str, Any], choice: Choice, opened: Held) -> None:
+        """Load `choice` from the local tier: a striped load whose stripes
+        each holder reads from its stores; a holder that could not serve a
+        shard sound is refused, with a warning, and the load runs again
+        without it (every rank learns the same refusals at the same point)."""
+        step, rank, topo = choice.record.step, self._node.rank, self._node.topology
+        metadata, sizes = self._layout(choice, opened)
+        read_of: ReadOf = lambda src, d, reads, proved: read_held(opened, src, step, d, reads, proved)  # noqa: E731
+        map_of: MapOf = lambda src, d: chunk_map_held(opened, src, step, d)  # noqa: E731
+        refused: Set[Tuple[int, int]] = set()  # (holder, source rank)
+        nodes = [topo.node_of(r) for r in range(self._group.world)]
+        while True:
+            source = TierSource(self._group, choice, read_of, map_of, metadata, sizes, refused, nodes)
+            lost = sorted(src for src, hs in (source.readers or {}).items() if not hs)
+            if lost:
+                raise ShardsLost(f"step {step}: no surviving rank holds a sound copy of the shards of ranks {lost}")
+            try:
+                self._dcp_load(state, StorageReader(source))
+                return
+            except CheckpointException as e:
+                told = {k: why for k, why in refusals(e).items() if k not in refused}
+                if not told:
+                    raise
+                for (holder, src), why in told.items():
+                    if rank == 0:
+                        warnings.warn(
+                            f"ckptstore.dcp.Tiers: rank {src}'s shard of step {step} as held by "
+                            f"rank {holder} is refused ({why}); another holder serves it",
+                            stacklevel=4,
+                        )
+                refused |= set(told)
+
+    def _from_bucket(self, state: Dict[str, Any], wanted: Optional[int], why: str) -> int:
+        what = "no step" if wanted is None else f"no step {wanted}"
+        if self._bucket is None:
+            raise FileNotFoundError(f"{what} is whole on the local tier {self._node.dir}" + (f": {why}" if why else ""))
+        bucket = self._bucket
+
+        def find() -> Optional[int]:
+            remote = remote_of(bucket)
+            if wanted is None:
+                return remote.latest_step()
+            return wanted if remote.open_global(wanted) is not None else None
+
+        found, failed = attempt(find) if self._node.rank == 0 else (None, None)
+        found, failure = self._group.broadcast((found, None if failed is None else described(failed)), 0)
+        if failure is not None:
+            if failed is not None:
+                raise failed
+            raise TierFailure(f"rank 0 could not read {bucket}: {failure}")
+        if found is None:
+            raise FileNotFoundError(f"{what} is whole on the local tier nor in {bucket}" + (f" ({why})" if why else ""))
+        if self._node.rank == 0:
+            warnings.warn(
+                f"ckptstore.dcp.Tiers: {why or what + ' is whole on the local tier'}; loading step {found} from {bucket}",
+                stacklevel=4,
+            )
+        self._dcp_load(state, StorageReader(bucket, found))
+        return int(found)
+
+    def _layout(self, choice: Choice, opened: Held) -> Tuple[str, List[Dict[str, int]]]:
+        """DCP's metadata and every rank's entry sizes of the save to
+        restore: from its record (0.4.0's), else read from rank 0's shard
+        by the first rank holding it that can, and broadcast (every rank's
+        DCP planner needs the metadata; nothing else goes to every rank)."""
+        record = choice.record
+        if record.metadata is not None and record.sizes is not None:
+            return record.metadata, list(record.sizes)
+        problems = []
+        for holder in choice.holders.get(0, []):
+            got, failed = attempt(lambda: layout_of(opened, record)) if self._node.rank == holder else (None, None)
+            got, why = self._group.broadcast((got, None if failed is None else described(failed)), holder)
+            if got is not None:
+                return got  # type: ignore[no-any-return]
+            problems.append(f"rank {holder}: {why}")
+        raise ShardsLost(
+            f"step {record.step}: no rank could read DCP's metadata from rank 0's shard ({'; '.join(problems) or 'none holds it'})"
+        )
+
+    def _in_bucket(self, steps: List[int]) -> Optional[int]:
+        """The first of `steps` that the bucket holds whole (rank 0 asks,
+        every rank is told; a bucket that cannot be read holds none, with
+        a warning)."""
+        bucket = self._bucket
+        assert bucket is not None
+
+        def find() -> Optional[int]:
+            remote = remote_of(bucket)
+            return next((s for s in steps if remote.open_global(s) is not None), None)
+
+        found, failed = attempt(find) if self._node.rank == 0 else (None, None)
+        if failed is not None:
+            warnings.warn(f"ckptstore.dcp.Tiers: {bucket} cannot be read ({described(failed)})", stacklevel=4)
+        chosen: Optional[int] = self._group.broadcast(found, 0)
+        return chosen
+
+    def _dcp_load(self, state: Dict[str, Any], reader: Any) -> None:
+        group = self._group.group
+        dcp_load(state, storage_reader=reader, process_group=group, no_dist=group is None)
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

@@ -8,17 +8,22 @@ point to the ranks that keep the copies."""
 
 import dataclasses
 import json
+import os
 import time
 from typing import Any, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from ..._ckptstore import CommitInfo, SaveRecord, Tensor
+from ..._cost import Clock, SaveCost
+from ..._staging import Hashes
 from ..._store import Store
-from ..._cost import SaveCost
 from .._targets import Put
-from ._layout import Record
-from .._wire import Group, TierFailure, attempt
+from .._wire import Group, TierFailure, attempt, described
+from .._writer import StorageWriter
+from ._layout import Record, records_in, write_record
+from ._node import Node
 
 Values = Dict[str, Any]
 
@@ -40,7 +45,6 @@ class TierShard:
     description = "the local tier"
     many_ranks = True
     sendable = False
-    rank_local = False  # the tier keeps its own protocol
 
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -77,11 +81,6 @@ class TierShard:
         # Committed as any rank's shard: every rank records the save once
         # every shard and copy is durable (`agree`, `Tiers`).
         return self.put(step, rank, world, values, record, replace)
-
-    def finish_local(
-        self, step: int, rank: int, world: int, values: Mapping[str, Any], record: Optional[SaveRecord], save: str
-    ) -> Put:
-        raise NotImplementedError(f"{self.description} takes no rank-local save")
 
 
 def entry_bytes(value: Any) -> np.ndarray:
@@ -178,3 +177,81 @@ def record_of(
         upload=upload,
         cost={k: v for k, v in dataclasses.asdict(cost).items() if k != "step"},
     )
+
+
+class Save:
+    """The tier's saves, run on the save thread over `group`: each commits
+    this rank's shard on `node`, sends and commits copies, and once every
+    rank agrees every shard and copy is durable, writes this rank's record
+    and applies retention. Every `every`-th save is due for the bucket
+    (where `uploads`); the caller runs the upload (`Upload`)."""
+
+    def __init__(self, node: Node, group: Group, every: int, uploads: bool) -> None:
+        self._node, self._group, self._every, self._uploads = node, group, every, uploads
+        self._saves = 0
+
+    def run(
+        self, state: Dict[str, Any], step: int, clock: Clock, hashes: Optional[Hashes], staging: Optional[BaseException]
+    ) -> Tuple[SaveCost, bool]:
+        """Save `state` as `step` on every rank together (`staging`: this
+        rank could not stage it; every rank raises): its cost, and whether
+        an upload is due."""
+        node, group = self._node, self._group
+        topo, rank = node.topology, node.rank
+
+        def prepare() -> Tuple[Store, Dict[Tuple[int, int], Record]]:
+            if staging is not None:
+                raise staging
+            os.makedirs(node.dir, exist_ok=True)  # a node's disk may have been replaced
+            own = node.own()
+            # This rank vouches no more for an older save of the step.
+            node.tier.remove_record(step, rank)
+            # The directory, read once for this save (its order, retention).
+            return own, records_in(node.tier, rank)
+
+        # A failure on any rank fails the save on every rank, here or in
+        # DCP's exchange or in `agree`, never leaving the others waiting.
+        prepared, failed = attempt(prepare)
+        group.check(failed, f"step {step} was not saved on the local tier")
+        assert prepared is not None
+        own, records = prepared
+        newest = max((r.seq for r in records.values()), default=0)
+        shard = TierShard(own)
+        writer = StorageWriter(shard, step)
+        writer.use_hashes(hashes or {})
+        dcp_save(state, storage_writer=writer, process_group=group.group, no_dist=group.group is None)
+        copy_digests: Dict[int, str] = {}
+        infos = [shard.info] if shard.info is not None else []
+
+        def copy() -> None:
+            copies = send_copies(group, topo.sources(rank, node.peers), topo.holders(rank, node.peers), shard.values)
+            for src, values in copies.items():
+                store = node.store(node.tier.store_path("copy", src))
+                infos.append(store.save(step, values, replace=True))
+                copy_digests[src] = store.content_digest(step) or ""
+
+        _, failed = attempt(copy)
+        shard.values = {}
+        digest, failure = "", "" if failed is None else described(failed)
+        if failed is None:
+            found, failed = attempt(lambda: own.content_digest(step) or "")
+            digest, failure = found or "", "" if failed is None else described(failed)
+        digests, saved_at, seq = agree(group, step, digest, copy_digests, failure, newest)
+        self._saves += 1
+        upload = self._uploads and self._saves % self._every == 0
+        # Every shard and copy is durable: the save's cost, kept in the record.
+        cost = clock.cost(step, sum(i.bytes_written for i in infos), sum(i.bytes_reused for i in infos))
+        holders = [topo.holders(src, node.peers) for src in range(topo.world)]
+        record = record_of(step, saved_at, topo.per_node, digests, holders, upload, cost, seq)
+
+        # Every rank returns or every rank raises: a rank that cannot
+        # record the save (or apply retention after it) fails the call on
+        # every rank, and nothing is uploaded. The save is complete all the
+        # same where its record was written.
+        def finish() -> None:
+            write_record(node.tier, rank, record)
+            node.retain({**records, record.key: record})
+
+        _, failed = attempt(finish)
+        group.check(failed, f"step {step} is durable on every rank, but some rank could not record it")
+        return cost, upload

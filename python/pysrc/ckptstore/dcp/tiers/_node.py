@@ -1,0 +1,96 @@
+"""A rank's part of its node's directory of the local tier
+(`ckptstore.dcp.Tiers`): where it is, the stores the rank keeps open,
+what the rank's share of the node's stores holds, and retention."""
+
+import os
+import threading
+import warnings
+from typing import Dict, List, Tuple
+
+from ..._ckptstore import TierDir
+from ..._errors import Error
+from ..._store import Store
+from ..._store import open as open_store
+from ._layout import Held, Holding, Record, Topology, kept_steps, node_directory
+
+
+class Node:
+    """Rank `rank`'s view of its node's directory (`local`, `{node}` in it
+    replaced by the node's index) in a job of `topology`, its shards
+    copied to `peers` ranks, keeping the `keep` newest complete saves."""
+
+    def __init__(self, local: str, topology: Topology, rank: int, peers: int, keep: int) -> None:
+        self.topology, self.rank, self.peers, self.keep = topology, rank, peers, keep
+        self.dir = node_directory(local, topology.node_of(rank))
+        self.tier = TierDir(self.dir)
+        os.makedirs(self.dir, exist_ok=True)
+        self._stores: Dict[str, Store] = {}
+        self._lock = threading.Lock()
+
+    def store(self, path: str) -> Store:
+        """The store at `path`, kept open; opened again if its file is gone
+        (a node's directory emptied under the job)."""
+        with self._lock:
+            found = self._stores.get(path)
+            if found is not None and not os.path.exists(path):
+                found.close()
+                found = None
+            if found is None:
+                found = self._stores[path] = open_store(path)
+            return found
+
+    def own(self) -> Store:
+        """This rank's own store."""
+        return self.store(self.tier.store_path("own", self.rank))
+
+    def close_stores(self) -> None:
+        with self._lock:
+            stores, self._stores = self._stores, {}
+        for s in stores.values():
+            s.close()
+
+    def retain(self, records: Dict[Tuple[int, int], Record]) -> None:
+        """Keep the `keep` complete saves made last among this rank's
+        `records` (in the order of saves, not of step numbers: the save
+        that just completed is always kept) and those still to be
+        uploaded; remove every other step from this rank's stores."""
+        keep = kept_steps(self.tier, list(records.values()), self.keep)
+        paths = [self.tier.store_path("own", self.rank)]
+        paths += [self.tier.store_path("copy", src) for src in self.topology.sources(self.rank, self.peers)]
+        for path in paths:
+            if not os.path.exists(path):
+                continue
+            store = self.store(path)
+            for s in store.steps():
+                if s not in keep:
+                    store.remove(s)
+        for step, _ in records:
+            if step not in keep:
+                self.tier.remove_record(step, self.rank)
+
+    def survey(self) -> Tuple[Held, List[Holding]]:
+        """This rank's share of its node's stores (each store of the
+        directory goes to one rank of the node), opened, and what they
+        hold."""
+        ranks = self.topology.ranks_of(self.topology.node_of(self.rank))
+        opened: Held = []
+        held: List[Holding] = []
+        try:
+            for i, (kind, src, path) in enumerate(self.tier.stores()):
+                if ranks[i % len(ranks)] != self.rank:
+                    continue
+                try:
+                    store = open_store(path)
+                    for s in store.steps():
+                        digest = store.content_digest(s)
+                        if digest:
+                            held.append((kind, src, s, digest))
+                except (Error, OSError) as e:
+                    warnings.warn(f"ckptstore.dcp.Tiers: {path} cannot be read ({e}); its shards are not used", stacklevel=4)
+                    continue
+                opened.append((kind, src, store))
+        except BaseException:
+            for _, _, store in opened:
+                store.close()
+            raise
+        return opened, held
