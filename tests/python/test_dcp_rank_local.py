@@ -79,24 +79,41 @@ def test_a_state_sharded_otherwise_at_the_same_world_size_is_refused_or_read_who
     _loaded(url, 1, 2, env={"CKPT_REPLICATE": "1", "CKPT_RANK_LOCAL": "0"})
 
 
-def test_a_rank_killed_before_its_shard_leaves_no_step_and_a_later_save_completes(tmp_path):
+@pytest.mark.parametrize("phase", ["CKPT_DIE_BEFORE_SAVE", "CKPT_DIE_AFTER_WRITE"])
+def test_a_rank_killed_before_its_shard_leaves_no_step_and_a_later_save_completes(tmp_path, phase):
     url = f"file://{tmp_path}/bucket"
     _saved_rank_locally(url, 1, 2)
-    # Step 2: rank 1 writes its data and dies before its shard; rank 0's
-    # shard lands, and its closing barrier fails.
-    env = {"CKPT_DIE_AFTER_WRITE": "1", "CKPT_PG_TIMEOUT": "10"}
+    # Step 2: rank 1 dies before its save (rank 0 fails in the state's
+    # own collectives, or lands its shard), or once it wrote its data and
+    # before its shard (rank 0's shard lands; its closing barrier fails).
+    env = {phase: "1", "CKPT_PG_TIMEOUT": "10"}
     out = run("save_local", url, 2, 2, salt=7, env=env, expect_ok=False)
     assert out[1][0] == 9
     remote = ckptstore.Remote(url)
     assert remote.steps() == [1]
     status = remote.shards(2)
-    assert (status.landed, status.complete) == ([0], False)
+    assert 1 not in status.landed and not status.complete, status
+    if phase == "CKPT_DIE_AFTER_WRITE":
+        assert status.landed == [0]
     # The relaunched job saves step 2 again, with other values: its rank 1
     # finds rank 0's shard of the dead save and does not take it.
     _saved_rank_locally(url, 2, 2, salt=1)
     assert remote.steps() == [1, 2]
     _loaded(url, 2, 2, salt=1)
     _loaded(url, 2, 1, salt=1)
+
+
+def test_a_rank_killed_once_its_shard_landed_leaves_the_step_listed_exactly_when_whole(tmp_path):
+    url = f"file://{tmp_path}/bucket"
+    env = {"CKPT_DIE_AFTER_SHARD": "1", "CKPT_PG_TIMEOUT": "10"}
+    out = run("save_local", url, 3, 2, salt=4, env=env, expect_ok=False)
+    assert out[1][0] == 9
+    remote = ckptstore.Remote(url)
+    status = remote.shards(3)
+    # Both shards landed: listed whether rank 1 or rank 0 found them
+    # both there (the other finds them at its own shard).
+    assert status.landed == [0, 1] and status.complete and remote.steps() == [3], status
+    _loaded(url, 3, 2, salt=4)
 
 
 def test_a_local_store_refuses_a_rank_local_save_of_several_ranks(tmp_path):

@@ -10,7 +10,10 @@ calls the process made (DCP's and ckptstore's).
 WORLD 1 with PORT 0 runs without a process group (DCP's no_dist). The
 state is a function of SALT (default 0), so a loader knows every byte to
 expect; a load prints "ok <step>" when every tensor and value is
-bit-identical to it. CKPT_DIE_AFTER_WRITE=R kills rank R (os._exit) right
+bit-identical to it. CKPT_DIE_BEFORE_SAVE=R kills rank R before it
+saves; CKPT_DIE_AFTER_SHARD=R right after its shard of a rank-local save
+is in the bucket (the step's commit too, if it found every shard there);
+CKPT_DIE_AFTER_WRITE=R kills rank R (os._exit) right
 after its data is written, before the coordinator's finish.
 
 CKPT_BIG_ROWS=N gives model.big N rows (1100: 1.3 MB, two chunks).
@@ -187,6 +190,20 @@ def main():
             os._exit(9)
 
         StorageWriter.write_data = write_then_die
+    die = os.environ.get("CKPT_DIE_BEFORE_SAVE")
+    if die is not None and int(die) == rank:
+        os._exit(9)
+    die = os.environ.get("CKPT_DIE_AFTER_SHARD")
+    if die is not None and int(die) == rank:
+        import ckptstore
+
+        original_commit = ckptstore.Remote.commit_shard
+
+        def commit_then_die(self, *args, **kwargs):
+            original_commit(self, *args, **kwargs)
+            os._exit(9)
+
+        ckptstore.Remote.commit_shard = commit_then_die
     if mode == "save":
         dcp.save(state(mesh, salt, empty=False), storage_writer=StorageWriter(target, step))
         print("saved", flush=True)
