@@ -116,6 +116,16 @@ def test_a_rank_killed_once_its_shard_landed_leaves_the_step_listed_exactly_when
     _loaded(url, 3, 2, salt=4)
 
 
+def test_an_async_rank_local_save_is_listed_when_its_futures_resolve(tmp_path):
+    # Thread mode: DCP's rank-local save ends with its barrier, on the
+    # saving thread; each rank's future resolves after it.
+    url = f"file://{tmp_path}/bucket"
+    run("async_save_local", url, 6, 2, salt=3)
+    assert ckptstore.Remote(url).steps() == [6]
+    _loaded(url, 6, 2, salt=3)
+    _loaded(url, 6, 1, salt=3)
+
+
 def test_a_local_store_refuses_a_rank_local_save_of_several_ranks(tmp_path):
     path = tmp_path / "run.ckpt"
     for rank, (_, text) in enumerate(run("save_local", path, 1, 2)):

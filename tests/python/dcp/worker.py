@@ -1,7 +1,7 @@
 """One rank of a DCP save or load through ckptstore.dcp (run by
 test_dcp.py as WORLD processes over gloo on 127.0.0.1).
 
-    python worker.py save|save_local|save_again|async_save|load TARGET STEP RANK WORLD PORT [SALT]
+    python worker.py save|save_local|save_again|async_save[_process|_local]|load TARGET STEP RANK WORLD PORT [SALT]
 
 save_local saves in DCP's rank-local mode (use_collectives=False); saves
 in that mode and loads print "collectives [...]", the torch.distributed
@@ -234,8 +234,8 @@ def main():
         if rank == 0:
             print(f"log {before} {os.path.getsize(log)}", flush=True)
         print("saved", flush=True)
-    elif mode in ("async_save", "async_save_process"):
-        kwargs = {}
+    elif mode in ("async_save", "async_save_process", "async_save_local"):
+        kwargs = {"use_collectives": False} if mode == "async_save_local" else {}
         if mode == "async_save_process":
             from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
