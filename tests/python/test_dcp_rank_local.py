@@ -69,6 +69,16 @@ def test_a_rank_local_save_loads_at_other_world_sizes_bit_identical(tmp_path, sa
     _loaded(url, 5, loaded, salt=2)
 
 
+def test_plain_tensors_each_rank_holds_alone_load_at_the_same_and_a_smaller_world(tmp_path):
+    # Not DTensors: `own.<rank>` is in rank <rank>'s shard only.
+    url = f"file://{tmp_path}/bucket"
+    env = {"CKPT_PER_RANK": "1"}
+    out = run("save_local", url, 2, 4, salt=5, env=env)
+    assert all("failed" not in text for _, text in out), out
+    _loaded(url, 2, 4, salt=5, env=env)
+    _loaded(url, 2, 2, salt=5, env=env)
+
+
 def test_a_state_sharded_otherwise_at_the_same_world_size_is_refused_or_read_whole(tmp_path):
     url = f"file://{tmp_path}/bucket"
     _saved_rank_locally(url, 1, 2)

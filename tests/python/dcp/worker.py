@@ -17,6 +17,8 @@ CKPT_DIE_AFTER_WRITE=R kills rank R (os._exit) right
 after its data is written, before the coordinator's finish.
 
 CKPT_BIG_ROWS=N gives model.big N rows (1100: 1.3 MB, two chunks).
+CKPT_PER_RANK=1 adds a plain tensor `own.<rank>` that only that rank
+holds (a load checks its own).
 Loads: CKPT_REPLICATE=1 places every tensor Replicate (saves too);
 CKPT_FAN_OUT=0 loads with fan_out=False; CKPT_RANK_LOCAL=0 with rank_local=False; CKPT_STRIPE_CHUNKS=N cuts a
 striped load's stripes at N chunks; a load prints "read <bytes>", what
@@ -84,7 +86,15 @@ def state(mesh, salt, empty):
             placement = {"shard0": Shard(0), "shard1": Shard(1), "replicate": Replicate()}[how]
             out[name] = distribute_tensor(t, mesh, [placement])
     out["extra"] = {"epoch": None if empty else 3 + salt, "name": None if empty else f"run-{salt}"}
+    if os.environ.get("CKPT_PER_RANK") == "1":
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        out[f"own.{rank}"] = torch.zeros(257) if empty else own(rank, salt)
     return out
+
+
+def own(rank, salt):
+    """A plain tensor only rank `rank` holds (CKPT_PER_RANK=1)."""
+    return torch.arange(257, dtype=torch.float32) + rank * 1000 + salt
 
 
 def count_reads(rank):
@@ -291,6 +301,9 @@ def main():
             if got.dtype != want.dtype or not torch.equal(got.view(-1).view(torch.uint8) if got.numel() else got, want.view(-1).view(torch.uint8) if want.numel() else want):
                 print(f"MISMATCH {name}", flush=True)
                 sys.exit(3)
+        if os.environ.get("CKPT_PER_RANK") == "1" and not torch.equal(loaded[f"own.{rank}"], own(rank, salt)):
+            print(f"MISMATCH own.{rank}", flush=True)
+            sys.exit(3)
         if loaded["extra"] != {"epoch": 3 + salt, "name": f"run-{salt}"}:
             print(f"MISMATCH extra {loaded['extra']}", flush=True)
             sys.exit(3)
