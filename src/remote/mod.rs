@@ -26,6 +26,7 @@ pub use format::pack_format::DEFAULT_PACK_BYTES;
 
 pub use gc::retention::GcReport;
 pub use global::shards::{ShardInfo, ShardStatus, ShardUpload};
+pub use global::write::{ShardSource, ShardWrite};
 pub use read::pieces::{EntryInfo, GlobalStep, Piece};
 pub use write::push::PushReport;
 

@@ -6,64 +6,27 @@
 //! Shards of an attempt that died before its commit are named by no commit:
 //! they never mix into a step and never block one (gc removes them).
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashSet};
 
-use crate::engine::plan::{check_borrowed, Plan};
+use crate::engine::plan::Plan;
 use crate::format::manifest::{hex, Hash};
 use crate::remote::format::hash::ShardHash;
 use crate::remote::format::layout::{encode, GlobalManifest, ShardName, MAX_WORLD_SIZE};
 use crate::remote::global::shards::ShardUpload;
 use crate::remote::global::Coordinator;
 use crate::remote::{Commit, ShardInfo};
-use crate::{Error, GradientCheckpoint, Result, TensorRef};
+use crate::{Error, Result};
 
 impl Coordinator<'_> {
-    /// Does the work of [`Remote::upload_shard`](crate::Remote::upload_shard).
-    pub(crate) fn upload_shard(
-        &self,
-        step: u64,
-        rank: u32,
-        world_size: u32,
-        ckpt: &GradientCheckpoint,
-    ) -> Result<ShardInfo> {
-        let plan = Plan::new(ckpt);
-        self.upload_planned((step, rank, world_size), &plan, ShardUpload::Manifest)
-    }
-
-    /// Does the work of [`Remote::upload_shard_data`](crate::Remote::upload_shard_data).
-    pub(crate) fn upload_shard_data(
-        &self,
-        step: u64,
-        rank: u32,
-        world_size: u32,
-        ckpt: &GradientCheckpoint,
-    ) -> Result<ShardInfo> {
-        let plan = Plan::new(ckpt);
-        self.upload_planned((step, rank, world_size), &plan, ShardUpload::ChunksOnly)
-    }
-
-    /// Does the work of [`Remote::upload_shard_borrowed`](crate::Remote::upload_shard_borrowed).
-    pub(crate) fn upload_shard_borrowed(
-        &self,
-        (step, rank, world_size): (u64, u32, u32),
-        ckpt: &GradientCheckpoint,
-        tensors: &BTreeMap<String, TensorRef<'_>>,
-        how: ShardUpload,
-    ) -> Result<ShardInfo> {
-        check_borrowed(ckpt, tensors)?;
-        let plan = Plan::with_borrowed(ckpt, tensors);
-        self.upload_planned((step, rank, world_size), &plan, how)
-    }
-
     /// Check the arguments, then upload `plan` as `how` says.
     pub(crate) fn upload_planned(
         &self,
         (step, rank, world_size): (u64, u32, u32),
         plan: &Plan<'_>,
-        how: ShardUpload,
+        how: &ShardUpload,
     ) -> Result<ShardInfo> {
         Self::check_shard_args(step, rank, world_size, plan.ckpt)?;
-        if how == ShardUpload::Complete {
+        if *how == ShardUpload::Complete {
             self.check_world_size(step, world_size)?;
         }
         self.with_push_lock(|lock| self.put_shard(step, rank, world_size, plan, lock, how))
@@ -76,17 +39,15 @@ impl Coordinator<'_> {
         self.with_push_lock(|_| self.commit_locked(step, &ids, None))
     }
 
-    /// Does the work of
-    /// [`Remote::upload_shard_and_commit`](crate::Remote::upload_shard_and_commit).
-    pub(crate) fn upload_shard_and_commit(
+    /// Upload `plan` as rank `rank`'s shard's manifest, then the step's
+    /// commit naming `shards` with this rank's entry the shard just
+    /// uploaded, under one push lock ([`ShardUpload::Commit`]).
+    pub(crate) fn upload_and_commit(
         &self,
         (step, rank, world_size): (u64, u32, u32),
-        ckpt: &GradientCheckpoint,
-        tensors: &BTreeMap<String, TensorRef<'_>>,
+        plan: &Plan<'_>,
         shards: &[Option<ShardHash>],
     ) -> Result<ShardInfo> {
-        check_borrowed(ckpt, tensors)?;
-        let plan = Plan::with_borrowed(ckpt, tensors);
         Self::check_shard_args(step, rank, world_size, plan.ckpt)?;
         if usize::try_from(world_size).ok() != Some(shards.len()) {
             return Err(Error::InvalidCheckpoint {
@@ -97,7 +58,7 @@ impl Coordinator<'_> {
         let mut ids = shard_ids(step, shards, Some(rank))?;
         self.with_push_lock(|lock| {
             let info =
-                self.put_shard(step, rank, world_size, &plan, lock, ShardUpload::Manifest)?;
+                self.put_shard(step, rank, world_size, plan, lock, &ShardUpload::Manifest)?;
             let own = &mut ids[rank as usize];
             own.hash = info.shard.0;
             self.commit_locked(step, &ids, Some(rank))?;

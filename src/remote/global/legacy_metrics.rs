@@ -17,7 +17,7 @@ fn a_shard_0_4_0_wrote_reads_its_metrics_as_its_record() -> crate::Result<()> {
     let plan = Plan::new(&old);
     let coordinator = remote.coordinator();
     coordinator.with_push_lock(|lock| {
-        coordinator.put_shard(3, 0, 1, &plan, lock, ShardUpload::Complete)
+        coordinator.put_shard(3, 0, 1, &plan, lock, &ShardUpload::Complete)
     })?;
     let back = remote.get_shard(3, 0)?.expect("step 3");
     assert_eq!(back.save_record, record());

@@ -7,12 +7,14 @@ pub(crate) mod dcp;
 #[cfg(test)]
 mod legacy_metrics;
 pub(crate) mod shards;
+pub(crate) mod write;
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::remote::format::hash::ShardHash;
 use crate::remote::global::shards::{ShardInfo, ShardStatus, ShardUpload};
+use crate::remote::global::write::{ShardSource, ShardWrite};
 use crate::remote::read::pieces::GlobalStep;
 use crate::remote::write::Writer;
 use crate::remote::Remote;
@@ -39,6 +41,44 @@ impl<'r> std::ops::Deref for Coordinator<'r> {
 }
 
 impl Remote {
+    /// Write one rank's shard of a global step: the shard, where its bytes
+    /// come from and how far the write goes, as values ([`ShardWrite`]).
+    /// Every write uploads the shard's chunks new to the bucket in pack
+    /// objects first; then, as [`ShardUpload`] says, nothing more, its
+    /// manifest, the step's commit once every rank's shard is there (of
+    /// one save, for a rank-local save), or the step's commit naming the
+    /// shards given (a coordinator's). The other shard calls are
+    /// conveniences over it.
+    ///
+    /// ```
+    /// use ckptstore::{ComputationGraphStore, GradientCheckpoint, Remote};
+    /// use ckptstore::{ShardSource, ShardUpload, ShardWrite};
+    /// # let dir = tempfile::tempdir()?;
+    /// let remote = Remote::open(&format!("file://{}", dir.path().display()))?;
+    /// let mut shard = GradientCheckpoint::new(ComputationGraphStore::new(), 7);
+    /// shard.set_optimizer_state("w", vec![1; 100]);
+    /// let write = ShardWrite::new((7, 0, 1), ShardSource::Owned(&shard), ShardUpload::Complete);
+    /// assert!(remote.write_shard(write)?.complete);
+    /// assert_eq!(remote.steps()?, vec![7]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidCheckpoint`](crate::Error::InvalidCheckpoint) for a
+    /// rank not below the world size, a checkpoint of another step, more
+    /// ranks than [`MAX_WORLD_SIZE`](crate::MAX_WORLD_SIZE), a borrowed
+    /// tensor's name also the checkpoint's, or (`Commit`) as many shards
+    /// named as ranks not given or another rank's entry `None`;
+    /// [`Error::StepNotFound`](crate::Error::StepNotFound) for a store
+    /// without the step; [`BucketError::WorldSizeMismatch`](crate::BucketError::WorldSizeMismatch)
+    /// (`Complete`) when the step's other shards name another world size;
+    /// [`Error::Corrupt`](crate::Error::Corrupt) (`Commit`) naming a shard
+    /// that is missing or damaged; [`BucketError::Request`](crate::BucketError::Request)
+    /// when the bucket fails.
+    pub fn write_shard(&self, write: ShardWrite<'_>) -> Result<ShardInfo> {
+        self.coordinator().write_shard(write)
+    }
+
     /// Upload rank `rank`'s shard of global step `step` of `world_size`
     /// ranks (its new chunks in pack objects, then the shard's manifest)
     /// without completing the step; [`ShardInfo::shard`] names
@@ -54,8 +94,12 @@ impl Remote {
         world_size: u32,
         ckpt: &GradientCheckpoint,
     ) -> Result<ShardInfo> {
-        self.coordinator()
-            .upload_shard(step, rank, world_size, ckpt)
+        let source = ShardSource::Owned(ckpt);
+        self.write_shard(ShardWrite::new(
+            (step, rank, world_size),
+            source,
+            ShardUpload::Manifest,
+        ))
     }
 
     /// Upload the chunks of rank `rank`'s shard of `step` and nothing else:
@@ -74,8 +118,12 @@ impl Remote {
         world_size: u32,
         ckpt: &GradientCheckpoint,
     ) -> Result<ShardInfo> {
-        self.coordinator()
-            .upload_shard_data(step, rank, world_size, ckpt)
+        let source = ShardSource::Owned(ckpt);
+        self.write_shard(ShardWrite::new(
+            (step, rank, world_size),
+            source,
+            ShardUpload::ChunksOnly,
+        ))
     }
 
     /// [`upload_shard`](Self::upload_shard),
@@ -92,13 +140,16 @@ impl Remote {
     /// of `tensors` is also a blob or tensor of `ckpt`.
     pub fn upload_shard_borrowed(
         &self,
-        (step, rank, world_size): (u64, u32, u32),
+        shard: (u64, u32, u32),
         ckpt: &GradientCheckpoint,
         tensors: &BTreeMap<String, TensorRef<'_>>,
         how: ShardUpload,
     ) -> Result<ShardInfo> {
-        self.coordinator()
-            .upload_shard_borrowed((step, rank, world_size), ckpt, tensors, how)
+        self.write_shard(ShardWrite::new(
+            shard,
+            ShardSource::Borrowed(ckpt, tensors),
+            how,
+        ))
     }
 
     /// Complete global step `step` with `shards` (each rank's, by rank, as
@@ -155,13 +206,17 @@ impl Remote {
     /// upload fails.
     pub fn upload_shard_and_commit(
         &self,
-        (step, rank, world_size): (u64, u32, u32),
+        shard: (u64, u32, u32),
         ckpt: &GradientCheckpoint,
         tensors: &BTreeMap<String, TensorRef<'_>>,
         shards: &[Option<ShardHash>],
     ) -> Result<ShardInfo> {
-        self.coordinator()
-            .upload_shard_and_commit((step, rank, world_size), ckpt, tensors, shards)
+        let how = ShardUpload::Commit(shards.to_vec());
+        self.write_shard(ShardWrite::new(
+            shard,
+            ShardSource::Borrowed(ckpt, tensors),
+            how,
+        ))
     }
 
     /// The index of step `step` if `ckptstore.dcp` saved it: its tensors with
@@ -281,8 +336,12 @@ impl Remote {
         world_size: u32,
         ckpt: &GradientCheckpoint,
     ) -> Result<ShardInfo> {
-        self.coordinator()
-            .commit_shard(step, rank, world_size, ckpt)
+        let source = ShardSource::Owned(ckpt);
+        self.write_shard(ShardWrite::new(
+            (step, rank, world_size),
+            source,
+            ShardUpload::Complete,
+        ))
     }
 
     /// Rank `rank`'s shard of global step `step`, restored with every chunk
@@ -330,6 +389,11 @@ impl Remote {
         rank: u32,
         world_size: u32,
     ) -> Result<ShardInfo> {
-        self.coordinator().push_shard(store, step, rank, world_size)
+        let source = ShardSource::Store(store);
+        self.write_shard(ShardWrite::new(
+            (step, rank, world_size),
+            source,
+            ShardUpload::Complete,
+        ))
     }
 }

@@ -23,7 +23,7 @@ use crate::remote::global::Coordinator;
 use crate::remote::read::step::StepManifest;
 use crate::remote::BucketError;
 use crate::remote::Commit;
-use crate::{CheckpointStore, Error, GradientCheckpoint, Result};
+use crate::{Error, GradientCheckpoint, Result};
 
 /// What [`Remote::commit_shard`](crate::Remote::commit_shard) did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,20 +71,7 @@ pub struct ShardStatus {
 }
 
 impl Coordinator<'_> {
-    /// Does the work of [`Remote::commit_shard`](crate::Remote::commit_shard).
-    pub(crate) fn commit_shard(
-        &self,
-        step: u64,
-        rank: u32,
-        world_size: u32,
-        ckpt: &GradientCheckpoint,
-    ) -> Result<ShardInfo> {
-        let plan = Plan::new(ckpt);
-        self.upload_planned((step, rank, world_size), &plan, ShardUpload::Complete)
-    }
-
-    /// Check a shard's arguments as [`commit_shard`](Self::commit_shard)
-    /// does.
+    /// Check a shard's arguments as every shard write does.
     pub(crate) fn check_shard_args(
         step: u64,
         rank: u32,
@@ -117,7 +104,7 @@ impl Coordinator<'_> {
         world_size: u32,
         plan: &Plan<'_>,
         lock: &mut Lock,
-        then: ShardUpload,
+        then: &ShardUpload,
     ) -> Result<ShardInfo> {
         let (mut manifest, mut pieces, packed) = shard_manifest(plan)?;
         pieces.extend(packed);
@@ -152,12 +139,12 @@ impl Coordinator<'_> {
             finalize: Duration::ZERO,
             shard: ShardHash(hash),
         };
-        if then == ShardUpload::ChunksOnly {
+        if *then == ShardUpload::ChunksOnly {
             return Ok(info);
         }
         self.bucket
             .put(&self.bucket.layout.shard(step, &id), bytes)?;
-        if then == ShardUpload::Manifest {
+        if *then == ShardUpload::Manifest {
             return Ok(info);
         }
         let landed = Instant::now();
@@ -346,23 +333,9 @@ impl Coordinator<'_> {
     }
 }
 
-impl Coordinator<'_> {
-    /// Does the work of [`Remote::push_shard`](crate::Remote::push_shard).
-    pub(crate) fn push_shard(
-        &self,
-        store: &CheckpointStore,
-        step: u64,
-        rank: u32,
-        world_size: u32,
-    ) -> Result<ShardInfo> {
-        let ckpt = store.get(step)?.ok_or(Error::StepNotFound { step })?;
-        self.commit_shard(step, rank, world_size, &ckpt)
-    }
-}
-
-/// How far a shard upload goes after its chunks
-/// ([`Remote::upload_shard_borrowed`](crate::Remote::upload_shard_borrowed)).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// How far a shard write goes after its chunks
+/// ([`ShardWrite::then`](crate::ShardWrite::then)).
+#[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ShardUpload {
     /// Nothing more: the chunks are in the bucket, named by no shard
@@ -379,12 +352,20 @@ pub enum ShardUpload {
     /// there, once every rank's shard of this save is: never with a shard
     /// of another save of the step, whatever its world size.
     RankLocal(SaveId),
+    /// The manifest, then the step's commit naming exactly these shards
+    /// (every rank's, by rank, as [`ShardInfo::shard`] named them; this
+    /// rank's entry is the shard just written, `None` will do), each
+    /// other checked there and whole first, under one push lock: a
+    /// coordinator's save in one lock cycle (as
+    /// [`Remote::upload_shard_and_commit`](crate::Remote::upload_shard_and_commit)).
+    /// No commit is written if the upload fails.
+    Commit(Vec<Option<ShardHash>>),
 }
 
 impl ShardUpload {
     /// The save a rank-local upload names.
-    fn save(self) -> Option<SaveId> {
-        match self {
+    fn save(&self) -> Option<SaveId> {
+        match *self {
             ShardUpload::RankLocal(save) => Some(save),
             _ => None,
         }

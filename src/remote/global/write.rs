@@ -1,0 +1,87 @@
+//! One shard write ([`Remote::write_shard`](crate::Remote::write_shard)),
+//! after `object_store`'s `put_opts`: the shard (step, rank, world size),
+//! where its bytes come from and how far the write goes, as values. The
+//! other shard calls of `Remote` are conveniences over it.
+
+use std::collections::BTreeMap;
+
+use crate::engine::plan::{check_borrowed, Plan};
+use crate::remote::global::shards::ShardUpload;
+use crate::remote::global::Coordinator;
+use crate::remote::ShardInfo;
+use crate::{CheckpointStore, Error, GradientCheckpoint, Result, TensorRef};
+
+/// Where the bytes of a shard come from ([`ShardWrite`]).
+#[derive(Clone, Copy)]
+#[non_exhaustive]
+pub enum ShardSource<'a> {
+    /// A checkpoint in memory.
+    Owned(&'a GradientCheckpoint),
+    /// A checkpoint with these tensors added, whose bytes are hashed and
+    /// uploaded from where they lie: no copy of them is made (the Python
+    /// package uploads numpy arrays and torch tensors this way). A name
+    /// of the tensors that is also a blob or tensor of the checkpoint is
+    /// refused.
+    Borrowed(&'a GradientCheckpoint, &'a BTreeMap<String, TensorRef<'a>>),
+    /// The shard's step of a local store, read and hashed in Rust (chunks
+    /// the bucket holds are neither read nor hashed again).
+    Store(&'a CheckpointStore),
+}
+
+/// A write of rank `rank`'s shard of global step `step` of `world_size`
+/// ranks: its bytes (`source`) and how far the write goes (`then`).
+#[non_exhaustive]
+pub struct ShardWrite<'a> {
+    /// The step.
+    pub step: u64,
+    /// This shard's rank.
+    pub rank: u32,
+    /// The number of ranks.
+    pub world_size: u32,
+    /// Where its bytes come from.
+    pub source: ShardSource<'a>,
+    /// How far the write goes after its chunks.
+    pub then: ShardUpload,
+}
+
+impl<'a> ShardWrite<'a> {
+    /// The write of shard `(step, rank, world_size)` from `source`, as
+    /// far as `then`.
+    pub fn new(
+        (step, rank, world_size): (u64, u32, u32),
+        source: ShardSource<'a>,
+        then: ShardUpload,
+    ) -> ShardWrite<'a> {
+        ShardWrite {
+            step,
+            rank,
+            world_size,
+            source,
+            then,
+        }
+    }
+}
+
+impl Coordinator<'_> {
+    /// Does the work of [`Remote::write_shard`](crate::Remote::write_shard).
+    pub(crate) fn write_shard(&self, write: ShardWrite<'_>) -> Result<ShardInfo> {
+        let shard = (write.step, write.rank, write.world_size);
+        let stored;
+        let plan = match write.source {
+            ShardSource::Owned(ckpt) => Plan::new(ckpt),
+            ShardSource::Borrowed(ckpt, tensors) => {
+                check_borrowed(ckpt, tensors)?;
+                Plan::with_borrowed(ckpt, tensors)
+            }
+            ShardSource::Store(store) => {
+                let step = write.step;
+                stored = store.get(step)?.ok_or(Error::StepNotFound { step })?;
+                Plan::new(&stored)
+            }
+        };
+        match write.then {
+            ShardUpload::Commit(shards) => self.upload_and_commit(shard, &plan, &shards),
+            how => self.upload_planned(shard, &plan, &how),
+        }
+    }
+}
