@@ -407,6 +407,7 @@ class OpenedBucket:
         self.commit: Optional[str] = opened.commit
         self._by_rank: Dict[int, Dict[str, Tuple[Optional[str], Optional[List[int]], int]]] = {}
         self._step, self._url = step, url
+        self._document: Optional[bytes] = None  # DCP's metadata, once read
 
     def _entries(self, rank: int) -> Dict[str, Tuple[Optional[str], Optional[List[int]], int]]:
         """Rank `rank`'s entries, its shard read once."""
@@ -415,13 +416,24 @@ class OpenedBucket:
             found = self._by_rank[rank] = self._remote.entries(self._opened, rank)
         return found
 
+    def _global_document(self) -> Optional[bytes]:
+        """DCP's metadata of a save with collectives (rank 0's shard, read
+        once: what every load of such a step reads first); None for a
+        rank-local save (told by rank 0's shard) or no DCP save."""
+        if self._document is None:
+            self._document = self._remote.dcp_metadata(self._opened)
+        return self._document
+
     def metadata(self) -> bytes:
-        metadata = self._remote.dcp_metadata(self._opened)
+        metadata = self._global_document()
         if metadata is None:
             raise ValueError(f"step {self._step} of {self._url} was not saved by ckptstore.dcp")
         return metadata
 
     def rank_metadata(self, rank: int) -> Optional[Tuple[int, bytes]]:
+        # A step saved with collectives costs its load nothing more here.
+        if self._global_document() is not None:
+            return None
         world = self._opened.world_size
         rank %= world
         found = self._entries(rank).get(RANK_METADATA)
