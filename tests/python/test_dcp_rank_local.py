@@ -69,6 +69,25 @@ def test_a_rank_local_save_loads_at_other_world_sizes_bit_identical(tmp_path, sa
     _loaded(url, 5, loaded, salt=2)
 
 
+def test_a_resharded_load_given_its_group_reads_each_rank_s_metadata_once_and_hands_it_on(tmp_path):
+    url = f"file://{tmp_path}/bucket"
+    _saved_rank_locally(url, 5, 4, salt=3)
+    group = {"CKPT_LOAD_GROUP": "1"}
+    for env, reads in (({}, [[0, 1, 2, 3]] * 2), (group, [[0, 2], [1, 3]])):
+        for rank, (_, text) in enumerate(_loaded(url, 5, 2, salt=3, env=env)):
+            assert _lines(text, "metadata ") == [str(reads[rank])], text
+            calls = eval(_lines(text, "collectives ")[0])  # noqa: S307 - the worker's own list
+            # The exchange is one all_gather_object beside DCP's and the
+            # striped load's own.
+            assert calls.count("all_gather_object") == (2 if env else 1), calls
+    # A rank that fails to read its part fails the load on every rank,
+    # and none waits out a timeout.
+    failing = {**group, "CKPT_FAIL_IN_READ": "1", "CKPT_PG_TIMEOUT": "600"}
+    out = run("load", url, 5, 2, salt=3, env=failing, expect_ok=False)
+    assert "injected: the bucket failed this read" in out[1][1], out[1][1]
+    assert "member 1 of the load's process group failed" in out[0][1], out[0][1]
+
+
 def test_plain_tensors_each_rank_holds_alone_load_at_the_same_and_a_smaller_world(tmp_path):
     # Not DTensors: `own.<rank>` is in rank <rank>'s shard only.
     url = f"file://{tmp_path}/bucket"

@@ -20,8 +20,10 @@ CKPT_BIG_ROWS=N gives model.big N rows (1100: 1.3 MB, two chunks).
 CKPT_PER_RANK=1 adds a plain tensor `own.<rank>` that only that rank
 holds (a load checks its own).
 Loads: CKPT_REPLICATE=1 places every tensor Replicate (saves too);
-CKPT_FAN_OUT=0 loads with fan_out=False; CKPT_RANK_LOCAL=0 with rank_local=False; CKPT_STRIPE_CHUNKS=N cuts a
-striped load's stripes at N chunks; a load prints "read <bytes>", what
+CKPT_FAN_OUT=0 loads with fan_out=False; CKPT_LOAD_GROUP=1 with
+process_group=dist.group.WORLD (a load prints "metadata [...]", the
+ranks whose rank-local metadata it read); CKPT_RANK_LOCAL=0 with
+rank_local=False; CKPT_STRIPE_CHUNKS=N cuts a striped load's stripes at N chunks; a load prints "read <bytes>", what
 the rank asked of the bucket or the local store. CKPT_DIE_IN_READ=R kills rank R at its
 first read of the bucket or of the store's state, CKPT_FAIL_IN_READ=R
 makes it raise there; CKPT_FLIP_SENT=R makes rank R flip a byte of each
@@ -97,6 +99,10 @@ def own(rank, salt):
     return torch.arange(257, dtype=torch.float32) + rank * 1000 + salt
 
 
+# Whose rank-local metadata this rank read (printed "metadata [...]").
+METADATA_READS = []
+
+
 def count_reads(rank):
     """Count the bytes this rank asks of the bucket or the local store
     (into a one-item list),
@@ -104,7 +110,7 @@ def count_reads(rank):
     import ckptstore
     import ckptstore.dcp.stripes._run
     import ckptstore.dcp.stripes._plan
-    from ckptstore._ckptstore import CHUNK_BYTES
+    from ckptstore._ckptstore import CHUNK_BYTES, DCP_RANK_METADATA
 
     if os.environ.get("CKPT_STRIPE_CHUNKS"):
         ckptstore.dcp.stripes._plan.STRIPE = int(os.environ["CKPT_STRIPE_CHUNKS"]) * CHUNK_BYTES
@@ -129,6 +135,7 @@ def count_reads(rank):
             if fail:
                 raise OSError("injected: the bucket failed this read")
             read[0] += sum(p[3] for p in pieces)
+            METADATA_READS.extend(p[0] for p in pieces if p[1] == DCP_RANK_METADATA)
             return _original(self, opened, pieces, *rest)
 
         setattr(ckptstore.Remote, name, counted)
@@ -274,8 +281,10 @@ def main():
         loaded = state(mesh, salt, empty=True)
         fan_out = os.environ.get("CKPT_FAN_OUT") != "0"
         rank_local = os.environ.get("CKPT_RANK_LOCAL") != "0"
+        group = dist.group.WORLD if os.environ.get("CKPT_LOAD_GROUP") == "1" and port else None
         reader = StorageReader(
-            target, None if step < 0 else step, fan_out=fan_out, timeout=TIMEOUT, rank_local=rank_local
+            target, None if step < 0 else step, fan_out=fan_out, timeout=TIMEOUT, rank_local=rank_local,
+            process_group=group,
         )
         trace = os.environ.get("CKPT_TRACE") == "1"
         if trace:
@@ -294,6 +303,7 @@ def main():
             tracemalloc.stop()
         print(f"read {read[0]}", flush=True)
         print(f"shards {sorted(set(read[1:]))}", flush=True)
+        print(f"metadata {sorted(METADATA_READS)}", flush=True)
         for name in SPECS:
             t = loaded[name]
             got = t.full_tensor() if hasattr(t, "full_tensor") else t

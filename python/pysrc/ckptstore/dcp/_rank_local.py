@@ -9,7 +9,7 @@ import math
 import os
 import threading
 import uuid
-from typing import Any, Dict, Hashable, List, Tuple
+from typing import Any, Dict, Hashable, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -71,6 +71,42 @@ def _job_nonce() -> str:
     with _lock:
         _nonce[id(group)] = agreed
     return agreed
+
+
+def hand_on(
+    group: "dist.ProcessGroup",
+    opened: Tuple[Any, Any],
+    saved: int,
+    part: Dict[int, bytes],
+    failure: Optional[BaseException],
+    what: str,
+) -> Optional[List[bytes]]:
+    """One `all_gather_object` over `group` (the load's: every member
+    calls this at once, DCP reading metadata on every rank before its
+    first collective) of what each member opened (`opened`: step and
+    commit), the metadata documents it read of the `saved` ranks of a
+    rank-local save (`part`, by rank) and its failure, if any. Raises a
+    member's failure on every member; returns every saved rank's
+    document, by rank, where the members opened the same save and their
+    parts cover every rank, else None (each then reads what it needs
+    itself: a member opened another save of the step, saved again
+    meanwhile, or the step is not read whole)."""
+    parts: List[Any] = [None] * dist.get_world_size(group)
+    told = None if failure is None else f"{type(failure).__name__}: {failure}"
+    dist.all_gather_object(parts, (opened, told, part), group=group)
+    if failure is not None:
+        raise failure
+    for member, (_, failed, _) in enumerate(parts):
+        if failed is not None:
+            raise RuntimeError(f"{what}: member {member} of the load's process group failed: {failed}")
+    docs: Dict[int, bytes] = {}
+    for other, _, got in parts:
+        if other != opened:
+            return None
+        docs.update(got)
+    if saved == 0 or sorted(docs) != list(range(saved)):
+        return None
+    return [docs[r] for r in range(saved)]
 
 
 def merged(ranks: List[Metadata]) -> Metadata:

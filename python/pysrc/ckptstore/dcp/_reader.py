@@ -58,7 +58,18 @@ class StorageReader(_storage.StorageReader):
     from the metadata it saved and reads only its own shard (a state
     sharded otherwise than when saved is refused; `rank_local=False`
     loads it as at any other world size: every rank reads every rank's
-    metadata, the global view, and the load is striped)."""
+    metadata, the global view, and the load is striped).
+
+    `process_group`: the group `dcp.load` runs over (`dist.group.WORLD`
+    for the default group). Given, each load makes one `all_gather_object`
+    over it as its ranks open the step (a rank that fails to open it
+    fails the load on every rank there), and a load of a rank-local step
+    at another world size reads each saved rank's metadata once, on one
+    rank of the group, which hands it on in that exchange; without it,
+    every rank reads every saved rank's metadata. DCP hands a reader no
+    group, and a collective over another group than the load's would
+    wait on processes that are not loading: hence the keyword. A reader
+    sent to another process goes without it."""
 
     def __init__(
         self,
@@ -68,11 +79,15 @@ class StorageReader(_storage.StorageReader):
         fan_out: bool = True,
         timeout: Optional[timedelta] = None,
         rank_local: bool = True,
+        process_group: "Optional[dist.ProcessGroup]" = None,
     ) -> None:
         super().__init__()
         self._target = target
         self._from = load_target(target)
         self._fan_out, self._timeout, self._rank_local = fan_out, timeout, bool(rank_local)
+        if process_group is not None and dist.get_rank(process_group) < 0:
+            raise ValueError("StorageReader: this process is not a member of the process_group given")
+        self._process_group = process_group
         self._group: Optional[Group] = None
         self._step = None if step is None else step_number(step)
         self._resolved: Optional[int] = None
@@ -115,43 +130,88 @@ class StorageReader(_storage.StorageReader):
     # rank-local save loaded at its own world size is read rank-locally
     # all the same: each rank from its own metadata, `_open`.)
     def read_metadata(self) -> Metadata:
-        step = self._step if self._step is not None else self._from.latest()
-        if step is None:
-            raise FileNotFoundError(f"{self._from.description} holds no complete step")
-        self._open(step, None)
+        group = self._process_group
+        if group is not None and dist.get_world_size(group) > 1:
+            self._open_together(group)
+        else:
+            self._open(self._step_to_read(), None)
         metadata: Metadata = self._metadata
         return metadata
 
+    def _step_to_read(self) -> int:
+        step = self._step if self._step is not None else self._from.latest()
+        if step is None:
+            raise FileNotFoundError(f"{self._from.description} holds no complete step")
+        return step
+
     def _open(self, step: int, commit: Optional[str]) -> None:
-        """Open `step` (exactly `commit`, if given) and read its metadata:
-        the coordinator's; of a rank-local save, this rank's own where it
-        is loaded at the world size it was saved at (each rank plans from
-        its own and reads only its own shard: `_local`), else every
-        rank's, merged."""
+        """Open `step` (exactly `commit`, if given) and read its metadata."""
+        self._read_metadata(self._opened_step(step, commit), None)
+
+    def _open_together(self, group: "dist.ProcessGroup") -> None:
+        """`read_metadata` over the load's group (`process_group`): every
+        member opens the step, reads its part of the saved ranks'
+        metadata where the step is a rank-local save read whole (saved
+        rank r by member r modulo the group's size) and joins one
+        exchange, which hands the parts on and a member's failure to
+        every member."""
+        me, size = dist.get_rank(group), dist.get_world_size(group)
+        own: Optional[Tuple[int, bytes]] = None
+        part: Dict[int, bytes] = {}
+        failure: Optional[BaseException] = None
+        try:
+            own = self._opened_step(self._step_to_read(), None)
+            if own is not None and self._merges(own):
+                part = {r: self._rank_doc(r, own) for r in range(me, own[0], size)}
+        except Exception as e:  # noqa: BLE001 (handed to every member)
+            failure = e
+        what = f"opening step {self._resolved} of {self._from.description}"
+        saved = own[0] if own is not None else 0
+        docs = _rank_local.hand_on(group, (self._resolved, self._commit), saved, part, failure, what)
+        self._read_metadata(own, docs)
+
+    def _opened_step(self, step: int, commit: Optional[str]) -> Optional[Tuple[int, bytes]]:
+        """Open `step` (exactly `commit`, if given); of a rank-local save,
+        its world size and this rank's metadata document (of rank `dist
+        rank` modulo that world), else None."""
         self._resolved, self._commit, self._opened, self._local = step, None, None, None
         self._opened = self._from.open(step, commit)
         self._commit = self._opened.commit
-        rank, world = _rank_local.world()
-        own = self._opened.rank_metadata(rank)
+        return self._opened.rank_metadata(_rank_local.world()[0])
+
+    def _merges(self, own: Tuple[int, bytes]) -> bool:
+        """Whether a load of the rank-local save `own` reads every
+        saved rank's metadata: at another world size, or asked to."""
+        return not (own[0] == _rank_local.world()[1] > 1 and self._rank_local)
+
+    def _read_metadata(self, own: Optional[Tuple[int, bytes]], docs: Optional[List[bytes]]) -> None:
+        """The opened step's metadata: the coordinator's; of a rank-local
+        save, this rank's own where it is loaded at the world size it was
+        saved at (each rank plans from its own and reads only its own
+        shard: `_local`), else every saved rank's (`docs` where handed on,
+        else read here), merged."""
+        assert self._opened is not None
         if own is None:
             metadata = _document.from_json(self._opened.metadata())
-        elif own[0] == world > 1 and self._rank_local:
+        elif not self._merges(own):
             metadata = self._local = _document.from_json(own[1])
         else:
-            metadata = _rank_local.merged([self._rank_doc(r, own) for r in range(own[0])])
+            if docs is None:
+                docs = [self._rank_doc(r, own) for r in range(own[0])]
+            metadata = _rank_local.merged([_document.from_json(doc) for doc in docs])
         self._where = metadata.storage_data
         self._metadata = metadata
 
-    def _rank_doc(self, rank: int, own: Tuple[int, bytes]) -> Metadata:
-        """Rank `rank`'s metadata of a rank-local save; `own`, the one this
-        rank read (of rank `dist rank` modulo the saved world)."""
+    def _rank_doc(self, rank: int, own: Tuple[int, bytes]) -> bytes:
+        """Rank `rank`'s metadata document of a rank-local save; `own`, the
+        one this rank read (of rank `dist rank` modulo the saved world)."""
         assert self._opened is not None
         if rank == _rank_local.world()[0] % own[0]:
-            return _document.from_json(own[1])
+            return own[1]
         found = self._opened.rank_metadata(rank)
         if found is None:
             raise ValueError(f"step {self._resolved} of {self._from.description}: rank {rank}'s shard has no metadata")
-        return _document.from_json(found[1])
+        return found[1]
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self._where = metadata.storage_data
