@@ -123,6 +123,37 @@ fn bad_urls_and_unreachable_servers_are_one_line_errors() -> Result {
     Ok(())
 }
 
+/// An `https://` endpoint is spoken to over TLS (the client's crypto
+/// provider is there: a build without one panics at its first request):
+/// the server sees a TLS handshake begin, and a server that then hangs
+/// up is a one-line error.
+#[test]
+fn an_https_endpoint_gets_a_tls_handshake() -> Result {
+    use std::io::Read;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let port = listener.local_addr()?.port();
+    let server = std::thread::spawn(move || -> std::io::Result<Vec<u8>> {
+        let (mut conn, _) = listener.accept()?;
+        let mut first = vec![0u8; 3];
+        conn.read_exact(&mut first)?;
+        Ok(first)
+    });
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ckpt"))
+        .args(["ls", "s3://nobucket/x", "--retry-window", "2"])
+        .env("AWS_ENDPOINT_URL", format!("https://127.0.0.1:{port}"))
+        .env("AWS_ACCESS_KEY_ID", "x")
+        .env("AWS_SECRET_ACCESS_KEY", "y")
+        .env("AWS_REGION", "garage")
+        .output()?;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.lines().count() == 1 && !err.contains("panicked"), "{err}");
+    let first = server.join().map_err(|_| "the server thread panicked")??;
+    // A TLS record of type handshake (22), version 3.x.
+    assert_eq!(&first[..2], &[0x16, 0x03], "{first:?}");
+    Ok(())
+}
+
 /// A mistyped `file://` URL is an error for the commands that read, and
 /// creates nothing; a pull that fails leaves no new store behind; a step
 /// missing from a bucket is said to be missing from that bucket.
