@@ -147,7 +147,10 @@ fn an_https_endpoint_gets_a_tls_handshake() -> Result {
         .output()?;
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(err.lines().count() == 1 && !err.contains("panicked"), "{err}");
+    assert!(
+        err.lines().count() == 1 && !err.contains("panicked"),
+        "{err}"
+    );
     let first = server.join().map_err(|_| "the server thread panicked")??;
     // A TLS record of type handshake (22), version 3.x.
     assert_eq!(&first[..2], &[0x16, 0x03], "{first:?}");

@@ -9,6 +9,7 @@ mod common;
 
 mod cli;
 mod cluster;
+mod compressed;
 mod coordinated;
 mod counted;
 mod faults;

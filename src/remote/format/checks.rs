@@ -12,6 +12,7 @@ use crate::remote::format::layout::{
 use crate::remote::format::manifest::{
     RemoteBlob, RemoteManifest, RemotePlace, RemoteTail, RemoteTensor,
 };
+use crate::remote::format::stored::Stored;
 use crate::{Dtype, Tensor};
 
 impl RemoteManifest {
@@ -67,16 +68,18 @@ impl RemoteManifest {
         Ok(total)
     }
 
-    /// Format 3: every chunk it names lies inside a pack it lists; other
-    /// formats list no packs.
+    /// Formats 3 and 4: every chunk it names lies inside a pack it lists,
+    /// stored compressed only in format 4 and then in fewer bytes than its
+    /// own; other formats list no packs.
     fn check_packs(&self) -> std::result::Result<(), String> {
         let (packs, index) = match (&self.packs, &self.index) {
-            (None, None) if self.format != ManifestFormat::Packs => return Ok(()),
-            (Some(packs), Some(index)) if self.format == ManifestFormat::Packs => (packs, index),
+            (None, None) if !self.format.has_packs() => return Ok(()),
+            (Some(packs), Some(index)) if self.format.has_packs() => (packs, index),
             _ => {
                 return Err(format!(
-                    "packs and an index belong to manifest format {}, not {}",
+                    "packs and an index belong to manifest formats {} and {}, not {}",
                     ManifestFormat::Packs,
+                    ManifestFormat::Compressed,
                     self.format
                 ))
             }
@@ -84,16 +87,26 @@ impl RemoteManifest {
         if packs.len() > index.len() {
             return Err(format!("{} packs for {} chunks", packs.len(), index.len()));
         }
+        let compressed = self.format == ManifestFormat::Compressed;
         let mut named = 0usize;
         let mut check = |hash: &HexHash, len: u64| -> std::result::Result<(), String> {
             named += 1;
-            let Some(&(pack, at)) = index.get(hash) else {
+            let Some(entry) = index.get(hash) else {
                 return Err(format!("chunk {hash} is in no pack"));
             };
-            let inside = usize::try_from(pack)
+            if let Stored::Zstd { len: n, .. } = entry.stored {
+                if !compressed || n == 0 || n >= len {
+                    return Err(format!(
+                        "chunk {hash} of {len} bytes is stored compressed in {n} (manifest format {})",
+                        self.format
+                    ));
+                }
+            }
+            let stored = entry.stored.len(len);
+            let inside = usize::try_from(entry.pack)
                 .ok()
                 .and_then(|p| packs.get(p))
-                .is_some_and(|p| at.checked_add(len).is_some_and(|end| end <= p.len));
+                .is_some_and(|p| entry.at.checked_add(stored).is_some_and(|end| end <= p.len));
             if !inside {
                 return Err(format!("chunk {hash} lies outside its pack"));
             }
@@ -262,19 +275,76 @@ mod tests {
             .expect_err("overflow");
         assert!(huge.contains("outside"), "{huge}");
         // A format this build does not know is refused as it is decoded.
-        for unknown in [0, 4, u32::MAX] {
+        for unknown in [0, 5, u32::MAX] {
             let newer = serde_json::from_value::<RemoteManifest>(json(unknown, 100, 228, &h))
                 .expect_err("an unknown format")
                 .to_string();
             assert!(
                 newer.contains(&format!(
-                    "manifest format {unknown} (this build reads 1 to 3)"
+                    "manifest format {unknown} (this build reads 1 to 4)"
                 )),
                 "{newer}"
             );
         }
         let bare = manifest(3, 100, 228, &h).check(1).expect_err("no packs");
         assert!(bare.contains("packs and an index"), "{bare}");
+    }
+
+    /// A step of one blob of one 1 MiB - 128 B chunk in a pack of
+    /// `pack_len` bytes, at index entry `entry`.
+    fn packed(format: u32, entry: &serde_json::Value, pack_len: u64) -> RemoteManifest {
+        let (h, p) = ("ab".repeat(32), "cd".repeat(32));
+        serde_json::from_value(serde_json::json!({
+            "format": format, "step": 1, "timestamp": 0, "loss_cid": null, "metrics": {},
+            "graph": {"edges": [], "nodes": {}},
+            "blobs": {"w": {"len": (1 << 20) - 128, "chunks": [h]}},
+            "packed": null,
+            "packs": [{"hash": p, "len": pack_len}],
+            "index": {h: entry},
+        }))
+        .expect("a manifest")
+    }
+
+    #[test]
+    fn a_compressed_chunk_is_checked_before_it_is_read() {
+        let raw = (1u64 << 20) - 128;
+        let ok = |format, entry: serde_json::Value, len| packed(format, &entry, len).check(1);
+        assert_eq!(ok(3, serde_json::json!([0, 0]), raw), Ok(raw));
+        assert_eq!(ok(4, serde_json::json!([0, 0]), raw), Ok(raw));
+        assert_eq!(ok(4, serde_json::json!([0, 10, 500, 2]), 510), Ok(raw));
+        for (format, entry, len, why) in [
+            // Compressed only in format 4.
+            (
+                3,
+                serde_json::json!([0, 0, 500, 2]),
+                500,
+                "stored compressed",
+            ),
+            // Not fewer bytes than its own, or none.
+            (
+                4,
+                serde_json::json!([0, 0, raw, 2]),
+                raw,
+                "stored compressed",
+            ),
+            (4, serde_json::json!([0, 0, 0, 2]), raw, "stored compressed"),
+            // Its stored bytes past its pack's end.
+            (
+                4,
+                serde_json::json!([0, 11, 500, 2]),
+                510,
+                "outside its pack",
+            ),
+            (
+                4,
+                serde_json::json!([0, u64::MAX, 500, 2]),
+                510,
+                "outside its pack",
+            ),
+        ] {
+            let e = ok(format, entry, len).expect_err("refused");
+            assert!(e.contains(why), "{e}");
+        }
     }
 
     #[test]

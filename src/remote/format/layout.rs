@@ -90,6 +90,17 @@ pub(crate) enum ManifestFormat {
     Tails = 2,
     /// Every chunk in a pack object (`packs`, `index`).
     Packs = 3,
+    /// As `Packs`, and a chunk may be stored compressed (its index entry
+    /// names its stored form). Written only where one is, so that a step
+    /// of raw chunks stays readable by builds that read format 3.
+    Compressed = 4,
+}
+
+impl ManifestFormat {
+    /// Whether its chunks lie in packs (`packs`, `index`).
+    pub(crate) fn has_packs(self) -> bool {
+        matches!(self, ManifestFormat::Packs | ManifestFormat::Compressed)
+    }
 }
 
 impl TryFrom<u32> for ManifestFormat {
@@ -100,7 +111,8 @@ impl TryFrom<u32> for ManifestFormat {
             1 => Ok(ManifestFormat::Chunks),
             2 => Ok(ManifestFormat::Tails),
             3 => Ok(ManifestFormat::Packs),
-            n => Err(format!("manifest format {n} (this build reads 1 to 3)")),
+            4 => Ok(ManifestFormat::Compressed),
+            n => Err(format!("manifest format {n} (this build reads 1 to 4)")),
         }
     }
 }

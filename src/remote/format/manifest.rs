@@ -120,12 +120,12 @@ impl RemoteManifest {
 impl RemoteManifest {
     /// The hash a push judges a store's step by before packing it (its
     /// manifest in format 1, no packs), for a step a push packed (format
-    /// 3, no blob tails); None for any other (formats 1 and 2 are named by
+    /// 3 or 4, no blob tails); None for any other (formats 1 and 2 are named by
     /// that hash already). Retention marks a deleted step under both
     /// hashes, so that a push that lists the bucket finds the marker.
     pub(crate) fn unpacked_hash(&self) -> crate::Result<Option<Hash>> {
         let tails = self.blobs.values().any(|b| b.tail().is_some());
-        if self.format != ManifestFormat::Packs || tails {
+        if !self.format.has_packs() || tails {
             return Ok(None);
         }
         let mut plain = self.clone();
@@ -300,7 +300,12 @@ mod tests {
             hash: HexHash([0xcd; 32]),
             len: 1 << 20,
         }]);
-        packed.index = Some([(HexHash([0xab; 32]), (0, 0))].into());
+        let entry = crate::remote::format::pack_format::IndexEntry {
+            pack: 0,
+            at: 0,
+            stored: crate::remote::format::stored::Stored::Raw,
+        };
+        packed.index = Some([(HexHash([0xab; 32]), entry)].into());
         // Read back from its bytes, as retention reads it.
         let (bytes, packed_hash) = encode(7, &packed)?;
         let read: RemoteManifest = serde_json::from_slice(&bytes).expect("decodes");

@@ -1,7 +1,8 @@
 //! The bucket format: hashes as its objects hold them (`hash`), object
 //! names and the small objects' serde types
 //! (`layout`), a step's manifest (`manifest`), bucket format 3's pack
-//! names and index (`pack_format`), what a manifest needs and where its
+//! names and index (`pack_format`), a chunk's stored form in a pack
+//! (`stored`, format 4's compression), what a manifest needs and where its
 //! chunks lie (`objects`), and the checks every object read passes before
 //! it is relied on (`checks`).
 
@@ -11,3 +12,4 @@ pub(crate) mod layout;
 pub(crate) mod manifest;
 pub(crate) mod objects;
 pub(crate) mod pack_format;
+pub(crate) mod stored;

@@ -1,24 +1,27 @@
 //! What a bucket manifest needs and where its chunks lie: its chunk
-//! objects (formats 1 and 2) or ranges of its packs (format 3).
+//! objects (formats 1 and 2) or ranges of its packs (formats 3 and 4).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use crate::format::manifest::Hash;
 use crate::remote::format::hash::HexHash;
 use crate::remote::format::manifest::{RemoteBlob, RemoteManifest};
 use crate::remote::format::pack_format::{Location, Object};
+use crate::remote::format::stored::{Stored, Width};
+use crate::Dtype;
 
 impl RemoteManifest {
-    /// Where chunk `hash` lies: its own object (formats 1 and 2), or a
-    /// range of a pack (format 3); `None` if a format 3 manifest does not
-    /// index it (refused by its checks).
-    pub(crate) fn locate(&self, hash: &Hash) -> Option<(Object, Option<u64>)> {
+    /// Where chunk `hash` lies and what is stored of it there: its own
+    /// object (formats 1 and 2), or a range of a pack (formats 3 and 4);
+    /// `None` if a manifest with packs does not index it (refused by its
+    /// checks).
+    pub(crate) fn locate(&self, hash: &Hash) -> Option<(Object, Option<u64>, Stored)> {
         let (Some(packs), Some(index)) = (&self.packs, &self.index) else {
-            return Some((Object::Chunk(*hash), None));
+            return Some((Object::Chunk(*hash), None, Stored::Raw));
         };
-        let &(pack, at) = index.get(&HexHash(*hash))?;
-        let pack = packs.get(usize::try_from(pack).ok()?)?;
-        Some((Object::Pack(pack.hash.0), Some(at)))
+        let entry = index.get(&HexHash(*hash))?;
+        let pack = packs.get(usize::try_from(entry.pack).ok()?)?;
+        Some((Object::Pack(pack.hash.0), Some(entry.at), entry.stored))
     }
 
     /// The objects it needs: its packs (format 3), else its chunks and
@@ -51,19 +54,20 @@ impl RemoteManifest {
 }
 
 impl RemoteManifest {
-    /// Each chunk's location (format 3; none for other formats).
+    /// Each chunk's location (formats 3 and 4; none for other formats).
     pub(crate) fn locations(&self) -> Vec<(Hash, Location)> {
         let (Some(packs), Some(index)) = (&self.packs, &self.index) else {
             return Vec::new();
         };
         index
             .iter()
-            .filter_map(|(chunk, &(pack, at))| {
-                let pack = packs.get(usize::try_from(pack).ok()?)?;
+            .filter_map(|(chunk, entry)| {
+                let pack = packs.get(usize::try_from(entry.pack).ok()?)?;
                 let location = Location {
                     pack: pack.hash.0,
                     pack_len: pack.len,
-                    at,
+                    at: entry.at,
+                    stored: entry.stored,
                 };
                 Some((chunk.0, location))
             })
@@ -86,6 +90,28 @@ impl RemoteManifest {
             .map(|(h, n)| (h.0, n))
             .filter(|(h, _)| seen.insert(*h))
             .collect()
+    }
+}
+
+impl RemoteManifest {
+    /// The element width of each chunk of its tensors' (by which a chunk
+    /// is split into byte planes where it is compressed).
+    pub(crate) fn chunk_widths(&self) -> HashMap<Hash, Width> {
+        let mut widths = HashMap::new();
+        for blob in self.blobs.values() {
+            let Some(dtype) = blob
+                .tensor
+                .as_ref()
+                .and_then(|t| Dtype::from_name(&t.dtype))
+            else {
+                continue;
+            };
+            let width = Width::of_element(usize::try_from(dtype.bits() / 8).unwrap_or(1));
+            for hash in blob.chunks() {
+                widths.entry(hash.0).or_insert(width);
+            }
+        }
+        widths
     }
 }
 

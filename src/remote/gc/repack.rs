@@ -16,13 +16,13 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::format::manifest::{hex, Hash};
-use crate::remote::format::layout::{encode, GlobalManifest, ManifestFormat, ShardName};
+use crate::remote::format::layout::{encode, GlobalManifest, ShardName};
 use crate::remote::format::manifest::RemoteManifest;
 use crate::remote::format::pack_format::Location;
 use crate::remote::gc::Collector;
 use crate::remote::read::restore::Want;
 use crate::remote::read::step::StepManifest;
-use crate::remote::write::packs::{index_of, place_pieces};
+use crate::remote::write::packs::{format_of, index_of, place_pieces};
 use crate::remote::Commit;
 use crate::Result;
 
@@ -75,36 +75,48 @@ impl Collector<'_> {
         done: &mut Repacked,
     ) -> Result<HashMap<Hash, Location>> {
         let mut moved = HashMap::new();
+        let mut widths = HashMap::new();
+        for m in all {
+            widths.extend(m.chunk_widths());
+        }
         for pack in doomed {
-            let mut live: BTreeMap<Hash, (u64, u64, u64)> = BTreeMap::new();
+            let mut live: BTreeMap<Hash, (Location, u64, u64)> = BTreeMap::new();
             for m in all {
                 for (hash, len, loc) in chunk_places(m) {
                     if loc.pack == *pack {
-                        live.insert(hash, (loc.at, len, m.step));
+                        live.insert(hash, (loc, len, m.step));
                     }
                 }
             }
             let what = format!("repacking pack {}", hex(pack));
             let wants: Vec<Want<'_>> = live
                 .iter()
-                .map(|(hash, &(at, len, _))| Want {
+                .map(|(hash, &(loc, len, _))| Want {
                     what: &what,
                     object: crate::remote::format::pack_format::Object::Pack(*pack),
-                    at: Some(at),
+                    at: Some(loc.at),
                     len: usize::try_from(len).unwrap_or(usize::MAX),
                     hash: *hash,
+                    stored: loc.stored,
                 })
                 .collect();
             let step = live.values().next().map_or(0, |&(_, _, s)| s);
             let bytes = self.fetch(step, &wants, &mut |_| {})?;
             let pieces: Vec<(Hash, u64)> = live.iter().map(|(h, &(_, n, _))| (*h, n)).collect();
-            let (packs, placed) = place_pieces(&pieces, &HashMap::new(), self.pack_bytes);
+            let packs = place_pieces(&pieces, &HashMap::new(), self.pack_bytes);
             done.packs += packs.len() as u64;
-            self.upload_packs(packs, &mut |i| Ok(bytes[i].clone()), &mut |n| {
-                done.bytes += n;
-                Ok(())
-            })?;
-            moved.extend(placed);
+            // Stored again as this remote stores new chunks.
+            let placed = self.upload_packs(
+                &pieces,
+                packs,
+                &widths,
+                &mut |i| Ok(bytes[i].clone()),
+                &mut |n| {
+                    done.bytes += n;
+                    Ok(())
+                },
+            )?;
+            moved.extend(placed.into_iter().map(|(h, _, l)| (h, l)));
         }
         Ok(moved)
     }
@@ -160,7 +172,9 @@ fn mostly_dead(all: &[&RemoteManifest]) -> HashSet<Hash> {
     for m in all {
         for (_, len, loc) in chunk_places(m) {
             size.insert(loc.pack, loc.pack_len);
-            live.entry(loc.pack).or_default().insert((loc.at, len));
+            live.entry(loc.pack)
+                .or_default()
+                .insert((loc.at, loc.stored.len(len)));
         }
     }
     size.into_iter()
@@ -189,7 +203,7 @@ fn names_any(m: &RemoteManifest, doomed: &HashSet<Hash>) -> bool {
 
 /// `m` with its chunks where `moved` says, the others where they were.
 fn relocated(m: &RemoteManifest, moved: &HashMap<Hash, Location>) -> Result<RemoteManifest> {
-    if m.format != ManifestFormat::Packs {
+    if !m.format.has_packs() {
         return Ok(m.clone());
     }
     let old: HashMap<Hash, Location> = m.locations().into_iter().collect();
@@ -198,6 +212,7 @@ fn relocated(m: &RemoteManifest, moved: &HashMap<Hash, Location>) -> Result<Remo
     let (packs, index) = index_of(order, locate)
         .ok_or_else(|| crate::Error::corrupt(Some(m.step), "a chunk in no pack while repacking"))?;
     let mut m = m.clone();
+    m.format = format_of(&index);
     (m.packs, m.index) = (Some(packs), Some(index));
     m.check_to_write(m.step)?;
     Ok(m)

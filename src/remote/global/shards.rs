@@ -15,9 +15,7 @@ use crate::format::manifest::{ChunkRef, Hash};
 use crate::remote::coordination::locks::Lock;
 use crate::remote::format::hash::HexHash;
 use crate::remote::format::hash::{SaveId, ShardHash};
-use crate::remote::format::layout::{
-    encode, GlobalManifest, ManifestFormat, ShardName, MAX_WORLD_SIZE,
-};
+use crate::remote::format::layout::{encode, GlobalManifest, ShardName, MAX_WORLD_SIZE};
 use crate::remote::format::manifest::{RemoteManifest, RemotePacked};
 use crate::remote::global::Coordinator;
 use crate::remote::read::step::StepManifest;
@@ -35,9 +33,10 @@ pub struct ShardInfo {
     pub rank: u32,
     /// The number of ranks.
     pub world_size: u32,
-    /// Bytes of chunks uploaded.
+    /// Bytes of chunks uploaded, as sent (compressed where a chunk was
+    /// stored compressed: [`Remote::with_compression`](crate::Remote::with_compression)).
     pub bytes_uploaded: u64,
-    /// Bytes of chunks not uploaded because this remote knows the bucket
+    /// Bytes of chunks (their own lengths) not uploaded because this remote knows the bucket
     /// holds them (it wrote or loaded them, at any step or rank).
     pub bytes_skipped: u64,
     /// Whether the step is complete: this call found every shard there and
@@ -113,12 +112,14 @@ impl Coordinator<'_> {
         // in memory, not the shard.
         let mut read = |i: usize| Ok(bytes::Bytes::copy_from_slice(pieces[i].1));
         let mark = self.collection_mark()?;
-        let packed = self.pack(&lengths, &mut read, &mark, lock, &mut |_| Ok(()))?;
+        let widths = manifest.chunk_widths();
+        let packed = self.pack(&lengths, &widths, &mut read, &mark, lock, &mut |_| Ok(()))?;
         let (total, uploaded) = (
             lengths.iter().map(|(_, n)| n).sum::<u64>(),
             packed.bytes_uploaded,
         );
-        manifest.format = ManifestFormat::Packs;
+        let skipped = total.saturating_sub(packed.raw_bytes_uploaded);
+        manifest.format = packed.format;
         (manifest.packs, manifest.index) = (Some(packed.packs), Some(packed.index));
         let save = then.save().map(|s| HexHash(s.0));
         manifest.save = save.map(Box::new);
@@ -134,7 +135,7 @@ impl Coordinator<'_> {
             rank,
             world_size,
             bytes_uploaded: uploaded,
-            bytes_skipped: total.saturating_sub(uploaded),
+            bytes_skipped: skipped,
             complete: false,
             finalize: Duration::ZERO,
             shard: ShardHash(hash),

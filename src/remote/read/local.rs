@@ -16,7 +16,8 @@ use std::sync::Mutex;
 
 use crate::engine::hashing::{read_hashed, run_parallel};
 use crate::format::manifest::{hex, Hash};
-use crate::remote::read::restore::Want;
+use crate::remote::format::stored::Stored;
+use crate::remote::read::restore::{decoded, Want};
 use crate::remote::read::Reader;
 use crate::{Error, Result};
 
@@ -49,13 +50,15 @@ pub(crate) fn read_into<'o>(
     let not_here = Mutex::new(Vec::new());
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
     run_parallel(jobs, threads, &|_, (i, mut regions)| {
+        let want = wanted[i];
         let Want {
             what,
             object,
             at,
             len: n,
             hash,
-        } = wanted[i];
+            stored,
+        } = want;
         let path = Path::new("/").join(remote.bucket.layout.object(&object).as_ref());
         let damaged = || {
             Error::corrupt(
@@ -85,15 +88,23 @@ pub(crate) fn read_into<'o>(
         let read = |e| Error::io("read chunk", &path, e);
         // All of a chunk, or (a blob's tail) part of a packed chunk.
         let from = at.unwrap_or(0);
+        let held = want.stored_len();
         let fits = match at {
-            None => size == n as u64,
-            Some(at) => at.checked_add(n as u64).is_some_and(|end| end <= size),
+            None => size == held,
+            Some(at) => at.checked_add(held).is_some_and(|end| end <= size),
         };
         if !fits {
             return Err(damaged());
         }
         if from > 0 {
             file.seek(SeekFrom::Start(from)).map_err(read)?;
+        }
+        if stored != Stored::Raw {
+            // Compressed: read as stored, decoded and checked, then placed.
+            let mut bytes = vec![0u8; usize::try_from(held).map_err(|_| damaged())?];
+            file.read_exact(&mut bytes).map_err(read)?;
+            let chunk = decoded(want.identity(), bytes.into()).ok_or_else(damaged)?;
+            return place(step, &chunk, &mut regions);
         }
         let mut next_slice = |slice: &mut [u8], _| file.read_exact(slice);
         if let [(range, out)] = regions.as_mut_slice() {

@@ -13,6 +13,7 @@ use crate::engine::slices::ChunkSlice;
 use crate::format::manifest::Hash;
 use crate::remote::format::layout::ShardName;
 use crate::remote::format::manifest::{RemoteBlob, RemoteManifest, RemotePlace};
+use crate::remote::format::stored::Stored;
 use crate::remote::read::local::{place, Regions};
 use crate::remote::read::restore::{blob_chunks, packed_want, Want};
 use crate::remote::read::step::CommitBody;
@@ -416,12 +417,21 @@ fn parts<'a>(
         let object = packed.object;
         let hash = tail.hash.0;
         let len = usize::try_from(n).unwrap_or(usize::MAX);
+        if packed.stored != Stored::Raw {
+            // Tails are 0.4's; no writer since compresses a packed chunk
+            // that holds one.
+            return Err(Error::corrupt(
+                Some(step),
+                format!("{name:?}: a blob tail in a compressed packed chunk"),
+            ));
+        }
         let want = Want {
             what: name,
             object,
             at: Some(at),
             len,
             hash,
+            stored: Stored::Raw,
         };
         parts.push((want, start, n, 0));
     }

@@ -15,6 +15,7 @@ use crate::format::layout::packed_slice;
 use crate::format::manifest::{hex, Hash};
 use crate::remote::format::manifest::{RemoteBlob, RemoteManifest, RemotePlace, RemoteTensor};
 use crate::remote::format::pack_format::Object;
+use crate::remote::format::stored::{decompress, Stored};
 use crate::{
     CheckpointStore, CommitInfo, Dtype, Error, GradientCheckpoint, Result, SaveRecord, Tensor,
 };
@@ -32,9 +33,10 @@ const BATCH_BYTES: u64 = 64 << 20;
 const RANGE_BYTES: usize = 16 << 20;
 
 /// Bytes to fetch from the bucket and check: object `object` whole (a
-/// chunk), or (`at`) `len` of its bytes from an offset (a chunk in a pack,
-/// a blob's tail in a packed chunk); what arrives must be `len` bytes
-/// hashing to `hash`. `what` names them in errors.
+/// chunk), or (`at`) the bytes of a chunk from an offset (a chunk in a
+/// pack, a blob's tail in a packed chunk), `stored` saying what is stored
+/// of it there; what they decode to must be `len` bytes hashing to
+/// `hash`. `what` names them in errors.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Want<'a> {
     pub(crate) what: &'a str,
@@ -42,12 +44,40 @@ pub(crate) struct Want<'a> {
     pub(crate) at: Option<u64>,
     pub(crate) len: usize,
     pub(crate) hash: Hash,
+    pub(crate) stored: Stored,
+}
+
+impl Want<'_> {
+    /// The bytes its object holds of it.
+    pub(crate) fn stored_len(&self) -> u64 {
+        self.stored.len(self.len as u64)
+    }
+
+    /// What it is, without its name: what [`decoded`] needs.
+    pub(crate) fn identity(&self) -> (Hash, usize, Stored) {
+        (self.hash, self.len, self.stored)
+    }
+}
+
+/// The bytes of chunk `hash` of `len` bytes from what its object holds of
+/// them (`bytes`, stored as `stored` says), checked against its length
+/// and hash; None if they are not its bytes.
+pub(crate) fn decoded(
+    (hash, len, stored): (Hash, usize, Stored),
+    bytes: bytes::Bytes,
+) -> Option<bytes::Bytes> {
+    let raw = match stored {
+        Stored::Raw => bytes,
+        Stored::Zstd { width, .. } => decompress(&bytes, width, len).ok()?.into(),
+    };
+    let ok = raw.len() == len && *blake3::hash(&raw).as_bytes() == hash;
+    ok.then_some(raw)
 }
 
 impl<'a> Want<'a> {
     /// Chunk `hash` of `len` bytes, where `m` says it lies.
     pub(crate) fn chunk(what: &'a str, m: &RemoteManifest, hash: Hash, len: usize) -> Result<Self> {
-        let (object, at) = m.locate(&hash).ok_or_else(|| {
+        let (object, at, stored) = m.locate(&hash).ok_or_else(|| {
             Error::corrupt(
                 Some(m.step),
                 format!("{what}: chunk {} is in no pack of the manifest", hex(&hash)),
@@ -59,6 +89,7 @@ impl<'a> Want<'a> {
             at,
             len,
             hash,
+            stored,
         })
     }
 }
@@ -226,22 +257,10 @@ impl Reader<'_> {
         let key = self.bucket.layout.object(&first.object);
         let url = || self.bucket.layout.url_of(&self.bucket.url, &key);
         let corrupt = |detail: String| Error::corrupt(Some(step), detail);
-        let span = match first.at {
-            Some(from) if group.len() > 1 => {
-                let end = group
-                    .iter()
-                    .map(|&i| end_of(&wanted[i]))
-                    .max()
-                    .unwrap_or(from);
-                Want {
-                    at: Some(from),
-                    len: usize::try_from(end - from).unwrap_or(usize::MAX),
-                    ..first
-                }
-            }
-            _ => first,
-        };
-        let whole = match self.bucket.get_span(&key, span.at, span.len).await? {
+        let end = group.iter().map(|&i| end_of(&wanted[i])).max().unwrap_or(0);
+        let from = first.at.unwrap_or(0);
+        let span_len = usize::try_from(end - from).unwrap_or(usize::MAX);
+        let whole = match self.bucket.get_span(&key, first.at, span_len).await? {
             Fetched::Bytes(bytes) => bytes,
             Fetched::Short => {
                 return Err(corrupt(format!(
@@ -260,27 +279,23 @@ impl Reader<'_> {
                 )))
             }
         };
-        let base = span.at.unwrap_or(0);
-        let wants: Vec<(Hash, u64, usize)> = group
+        let wants: Vec<((Hash, usize, Stored), u64, u64)> = group
             .iter()
             .map(|&i| {
-                (
-                    wanted[i].hash,
-                    wanted[i].at.unwrap_or(0) - base,
-                    wanted[i].len,
-                )
+                let w = &wanted[i];
+                (w.identity(), w.at.unwrap_or(0) - from, w.stored_len())
             })
             .collect();
-        // Hashed on the blocking pool: the downloads in flight are checked
-        // on every core, not on the runtime's one thread.
+        // Decoded and hashed on the blocking pool: the downloads in flight
+        // are checked on every core, not on the runtime's one thread.
         let checked = tokio::task::spawn_blocking(move || {
             wants
                 .into_iter()
-                .map(|(hash, from, n)| {
-                    let from = usize::try_from(from).ok()?;
-                    let piece = whole.slice(from..from.checked_add(n)?.min(whole.len()));
-                    let ok = piece.len() == n && *blake3::hash(&piece).as_bytes() == hash;
-                    Some(ok.then_some(piece).ok_or(hash))
+                .map(|(chunk, at, n)| {
+                    let at = usize::try_from(at).ok()?;
+                    let n = usize::try_from(n).ok()?;
+                    let piece = whole.slice(at..at.checked_add(n)?.min(whole.len()));
+                    Some(decoded(chunk, piece).ok_or(chunk.0))
                 })
                 .collect::<Option<Vec<_>>>()
         })
@@ -404,7 +419,7 @@ fn coalesce(wanted: &[Want<'_>]) -> Vec<Vec<usize>> {
 
 /// Where the bytes `w` wants end in its object.
 fn end_of(w: &Want<'_>) -> u64 {
-    w.at.unwrap_or(0).saturating_add(w.len as u64)
+    w.at.unwrap_or(0).saturating_add(w.stored_len())
 }
 
 /// The checkpoint `m` describes, without its blobs and tensors.

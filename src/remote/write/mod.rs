@@ -18,13 +18,20 @@ use crate::{CheckpointStore, Result};
 #[derive(Clone, Copy)]
 pub(crate) struct Writer<'r> {
     read: Reader<'r>,
-    /// The size new pack objects are filled to.
+    /// The size new pack objects are filled to (raw bytes).
     pub(crate) pack_bytes: u64,
+    /// Whether chunks go into packs compressed where that saves bytes
+    /// (bucket format 4).
+    pub(crate) compress: bool,
 }
 
 impl<'r> Writer<'r> {
-    pub(crate) fn over(read: Reader<'r>, pack_bytes: u64) -> Writer<'r> {
-        Writer { read, pack_bytes }
+    pub(crate) fn over(read: Reader<'r>, pack_bytes: u64, compress: bool) -> Writer<'r> {
+        Writer {
+            read,
+            pack_bytes,
+            compress,
+        }
     }
 }
 

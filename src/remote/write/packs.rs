@@ -26,29 +26,30 @@ use bytes::Bytes;
 use crate::format::manifest::Hash;
 use crate::remote::coordination::locks::Lock;
 use crate::remote::format::hash::HexHash;
-use crate::remote::format::pack_format::{pack_name, Location, PackIndex, RemotePack};
+use crate::remote::format::layout::ManifestFormat;
+use crate::remote::format::pack_format::{pack_name, IndexEntry, Location, PackIndex, RemotePack};
+use crate::remote::format::stored::{self, Stored, Width};
 use crate::remote::write::Writer;
 use crate::{Error, Result};
 
 /// Packs uploaded at once, each held in memory while it goes.
 const PACKS_IN_FLIGHT: usize = 4;
 
-/// A pack to upload: its name and its chunks, by their number in the
-/// pieces it was placed from (read when it is uploaded).
+/// A pack to upload: its chunks, by their number in the pieces it was
+/// placed from (read when it is uploaded). Its name and the chunks'
+/// places in it follow from their stored forms, once it is built.
 pub(crate) struct NewPack {
-    pub(crate) name: Hash,
     pub(crate) members: Vec<usize>,
 }
 
-/// Where each of `pieces` (hash, length) new to `known` will lie: in the
-/// new packs returned (filled to `target` bytes, in order), at the
-/// locations returned (for `known` to learn once they landed).
+/// Which of `pieces` (hash, length) new to `known` go into which new pack:
+/// filled to `target` raw bytes, in order.
 pub(crate) fn place_pieces(
     pieces: &[(Hash, u64)],
     known: &HashMap<Hash, Location>,
     target: u64,
-) -> (Vec<NewPack>, HashMap<Hash, Location>) {
-    let (mut packs, mut placed) = (Vec::new(), HashMap::new());
+) -> Vec<NewPack> {
+    let mut packs = Vec::new();
     let mut open: Vec<usize> = Vec::new();
     let mut queued = std::collections::HashSet::new();
     let mut size = 0u64;
@@ -57,44 +58,95 @@ pub(crate) fn place_pieces(
             continue;
         }
         if size > 0 && size + len > target {
-            packs.push(close(pieces, &mut open, &mut placed));
+            packs.push(NewPack {
+                members: std::mem::take(&mut open),
+            });
             size = 0;
         }
         size += len;
         open.push(i);
     }
     if !open.is_empty() {
-        packs.push(close(pieces, &mut open, &mut placed));
+        packs.push(NewPack { members: open });
     }
-    (packs, placed)
+    packs
 }
 
-/// The pack of the pieces numbered `open` (emptied), whose locations
-/// `placed` learns.
-fn close(
-    pieces: &[(Hash, u64)],
-    open: &mut Vec<usize>,
-    placed: &mut HashMap<Hash, Location>,
-) -> NewPack {
-    let list: Vec<(Hash, u64)> = open.iter().map(|&i| pieces[i]).collect();
+/// A pack built from its chunks' stored forms: its name, its bytes (in
+/// parts) and where each chunk lies in it.
+struct Built {
+    name: Hash,
+    parts: Vec<Bytes>,
+    placed: Vec<(Hash, Location)>,
+}
+
+/// The pack of `chunks` (hash, raw length) stored as `stored` says.
+fn build(chunks: &[(Hash, u64)], stored: Vec<(Bytes, Stored)>) -> Built {
+    let list: Vec<(Hash, u64, Stored)> = chunks
+        .iter()
+        .zip(&stored)
+        .map(|(&(hash, len), (_, form))| (hash, len, *form))
+        .collect();
     let name = pack_name(&list);
-    let pack_len = list.iter().map(|(_, n)| n).sum();
+    let pack_len = stored.iter().map(|(b, _)| b.len() as u64).sum();
     let mut at = 0;
-    for (hash, n) in list {
-        placed.insert(
+    let mut placed = Vec::with_capacity(list.len());
+    for (hash, len, form) in list {
+        placed.push((
             hash,
             Location {
                 pack: name,
                 pack_len,
                 at,
+                stored: form,
             },
-        );
-        at += n;
+        ));
+        at += form.len(len);
     }
-    NewPack {
+    Built {
         name,
-        members: std::mem::take(open),
+        parts: stored.into_iter().map(|(b, _)| b).collect(),
+        placed,
     }
+}
+
+/// Each of `parts` in its stored form: compressed at its width where that
+/// saves enough (`stored::compress`), else raw. Runs on every core.
+fn compress_all(parts: Vec<Bytes>, widths: &[Width]) -> Vec<(Bytes, Stored)> {
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut out: Vec<Option<(Bytes, Stored)>> = vec![None; parts.len()];
+    let done = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..threads.min(parts.len()) {
+            scope.spawn(|| {
+                let Ok(mut zstd) = zstd::bulk::Compressor::new(stored::LEVEL) else {
+                    return;
+                };
+                let mut mine = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let Some(raw) = parts.get(i) else { break };
+                    let width = widths.get(i).copied().unwrap_or(Width::One);
+                    if let Some(small) = stored::compress(raw, width, &mut zstd) {
+                        let len = small.len() as u64;
+                        mine.push((i, Bytes::from(small), Stored::Zstd { len, width }));
+                    }
+                }
+                if let Ok(mut done) = done.lock() {
+                    done.extend(mine);
+                }
+            });
+        }
+    });
+    for (i, small, form) in done.into_inner().unwrap_or_default() {
+        out[i] = Some((small, form));
+    }
+    // A chunk no thread compressed (or that did not shrink) goes raw.
+    out.into_iter()
+        .zip(parts)
+        .map(|(small, raw)| small.unwrap_or((raw, Stored::Raw)))
+        .collect()
 }
 
 /// The `packs` and `index` of a format 3 manifest naming `chunks`, from
@@ -119,22 +171,52 @@ pub(crate) fn index_of(
         .collect();
     let index = located
         .iter()
-        .map(|(chunk, l)| (HexHash(*chunk), (number[&l.pack], l.at)))
+        .map(|(chunk, l)| {
+            let entry = IndexEntry {
+                pack: number[&l.pack],
+                at: l.at,
+                stored: l.stored,
+            };
+            (HexHash(*chunk), entry)
+        })
         .collect();
     Some((packs, index))
 }
 
-/// Where a writer's chunks lie: a format 3 manifest's `packs` and
-/// `index`, and what was uploaded to get there.
+/// Where a writer's chunks lie: a manifest's `format` (3, or 4 where a
+/// chunk it names is stored compressed), `packs` and `index`, and what was
+/// uploaded to get there (`bytes_uploaded` as sent, `raw_bytes_uploaded`
+/// as the chunks' own lengths).
 pub(crate) struct Packed {
+    pub(crate) format: ManifestFormat,
     pub(crate) packs: Vec<RemotePack>,
     pub(crate) index: PackIndex,
     pub(crate) bytes_uploaded: u64,
+    pub(crate) raw_bytes_uploaded: u64,
     pub(crate) chunks_uploaded: u64,
+}
+
+/// The format of a manifest with `index`: 4 where it names a chunk
+/// stored compressed, else 3 (which builds before format 4 read).
+pub(crate) fn format_of(index: &PackIndex) -> ManifestFormat {
+    if index.values().any(|e| e.stored != Stored::Raw) {
+        ManifestFormat::Compressed
+    } else {
+        ManifestFormat::Packs
+    }
 }
 
 /// Reads piece number `i` of what is being packed.
 pub(crate) type ReadPiece<'r> = dyn FnMut(usize) -> Result<Bytes> + 'r;
+
+/// The width of the elements of each chunk that is part of a tensor
+/// (`RemoteManifest::chunk_widths`), by which it is split into byte planes
+/// where it is compressed; any other chunk is cut as bytes.
+pub(crate) type Widths = HashMap<Hash, Width>;
+
+fn width_of(widths: &Widths, hash: &Hash) -> Width {
+    widths.get(hash).copied().unwrap_or(Width::One)
+}
 
 impl Writer<'_> {
     /// Put `pieces` (chunks: hash, length) in the bucket's packs under the push
@@ -149,38 +231,41 @@ impl Writer<'_> {
     pub(crate) fn pack(
         &self,
         pieces: &[(Hash, u64)],
+        widths: &Widths,
         read: &mut ReadPiece<'_>,
         mark: &[u8],
         lock: &mut Lock,
         landed: &mut dyn FnMut(u64) -> Result<()>,
     ) -> Result<Packed> {
-        let (mut bytes_uploaded, mut chunks_uploaded) = (0, 0);
+        let (mut bytes_uploaded, mut raw_bytes_uploaded, mut chunks_uploaded) = (0, 0, 0);
         self.confirm_packs(pieces, mark)?;
         loop {
-            let (new, placed) = {
+            let new = {
                 let mut known = self.known()?;
                 place_pieces(pieces, known.under(mark), self.pack_bytes)
             };
-            chunks_uploaded += placed.len() as u64;
-            let uploaded: Vec<Hash> = new.iter().map(|p| p.name).collect();
-            self.upload_packs(new, read, &mut |n| {
+            let placed = self.upload_packs(pieces, new, widths, read, &mut |n| {
                 bytes_uploaded += n;
                 landed(n)?;
                 self.refresh(lock)
             })?;
+            chunks_uploaded += placed.len() as u64;
+            raw_bytes_uploaded += placed.iter().map(|(_, n, _)| n).sum::<u64>();
             let indexed = {
                 let mut guard = self.known()?;
-                guard.confirm(mark, uploaded.into_iter());
+                guard.confirm(mark, placed.iter().map(|(_, _, l)| l.pack));
                 let known = guard.under(mark);
-                known.extend(placed);
+                known.extend(placed.into_iter().map(|(h, _, l)| (h, l)));
                 index_of(pieces.iter().map(|(h, _)| *h), |h| known.get(h).copied())
             };
             let (packs, index) =
                 indexed.ok_or_else(|| Error::corrupt(None, "a chunk placed in no pack"))?;
             let packed = |packs, index| Packed {
+                format: format_of(&index),
                 packs,
                 index,
                 bytes_uploaded,
+                raw_bytes_uploaded,
                 chunks_uploaded,
             };
             if !self.reassert(lock)? {
@@ -216,37 +301,62 @@ impl Writer<'_> {
         Ok(())
     }
 
-    /// Upload `packs`, a few at a time, each one's pieces read by `read`
-    /// when an upload slot frees up (so the packs in flight are in memory,
-    /// not what is packed), calling `landed` with each one's bytes as it
-    /// lands.
+    /// Upload `packs` (of `pieces`: hash, raw length), a few at a time,
+    /// each one's pieces read by `read` when an upload slot frees up (so
+    /// the packs in flight are in memory, not what is packed) and, where
+    /// this writer compresses, compressed at their `widths` on the
+    /// blocking pool (on every core, beside the uploads), calling `landed`
+    /// with each pack's bytes as it lands; each chunk uploaded, with its
+    /// raw length and where it lies now.
     pub(crate) fn upload_packs(
         &self,
+        pieces: &[(Hash, u64)],
         packs: Vec<NewPack>,
+        widths: &Widths,
         read: &mut ReadPiece<'_>,
         landed: &mut dyn FnMut(u64) -> Result<()>,
-    ) -> Result<()> {
+    ) -> Result<Vec<(Hash, u64, Location)>> {
         use futures::{StreamExt, TryStreamExt};
         use object_store::PutPayload;
-        let bucket = &self.bucket;
-        let loaded = packs.into_iter().map(|pack| -> Result<(Hash, Vec<Bytes>)> {
+        let (bucket, compress) = (&self.bucket, self.compress);
+        let loaded = packs.into_iter().map(|pack| -> Result<_> {
+            let chunks: Vec<(Hash, u64)> = pack.members.iter().map(|&i| pieces[i]).collect();
             let parts = pack.members.iter().map(|&i| read(i));
-            Ok((pack.name, parts.collect::<Result<_>>()?))
+            Ok((chunks, parts.collect::<Result<Vec<Bytes>>>()?))
         });
         let mut uploads = futures::stream::iter(loaded)
             .map(|loaded| async move {
-                let (name, parts) = loaded?;
-                let key = bucket.layout.pack(&name);
-                let len: u64 = parts.iter().map(|b| b.len() as u64).sum();
-                let payload: PutPayload = parts.into_iter().collect();
+                let (chunks, parts) = loaded?;
+                let stored = if compress {
+                    let w: Vec<Width> = chunks.iter().map(|(h, _)| width_of(widths, h)).collect();
+                    tokio::task::spawn_blocking(move || compress_all(parts, &w))
+                        .await
+                        .map_err(|e| {
+                            Error::corrupt(None, format!("compressing a pack failed: {e}"))
+                        })?
+                } else {
+                    parts.into_iter().map(|b| (b, Stored::Raw)).collect()
+                };
+                let built = build(&chunks, stored);
+                let key = bucket.layout.pack(&built.name);
+                let len: u64 = built.parts.iter().map(|b| b.len() as u64).sum();
+                let payload: PutPayload = built.parts.iter().cloned().collect();
                 bucket.put_async(&key, payload, "uploading").await?;
-                Ok::<u64, crate::Error>(len)
+                let raw: HashMap<Hash, u64> = chunks.into_iter().collect();
+                let placed: Vec<(Hash, u64, Location)> = built
+                    .placed
+                    .into_iter()
+                    .map(|(h, l)| (h, raw[&h], l))
+                    .collect();
+                Ok::<_, crate::Error>((len, placed))
             })
             .buffer_unordered(PACKS_IN_FLIGHT);
-        while let Some(len) = self.bucket.run(uploads.try_next())?? {
+        let mut all = Vec::new();
+        while let Some((len, placed)) = self.bucket.run(uploads.try_next())?? {
             landed(len)?;
+            all.extend(placed);
         }
-        Ok(())
+        Ok(all)
     }
 
     /// Which of `packs` (name, length) are missing from the bucket or not
@@ -275,34 +385,35 @@ mod tests {
     #[test]
     fn pieces_fill_packs_to_the_target_and_known_chunks_stay_put(
     ) -> Result<(), std::num::TryFromIntError> {
-        let (a, b, c) = ([1u8; 40], [2u8; 40], [3u8; 40]);
         let h = |x: u8| [x; 32];
+        let raw = |x: u8| (Bytes::from(vec![x; 40]), Stored::Raw);
         let mut known = HashMap::new();
         let old = Location {
             pack: [9; 32],
             pack_len: 500,
             at: 100,
+            stored: Stored::Raw,
         };
         known.insert(h(2), old);
-        let pieces = [
-            (h(1), a.len() as u64),
-            (h(2), b.len() as u64),
-            (h(3), c.len() as u64),
-            (h(1), a.len() as u64),
-        ];
-        let (packs, placed) = place_pieces(&pieces, &known, 64);
+        let pieces = [(h(1), 40), (h(2), 40), (h(3), 40), (h(1), 40)];
+        let packs = place_pieces(&pieces, &known, 64);
         // 1 and 3 are new; 40 + 40 > 64: a pack each.
         assert_eq!(packs.len(), 2);
         assert_eq!(
             (&packs[0].members[..], &packs[1].members[..]),
             (&[0][..], &[2][..])
         );
-        assert!(!placed.contains_key(&h(2)));
-        assert_eq!(placed[&h(1)].pack, packs[0].name);
-        assert_eq!((placed[&h(3)].pack, placed[&h(3)].at), (packs[1].name, 0));
-        let (_, two) = place_pieces(&pieces, &known, 100);
-        assert_eq!((two[&h(3)].pack, two[&h(3)].at), (two[&h(1)].pack, 40));
-        known.extend(placed);
+        let two = place_pieces(&pieces, &known, 100);
+        assert_eq!(two[0].members, [0, 2]);
+        let one = build(&[pieces[0]], vec![raw(1)]);
+        let three = build(&[pieces[2]], vec![raw(3)]);
+        assert_eq!(
+            (three.placed[0].1.pack, three.placed[0].1.at),
+            (three.name, 0)
+        );
+        let both = build(&[pieces[0], pieces[2]], vec![raw(1), raw(3)]);
+        assert_eq!(both.placed[1].1.at, 40);
+        known.extend(one.placed.iter().chain(&three.placed).copied());
         let locate = |h: &Hash| known.get(h).copied();
         let (list, index) = index_of([h(1), h(2), h(3)].into_iter(), locate).expect("all known");
         assert_eq!(list.len(), 3);
@@ -312,13 +423,80 @@ mod tests {
             .iter()
             .position(|p| p.hash == HexHash([9; 32]))
             .expect("listed");
-        assert_eq!(index[&HexHash(h(2))], (u32::try_from(old)?, 100));
+        let entry = IndexEntry {
+            pack: u32::try_from(old)?,
+            at: 100,
+            stored: Stored::Raw,
+        };
+        assert_eq!(index[&HexHash(h(2))], entry);
+        assert_eq!(format_of(&index), ManifestFormat::Packs);
         let again = index_of([h(3), h(2), h(1)].into_iter(), locate).expect("all known");
         assert_eq!(again, (list, index));
         assert!(index_of([h(4)].into_iter(), locate).is_none());
-        // The name is the chunk list's: the same chunks, the same pack.
-        assert_eq!(pack_name(&[(h(1), 40)]), packs[0].name);
-        assert_ne!(pack_name(&[(h(1), 41)]), packs[0].name);
+        // The name is the chunk list's: the same chunks, the same pack; a
+        // pack of raw chunks keeps format 3's name.
+        assert_eq!(pack_name(&[(h(1), 40, Stored::Raw)]), one.name);
+        assert_ne!(pack_name(&[(h(1), 41, Stored::Raw)]), one.name);
         Ok(())
+    }
+
+    #[test]
+    fn compressed_chunks_lie_at_their_stored_lengths_and_name_their_pack() {
+        let h = |x: u8| [x; 32];
+        let floats: Vec<u8> = (0..4096u32)
+            .flat_map(|i| ((i % 7) as f32).to_le_bytes())
+            .collect();
+        let n = floats.len() as u64;
+        let mut x = 7u64;
+        let noise: Vec<u8> = (0..4096)
+            .map(|_| {
+                x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                (x >> 56) as u8
+            })
+            .collect();
+        let pieces = [(h(1), n), (h(2), noise.len() as u64)];
+        let stored = compress_all(
+            vec![Bytes::from(floats.clone()), Bytes::from(noise.clone())],
+            &[Width::Four, Width::One],
+        );
+        let Stored::Zstd { len, width } = stored[0].1 else {
+            panic!("the floats shrink: {:?}", stored[0].1)
+        };
+        assert_eq!((width, stored[1].1), (Width::Four, Stored::Raw));
+        let built = build(&pieces, stored);
+        let (first, second) = (built.placed[0].1, built.placed[1].1);
+        assert_eq!((first.at, second.at), (0, len));
+        assert_eq!(first.pack_len, len + noise.len() as u64);
+        assert_ne!(
+            built.name,
+            pack_name(&[(h(1), n, Stored::Raw), (h(2), 4096, Stored::Raw)])
+        );
+        let index: PackIndex = [(
+            HexHash(h(1)),
+            IndexEntry {
+                pack: 0,
+                at: 0,
+                stored: first.stored,
+            },
+        )]
+        .into();
+        assert_eq!(format_of(&index), ManifestFormat::Compressed);
+        // Written as four numbers, read back the same; format 3's two.
+        let json = serde_json::to_string(&index).expect("encodes");
+        assert_eq!(json, format!("{{\"{}\":[0,0,{len},4]}}", HexHash(h(1))));
+        assert_eq!(
+            serde_json::from_str::<PackIndex>(&json).expect("decodes"),
+            index
+        );
+        for bad in [
+            "[0,0,5,3]",
+            "[0,0,5]",
+            "[0]",
+            "[0,0,1,2,3]",
+            "[4294967296,0]",
+        ] {
+            let text = format!("{{\"{}\":{bad}}}", HexHash(h(1)));
+            assert!(serde_json::from_str::<PackIndex>(&text).is_err(), "{bad}");
+        }
     }
 }

@@ -30,7 +30,7 @@ use bytes::Bytes;
 use crate::engine::{ChunkPlace, Pushed, StepData};
 use crate::format::manifest::Hash;
 use crate::remote::coordination::locks::Lock;
-use crate::remote::format::layout::{encode, ManifestFormat};
+use crate::remote::format::layout::encode;
 use crate::remote::format::manifest::RemoteManifest;
 use crate::remote::write::knowledge::{Knowledge, Verdict};
 use crate::remote::write::Writer;
@@ -45,9 +45,10 @@ pub struct PushReport {
     pub steps_pushed: Vec<u64>,
     /// Steps the bucket had already (or that retention deleted from it).
     pub steps_present: u64,
-    /// Bytes of chunks uploaded.
+    /// Bytes of chunks uploaded, as sent (compressed where a chunk was
+    /// stored compressed: [`Remote::with_compression`](crate::Remote::with_compression)).
     pub bytes_uploaded: u64,
-    /// Bytes of chunks not uploaded because the bucket had them.
+    /// Bytes of chunks (their own lengths) not uploaded because the bucket had them.
     pub bytes_skipped: u64,
     /// Chunks uploaded (in pack objects).
     pub chunks_uploaded: u64,
@@ -208,16 +209,17 @@ impl Writer<'_> {
         self.learn_from(newest, knowledge, mark)?;
         let mut read = |i: usize| chunks[i].read(todo.data).map(Bytes::from);
         let mut landed = report.bytes_uploaded;
-        let packed = self.pack(&pieces, &mut read, mark, lock, &mut |n| {
+        let widths = manifest.chunk_widths();
+        let packed = self.pack(&pieces, &widths, &mut read, mark, lock, &mut |n| {
             landed += n;
             progress(step, landed);
             Ok(())
         })?;
         let total: u64 = pieces.iter().map(|(_, n)| n).sum();
         report.bytes_uploaded += packed.bytes_uploaded;
-        report.bytes_skipped += total.saturating_sub(packed.bytes_uploaded);
+        report.bytes_skipped += total.saturating_sub(packed.raw_bytes_uploaded);
         report.chunks_uploaded += packed.chunks_uploaded;
-        manifest.format = ManifestFormat::Packs;
+        manifest.format = packed.format;
         (manifest.packs, manifest.index) = (Some(packed.packs), Some(packed.index));
         manifest.check_to_write(step)?;
         let (bytes, hash) = encode(step, &manifest)?;
