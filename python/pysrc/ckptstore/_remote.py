@@ -29,10 +29,15 @@ class Remote:
     """A bucket: `s3://BUCKET/PREFIX` (AWS_* variables for credentials,
     endpoint, region) or `file:///DIR`. Lists, loads and pulls the steps
     stores pushed there, every chunk hash-checked; holds global steps of
-    multi-rank jobs (`shard`)."""
+    multi-rank jobs (`shard`).
 
-    def __init__(self, url: str, grace_period: Optional[float] = None) -> None:
-        self._raw = RawRemote(str(url), grace_period)
+    `compress=True`: chunks this remote uploads are stored compressed
+    where that saves bytes (byte planes by the tensor's element width,
+    zstd; bucket format 4, which builds before 0.5 cannot read); reads
+    decompress whatever they find either way."""
+
+    def __init__(self, url: str, grace_period: Optional[float] = None, *, compress: bool = False) -> None:
+        self._raw = RawRemote(str(url), grace_period, bool(compress))
 
     @property
     def url(self) -> str:

@@ -179,6 +179,10 @@ pub(crate) enum Command {
         /// it: also repairs steps whose objects were deleted by hand.
         #[arg(long)]
         repair: bool,
+        /// Store new chunks compressed where that saves bytes (bucket
+        /// format 4, which builds before 0.5 cannot read).
+        #[arg(long)]
+        compress: bool,
     },
     /// Copy a step from a bucket into a store (created if missing).
     Pull {

@@ -34,9 +34,15 @@ pub(crate) fn is_url(arg: &str) -> bool {
     })
 }
 
-pub(crate) fn push(store: &Path, url: &str, adopt: bool, repair: bool) -> Result<ExitCode> {
+pub(crate) fn push(
+    store: &Path,
+    url: &str,
+    adopt: bool,
+    repair: bool,
+    compress: bool,
+) -> Result<ExitCode> {
     let s = super::open_read(store)?;
-    let remote = open_remote(url)?;
+    let remote = open_remote(url)?.with_compression(compress);
     if adopt {
         remote.adopt(&s)?;
     }
@@ -53,10 +59,11 @@ pub(crate) fn push(store: &Path, url: &str, adopt: bool, repair: bool) -> Result
     };
     bar.finish_and_clear();
     println!(
-        "pushed {} steps to {url} ({} were there): {} uploaded in {} chunks, {} already there",
+        "pushed {} steps to {url} ({} were there): {} uploaded{} in {} chunks, {} already there",
         report.steps_pushed.len(),
         report.steps_present,
         output::bytes(report.bytes_uploaded),
+        if compress { " (compressed)" } else { "" },
         report.chunks_uploaded,
         output::bytes(report.bytes_skipped)
     );

@@ -258,8 +258,16 @@ def target_of(target: UserTarget) -> Target:
     return LocalStore(target)
 
 
-def save_target(target: Union[UserTarget, SaveTarget]) -> SaveTarget:
-    """The target a writer's argument names (a user's, or the tier's)."""
+def save_target(target: Union[UserTarget, SaveTarget], compress: bool = False) -> SaveTarget:
+    """The target a writer's argument names (a user's, or the tier's);
+    `compress`: a bucket's chunks stored compressed (no other target
+    compresses)."""
+    if compress:
+        if not is_bucket_url(target):
+            raise ValueError(
+                f"compress=True: only a bucket URL stores chunks compressed, not {describe_any(target)}"
+            )
+        return Bucket(str(target), compress=True)
     return target_of(target) if isinstance(target, (str, os.PathLike, Store)) else target
 
 
@@ -273,20 +281,28 @@ def is_bucket_url(target: Any) -> bool:
     return isinstance(target, str) and target.split("://", 1)[0] in ("s3", "file")
 
 
-# One Remote per bucket URL in a process: it remembers where the chunks it
-# wrote lie in the bucket's packs, so a save of unchanged tensors uploads
-# nothing and asks nothing per chunk. Keyed by process too: a forked child
-# opens its own.
-_REMOTES: Dict[Tuple[int, str], Remote] = {}
+# One Remote per bucket URL in a process (and per compression setting): it
+# remembers where the chunks it wrote lie in the bucket's packs, so a save
+# of unchanged tensors uploads nothing and asks nothing per chunk. Keyed by
+# process too: a forked child opens its own.
+_REMOTES: Dict[Tuple[int, str, bool], Remote] = {}
 
 
-def remote_of(url: str) -> Remote:
-    """This process's `Remote` of bucket `url`."""
-    key = (os.getpid(), str(url))
+def remote_of(url: str, compress: bool = False) -> Remote:
+    """This process's `Remote` of bucket `url` (storing new chunks
+    compressed or not)."""
+    key = (os.getpid(), str(url), bool(compress))
     found = _REMOTES.get(key)
     if found is None:
-        found = _REMOTES[key] = Remote(str(url))
+        found = _REMOTES[key] = Remote(str(url), compress=bool(compress))
     return found
+
+
+def describe_any(target: Any) -> str:
+    """How messages name a writer's target, whatever it is."""
+    if isinstance(target, (str, os.PathLike, Store)):
+        return describe(target)
+    return str(getattr(target, "description", type(target).__name__))
 
 
 def describe(target: UserTarget) -> str:
@@ -325,15 +341,16 @@ class Bucket:
     nodes: Optional[List[int]] = None
     group: Optional[Group] = None
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, compress: bool = False) -> None:
         self.url = self.description = url
+        self.compress = bool(compress)
         self.pool_key: Hashable = url
 
     @property
     def _remote(self) -> Remote:
         # Looked up at each use, not kept: a process forked after this
         # target was made uses a Remote of its own.
-        return remote_of(self.url)
+        return remote_of(self.url, self.compress)
 
     def committed(self, step: int) -> bool:
         return self._remote.open_global(step) is not None

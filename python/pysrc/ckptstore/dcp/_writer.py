@@ -100,7 +100,13 @@ class StorageWriter(_storage.StorageWriter):
     its process without a copy. A device's tensors (a GPU's) are staged
     into pinned host memory kept for the next save, at most
     `staging_budget` bytes of it (and never more than the host has
-    available: `StagingBudgetError` instead)."""
+    available: `StagingBudgetError` instead).
+
+    `compress=True` (a bucket URL only): the save's new chunks are stored
+    compressed where that saves bytes (byte planes by the element width
+    of each tensor, zstd, on the uploading thread's cores, never in the
+    staging a training step waits for); such a step is bucket format 4,
+    which builds before 0.5 cannot read. Loads decompress either way."""
 
     def __init__(
         self,
@@ -112,10 +118,12 @@ class StorageWriter(_storage.StorageWriter):
         shared_memory: bool = False,
         block_on_staging: bool = False,
         staging_budget: Optional[int] = None,
+        compress: bool = False,
     ) -> None:
         super().__init__()
         self._target = target
-        self._to = save_target(target)
+        self._compress = bool(compress)
+        self._to = save_target(target, self._compress)
         self._step = step_number(step)
         self._overwrite = bool(overwrite)
         self._background = bool(background_staging)
@@ -148,7 +156,7 @@ class StorageWriter(_storage.StorageWriter):
         return {
             "target": self._target, "step": self._step, "overwrite": self._overwrite,
             "background_staging": self._background, "shared_memory": self._shared,
-            "block_on_staging": self._block, "staging_budget": self._budget,
+            "block_on_staging": self._block, "staging_budget": self._budget, "compress": self._compress,
             "hashes": list(self._hashes.values()),
             "staged": self._staged if self._clock is None else self._clock.staging,
         }
