@@ -285,6 +285,18 @@ def test_a_shard_and_its_copies_lost_falls_back_to_the_bucket(tmp_path, bucket):
     assert "no step is whole on the local tier" in out[0][1]
 
 
+def test_a_compressing_uploader_stores_format_4_that_loads_when_the_tier_is_lost(tmp_path):
+    bucket = f"file://{tmp_path}/bucket"
+    job(tmp_path, ["save:1"], bucket=bucket, env={"CKPT_TIERS_COMPRESS": "1"})
+    folder = tmp_path / "bucket" / "shards" / f"{1:020}"
+    formats = {json.loads((folder / name).read_text())["format"] for name in os.listdir(folder)}
+    assert formats == {4}, formats
+    for node in ("node0", "node1"):
+        shutil.rmtree(tmp_path / node)
+    out = job(tmp_path, ["load:1"], bucket=bucket)
+    assert said(out, "ok 1")
+
+
 def test_an_upload_killed_midway_is_finished_by_a_later_save(tmp_path, one_bucket):
     bucket = one_bucket
     job(tmp_path, ["save:1", "close"], bucket=bucket)

@@ -25,6 +25,7 @@ Each prints what it did: "saved S", "ok S".
 
 Options from the environment: CKPT_TIERS_PEERS (1), CKPT_TIERS_PER_NODE
 (2), CKPT_TIERS_EVERY (durable_every, 1), CKPT_TIERS_KEEP (2),
+CKPT_TIERS_COMPRESS=1 (compress=True),
 CKPT_TIERS_RUST_UPLOAD=1 (Remote.upload_shard, which takes values
 from Python, raises: uploads must go from the store in Rust),
 CKPT_TIERS_TENSORS=N (the state is N float32 tensors sharded on dim 0, a
@@ -293,6 +294,7 @@ def main():
         keep_local=int(os.environ.get("CKPT_TIERS_KEEP", "2")),
         ranks_per_node=per_node,
         timeout=TIMEOUT,
+        compress=os.environ.get("CKPT_TIERS_COMPRESS") == "1",
     )
     if os.environ.get("CKPT_TIERS_RUST_UPLOAD") == "1":
         # A shard's bytes go from its store to the bucket in Rust: never

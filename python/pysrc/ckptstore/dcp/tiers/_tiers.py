@@ -52,7 +52,9 @@ class Tiers:
     `uploaded(step)` is called on every rank, on the upload thread, once
     each step is whole in the bucket (the place for the bucket's
     retention: what it counts has landed); an exception it raises fails
-    that upload. docs/tiers.md has the details."""
+    that upload. `compress=True`: the uploader stores chunks compressed
+    where that saves bytes (bucket format 4; the local tier stays raw).
+    docs/tiers.md has the details."""
 
     def __init__(
         self,
@@ -66,6 +68,7 @@ class Tiers:
         timeout: Optional[timedelta] = None,
         background_staging: bool = False,
         uploaded: Optional[Callable[[int], None]] = None,
+        compress: bool = False,
     ) -> None:
         for name, value, least in (("peers", peers, 0), ("durable_every", durable_every, 1), ("keep_local", keep_local, 1)):
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
@@ -96,7 +99,7 @@ class Tiers:
         # The roles, each over the node and a group: saves on the save
         # thread, uploads on the upload thread, loads on the caller's.
         self._saving = Save(self._node, self._group, durable_every, self._bucket is not None)
-        self._upload = None if self._bucket is None else Upload(self._node, self._uploads, self._bucket, uploaded)
+        self._upload = None if self._bucket is None else Upload(self._node, self._uploads, self._bucket, uploaded, bool(compress))
         self._loading = Load(self._node, self._group, self._bucket)
         self._work = threading.Lock()
         self._saver = ThreadPoolExecutor(1, thread_name_prefix="ckptstore-tiers-save")

@@ -17,10 +17,14 @@ from ._save import SIZES
 class Upload:
     """Rank `node.rank`'s side of the uploads to `bucket`; `uploaded(step)`
     is called once a step is whole there (an exception it raises fails
-    that upload)."""
+    that upload); `compress`: chunks stored compressed where that saves
+    bytes."""
 
-    def __init__(self, node: Node, group: Group, bucket: str, uploaded: Optional[Callable[[int], None]]) -> None:
+    def __init__(
+        self, node: Node, group: Group, bucket: str, uploaded: Optional[Callable[[int], None]], compress: bool
+    ) -> None:
         self._node, self._group, self._bucket, self._uploaded = node, group, bucket, uploaded
+        self._compress = compress
 
     def pending(self) -> None:
         """Upload every complete step due for the bucket and not there yet
@@ -54,7 +58,7 @@ class Upload:
         remote = None
         shard, failure = "", ""
         try:
-            remote = remote_of(self._bucket)
+            remote = remote_of(self._bucket, self._compress)
             # Read and uploaded in Rust, less the tier's own entry; a save
             # of 0.4.0 has DCP's metadata in its record.
             extra = {METADATA: record.metadata.encode()} if rank == 0 and record.metadata is not None else {}
