@@ -60,7 +60,9 @@ impl RawRemote {
     #[new]
     #[pyo3(signature = (url, grace_period=None, compress=false))]
     fn new(url: &str, grace_period: Option<f64>, compress: bool) -> PyResult<Self> {
-        let mut remote = Remote::open(url).map_err(py_err)?.with_compression(compress);
+        let mut remote = Remote::open(url)
+            .map_err(py_err)?
+            .with_compression(compress);
         if let Some(secs) = grace_period {
             let grace = Duration::try_from_secs_f64(secs)
                 .map_err(|e| PyValueError::new_err(format!("grace_period {secs}: {e}")))?;

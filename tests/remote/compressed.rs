@@ -4,7 +4,11 @@
 //! push, a pull and shards (whole and ranged reads, over the file system
 //! and over the object store); an unchanged step uploads nothing; a
 //! flipped byte in a compressed chunk is damage that reads and `verify`
-//! report; without compression a step stays format 3.
+//! report; without compression a step stays format 3. The fixture
+//! `tests/fixtures/bucket-format4` (written by
+//! `write_the_format4_fixture`, ignored: `CKPT_WRITE_FIXTURE=$PWD/tests/fixtures/bucket-format4
+//! cargo test --test remote compressed::write -- --ignored`) is the
+//! format's contract: every later build reads it as it was written.
 
 use std::sync::Arc;
 
@@ -228,5 +232,111 @@ fn a_flipped_byte_in_a_compressed_chunk_is_damage_never_a_panic() -> Result {
     }
     std::fs::write(&pack, &data)?;
     assert!(Remote::open(&format!("file://{}", bucket.display()))?.get(1)? == store.get(1)?);
+    Ok(())
+}
+
+const FIXTURE: &str = "tests/fixtures/bucket-format4";
+
+/// The fixture's pushed step 1, and rank `rank`'s shard of its global
+/// step 2 (fixed timestamps: the same steps whenever they are made).
+fn fixture_step(step: u64, rank: u64) -> Result<GradientCheckpoint> {
+    let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), step);
+    c.timestamp = 1_800_000_000 + step;
+    c.set_tensor(
+        "w",
+        Tensor::new(Dtype::BF16, vec![300, 401], weights(rank + 3, 300 * 401))?,
+    );
+    c.set_tensor(
+        "noise",
+        Tensor::new(Dtype::U8, vec![70_000], bytes(rank + 4, 70_000))?,
+    );
+    c.set_tensor(
+        "scalar",
+        Tensor::new(Dtype::F32, vec![], 1.5f32.to_le_bytes().to_vec())?,
+    );
+    c.set_optimizer_state("rng", bytes(rank, 40));
+    Ok(c)
+}
+
+#[test]
+#[ignore = "writes the fixture: run by hand (see the module's comment)"]
+fn write_the_format4_fixture() -> Result {
+    let out = std::env::var("CKPT_WRITE_FIXTURE")?;
+    let work = tempfile::tempdir()?;
+    let store = CheckpointStore::open(work.path().join("run.ckpt"))?;
+    store.commit(&fixture_step(1, 0)?)?;
+    let remote = Remote::open(&format!("file://{out}"))?.with_compression(true);
+    remote.push(&store)?;
+    let names = (0..2)
+        .map(|rank| {
+            Ok(remote
+                .upload_shard(2, rank, 2, &fixture_step(2, rank.into())?)?
+                .shard)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    remote.commit_global(2, &names)?;
+    Ok(())
+}
+
+#[test]
+fn a_format4_bucket_still_reads() -> Result {
+    let dir = tempfile::tempdir()?;
+    let bucket = dir.path().join("bucket");
+    super::promise::copy_dir(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(FIXTURE),
+        &bucket,
+    )?;
+    assert_eq!(
+        manifest_formats(&bucket)?
+            .iter()
+            .filter(|&&f| f == 4)
+            .count(),
+        1
+    );
+    let remote = Remote::open(&format!("file://{}", bucket.display()))?;
+    assert_eq!(remote.steps()?, vec![1, 2]);
+    assert!(remote.get(1)? == Some(fixture_step(1, 0)?));
+    for rank in 0..2 {
+        assert!(
+            remote.get_shard(2, rank)? == Some(fixture_step(2, rank.into())?),
+            "rank {rank}"
+        );
+    }
+    let global = remote.open_global(2)?.ok_or("no step 2")?;
+    let w = weights(4, 300 * 401);
+    assert!(remote.read_pieces(&global, &[(1, "w", 1_001, 50_000)])?[0] == w[1_001..51_001]);
+    let verified = remote.verify()?;
+    assert!(verified.is_ok() && verified.steps_ok == 2, "{verified:?}");
+    Ok(())
+}
+
+#[test]
+fn ckpt_push_compress_writes_format_4_that_any_command_reads() -> Result {
+    let dir = tempfile::tempdir()?;
+    let store = CheckpointStore::open(dir.path().join("run.ckpt"))?;
+    store.commit(&state(1)?)?;
+    drop(store);
+    let bucket = dir.path().join("bucket");
+    let url = format!("file://{}", bucket.display());
+    let run = |args: &[&str]| -> Result<(Option<i32>, String)> {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ckpt"))
+            .args(args)
+            .output()?;
+        Ok((
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        ))
+    };
+    let store = dir.path().join("run.ckpt");
+    let (code, said) = run(&["push", &store.to_string_lossy(), &url, "--compress"])?;
+    assert_eq!(code, Some(0), "{said}");
+    assert!(said.contains("(compressed)"), "{said}");
+    assert_eq!(manifest_formats(&bucket)?, vec![4]);
+    let (code, said) = run(&["verify", &url])?;
+    assert_eq!(code, Some(0), "{said}");
+    let copy = dir.path().join("copy.ckpt");
+    let (code, said) = run(&["pull", &url, &copy.to_string_lossy(), "--step", "1"])?;
+    assert_eq!(code, Some(0), "{said}");
+    assert!(CheckpointStore::open(&copy)?.get(1)? == CheckpointStore::open(&store)?.get(1)?);
     Ok(())
 }

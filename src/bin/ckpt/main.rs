@@ -154,13 +154,7 @@ fn run(command: Command) -> Result<ExitCode> {
                 gc(Path::new(&store), &policy, dry_run)
             }
         }
-        Command::Push {
-            store,
-            url,
-            adopt,
-            repair,
-            compress,
-        } => remote::push(&store, &url, adopt, repair, compress),
+        push @ Command::Push { .. } => remote::push(push),
         Command::Pull { url, store, step } => remote::pull(&url, &store, &step),
         Command::Cp { store, to } => cp(&store, &to),
         Command::Compact { store, wait } => compact(&store, Duration::from_secs(wait)),

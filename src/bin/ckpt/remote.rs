@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use ckptstore::{BucketError, CheckpointStore, Error, Remote, Retention};
 
+use super::args::Command;
 use super::{bar, bytes_bar, explain, one_line, output, Result, EXIT_DAMAGED};
 
 /// How long a failing request to a bucket is retried (`--retry-window`).
@@ -34,14 +35,20 @@ pub(crate) fn is_url(arg: &str) -> bool {
     })
 }
 
-pub(crate) fn push(
-    store: &Path,
-    url: &str,
-    adopt: bool,
-    repair: bool,
-    compress: bool,
-) -> Result<ExitCode> {
-    let s = super::open_read(store)?;
+/// `ckpt push` (`command` is a [`Command::Push`]).
+pub(crate) fn push(command: Command) -> Result<ExitCode> {
+    let Command::Push {
+        store,
+        url,
+        adopt,
+        repair,
+        compress,
+    } = command
+    else {
+        return Err("not a push".into());
+    };
+    let url = url.as_str();
+    let s = super::open_read(&store)?;
     let remote = open_remote(url)?.with_compression(compress);
     if adopt {
         remote.adopt(&s)?;
