@@ -33,7 +33,8 @@ only re-export (no module imports one) and whose modules import no
 underscored name of another (imports under `if TYPE_CHECKING:` are for
 annotations only, and not counted). Inside `ckptstore.dcp` its parts
 point one way, lowest first (PACKAGE_ORDER): the ranks' wire, the
-metadata document, the rank-local mode's rules, the targets, the
+metadata document, the rank-local mode's rules, the targets (their
+protocols, the bucket, the local store, which one a user names), the
 striped loads (`stripes/`: plan, proofs, run), the reader, the writer,
 the exports, the local tier (`tiers/`: layout, a node, the save, the
 load, the upload, `Tiers`).
@@ -325,7 +326,10 @@ PACKAGE = ROOT / "python" / "pysrc" / "ckptstore"
 # first: a module may import its own part and the parts before it, never
 # one after (as src/remote/'s parts).
 PACKAGE_ORDER = {
-    "dcp": ["_wire", "_document", "_rank_local", "_targets", "stripes", "_reader", "_writer", "_export", "tiers"],
+    "dcp": [
+        "_wire", "_document", "_rank_local", "_targets", "_bucket", "_local", "_choose", "stripes", "_reader", "_writer",
+        "_export", "tiers",
+    ],
     "dcp.stripes": ["_plan", "_proofs", "_run"],
     "dcp.tiers": ["_layout", "_node", "_save", "_load", "_upload", "_tiers"],
 }

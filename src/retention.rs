@@ -183,6 +183,11 @@ pub struct StepSummary {
     /// Bytes of blob data this step added to the store when committed (the
     /// rest was shared with steps before it).
     pub bytes_written: u64,
+    /// What those bytes take where they are kept: in a store, as many; in
+    /// a bucket, the new chunks as its packs hold them (fewer where they
+    /// are stored compressed, bucket format 4).
+    #[serde(default)]
+    pub stored_bytes: u64,
     /// Number of optimizer blobs.
     pub blobs: usize,
     /// How the step was saved. A step 0.4.0 wrote has its staging cost
@@ -208,6 +213,7 @@ mod tests {
             logical_bytes: 0,
             save_record: SaveRecord::default(),
             bytes_written: 0,
+            stored_bytes: 0,
             blobs: 0,
         }
     }

@@ -218,6 +218,7 @@ impl<'a> Plan<'a> {
             metrics: self.ckpt.metrics.clone(),
             logical_bytes: self.logical_bytes(),
             bytes_written,
+            stored_bytes: bytes_written,
             blobs: self.ckpt.optimizer_state.len()
                 + self.streamed.iter().filter(|s| !s.typed).count(),
             save_record: self.ckpt.save_record.clone(),

@@ -73,6 +73,7 @@ pub(crate) fn decode(step: u64, bytes: &[u8]) -> Result<StepSummary> {
         metrics,
         logical_bytes: r.logical_bytes,
         bytes_written: r.bytes_written,
+        stored_bytes: r.bytes_written,
         blobs,
         save_record,
     })
@@ -91,6 +92,7 @@ mod tests {
             metrics: [("loss".to_owned(), 0.25)].into(),
             logical_bytes: 100,
             bytes_written: 60,
+            stored_bytes: 60,
             blobs: 2,
             save_record: SaveRecord::default()
                 .with_staging(crate::Staging::new(0.5, 0.1).expect("finite"))

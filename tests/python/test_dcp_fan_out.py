@@ -255,7 +255,7 @@ def test_a_local_stores_load_reads_the_save_it_opened_or_fails(tmp_path):
     import torch.distributed.checkpoint as dcp
 
     import ckptstore
-    from ckptstore.dcp._targets import LocalStore
+    from ckptstore.dcp._local import LocalStore
     from ckptstore.dcp import StorageWriter
 
     path = tmp_path / "run.ckpt"

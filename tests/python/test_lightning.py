@@ -118,7 +118,7 @@ def test_the_store_is_the_truth_when_a_save_dies_before_its_marker(tmp_path, mon
         raise KeyboardInterrupt("killed before the marker")
 
     with monkeypatch.context() as m:
-        m.setattr(cl, "_write_marker", die)
+        m.setattr(cl, "write_marker", die)
         with pytest.raises(KeyboardInterrupt):
             io.save_checkpoint(_checkpoint(8, "new", torch.ones(4) * 2), tmp_path / "last.ckpt")
         with pytest.raises(KeyboardInterrupt):
@@ -226,7 +226,7 @@ def test_a_failed_async_save_is_raised_by_the_next_save_and_by_teardown(tmp_path
     def full(*_):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(cl, "_write_marker", full)
+    monkeypatch.setattr(cl, "write_marker", full)
     io.save_checkpoint(_checkpoint(2, "last", torch.ones(4)), tmp_path / "last.ckpt")  # fails behind
     with pytest.raises(OSError, match="No space"):
         io.save_checkpoint(_checkpoint(3, "last", torch.ones(4)), tmp_path / "last.ckpt")

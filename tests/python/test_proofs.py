@@ -13,7 +13,7 @@ import torch.distributed.checkpoint as dcp
 
 from ckptstore.dcp.stripes import _plan as _fan_plan
 from ckptstore.dcp.stripes import _proofs
-from ckptstore.dcp import _targets
+from ckptstore.dcp import _bucket
 from ckptstore.dcp import StorageWriter
 
 
@@ -24,7 +24,7 @@ def _stream(tmp_path):
     url = f"file://{tmp_path}/bucket"
     state = {"big": torch.arange(400_000, dtype=torch.float32), "small": torch.arange(10, dtype=torch.float32)}
     dcp.save(state, storage_writer=StorageWriter(url, 1))
-    opened = _targets.Bucket(url).open(1, None)
+    opened = _bucket.Bucket(url).open(1, None)
     entries = sorted(((opened.length(0, e), e) for e in opened._entries(0)), reverse=True)
     (n_big, big), small = entries[0], next(e for n, e in entries if n == 40)
     stripes = [(0, big, 0, n_big), (0, small, 0, 40)]

@@ -334,6 +334,19 @@ fn ckpt_push_compress_writes_format_4_that_any_command_reads() -> Result {
     assert_eq!(manifest_formats(&bucket)?, vec![4]);
     let (code, said) = run(&["verify", &url])?;
     assert_eq!(code, Some(0), "{said}");
+    // Stored against logical bytes: the bucket's totals, and the step's.
+    let (code, said) = run(&["stats", &url, "--json"])?;
+    assert_eq!(code, Some(0), "{said}");
+    let totals: serde_json::Value = serde_json::from_str(&said)?;
+    let (chunks, stored) = (
+        totals["chunk_bytes"].as_u64().ok_or("no chunk_bytes")?,
+        totals["stored_bytes"].as_u64().ok_or("no stored_bytes")?,
+    );
+    assert!(stored * 10 < chunks * 8 && totals["steps"] == 1, "{said}");
+    let packs = stored_bytes(&bucket.join("packs"))?;
+    assert_eq!(stored, packs);
+    let (code, said) = run(&["show", &url, "1"])?;
+    assert!(code == Some(0) && said.contains("as stored, compressed"), "{said}");
     let copy = dir.path().join("copy.ckpt");
     let (code, said) = run(&["pull", &url, &copy.to_string_lossy(), "--step", "1"])?;
     assert_eq!(code, Some(0), "{said}");

@@ -65,21 +65,19 @@ loaded on the CPU (`map_location` may name a device).
 
 import json
 import os
-import re
 import time
-from typing import Any, Dict, List, Optional, Set, Tuple, Union
+from typing import Any, Dict, Optional, Set, Union
 
 import numpy as np
-import torch
 
-from ._ckptstore import SaveRecord, Tensor, remove_durably, write_durably
+from ._ckptstore import SaveRecord, Tensor, remove_durably
 from ._cost import SaveCost
 from ._store import Store
 from ._store import open as open_store
 from ._background import Background
 from ._cost import Clock
 from ._staging import Pool
-from ._structure import Flattener, Rebuilder, arrays
+from ._structure import Flattener, arrays
 
 try:
     from lightning.pytorch.callbacks import Callback as _Callback
@@ -90,20 +88,12 @@ except ImportError:  # the standalone package
     from pytorch_lightning.plugins.io import CheckpointIO as _CheckpointIO  # type: ignore[assignment,no-redef,unused-ignore]
     from pytorch_lightning.plugins.io import TorchCheckpointIO as _TorchCheckpointIO  # type: ignore[assignment,no-redef,unused-ignore]
 
+from ._lightning_files import (
+    FORMAT, MARKER, MARKER_FORMAT, PREFIX, acquire_store, entry_names, global_step_of, load_path, marker_store, names_at,
+    owns, path_name, read_marker, release_store, remove_stale_temps, same_file, step_of, write_marker,
+)
+
 __all__ = ["CheckpointIO", "SaveCosts"]
-
-# A path's structure is the blob "lightning:<path>"; its tensors are named
-# "lightning:<path>/<key>/<key>...". Each name is also in its step's save
-# record (`StepInfo.save_record.names`), which `ckpt ls` and `show` show.
-_PREFIX = "lightning:"
-_FORMAT = 1
-# Marker format 2 names the store relative to the marker, and the
-# checkpoint relative to the store's directory; format 1 named both by
-# absolute path (read as before).
-_MARKER_FORMAT = 2
-_MARKER = "ckptstore.lightning"
-_MARKER_MAX = 1 << 16
-
 
 class CheckpointIO(_CheckpointIO):
     """A Lightning `CheckpointIO` over a ckptstore (see the module's text).
@@ -168,11 +158,11 @@ class CheckpointIO(_CheckpointIO):
         if storage_options is not None:
             raise TypeError(f"ckptstore.lightning.CheckpointIO takes no storage_options, got {storage_options!r}")
         self._background.wait()  # the save before: done, or its failure raised
-        file = _name(path)
-        step = _global_step(checkpoint, file)
+        file = path_name(path)
+        step = global_step_of(checkpoint, file)
         flat = Flattener()
-        structure = flat.walk(checkpoint, _PREFIX + self._key(file))
-        blob = json.dumps({"format": _FORMAT, "checkpoint": structure}, separators=(",", ":")).encode()
+        structure = flat.walk(checkpoint, PREFIX + self._key(file))
+        blob = json.dumps({"format": FORMAT, "checkpoint": structure}, separators=(",", ":")).encode()
         if not self._async:
             self._commit(file, step, arrays(flat.tensors), blob, clock)
             return
@@ -196,14 +186,14 @@ class CheckpointIO(_CheckpointIO):
         self._sweep(store, os.path.dirname(file))
         values: Dict[str, Any] = self._others_at(store, step, name)
         values.update(tensors)
-        values[_PREFIX + name] = blob
+        values[PREFIX + name] = blob
         # An async save's staging is over: the step records it, and its names.
-        info = store.save(step, values, replace=True, record=clock.record(_names(values)))
+        info = store.save(step, values, replace=True, record=clock.record(entry_names(values)))
         self._drop(store, name, keep=step)
         if name != file:
             self._drop(store, file, keep=None)  # its name in a store of marker format 1
         where = None if self._path is None else os.path.relpath(self._path, os.path.dirname(file))
-        _write_marker(file, {"format": _MARKER_FORMAT, _MARKER: where, "name": name, "step": step})
+        write_marker(file, {"format": MARKER_FORMAT, MARKER: where, "name": name, "step": step})
         self.last_cost = clock.cost(step, info.bytes_written, info.bytes_reused)
 
     def load_checkpoint(
@@ -213,22 +203,22 @@ class CheckpointIO(_CheckpointIO):
         checkpoint was saved under). Nothing loaded runs code, whatever
         `weights_only` says."""
         self._background.wait()
-        file = _name(path)
-        marker = _read_marker(file)
+        file = path_name(path)
+        marker = read_marker(file)
         if marker is None and os.path.isfile(file):
             # A regular Lightning checkpoint, e.g. from before the switch.
             return _TorchCheckpointIO().load_checkpoint(path, weights_only=weights_only)
         if marker is None:
             store = self._open(write=False)
-            return _load(store, self._lookup(store, file), map_location)
+            return load_path(store, self._lookup(store, file), map_location)
         # The marker's name is the one its store holds.
         name = str(marker["name"])
-        store_path = _marker_store(marker, file)
-        if store_path is None or self._given is not None or _same_file(store_path, self._path):
-            return _load(self._open(write=False), name, map_location)
+        store_path = marker_store(marker, file)
+        if store_path is None or self._given is not None or same_file(store_path, self._path):
+            return load_path(self._open(write=False), name, map_location)
         # A marker of another store (another run's checkpoint): read it there.
         with open_store(store_path, read_only=True, threads=self._threads) as other:
-            return _load(other, name, map_location)
+            return load_path(other, name, map_location)
 
     def remove_checkpoint(self, path: Any) -> None:
         """Remove `path`'s marker, then its name from the store: its step
@@ -240,8 +230,8 @@ class CheckpointIO(_CheckpointIO):
             self._remove(path)
 
     def _remove(self, path: Any) -> None:
-        file = _name(path)
-        marker = _read_marker(file)
+        file = path_name(path)
+        marker = read_marker(file)
         if marker is None and os.path.isfile(file):
             os.unlink(file)  # a regular checkpoint file
             return
@@ -262,7 +252,7 @@ class CheckpointIO(_CheckpointIO):
         finally:
             store, self._store = self._store, None
             if store is not None and self._given is None:
-                _release(self, store)
+                release_store(self, store)
             self._pool.clear(None)
 
     # --- queries ---------------------------------------------------------
@@ -274,7 +264,7 @@ class CheckpointIO(_CheckpointIO):
         store = self._open(write=False)
         out: Dict[str, int] = {}
         for step in store.steps():
-            for name in _names_at(store, step):
+            for name in names_at(store, step):
                 file = self._file(name)
                 out[file] = max(step, out.get(file, step))
         return out
@@ -286,11 +276,11 @@ class CheckpointIO(_CheckpointIO):
             return self._given
         assert self._path is not None
         if self._store is not None and self._read_only and write:
-            _release(self, self._store)
+            release_store(self, self._store)
             self._store = None
         if self._store is None:
             if write:
-                self._store = _acquire(self, self._path, self._replicate_to, self._threads)
+                self._store = acquire_store(self, self._path, self._replicate_to, self._threads)
             elif os.path.exists(self._path):
                 # Lightning saves on global rank 0 only: other ranks read
                 # beside it.
@@ -319,7 +309,7 @@ class CheckpointIO(_CheckpointIO):
         """The name `file` is stored under: its relative name, or its
         absolute path in a store that marker format 1 wrote."""
         name = self._key(file)
-        if name != file and _step_of(store, name) is None and _step_of(store, file) is not None:
+        if name != file and step_of(store, name) is None and step_of(store, file) is not None:
             return file
         return name
 
@@ -329,18 +319,18 @@ class CheckpointIO(_CheckpointIO):
         info = store.info(step)
         if info is None:
             return {}
-        foreign = [n for n in list(info.blobs) + list(info.tensors) if not n.startswith(_PREFIX)]
+        foreign = [n for n in list(info.blobs) + list(info.tensors) if not n.startswith(PREFIX)]
         if foreign:
             raise ValueError(f"step {step} of the store holds state not saved by ckptstore.lightning "
                              f"({foreign[0]!r}...): give Lightning a store of its own")
-        names = [n for n in _names_at(store, step) if n != name]
+        names = [n for n in names_at(store, step) if n != name]
         if not names:
             return {}
         loaded = store.load(step)
         assert loaded is not None
         out: Dict[str, Any] = {}
         for entry, array in loaded.tensors.items():
-            if not any(_owns(n, entry) for n in names):
+            if not any(owns(n, entry) for n in names):
                 continue
             if entry in info.tensors:
                 dtype, shape = info.tensors[entry]
@@ -353,14 +343,14 @@ class CheckpointIO(_CheckpointIO):
         """Take `name` off every step but `keep`: a step left with no name
         is removed, one with other names saved again without it."""
         for step in store.steps():
-            if step == keep or name not in _names_at(store, step):
+            if step == keep or name not in names_at(store, step):
                 continue
             rest = self._others_at(store, step, name)
             if rest:
                 info = store.info(step)
                 staged = info.save_record if info else SaveRecord()
                 record = SaveRecord(staging_seconds=staged.staging_seconds,
-                                    blocked_seconds=staged.blocked_seconds, names=_names(rest))
+                                    blocked_seconds=staged.blocked_seconds, names=entry_names(rest))
                 store.save(step, rest, replace=True, record=record)
             else:
                 store.remove(step)
@@ -372,20 +362,12 @@ class CheckpointIO(_CheckpointIO):
         if directory in self._swept:
             return
         self._swept.add(directory)
-        _remove_stale_temps(directory)
+        remove_stale_temps(directory)
         for step in store.steps():
-            for name in _names_at(store, step):
+            for name in names_at(store, step):
                 file = self._file(name)
                 if os.path.dirname(file) == directory and not os.path.exists(file):
                     self._drop(store, name, keep=None)
-
-
-# The stores this process's plugins write, by path, with the plugins that
-# use each: a store stays open while one does, so that a plugin of a new
-# Trainer in the same process (after a `save_checkpoint` outside `fit`,
-# which no teardown follows) writes through the same handle instead of
-# finding the store locked.
-_WRITERS: Dict[str, Tuple[Store, Set[int]]] = {}
 
 
 class SaveCosts(_Callback):
@@ -416,167 +398,3 @@ class SaveCosts(_Callback):
         self._logged = cost
         for logger in trainer.loggers:
             logger.log_metrics(cost.as_metrics(self._prefix), step=cost.step)
-
-
-def _acquire(user: object, path: str, replicate_to: Optional[str], threads: Optional[int]) -> Store:
-    found = _WRITERS.get(path)
-    if found is None:
-        found = (open_store(path, replicate_to=replicate_to, threads=threads), set())
-        _WRITERS[path] = found
-    found[1].add(id(user))
-    return found[0]
-
-
-def _release(user: object, store: Store) -> None:
-    for path, (shared, users) in list(_WRITERS.items()):
-        if shared is store:
-            users.discard(id(user))
-            if not users:
-                del _WRITERS[path]
-                store.close()
-            return
-    store.close()  # a read-only handle: this plugin's own
-
-
-def _marker_store(marker: Dict[str, Any], file: str) -> Optional[str]:
-    """The path of the store the marker at `file` names (format 2:
-    relative to the marker), or None."""
-    where = marker.get(_MARKER)
-    if not isinstance(where, str):
-        return None
-    if marker.get("format") == _MARKER_FORMAT:
-        return os.path.normpath(os.path.join(os.path.dirname(file), where))
-    return where
-
-
-def _same_file(a: str, b: Optional[str]) -> bool:
-    return b is not None and os.path.realpath(a) == os.path.realpath(b)
-
-
-def _name(path: Any) -> str:
-    name: str = os.path.abspath(os.fspath(path))
-    return name
-
-
-def _global_step(checkpoint: Dict[str, Any], name: str) -> int:
-    step = checkpoint.get("global_step") if isinstance(checkpoint, dict) else None
-    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-        raise ValueError(f"{name}: a Lightning checkpoint has an int global_step, got {step!r}")
-    return step
-
-
-def _names(values: Dict[str, Any]) -> List[str]:
-    """The step's names for its save record: `lightning:<name>` for each
-    checkpoint structure among `values`."""
-    return [n for n in values if n.startswith(_PREFIX) and isinstance(values[n], bytes)]
-
-
-def _owns(name: str, entry: str) -> bool:
-    head = _PREFIX + name
-    return entry == head or entry.startswith(head + "/")
-
-
-def _names_at(store: Store, step: int) -> List[str]:
-    info = store.info(step)
-    if info is None:
-        return []
-    return [b[len(_PREFIX):] for b in info.blobs if b.startswith(_PREFIX)]
-
-
-def _step_of(store: Store, name: str) -> Optional[int]:
-    """The newest step holding `name` (two hold it only after a crash in
-    the middle of moving it)."""
-    found = [step for step in store.steps() if name in _names_at(store, step)]
-    return max(found) if found else None
-
-
-def _load(store: Store, name: str, map_location: Optional[Any]) -> Dict[str, Any]:
-    """The checkpoint stored under `name`, rebuilt without running code."""
-    step = _step_of(store, name)
-    if step is None:
-        raise FileNotFoundError(f"{name}: no checkpoint of that name in the store")
-    loaded = store.load(step)
-    if loaded is None:
-        raise FileNotFoundError(f"{name}: step {step} was removed while loading")
-    document = json.loads(loaded.tensors.pop(_PREFIX + name).tobytes())
-    if document.get("format") != _FORMAT:
-        raise ValueError(f"{name}: step {step} has an unknown ckptstore.lightning format "
-                         f"{document.get('format')!r}")
-    tensors = {n: a.reshape(-1).view(np.uint8) for n, a in loaded.tensors.items() if _owns(name, n)}
-    checkpoint: Dict[str, Any] = Rebuilder(tensors).walk(document["checkpoint"])
-    if isinstance(map_location, (str, torch.device)):
-        checkpoint = _to(checkpoint, torch.device(map_location))
-    return checkpoint
-
-
-def _to(obj: Any, device: torch.device) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device)
-    if isinstance(obj, dict):
-        return type(obj)((k, _to(v, device)) for k, v in obj.items())
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to(v, device) for v in obj)
-    return obj
-
-
-def _read_marker(path: str) -> Optional[Dict[str, Any]]:
-    """The marker at `path`; None if there is no file or it is not one."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(_MARKER_MAX + 1)
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-        return None
-    if len(head) > _MARKER_MAX or not head.startswith(b"{"):
-        return None
-    try:
-        marker = json.loads(head)
-    except ValueError:
-        return None
-    if not isinstance(marker, dict) or _MARKER not in marker or "name" not in marker:
-        return None
-    return marker
-
-
-def _write_marker(path: str, marker: Dict[str, Any]) -> None:
-    """Write `marker` at `path` whole or not at all, durably (in Rust:
-    through `.<marker>.tmp<pid>-<uuid>` beside it)."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    write_durably(path, json.dumps(marker, indent=1).encode() + b"\n")
-
-
-# Temporary files of a marker's write: the crate's (`.<marker>.tmp<pid>-
-# <uuid>`), and 0.4's (`<marker>.<pid>.tmp`).
-_TEMP = re.compile(r"\..+\.tmp([0-9]+)-[0-9a-f-]{36}|.+\.([0-9]+)\.tmp")
-
-
-def _remove_stale_temps(directory: str) -> None:
-    """Remove the temporary files a marker's write left in `directory` when
-    its process was killed: named with the pid of a process no longer
-    alive, and empty or a marker (never another file)."""
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return
-    for name in names:
-        found = _TEMP.fullmatch(name)
-        if found is None or _alive(int(found.group(1) or found.group(2))):
-            continue
-        path = os.path.join(directory, name)
-        try:
-            ours = os.path.getsize(path) == 0 or _read_marker(path) is not None
-            if ours:
-                os.remove(path)
-        except FileNotFoundError:
-            continue
-
-
-def _alive(pid: int) -> bool:
-    """Whether process `pid` runs (this one included)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True  # another user's, or no such pid number: kept
-    return True
-

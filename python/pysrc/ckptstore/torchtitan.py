@@ -59,7 +59,8 @@ from .dcp._export import export_hf
 from .dcp._reader import StorageReader
 from .dcp._writer import StorageWriter
 from ._remote import Remote
-from .dcp._targets import is_bucket_url, target_of
+from .dcp._choose import target_of
+from .dcp._targets import is_bucket_url
 from .dcp.tiers._tiers import Tiers
 
 __all__ = ["CheckpointManager"]

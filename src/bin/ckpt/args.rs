@@ -194,9 +194,10 @@ pub(crate) enum Command {
         #[arg(long, default_value = "latest")]
         step: String,
     },
-    /// Steps, sizes, deduplication ratio, file size. Reads.
+    /// Steps, sizes, deduplication ratio, file size (of a bucket: bytes
+    /// stored against the steps' own). Reads.
     Stats {
-        /// The store file.
+        /// The store file, or a bucket URL.
         store: PathBuf,
         /// Print JSON instead of text.
         #[arg(long)]

@@ -444,6 +444,9 @@ fn compact(store: &Path, wait: Duration) -> Result<ExitCode> {
 }
 
 fn stats(store: &Path, json: bool) -> Result<ExitCode> {
+    if let Some(url) = store.to_str().filter(|s| remote::is_url(s)) {
+        return remote::stats(url, json);
+    }
     let s = open_read(store)?;
     output::stats(&s.stats()?, json)?;
     Ok(ExitCode::SUCCESS)

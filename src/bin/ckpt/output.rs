@@ -173,6 +173,7 @@ pub fn show(info: &StepInfo, summary: Option<&StepSummary>, pinned: bool, json: 
         if let (Some(s), Some(map)) = (summary, value.as_object_mut()) {
             map.insert("logical_bytes".into(), s.logical_bytes.into());
             map.insert("bytes_written".into(), s.bytes_written.into());
+            map.insert("stored_bytes".into(), s.stored_bytes.into());
         }
         outln!("{}", serde_json::to_string_pretty(&value)?);
         return Ok(());
@@ -191,8 +192,13 @@ pub fn show(info: &StepInfo, summary: Option<&StepSummary>, pinned: bool, json: 
     outln!("metrics:   {}", metrics(&info.metrics));
     if let Some(s) = summary {
         let shared = s.logical_bytes.saturating_sub(s.bytes_written);
+        let stored = if s.stored_bytes == s.bytes_written {
+            String::new()
+        } else {
+            format!(" ({} as stored, compressed)", bytes(s.stored_bytes))
+        };
         outln!(
-            "written:   {} new, {} shared with earlier steps",
+            "written:   {} new{stored}, {} shared with earlier steps",
             bytes(s.bytes_written),
             bytes(shared)
         );
@@ -256,6 +262,41 @@ pub fn stats(s: &StoreStats, json: bool) -> Result {
             s.pack_files
         );
     }
+    Ok(())
+}
+
+/// A bucket's totals: its complete steps, their bytes (`logical`), the
+/// bytes of their chunks, each once (`chunks`), and what those take as
+/// stored (`stored`: fewer where chunks are stored compressed).
+pub fn bucket_stats(
+    url: &str,
+    steps: usize,
+    logical: u64,
+    chunks: u64,
+    stored: u64,
+    json: bool,
+) -> Result {
+    if json {
+        let v = serde_json::json!({
+            "url": url, "steps": steps, "logical_bytes": logical,
+            "chunk_bytes": chunks, "stored_bytes": stored,
+        });
+        outln!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(());
+    }
+    let ratio = |a: u64, b: u64| if b == 0 { 1.0 } else { a as f64 / b as f64 };
+    outln!("steps:          {steps}");
+    outln!("logical bytes:  {}", bytes(logical));
+    outln!(
+        "chunk bytes:    {} (dedup ratio {:.2}x)",
+        bytes(chunks),
+        ratio(logical, chunks)
+    );
+    outln!(
+        "stored bytes:   {} ({:.2}x smaller compressed)",
+        bytes(stored),
+        ratio(chunks, stored)
+    );
     Ok(())
 }
 

@@ -130,6 +130,21 @@ pub(crate) fn ls(url: &str, json: bool, all: bool) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `ckpt stats URL`: the bucket's steps, their bytes, the bytes of their
+/// chunks (each once) and what those take as stored.
+pub(crate) fn stats(url: &str, json: bool) -> Result<ExitCode> {
+    let remote = open_existing(url)?;
+    let summaries = remote.summaries()?;
+    let sum = |f: fn(&ckptstore::StepSummary) -> u64| summaries.iter().map(f).sum::<u64>();
+    let (logical, chunks, stored) = (
+        sum(|s| s.logical_bytes),
+        sum(|s| s.bytes_written),
+        sum(|s| s.stored_bytes),
+    );
+    output::bucket_stats(url, summaries.len(), logical, chunks, stored, json)?;
+    Ok(ExitCode::SUCCESS)
+}
+
 pub(crate) fn show(url: &str, step: &str, json: bool) -> Result<ExitCode> {
     let remote = open_existing(url)?;
     let step = resolve(&remote, step)?;

@@ -125,7 +125,8 @@ impl Reader<'_> {
         let complete = self.complete()?;
         let summaries = complete.iter().map(|(_, m)| {
             let mut s = m.summary();
-            s.bytes_written = m.parts().iter().map(|p| new_bytes(p, &mut seen)).sum();
+            let new = m.parts().iter().map(|p| new_bytes(p, &mut seen));
+            (s.bytes_written, s.stored_bytes) = new.fold((0, 0), |(a, b), (c, d)| (a + c, b + d));
             s
         });
         Ok(summaries.collect())

@@ -386,25 +386,33 @@ fn summary(m: &RemoteManifest) -> StepSummary {
         metrics,
         logical_bytes: m.blobs.values().fold(0, |n, b| n.saturating_add(b.len)),
         bytes_written: 0,
+        stored_bytes: 0,
         blobs: m.blobs.len(),
         save_record,
     }
 }
 
-/// Bytes of the chunks of `m` not in `seen`, which takes them.
-pub(crate) fn new_bytes(m: &RemoteManifest, seen: &mut HashSet<HexHash>) -> u64 {
-    let mut bytes = 0;
+/// Bytes of the chunks of `m` not in `seen`, which takes them: their own,
+/// and as its packs hold them (fewer where they are stored compressed).
+pub(crate) fn new_bytes(m: &RemoteManifest, seen: &mut HashSet<HexHash>) -> (u64, u64) {
+    let stored = |hash: &HexHash, n: u64| {
+        let entry = m.index.as_ref().and_then(|index| index.get(hash));
+        entry.map_or(n, |e| e.stored.len(n))
+    };
+    let (mut raw, mut held) = (0u64, 0u64);
+    let mut add = |hash: &HexHash, n: u64| {
+        if seen.insert(*hash) {
+            raw = raw.saturating_add(n);
+            held = held.saturating_add(stored(hash, n));
+        }
+    };
     for blob in m.blobs.values() {
         for (hash, n) in blob.chunks().iter().zip(blob.chunk_lengths()) {
-            if seen.insert(*hash) {
-                bytes = u64::saturating_add(bytes, n as u64);
-            }
+            add(hash, n as u64);
         }
     }
     if let Some(p) = &m.packed {
-        if seen.insert(p.hash) {
-            bytes = bytes.saturating_add(p.len);
-        }
+        add(&p.hash, p.len);
     }
-    bytes
+    (raw, held)
 }

@@ -6,7 +6,8 @@ import os
 from typing import Any, List, Optional
 
 from .._ckptstore import HfExport
-from ._targets import UserTarget, target_of
+from ._choose import target_of
+from ._targets import UserTarget
 
 
 def export_hf(

@@ -5,7 +5,7 @@ neighbouring bytes; at several ranks, each byte once (`stripes._run`)."""
 import dataclasses
 import io
 from datetime import timedelta
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -21,7 +21,8 @@ from .stripes import _plan, _run
 from .._ckptstore import dcp_box_span
 from .._convert import step_number
 from ._document import Where
-from ._targets import LoadTarget, Opened, Piece, UserTarget, check_sendable, is_step_id, load_target
+from ._choose import load_target
+from ._targets import LoadTarget, Opened, Piece, UserTarget, check_sendable, is_step_id
 from ._wire import DEFAULT_TIMEOUT, Group
 
 # A read item, the bytes it reads, the stored box they hold (dtype,

@@ -25,7 +25,8 @@ from .._convert import step_number
 from .._cost import Clock, SaveCost
 from .._errors import StepExistsError
 from ._document import Where
-from ._targets import METADATA, Put, RankLocalTarget, SaveTarget, UserTarget, check_sendable, is_step_id, save_target
+from ._choose import save_target
+from ._targets import METADATA, Put, RankLocalTarget, SaveTarget, UserTarget, check_sendable, is_step_id
 from .._staging import Hashes, Pending, Pool, Staged, hashes_of
 
 # The staged copies of async saves, reused by the next save to the same

@@ -17,7 +17,8 @@ from ..._ckptstore import ChunkMap, TierDir, tier_holders, tier_pick
 from ..._errors import CorruptError, Error
 from ..._store import Store
 from .._reader import StorageReader
-from .._targets import METADATA, Deliver, Opened, Piece, Slice, read_in_batches, remote_of
+from .._bucket import remote_of
+from .._targets import METADATA, Deliver, Opened, Piece, Slice, read_in_batches
 from .._wire import Group, TierFailure, attempt, described
 from ..stripes._proofs import Refusal
 from ..stripes._run import Refused
@@ -69,8 +70,7 @@ def choose(
     whole from the local tier, by the records of every node's directory
     (`ckptstore::tier` evaluates and picks); why a save made after it
     cannot be (or ""); and the steps of those saves, the last made first.
-    `failure`: this rank could not survey its stores (raised on every
-    rank)."""
+    `failure`: this rank could not survey its stores (raised on all)."""
     group.check(failure, "loading from the local tier")
     holdings = [(rank, kind, src, s, d) for rank, hs in enumerate(group.gather(held)) for kind, src, s, d in hs]
     # The ranks of a node read the same records: each save once per rank.
@@ -439,8 +439,7 @@ class Load:
         found, failed = attempt(find) if self._node.rank == 0 else (None, None)
         if failed is not None:
             warnings.warn(f"ckptstore.dcp.Tiers: {bucket} cannot be read ({described(failed)})", stacklevel=4)
-        chosen: Optional[int] = self._group.broadcast(found, 0)
-        return chosen
+        return self._group.broadcast(found, 0)  # type: ignore[no-any-return]
 
     def _dcp_load(self, state: Dict[str, Any], reader: Any) -> None:
         group = self._group.group

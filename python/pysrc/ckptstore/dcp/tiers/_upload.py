@@ -7,7 +7,8 @@ naming them all."""
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..._store import Store
-from .._targets import METADATA, remote_of
+from .._bucket import remote_of
+from .._targets import METADATA
 from .._wire import Group, attempt, described
 from ._layout import Record, records_in
 from ._node import Node

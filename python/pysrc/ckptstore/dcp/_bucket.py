@@ -1,0 +1,187 @@
+"""ckptstore.dcp's bucket target: shards uploaded by every rank, the
+coordinator's commit naming exactly them (or, rank-locally, each rank's
+commit of its own shard), read in ranged reads of neighbouring bytes;
+one `Remote` per bucket URL in a process."""
+
+import os
+from typing import Any, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from .._ckptstore import HfExport, SaveRecord
+from .._remote import Remote
+from ._rank_local import RANK_METADATA
+from ._targets import Deliver, Opened, Piece, Put, Slice, read_in_batches
+from ._wire import Group
+
+
+# One Remote per bucket URL in a process (and per compression setting): it
+# remembers where the chunks it wrote lie in the bucket's packs, so a save
+# of unchanged tensors uploads nothing and asks nothing per chunk. Keyed by
+# process too: a forked child opens its own.
+_REMOTES: Dict[Tuple[int, str, bool], Remote] = {}
+
+
+def remote_of(url: str, compress: bool = False) -> Remote:
+    """This process's `Remote` of bucket `url` (storing new chunks
+    compressed or not)."""
+    key = (os.getpid(), str(url), bool(compress))
+    found = _REMOTES.get(key)
+    if found is None:
+        found = _REMOTES[key] = Remote(str(url), compress=bool(compress))
+    return found
+
+
+class Bucket:
+    """A bucket: shards uploaded by every rank, the coordinator's commit
+    naming exactly them."""
+
+    many_ranks = True
+    sendable = True
+    fans_out = True
+    readers: Optional[Dict[int, List[int]]] = None
+    nodes: Optional[List[int]] = None
+    group: Optional[Group] = None
+
+    def __init__(self, url: str, compress: bool = False) -> None:
+        self.url = self.description = url
+        self.compress = bool(compress)
+        self.pool_key: Hashable = url
+
+    @property
+    def _remote(self) -> Remote:
+        # Looked up at each use, not kept: a process forked after this
+        # target was made uses a Remote of its own.
+        return remote_of(self.url, self.compress)
+
+    def committed(self, step: int) -> bool:
+        return self._remote.open_global(step) is not None
+
+    def latest(self) -> Optional[int]:
+        return self._remote.latest_step()
+
+    def put_data(self, step: int, rank: int, world: int, values: Mapping[str, Any]) -> Put:
+        info = self._remote.upload_shard(step, rank, world, values, data_only=True)
+        return Put(info.shard, info.bytes_uploaded, info.bytes_skipped)
+
+    def put(
+        self, step: int, rank: int, world: int, values: Mapping[str, Any], record: Optional[SaveRecord], replace: bool
+    ) -> Put:
+        info = self._remote.upload_shard(step, rank, world, values, record=record)
+        return Put(info.shard, info.bytes_uploaded, info.bytes_skipped)
+
+    def layout_entries(self, sizes: List[Dict[str, int]]) -> Dict[str, bytes]:
+        return {}
+
+    def finish(
+        self,
+        step: int,
+        rank: int,
+        world: int,
+        values: Mapping[str, Any],
+        record: Optional[SaveRecord],
+        replace: bool,
+        shards: List[str],
+    ) -> Put:
+        missing = [r for r, s in enumerate(shards) if not s and r != rank]
+        if missing:
+            raise ValueError(f"step {step}: no shard reported by ranks {missing}")
+        # One lock cycle: the coordinator's shard, then the commit.
+        info = self._remote.upload_shard(step, rank, world, values, record=record, commit=shards)
+        return Put(info.shard, info.bytes_uploaded, info.bytes_skipped)
+
+    def finish_local(
+        self, step: int, rank: int, world: int, values: Mapping[str, Any], record: Optional[SaveRecord], save: str
+    ) -> Put:
+        info = self._remote.commit_shard(step, rank, world, values, record, save)
+        return Put(info.shard, info.bytes_uploaded, info.bytes_skipped)
+
+    def open(self, step: int, commit: Optional[str]) -> Opened:
+        return OpenedBucket(self._remote, step, commit, self.url)
+
+    def consolidate(self, step: int, path: "os.PathLike[str] | str", prefix: Optional[str]) -> List[str]:
+        return self._remote.consolidate(step, path, prefix)
+
+    def export_hf(
+        self, step: int, directory: "os.PathLike[str] | str", max_shard_size: "int | str", prefix: Optional[str], dtype: Any
+    ) -> HfExport:
+        return self._remote.export_hf(step, directory, max_shard_size, prefix, dtype)
+
+
+class OpenedBucket:
+    """A global step of a bucket: the shards a load takes boxes from, each
+    read when first used, in ranged reads of neighbouring bytes."""
+
+    def __init__(self, remote: Remote, step: int, commit: Optional[str], url: str) -> None:
+        self._remote = remote
+        opened = remote.open_global(step, commit)
+        if opened is None:
+            if commit is None:
+                raise FileNotFoundError(f"{url} has no complete step {step}")
+            raise FileNotFoundError(
+                f"{url} no longer holds the save of step {step} this load chose (commit {commit}): "
+                "the step was saved again or removed meanwhile; load again"
+            )
+        self._opened = opened
+        self.commit: Optional[str] = opened.commit
+        self._by_rank: Dict[int, Dict[str, Tuple[Optional[str], Optional[List[int]], int]]] = {}
+        self._step, self._url = step, url
+        self._document: Optional[bytes] = None  # DCP's metadata, once read
+
+    def _entries(self, rank: int) -> Dict[str, Tuple[Optional[str], Optional[List[int]], int]]:
+        """Rank `rank`'s entries, its shard read once."""
+        found = self._by_rank.get(rank)
+        if found is None:
+            found = self._by_rank[rank] = self._remote.entries(self._opened, rank)
+        return found
+
+    def _global_document(self) -> Optional[bytes]:
+        """DCP's metadata of a save with collectives (rank 0's shard, read
+        once: what every load of such a step reads first); None for a
+        rank-local save (told by rank 0's shard) or no DCP save."""
+        if self._document is None:
+            self._document = self._remote.dcp_metadata(self._opened)
+        return self._document
+
+    def metadata(self) -> bytes:
+        metadata = self._global_document()
+        if metadata is None:
+            raise ValueError(f"step {self._step} of {self._url} was not saved by ckptstore.dcp")
+        return metadata
+
+    def rank_metadata(self, rank: int) -> Optional[Tuple[int, bytes]]:
+        # A step saved with collectives costs its load nothing more here.
+        if self._global_document() is not None:
+            return None
+        world = self._opened.world_size
+        rank %= world
+        found = self._entries(rank).get(RANK_METADATA)
+        if found is None:
+            return None
+        read = self._remote.read_pieces(self._opened, [(rank, RANK_METADATA, 0, found[2])])
+        return world, read[0].tobytes()
+
+    def length(self, rank: int, entry: str) -> int:
+        return self._entries(rank)[entry][2]
+
+    def read(
+        self, pieces: Sequence[Piece], dest: Dict[int, np.ndarray], deliver: Deliver, failure: Optional[BaseException]
+    ) -> None:
+        if failure is not None:
+            raise failure
+        # Pieces with memory of their own in one call (no copy is held, so
+        # the bucket gets as many ranges in flight as it takes).
+
+        def fill(batch: List[int], arrays: List[np.ndarray]) -> List[int]:
+            self._remote.read_pieces_into(self._opened, [pieces[i] for i in batch], arrays)
+            return batch
+
+        read_in_batches(pieces, dest, deliver, fill)
+
+    proves = True
+
+    def slices(self, pieces: Sequence[Piece]) -> List[List[Slice]]:
+        return self._remote.slices(self._opened, pieces)
+
+    def read_proving(self, pieces: Sequence[Piece], dest: Dict[int, np.ndarray], proved: Sequence[Piece]) -> List[bytes]:
+        return self._remote.read_pieces_proving(self._opened, pieces, [dest[i] for i in range(len(pieces))], proved)
