@@ -18,7 +18,11 @@ save and load of --mib MiB of bf16 weights and fp32 moments into the S3
 server at AWS_ENDPOINT_URL at 1 and 4 ranks, ckptstore compressed and
 not, against s3torchconnector: medians of --reps, each round running
 every contender once in a rotating order. Ratio = s3torchconnector's
-time / ckptstore's.
+time / ckptstore's. With --throttle MBPS as well: the same through the
+bench's own throttle, a TCP proxy in front of the server that passes at
+most MBPS MB/s per rank each way (all connections of a run together:
+MBPS x ranks), the regime of a real bucket, where a connection carries
+85-90 MB/s and fewer bytes must mean less time.
 """
 
 import argparse
@@ -210,12 +214,12 @@ def worker(mode, kind, target, world, rank, port, mib):
     dist.destroy_process_group()
 
 
-def run(mode, kind, target, world, mib):
+def run(mode, kind, target, world, mib, env=None):
     port = _port()
     procs = [
         subprocess.Popen(
             [sys.executable, __file__, "--worker", mode, kind, target, str(world), str(r), str(port), str(mib)],
-            stdout=subprocess.PIPE, text=True,
+            stdout=subprocess.PIPE, text=True, env={**os.environ, **(env or {})},
         )
         for r in range(world)
     ]
@@ -228,24 +232,99 @@ def run(mode, kind, target, world, mib):
     return max(took)
 
 
+class Throttle:
+    """A TCP proxy on 127.0.0.1 in front of `upstream` (host, port) that
+    passes at most `rate` bytes a second each way, over all connections
+    (a token bucket per direction, refilled every 10 ms)."""
+
+    def __init__(self, upstream, rate):
+        import asyncio
+        import threading
+
+        self.upstream, self.rate = upstream, rate
+        self.loop = asyncio.new_event_loop()
+        self.port = _port()
+        self.budget = {"up": 0.0, "down": 0.0}
+        ready = threading.Event()
+        threading.Thread(target=self._run, args=(ready,), daemon=True).start()
+        ready.wait()
+
+    def _run(self, ready):
+        import asyncio
+
+        asyncio.set_event_loop(self.loop)
+        server = self.loop.run_until_complete(asyncio.start_server(self._serve, "127.0.0.1", self.port))
+        self.loop.create_task(self._refill())
+        ready.set()
+        self.loop.run_until_complete(server.serve_forever())
+
+    async def _refill(self):
+        import asyncio
+
+        while True:
+            await asyncio.sleep(0.01)
+            for way in self.budget:
+                self.budget[way] = min(self.budget[way] + self.rate * 0.01, self.rate * 0.05)
+
+    async def _pipe(self, reader, writer, way):
+        import asyncio
+
+        try:
+            while True:
+                data = await reader.read(1 << 16)
+                if not data:
+                    break
+                while self.budget[way] <= 0:
+                    await asyncio.sleep(0.005)
+                self.budget[way] -= len(data)
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            writer.close()
+
+    async def _serve(self, client_reader, client_writer):
+        import asyncio
+
+        try:
+            server_reader, server_writer = await asyncio.open_connection(*self.upstream)
+        except OSError:
+            client_writer.close()
+            return
+        await asyncio.gather(
+            self._pipe(client_reader, server_writer, "up"), self._pipe(server_reader, client_writer, "down")
+        )
+
+
 def main_s3(args):
     import uuid
+    from urllib.parse import urlparse
 
     bucket, run_id = os.environ["CKPT_TEST_BUCKET"], uuid.uuid4().hex[:8]
-    print(f"state: {args.mib} MiB of bf16 weights and fp32 moments into {os.environ['AWS_ENDPOINT_URL']}; "
-          f"medians of {args.reps}")
+    throttles = {}
+    if args.throttle:
+        endpoint = urlparse(os.environ["AWS_ENDPOINT_URL"])
+        for world in args.ranks:
+            throttles[world] = Throttle((endpoint.hostname, endpoint.port), args.throttle * 1e6 * world)
+    print(f"state: {args.mib} MiB of bf16 weights and fp32 moments into {os.environ['AWS_ENDPOINT_URL']}"
+          + (f" through a throttle of {args.throttle} MB/s a rank each way" if args.throttle else "")
+          + f"; medians of {args.reps}")
     kinds = ("raw", "compressed", "s3torch")
     print(f"{'ranks':>5} {'op':>5} {'raw s':>8} {'compressed s':>13} {'s3torch s':>10} "
           f"{'s3torch/raw':>12} {'s3torch/compressed':>19}")
     for world in args.ranks:
         times = {(m, k): [] for m in ("save", "load") for k in kinds}
+        env = {}
+        if world in throttles:
+            env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{throttles[world].port}"}
         for rep in range(args.reps):
             order = kinds[rep % 3:] + kinds[:rep % 3]
             for kind in order:
                 prefix = f"bench-compression-{run_id}-{kind}-{world}-{rep}"
                 target = f"s3://{bucket}/{prefix}" + ("/" if kind == "s3torch" else "")
                 for mode in ("save", "load"):
-                    times[(mode, kind)].append(run(mode, kind, target, world, args.mib))
+                    times[(mode, kind)].append(run(mode, kind, target, world, args.mib, env))
         for mode in ("save", "load"):
             raw, small, theirs = (statistics.median(times[(mode, k)]) for k in kinds)
             print(f"{world:>5} {mode:>5} {raw:>8.3f} {small:>13.3f} {theirs:>10.3f} "
@@ -260,6 +339,7 @@ def main():
     ap.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
     ap.add_argument("--s3", action="store_true", help="DCP to the S3 server of AWS_ENDPOINT_URL")
     ap.add_argument("--ranks", default="1,4", help="the world sizes of --s3, comma-separated (default 1,4)")
+    ap.add_argument("--throttle", type=float, default=None, help="with --s3: MB/s a rank, each way, through a proxy")
     ap.add_argument("--worker", nargs=7, help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.ranks = [int(r) for r in args.ranks.split(",")]

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use ckptstore::{Remote, SaveId, ShardHash, ShardUpload};
+use ckptstore::{Remote, SaveId, ShardHash, ShardSource, ShardUpload, ShardWrite};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -39,8 +39,8 @@ impl RawRemote {
         let borrowed = borrowed(tensors)?;
         let info = py
             .detach(|| {
-                self.remote
-                    .upload_shard_borrowed(shard, &ckpt, &borrowed, how)
+                let source = ShardSource::Borrowed(&ckpt, &borrowed);
+                self.remote.write_shard(ShardWrite::new(shard, source, how))
             })
             .map_err(py_err)?;
         Ok((&info).into())
@@ -131,63 +131,69 @@ impl RawRemote {
         Ok((&info).into())
     }
 
-    /// Commit rank `rank`'s shard of global step `step` of `world_size`
-    /// ranks, given as `(step, rank, world_size)` (the arrays are copied);
-    /// with `save` (the identity of a rank-local save, alike on its ranks),
-    /// the step completes only with shards of that save.
-    #[pyo3(signature = (shard, tensors, blobs, metrics, record = None, save = None))]
+    /// Write rank `rank`'s shard of global step `step` of `world` ranks
+    /// (`shard`, as `(step, rank, world)`), as far as `upload` says:
+    /// "chunks" (its chunks only, no shard yet: a later write through this
+    /// remote finds them), "manifest" (the shard, not completing the step:
+    /// `commit_global` does; its ShardInfo names it), "complete" (and the
+    /// step's commit once every rank's shard is there, by whichever rank
+    /// finds them; with `save`, the identity of a rank-local save alike on
+    /// its ranks, only with shards of that save) or "commit" (the step
+    /// completed with `commit`, every rank's shard by rank, this rank's
+    /// entry not read, under the same lock). Its bytes: `tensors` (hashed
+    /// and uploaded from their own memory) and `blobs`, with `metrics` and
+    /// `record`; or, with `store`, the step of that store less the blobs
+    /// named in `drop`, with `blobs` added, read and hashed in Rust (its
+    /// bytes never reach Python).
+    #[pyo3(signature = (
+        shard, upload, tensors=Vec::new(), blobs=Vec::new(), metrics=BTreeMap::new(), record=None,
+        store=None, drop=Vec::new(), save=None, commit=None
+    ))]
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments
-    fn save_shard(
+    fn write_shard(
         &self,
         py: Python<'_>,
         shard: (u64, u32, u32),
+        upload: &str,
         tensors: Vec<PySaved<'_>>,
         blobs: Vec<(String, Vec<u8>)>,
         metrics: BTreeMap<String, f64>,
         record: Option<PyRef<'_, crate::record::SaveRecord>>,
+        store: Option<PyRef<'_, RawStore>>,
+        drop: Vec<String>,
         save: Option<&str>,
-    ) -> PyResult<results::ShardInfo> {
-        let ckpt = checkpoint(shard.0, blobs, metrics, record.as_deref());
-        let how = save.map_or(ShardUpload::Complete, |s| {
-            ShardUpload::RankLocal(SaveId::of(s))
-        });
-        self.shard_call(py, shard, &tensors, ckpt, how)
-    }
-
-    /// Upload rank `rank`'s shard of global step `step` without completing
-    /// the step (`commit_global` does); its ShardInfo names it. With
-    /// `commit` (every rank's shard, by rank; this rank's entry is not
-    /// read), the step is completed with them under the same lock.
-    #[pyo3(signature = (shard, tensors, blobs, metrics, record = None, commit = None))]
-    #[allow(clippy::too_many_arguments)] // Python's keyword arguments
-    fn upload_shard(
-        &self,
-        py: Python<'_>,
-        shard: (u64, u32, u32),
-        tensors: Vec<PySaved<'_>>,
-        blobs: Vec<(String, Vec<u8>)>,
-        metrics: BTreeMap<String, f64>,
-        record: Option<PyRef<'_, crate::record::SaveRecord>>,
         commit: Option<Vec<String>>,
     ) -> PyResult<results::ShardInfo> {
-        let ckpt = checkpoint(shard.0, blobs, metrics, record.as_deref());
-        let Some(shards) = commit else {
-            return self.shard_call(py, shard, &tensors, ckpt, ShardUpload::Manifest);
+        let then = upload_of(shard, upload, save, commit)?;
+        let Some(store) = store else {
+            if !drop.is_empty() {
+                return Err(PyValueError::new_err(
+                    "write_shard: drop names blobs of a store's step",
+                ));
+            }
+            let ckpt = checkpoint(shard.0, blobs, metrics, record.as_deref());
+            return self.shard_call(py, shard, &tensors, ckpt, then);
         };
-        let (step, own) = (shard.0, shard.1);
-        let shards = ranks(&shards)
-            .map(|(rank, name)| {
-                (rank != own)
-                    .then(|| shard_name(step, rank, name))
-                    .transpose()
-            })
-            .collect::<ckptstore::Result<Vec<_>>>()
-            .map_err(py_err)?;
-        let borrowed = borrowed(&tensors)?;
+        if !tensors.is_empty() || !metrics.is_empty() || record.is_some() {
+            return Err(PyValueError::new_err(
+                "write_shard: a store's step brings its own tensors, metrics and record",
+            ));
+        }
+        let store = store.get()?;
+        let step = shard.0;
         let info = py
             .detach(|| {
-                self.remote
-                    .upload_shard_and_commit(shard, &ckpt, &borrowed, &shards)
+                let mut ckpt = store
+                    .get(step)?
+                    .ok_or(ckptstore::Error::StepNotFound { step })?;
+                for name in &drop {
+                    ckpt.optimizer_state.remove(name);
+                }
+                for (name, bytes) in blobs {
+                    ckpt.set_optimizer_state(name, bytes);
+                }
+                let write = ShardWrite::new(shard, ShardSource::Owned(&ckpt), then);
+                self.remote.write_shard(write)
             })
             .map_err(py_err)?;
         Ok((&info).into())
@@ -203,52 +209,6 @@ impl RawRemote {
         let store = store.get()?;
         let r = py.detach(|| self.remote.push(store)).map_err(py_err)?;
         Ok((&r).into())
-    }
-
-    /// Upload step `step` of `store` as rank `rank`'s shard of global step
-    /// `step` of `world` ranks, read and hashed in Rust (its bytes never
-    /// reach Python), less the blobs named in `drop`, with `blobs` added;
-    /// without completing the step (`commit_global` does).
-    fn upload_shard_from_store(
-        &self,
-        py: Python<'_>,
-        store: PyRef<'_, RawStore>,
-        shard: (u64, u32, u32),
-        drop: Vec<String>,
-        blobs: Vec<(String, Vec<u8>)>,
-    ) -> PyResult<results::ShardInfo> {
-        let store = store.get()?;
-        let (step, rank, world) = shard;
-        let info = py
-            .detach(|| {
-                let mut ckpt = store
-                    .get(step)?
-                    .ok_or_else(|| ckptstore::Error::StepNotFound { step })?;
-                for name in &drop {
-                    ckpt.optimizer_state.remove(name);
-                }
-                for (name, bytes) in blobs {
-                    ckpt.set_optimizer_state(name, bytes);
-                }
-                self.remote.upload_shard(step, rank, world, &ckpt)
-            })
-            .map_err(py_err)?;
-        Ok((&info).into())
-    }
-
-    /// Upload only the chunks of rank `rank`'s shard of `step`.
-    #[pyo3(signature = (shard, tensors, blobs, metrics, record = None))]
-    fn upload_shard_data(
-        &self,
-        py: Python<'_>,
-        shard: (u64, u32, u32),
-        tensors: Vec<PySaved<'_>>,
-        blobs: Vec<(String, Vec<u8>)>,
-        metrics: BTreeMap<String, f64>,
-        record: Option<PyRef<'_, crate::record::SaveRecord>>,
-    ) -> PyResult<results::ShardInfo> {
-        let ckpt = checkpoint(shard.0, blobs, metrics, record.as_deref());
-        self.shard_call(py, shard, &tensors, ckpt, ShardUpload::ChunksOnly)
     }
 
     /// Complete global step `step` with exactly these shards, by rank.
@@ -476,6 +436,34 @@ impl RawRemote {
 /// with its rank.
 fn ranks(names: &[String]) -> impl Iterator<Item = (u32, &String)> {
     (0u32..).zip(names)
+}
+
+/// How far a shard write goes, as Python names it (`RawRemote::write_shard`).
+fn upload_of(
+    shard: (u64, u32, u32),
+    upload: &str,
+    save: Option<&str>,
+    commit: Option<Vec<String>>,
+) -> PyResult<ShardUpload> {
+    let (step, own, _) = shard;
+    match (upload, save, commit) {
+        ("chunks", None, None) => Ok(ShardUpload::ChunksOnly),
+        ("manifest", None, None) => Ok(ShardUpload::Manifest),
+        ("complete", None, None) => Ok(ShardUpload::Complete),
+        ("complete", Some(save), None) => Ok(ShardUpload::RankLocal(SaveId::of(save))),
+        ("commit", None, Some(shards)) => {
+            let shards = ranks(&shards)
+                .map(|(rank, name)| (rank != own).then(|| shard_name(step, rank, name)).transpose())
+                .collect::<ckptstore::Result<Vec<_>>>()
+                .map_err(py_err)?;
+            Ok(ShardUpload::Commit(shards))
+        }
+        (upload, save, commit) => Err(PyValueError::new_err(format!(
+            "write_shard: upload {upload:?} (one of \"chunks\", \"manifest\", \"complete\", \"commit\"){}{}",
+            if save.is_some() { " with a save (only \"complete\" takes one)" } else { "" },
+            if commit.is_some() { " with shards to commit (only \"commit\" takes them)" } else { "" },
+        ))),
+    }
 }
 
 /// Rank `rank`'s shard name as Python gives it (its hash in hex), decoded.

@@ -346,7 +346,10 @@ fn ckpt_push_compress_writes_format_4_that_any_command_reads() -> Result {
     let packs = stored_bytes(&bucket.join("packs"))?;
     assert_eq!(stored, packs);
     let (code, said) = run(&["show", &url, "1"])?;
-    assert!(code == Some(0) && said.contains("as stored, compressed"), "{said}");
+    assert!(
+        code == Some(0) && said.contains("as stored, compressed"),
+        "{said}"
+    );
     let copy = dir.path().join("copy.ckpt");
     let (code, said) = run(&["pull", &url, &copy.to_string_lossy(), "--step", "1"])?;
     assert_eq!(code, Some(0), "{said}");

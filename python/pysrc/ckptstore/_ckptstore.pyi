@@ -2,7 +2,7 @@
 the `ckptstore` package; these raw classes are what it wraps."""
 
 import os
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union, final
+from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union, final
 
 __all__ = [
     "CHUNK_BYTES",
@@ -521,14 +521,18 @@ class RawRemote:
     def info(self, step: int) -> Optional[StepInfo]: ...
     def load(self, step: Optional[int] = None) -> Optional[Dict[str, Any]]: ...
     def pull(self, step: int, store: RawStore) -> CommitInfo: ...
-    def save_shard(
+    def write_shard(
         self,
         shard: Tuple[int, int, int],
-        tensors: List[_Saved],
-        blobs: List[_Blob],
-        metrics: Dict[str, float],
+        upload: Literal["chunks", "manifest", "complete", "commit"],
+        tensors: List[_Saved] = ...,
+        blobs: List[_Blob] = ...,
+        metrics: Dict[str, float] = ...,
         record: Optional[SaveRecord] = None,
+        store: Optional[RawStore] = None,
+        drop: List[str] = ...,
         save: Optional[str] = None,
+        commit: Optional[List[str]] = None,
     ) -> ShardInfo: ...
     def load_shard(self, rank: int, step: Optional[int] = None) -> Optional[Dict[str, Any]]: ...
     def shards(self, step: int) -> ShardStatus: ...
@@ -539,30 +543,6 @@ class RawRemote:
         keep_every: Optional[int] = None,
         allow_deleting_all: bool = False,
     ) -> List[int]: ...
-    def upload_shard(
-        self,
-        shard: Tuple[int, int, int],
-        tensors: List[_Saved],
-        blobs: List[_Blob],
-        metrics: Dict[str, float],
-        record: Optional[SaveRecord] = None,
-        commit: Optional[List[str]] = None,
-    ) -> ShardInfo: ...
-    def upload_shard_from_store(
-        self,
-        store: RawStore,
-        shard: Tuple[int, int, int],
-        drop: List[str],
-        blobs: List[Tuple[str, bytes]],
-    ) -> ShardInfo: ...
-    def upload_shard_data(
-        self,
-        shard: Tuple[int, int, int],
-        tensors: List[_Saved],
-        blobs: List[_Blob],
-        metrics: Dict[str, float],
-        record: Optional[SaveRecord] = None,
-    ) -> ShardInfo: ...
     def commit_global(self, step: int, shards: List[str]) -> None: ...
     def open_global(self, step: int, commit: Optional[str] = None) -> Optional[RawGlobalStep]: ...
     def entries(self, opened: RawGlobalStep, rank: int) -> Dict[str, Tuple[Optional[str], Optional[List[int]], int]]: ...

@@ -3,7 +3,7 @@ stores, global steps of multi-rank jobs) and `ckptstore.Shard` (one
 rank's side of them)."""
 
 import os
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -122,11 +122,15 @@ class Remote:
         `ckpt ls`)."""
         tensors, blobs = split_state(state)
         shard = (step_number(step), int(rank), int(world_size))
-        if data_only:
-            if commit is not None:
-                raise ValueError("upload_shard: data_only uploads no shard to commit")
-            return self._raw.upload_shard_data(shard, tensors, blobs, metrics_of(metrics), record)
-        return self._raw.upload_shard(shard, tensors, blobs, metrics_of(metrics), record, commit)
+        if data_only and commit is not None:
+            raise ValueError("upload_shard: data_only uploads no shard to commit")
+        upload: Literal["chunks", "manifest", "commit"] = (
+            "chunks" if data_only else "manifest" if commit is None else "commit"
+        )
+        return self._raw.write_shard(
+            shard, upload, tensors, blobs, metrics_of(metrics), record,
+            commit=None if commit is None else [str(s) for s in commit],
+        )
 
     def upload_shard_from(
         self,
@@ -141,9 +145,8 @@ class Remote:
         the blobs named in `drop`, with `blobs` added): read, hashed and
         uploaded in Rust, its bytes never brought into Python."""
         extra = [(str(k), bytes(v)) for k, v in (blobs or {}).items()]
-        return self._raw.upload_shard_from_store(
-            raw_store(store), (step_number(step), int(rank), int(world_size)), [str(d) for d in drop], extra
-        )
+        shard = (step_number(step), int(rank), int(world_size))
+        return self._raw.write_shard(shard, "manifest", blobs=extra, store=raw_store(store), drop=[str(d) for d in drop])
 
     def commit_shard(
         self,
@@ -163,7 +166,7 @@ class Remote:
         step that died do not mix."""
         tensors, blobs = split_state(state)
         shard = (step_number(step), int(rank), int(world_size))
-        return self._raw.save_shard(shard, tensors, blobs, {}, record, save)
+        return self._raw.write_shard(shard, "complete", tensors, blobs, {}, record, save=save)
 
     def commit_global(self, step: int, shards: List[str]) -> None:
         """Complete global step `step` with exactly `shards` (each rank's
@@ -270,7 +273,7 @@ class Shard:
         """Upload this rank's shard of `step`; the arrays are copied."""
         tensors, blobs = split_state(state)
         shard = (step_number(step), self.rank, self.world_size)
-        return self.remote._raw.save_shard(shard, tensors, blobs, metrics_of(metrics))
+        return self.remote._raw.write_shard(shard, "complete", tensors, blobs, metrics_of(metrics))
 
     def save_async(
         self, step: int, state: Mapping[str, Value], metrics: Optional[Mapping[str, float]] = None

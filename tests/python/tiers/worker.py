@@ -155,10 +155,10 @@ def arm(die, node):
     if phase == "commit":
         original = save_module.TierShard.put
 
-        def put(self, at, *args):
-            if at == step:
+        def put(self, write):
+            if write.step == step:
                 kill_later(0.03)
-            return original(self, at, *args)
+            return original(self, write)
 
         save_module.TierShard.put = put
     elif phase == "copy":

@@ -11,7 +11,7 @@ import numpy as np
 from .._ckptstore import HfExport, SaveRecord
 from .._remote import Remote
 from ._rank_local import RANK_METADATA
-from ._targets import Deliver, Opened, Piece, Put, Slice, read_in_batches
+from ._targets import DataAhead, Deliver, Finish, FinishLocal, Opened, Piece, Put, ShardWrite, Slice, read_in_batches
 from ._wire import Group
 
 
@@ -37,6 +37,7 @@ class Bucket:
     naming exactly them."""
 
     many_ranks = True
+    takes_rank_local = True
     sendable = True
     fans_out = True
     readers: Optional[Dict[int, List[int]]] = None
@@ -60,41 +61,24 @@ class Bucket:
     def latest(self) -> Optional[int]:
         return self._remote.latest_step()
 
-    def put_data(self, step: int, rank: int, world: int, values: Mapping[str, Any]) -> Put:
-        info = self._remote.upload_shard(step, rank, world, values, data_only=True)
-        return Put(info.shard, info.bytes_uploaded, info.bytes_skipped)
-
-    def put(
-        self, step: int, rank: int, world: int, values: Mapping[str, Any], record: Optional[SaveRecord], replace: bool
-    ) -> Put:
-        info = self._remote.upload_shard(step, rank, world, values, record=record)
+    def put(self, write: ShardWrite) -> Put:
+        w, then = write, write.then
+        if isinstance(then, FinishLocal):
+            info = self._remote.commit_shard(w.step, w.rank, w.world, w.values, w.record, then.save)
+        elif isinstance(then, Finish):
+            missing = [r for r, s in enumerate(then.shards) if not s and r != w.rank]
+            if missing:
+                raise ValueError(f"step {w.step}: no shard reported by ranks {missing}")
+            # One lock cycle: the coordinator's shard, then the commit.
+            info = self._remote.upload_shard(w.step, w.rank, w.world, w.values, record=w.record, commit=then.shards)
+        elif isinstance(then, DataAhead):
+            info = self._remote.upload_shard(w.step, w.rank, w.world, w.values, data_only=True)
+        else:
+            info = self._remote.upload_shard(w.step, w.rank, w.world, w.values, record=w.record)
         return Put(info.shard, info.bytes_uploaded, info.bytes_skipped)
 
     def layout_entries(self, sizes: List[Dict[str, int]]) -> Dict[str, bytes]:
         return {}
-
-    def finish(
-        self,
-        step: int,
-        rank: int,
-        world: int,
-        values: Mapping[str, Any],
-        record: Optional[SaveRecord],
-        replace: bool,
-        shards: List[str],
-    ) -> Put:
-        missing = [r for r, s in enumerate(shards) if not s and r != rank]
-        if missing:
-            raise ValueError(f"step {step}: no shard reported by ranks {missing}")
-        # One lock cycle: the coordinator's shard, then the commit.
-        info = self._remote.upload_shard(step, rank, world, values, record=record, commit=shards)
-        return Put(info.shard, info.bytes_uploaded, info.bytes_skipped)
-
-    def finish_local(
-        self, step: int, rank: int, world: int, values: Mapping[str, Any], record: Optional[SaveRecord], save: str
-    ) -> Put:
-        info = self._remote.commit_shard(step, rank, world, values, record, save)
-        return Put(info.shard, info.bytes_uploaded, info.bytes_skipped)
 
     def open(self, step: int, commit: Optional[str]) -> Opened:
         return OpenedBucket(self._remote, step, commit, self.url)

@@ -11,7 +11,7 @@ from .._ckptstore import HfExport, SaveRecord
 from .._store import Store
 from .._store import open as open_store
 from ._document import torch_dtype
-from ._targets import METADATA, Deliver, Opened, Piece, Put, Slice, describe, read_in_batches
+from ._targets import METADATA, DataAhead, Deliver, FinishLocal, Opened, Piece, Put, ShardWrite, Slice, describe, read_in_batches
 from ._wire import Group
 
 
@@ -20,6 +20,7 @@ class LocalStore:
     `Store`): one process's step, committed in one transaction."""
 
     many_ranks = False
+    takes_rank_local = False
     sendable = False
     fans_out = True
     readers: Optional[Dict[int, List[int]]] = None
@@ -42,31 +43,18 @@ class LocalStore:
         with self._use(read_only=True) as store:
             return store.latest_step()
 
-    def put_data(self, step: int, rank: int, world: int, values: Mapping[str, Any]) -> Put:
-        return Put("", 0, 0)  # the step is committed whole, by `put`
-
-    def put(
-        self, step: int, rank: int, world: int, values: Mapping[str, Any], record: Optional[SaveRecord], replace: bool
-    ) -> Put:
+    def put(self, write: ShardWrite) -> Put:
+        if isinstance(write.then, DataAhead):
+            return Put("", 0, 0)  # the step is committed whole, by its shard
+        if isinstance(write.then, FinishLocal):
+            raise NotImplementedError("a local store takes no rank-local save of several ranks")
+        # One process: its shard, committed, is the step.
         with self._use() as store:
-            info = store.save(step, values, replace=replace, record=record)
+            info = store.save(write.step, write.values, replace=write.replace, record=write.record)
         return Put("", info.bytes_written, info.bytes_reused)
 
     def layout_entries(self, sizes: List[Dict[str, int]]) -> Dict[str, bytes]:
         return {}
-
-    def finish(
-        self,
-        step: int,
-        rank: int,
-        world: int,
-        values: Mapping[str, Any],
-        record: Optional[SaveRecord],
-        replace: bool,
-        shards: List[str],
-    ) -> Put:
-        # One process: its shard, committed, is the step.
-        return self.put(step, rank, world, values, record, replace)
 
     def open(self, step: int, commit: Optional[str]) -> Opened:
         return OpenedLocal(self, step, commit)

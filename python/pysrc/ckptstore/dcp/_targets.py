@@ -9,6 +9,7 @@ on its kind. Here: those protocols and the seam's types; the bucket
 argument names (`_choose`) each have a module of their own."""
 
 import os
+from dataclasses import dataclass
 from typing import (
     Any, Callable, Dict, Hashable, List, Mapping, NamedTuple, Optional, Protocol, Sequence, Tuple, Union, runtime_checkable
 )
@@ -168,46 +169,65 @@ class SaveTarget(Protocol):
     def committed(self, step: int) -> bool:
         """Whether `step` is complete in it."""
 
-    def put_data(self, step: int, rank: int, world: int, values: Mapping[str, Any]) -> Put:
-        """Store the data of rank `rank`'s shard ahead of it, where the
-        shard itself follows later (the coordinator's, beside the others')."""
+    takes_rank_local: bool
+    """Whether DCP's rank-local saves of several ranks may go to it
+    (`FinishLocal`)."""
 
-    def put(
-        self, step: int, rank: int, world: int, values: Mapping[str, Any], record: Optional[SaveRecord], replace: bool
-    ) -> Put:
-        """Store rank `rank`'s shard of `step`, durably; `record`, how it
-        was saved (a staged save's cost), goes with the step."""
+    def put(self, write: "ShardWrite") -> Put:
+        """Store rank `write.rank`'s shard of `write.step` as far as
+        `write.then` says (durably, but for `DataAhead`)."""
 
     def layout_entries(self, sizes: List[Dict[str, int]]) -> Dict[str, bytes]:
         """Entries the coordinator's shard holds beside DCP's metadata,
         from every rank's entry sizes."""
 
-    def finish(
-        self,
-        step: int,
-        rank: int,
-        world: int,
-        values: Mapping[str, Any],
-        record: Optional[SaveRecord],
-        replace: bool,
-        shards: List[str],
-    ) -> Put:
-        """The coordinator's end of a save: store its shard as `put` does,
-        then complete `step` with exactly `shards` (by rank; this rank's
-        entry is the shard just stored)."""
+
+@dataclass(frozen=True)
+class DataAhead:
+    """A shard's data ahead of it: its shard follows later (the
+    coordinator's, beside the other ranks' data; `Finish` finds it)."""
 
 
-@runtime_checkable
-class RankLocalTarget(Protocol):
-    """A save target that takes DCP's rank-local saves of several ranks
-    (a bucket)."""
+@dataclass(frozen=True)
+class ShardOnly:
+    """A shard, durably; the coordinator completes the step."""
 
-    def finish_local(
-        self, step: int, rank: int, world: int, values: Mapping[str, Any], record: Optional[SaveRecord], save: str
-    ) -> Put:
-        """A rank's end of a rank-local save `save` (an identity alike on
-        its ranks): store its shard durably; `step` is complete once every
-        rank's shard of `save` is stored, and never with another save's."""
+
+@dataclass(frozen=True)
+class Finish:
+    """The coordinator's end of a save: its shard, then the step completed
+    with exactly `shards` (by rank; this rank's entry is the shard just
+    stored)."""
+
+    shards: List[str]
+
+
+@dataclass(frozen=True)
+class FinishLocal:
+    """A rank's end of a rank-local save `save` (an identity alike on its
+    ranks): its shard; the step is complete once every rank's shard of
+    `save` is stored, and never with another save's."""
+
+    save: str
+
+
+Then = Union[DataAhead, ShardOnly, Finish, FinishLocal]
+"""How far a shard's write goes."""
+
+
+@dataclass(frozen=True)
+class ShardWrite:
+    """A write of rank `rank`'s shard of `step` of `world` ranks: its
+    `values`, how far it goes (`then`), how it was saved (`record`, with
+    the step) and whether it replaces a committed step."""
+
+    step: int
+    rank: int
+    world: int
+    values: Mapping[str, Any]
+    then: Then
+    record: Optional[SaveRecord] = None
+    replace: bool = True
 
 
 class LoadTarget(Protocol):

@@ -26,7 +26,10 @@ from .._cost import Clock, SaveCost
 from .._errors import StepExistsError
 from ._document import Where
 from ._choose import save_target
-from ._targets import METADATA, Put, RankLocalTarget, SaveTarget, UserTarget, check_sendable, is_step_id
+from ._targets import (
+    METADATA, DataAhead, Finish, FinishLocal, Put, SaveTarget, ShardOnly, ShardWrite, Then, UserTarget, check_sendable,
+    is_step_id,
+)
 from .._staging import Hashes, Pending, Pool, Staged, hashes_of
 
 # The staged copies of async saves, reused by the next save to the same
@@ -258,7 +261,7 @@ class StorageWriter(_storage.StorageWriter):
         rank, world = _rank_local.world()
         if world == 1:
             return
-        if not isinstance(self._to, RankLocalTarget):  # the tier keeps its own protocol
+        if not self._to.takes_rank_local:  # the tier keeps its own protocol
             raise NotImplementedError(
                 f"a rank-local save (use_collectives=False) of {world} ranks to {self._to.description} "
                 "is not supported: save with use_collectives=True, or to a bucket URL"
@@ -315,9 +318,9 @@ class StorageWriter(_storage.StorageWriter):
             # to put beside: its data is hashed and put once, by finish.
             self._kept = values
             if self._world > 1 and self._save is None:
-                self._count(self._to.put_data(self._step, self._rank, self._world, values))
+                self._put(values, DataAhead())
         else:
-            shard = self._count(self._to.put(self._step, self._rank, self._world, values, None, self._overwrite))
+            shard = self._put(values, ShardOnly())
             self._give_back()
             self._done()
         # Every rank reports its shard, also a rank with no items.
@@ -345,8 +348,10 @@ class StorageWriter(_storage.StorageWriter):
         values[name] = Tensor(dtype, shape, array, hashes_of(self._hashes, data))
         return item.index, int(array.size), name
 
-    def _count(self, put: Put) -> str:
-        """Count what `put` wrote; the shard's name."""
+    def _put(self, values: Dict[str, Any], then: Then, record: Optional[SaveRecord] = None) -> str:
+        """Put this rank's shard of `values` to the target as far as `then`
+        says, counting what it wrote; the shard's name."""
+        put: Put = self._to.put(ShardWrite(self._step, self._rank, self._world, values, then, record, self._overwrite))
         self._bytes[0] += put.bytes_new
         self._bytes[1] += put.bytes_reused
         return put.shard
@@ -367,13 +372,11 @@ class StorageWriter(_storage.StorageWriter):
         if self._save is not None:
             # This rank's metadata (its own items), in its own shard.
             values[_rank_local.RANK_METADATA] = _document.to_json(metadata)
-            assert isinstance(self._to, RankLocalTarget)  # set up so
-            put = self._to.finish_local(self._step, self._rank, self._world, values, self._record(), self._save)
+            self._put(values, FinishLocal(self._save), self._record())
         else:
             values[METADATA] = _document.to_json(metadata)
             values.update(self._to.layout_entries(sizes))
-            put = self._to.finish(self._step, self._rank, self._world, values, self._record(), self._overwrite, shards)
-        self._count(put)
+            self._put(values, Finish(shards), self._record())
         self._give_back()
         self._done()
 

@@ -5,12 +5,16 @@ what the rank's share of the node's stores holds, and retention."""
 import os
 import threading
 import warnings
-from typing import Dict, List, Tuple
+from datetime import timedelta
+from typing import Dict, List, Optional, Tuple
+
+import torch.distributed as dist
 
 from ..._ckptstore import TierDir
 from ..._errors import Error
 from ..._store import Store
 from ..._store import open as open_store
+from .._wire import DEFAULT_TIMEOUT, Group
 from ._layout import Held, Holding, Record, Topology, kept_steps, node_directory
 
 
@@ -94,3 +98,31 @@ class Node:
                 store.close()
             raise
         return opened, held
+
+
+def join(
+    local: str, peers: int, keep: int, ranks_per_node: Optional[int], timeout: Optional[timedelta]
+) -> Tuple[Node, Group, Group]:
+    """This rank's node of the tier at `local` and the tier's two groups of
+    every rank, the saves' and the uploads' (made here, with `timeout`:
+    collectives every rank makes). A node holds `ranks_per_node` ranks
+    (default `LOCAL_WORLD_SIZE`, else 1)."""
+    if dist.is_available() and dist.is_initialized():
+        rank, world = dist.get_rank(), dist.get_world_size()
+        wait = DEFAULT_TIMEOUT if timeout is None else timeout
+        group = Group(dist.new_group(backend="gloo", timeout=wait), rank, world)
+        uploads = Group(dist.new_group(backend="gloo", timeout=wait), rank, world)
+    else:
+        group = uploads = Group(None, 0, 1)
+    per_node = ranks_per_node if ranks_per_node is not None else int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if per_node < 1:
+        raise ValueError(f"Tiers(ranks_per_node={per_node}): at least 1")
+    topology = Topology(group.world, per_node)
+    others = topology.nodes - 1
+    if peers > others and group.rank == 0:
+        warnings.warn(
+            f"ckptstore.dcp.Tiers: peers={peers} but the job has {others} other node(s): "
+            + ("a single node keeps no copies" if others == 0 else f"copies go to {others}"),
+            stacklevel=3,
+        )
+    return Node(local, topology, group.rank, peers, keep), group, uploads

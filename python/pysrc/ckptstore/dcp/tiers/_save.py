@@ -19,7 +19,7 @@ from ..._ckptstore import CommitInfo, SaveRecord, Tensor
 from ..._cost import Clock, SaveCost
 from ..._staging import Hashes
 from ..._store import Store
-from .._targets import Put
+from .._targets import DataAhead, FinishLocal, Put, ShardWrite
 from .._wire import Group, TierFailure, attempt, described
 from .._writer import StorageWriter
 from ._layout import Record, records_in, write_record
@@ -44,6 +44,7 @@ class TierShard:
 
     description = "the local tier"
     many_ranks = True
+    takes_rank_local = False
     sendable = False
 
     def __init__(self, store: Store) -> None:
@@ -55,32 +56,20 @@ class TierShard:
     def committed(self, step: int) -> bool:
         return False  # a tier's save replaces its step (overwrite)
 
-    def put_data(self, step: int, rank: int, world: int, values: Mapping[str, Any]) -> Put:
-        return Put("", 0, 0)  # the shard is committed whole, by `put`
-
-    def put(
-        self, step: int, rank: int, world: int, values: Mapping[str, Any], record: Optional[SaveRecord], replace: bool
-    ) -> Put:
-        self.values = dict(values)
-        self.info = self.store.save(step, values, replace=True)
+    def put(self, write: ShardWrite) -> Put:
+        if isinstance(write.then, DataAhead):
+            return Put("", 0, 0)  # the shard is committed whole, by its write
+        if isinstance(write.then, FinishLocal):
+            raise NotImplementedError("the tier keeps its own protocol: no rank-local save")
+        # Every shard, the coordinator's too, is committed as any rank's:
+        # every rank records the save once every shard and copy is durable
+        # (`agree`, `Tiers`). A tier's save replaces its step.
+        self.values = dict(write.values)
+        self.info = self.store.save(write.step, write.values, replace=True)
         return Put("", self.info.bytes_written, self.info.bytes_reused)
 
     def layout_entries(self, sizes: List[Dict[str, int]]) -> Dict[str, bytes]:
         return {SIZES: json.dumps(sizes, separators=(",", ":")).encode()}
-
-    def finish(
-        self,
-        step: int,
-        rank: int,
-        world: int,
-        values: Mapping[str, Any],
-        record: Optional[SaveRecord],
-        replace: bool,
-        shards: List[str],
-    ) -> Put:
-        # Committed as any rank's shard: every rank records the save once
-        # every shard and copy is durable (`agree`, `Tiers`).
-        return self.put(step, rank, world, values, record, replace)
 
 
 def entry_bytes(value: Any) -> np.ndarray:

@@ -8,12 +8,10 @@ node (`_node.Node`: its directory, open stores, retention), the save
 import os
 import threading
 import time
-import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any, Callable, Dict, List, Optional
 
-import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from torch.distributed.checkpoint.stateful import Stateful
 
@@ -21,10 +19,9 @@ from ..._convert import step_number
 from ..._cost import Clock, SaveCost
 from ..._staging import Hashes, Pool
 from .._targets import is_bucket_url
-from .._wire import DEFAULT_TIMEOUT, Group, attempt, failed_future
-from ._layout import Topology
+from .._wire import attempt, failed_future
 from ._load import Load
-from ._node import Node
+from ._node import join
 from ._save import Save
 from ._upload import Upload
 
@@ -77,25 +74,7 @@ class Tiers:
             raise ValueError(f"Tiers(bucket={bucket!r}): a bucket URL (s3://... or file://...)")
         self._bucket = None if bucket is None else str(bucket)
         self._background = bool(background_staging)
-        if dist.is_available() and dist.is_initialized():
-            rank, world = dist.get_rank(), dist.get_world_size()
-            wait = DEFAULT_TIMEOUT if timeout is None else timeout
-            self._group = Group(dist.new_group(backend="gloo", timeout=wait), rank, world)
-            self._uploads = Group(dist.new_group(backend="gloo", timeout=wait), rank, world)
-        else:
-            self._group = self._uploads = Group(None, 0, 1)
-        per_node = ranks_per_node if ranks_per_node is not None else int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-        if per_node < 1:
-            raise ValueError(f"Tiers(ranks_per_node={per_node}): at least 1")
-        topology = Topology(self._group.world, per_node)
-        self._node = Node(os.fspath(local), topology, self._group.rank, peers, keep_local)
-        others = topology.nodes - 1
-        if peers > others and self._group.rank == 0:
-            warnings.warn(
-                f"ckptstore.dcp.Tiers: peers={peers} but the job has {others} other node(s): "
-                + ("a single node keeps no copies" if others == 0 else f"copies go to {others}"),
-                stacklevel=2,
-            )
+        self._node, self._group, self._uploads = join(os.fspath(local), peers, keep_local, ranks_per_node, timeout)
         # The roles, each over the node and a group: saves on the save
         # thread, uploads on the upload thread, loads on the caller's.
         self._saving = Save(self._node, self._group, durable_every, self._bucket is not None)
