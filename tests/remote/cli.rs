@@ -105,14 +105,7 @@ fn bad_urls_and_unreachable_servers_are_one_line_errors() -> Result {
     // Nothing listens on port 9: refused at once, retried for the window
     // (2 s here, 30 by default), then one line.
     let started = std::time::Instant::now();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ckpt"))
-        .args(["ls", "s3://nobucket/x", "--retry-window", "2"])
-        .env("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
-        .env("AWS_ALLOW_HTTP", "true")
-        .env("AWS_ACCESS_KEY_ID", "x")
-        .env("AWS_SECRET_ACCESS_KEY", "y")
-        .env("AWS_REGION", "garage")
-        .output()?;
+    let out = ls_through("http://127.0.0.1:9")?;
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
@@ -121,6 +114,19 @@ fn bad_urls_and_unreachable_servers_are_one_line_errors() -> Result {
     );
     assert!(started.elapsed() < std::time::Duration::from_secs(20));
     Ok(())
+}
+
+/// `ckpt ls s3://nobucket/x` against the S3 endpoint `endpoint` (plain
+/// HTTP allowed), its requests retried for 2 s.
+fn ls_through(endpoint: &str) -> std::io::Result<std::process::Output> {
+    std::process::Command::new(env!("CARGO_BIN_EXE_ckpt"))
+        .args(["ls", "s3://nobucket/x", "--retry-window", "2"])
+        .env("AWS_ENDPOINT_URL", endpoint)
+        .env("AWS_ALLOW_HTTP", "true")
+        .env("AWS_ACCESS_KEY_ID", "x")
+        .env("AWS_SECRET_ACCESS_KEY", "y")
+        .env("AWS_REGION", "garage")
+        .output()
 }
 
 /// An `https://` endpoint is spoken to over TLS (the client's crypto
@@ -138,13 +144,7 @@ fn an_https_endpoint_gets_a_tls_handshake() -> Result {
         conn.read_exact(&mut first)?;
         Ok(first)
     });
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ckpt"))
-        .args(["ls", "s3://nobucket/x", "--retry-window", "2"])
-        .env("AWS_ENDPOINT_URL", format!("https://127.0.0.1:{port}"))
-        .env("AWS_ACCESS_KEY_ID", "x")
-        .env("AWS_SECRET_ACCESS_KEY", "y")
-        .env("AWS_REGION", "garage")
-        .output()?;
+    let out = ls_through(&format!("https://127.0.0.1:{port}"))?;
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(
