@@ -129,6 +129,13 @@ pub(crate) struct TierRecord(Record);
 
 #[pymethods]
 impl TierRecord {
+    /// For each rank of this save, the ranks holding its shard (own
+    /// stores first, then copies, by rank), by what each rank holds.
+    fn holders(&self, held: Vec<HoldingFields>) -> PyResult<Vec<Vec<u32>>> {
+        let held = holdings(held)?;
+        Ok(Held::new(&held).all_holders(&self.0))
+    }
+
     #[new]
     #[pyo3(signature = (step, saved_at, ranks_per_node, digests, copies, upload, sizes=None, metadata=None, cost=None, seq=0))]
     #[allow(clippy::too_many_arguments)] // the record's fields, by name
@@ -239,6 +246,28 @@ impl PyTierDir {
     #[new]
     fn new(path: String) -> Self {
         PyTierDir(TierDir::new(path))
+    }
+
+    /// The save to restore among every rank's evaluations (of `step`
+    /// only, if given), and the saves made after it that cannot be
+    /// restored.
+    #[staticmethod]
+    #[pyo3(signature = (evaluations, step=None))]
+    fn pick(
+        evaluations: Vec<EvaluationFields>,
+        step: Option<u64>,
+    ) -> (Option<EvaluationFields>, Vec<EvaluationFields>) {
+        let all: Vec<Evaluation> = evaluations
+            .into_iter()
+            .map(|(order, key, missing)| Evaluation {
+                key,
+                order,
+                missing,
+            })
+            .collect();
+        let (best, newer) = tier::pick(&all, step);
+        let out = |e: Evaluation| (e.order, e.key, e.missing);
+        (best.map(out), newer.into_iter().map(out).collect())
     }
 
     #[getter]
@@ -369,43 +398,9 @@ fn store_kind(kind: &str) -> PyResult<StoreKind> {
     }
 }
 
-/// The save to restore among every rank's evaluations (of `step` only, if
-/// given), and the saves made after it that cannot be restored.
-#[pyfunction]
-#[pyo3(signature = (evaluations, step=None))]
-pub(crate) fn tier_pick(
-    evaluations: Vec<EvaluationFields>,
-    step: Option<u64>,
-) -> (Option<EvaluationFields>, Vec<EvaluationFields>) {
-    let all: Vec<Evaluation> = evaluations
-        .into_iter()
-        .map(|(order, key, missing)| Evaluation {
-            key,
-            order,
-            missing,
-        })
-        .collect();
-    let (best, newer) = tier::pick(&all, step);
-    let out = |e: Evaluation| (e.order, e.key, e.missing);
-    (best.map(out), newer.into_iter().map(out).collect())
-}
-
-/// For each rank of the save `record`, the ranks holding its shard (own
-/// stores first, then copies, by rank).
-#[pyfunction]
-pub(crate) fn tier_holders(
-    record: &TierRecord,
-    held: Vec<HoldingFields>,
-) -> PyResult<Vec<Vec<u32>>> {
-    let held = holdings(held)?;
-    Ok(Held::new(&held).all_holders(&record.0))
-}
-
-/// Register the classes and functions.
+/// Register the classes.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<TierRecord>()?;
     m.add_class::<PyTierDir>()?;
-    m.add_function(pyo3::wrap_pyfunction!(tier_pick, m)?)?;
-    m.add_function(pyo3::wrap_pyfunction!(tier_holders, m)?)?;
     Ok(())
 }

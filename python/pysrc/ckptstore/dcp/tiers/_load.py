@@ -13,7 +13,7 @@ import numpy as np
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
-from ..._ckptstore import ChunkMap, TierDir, tier_holders, tier_pick
+from ..._ckptstore import ChunkMap, TierDir
 from ..._errors import CorruptError, Error
 from ..._store import Store
 from .._reader import StorageReader
@@ -75,7 +75,7 @@ def choose(
     holdings = [(rank, kind, src, s, d) for rank, hs in enumerate(group.gather(held)) for kind, src, s, d in hs]
     # The ranks of a node read the same records: each save once per rank.
     reports = group.gather(list({tuple(e[1]): e for e in tier.evaluate(holdings)}.values()))
-    best, newer = tier_pick([e for r in reports for e in r], step)
+    best, newer = TierDir.pick([e for r in reports for e in r], step)
     why = ""
     if newer:
         _, (s, _), missing = newer[0]
@@ -86,7 +86,7 @@ def choose(
     key = tuple(best[1])
     src = min(r for r, evals in enumerate(reports) if any(tuple(e[1]) == key and not e[2] for e in evals))
     record = group.broadcast(records_in(tier).get(key) if group.rank == src else None, src)  # type: ignore[arg-type]
-    holders = tier_holders(record, holdings)
+    holders = record.holders(holdings)
     return Choice(record, dict(enumerate(holders))), why, steps
 
 
