@@ -7,6 +7,7 @@ alone, and at other sizes every rank's metadata, bit-identical; against
 a directory bucket and the Garage server."""
 
 import os
+import time
 import uuid
 
 import pytest
@@ -81,9 +82,11 @@ def test_a_resharded_load_given_its_group_reads_each_rank_s_metadata_once_and_ha
             # striped load's own.
             assert calls.count("all_gather_object") == (2 if env else 1), calls
     # A rank that fails to read its part fails the load on every rank,
-    # and none waits out a timeout.
-    failing = {**group, "CKPT_FAIL_IN_READ": "1", "CKPT_PG_TIMEOUT": "600"}
+    # and none waits out the groups' timeout (20 s here).
+    failing = {**group, "CKPT_FAIL_IN_READ": "1", "CKPT_PG_TIMEOUT": "20"}
+    started = time.monotonic()
     out = run("load", url, 5, 2, salt=3, env=failing, expect_ok=False)
+    assert time.monotonic() - started < 20, "a rank waited out the timeout"
     assert "injected: the bucket failed this read" in out[1][1], out[1][1]
     assert "member 1 of the load's process group failed" in out[0][1], out[0][1]
 

@@ -356,3 +356,36 @@ fn ckpt_push_compress_writes_format_4_that_any_command_reads() -> Result {
     assert!(CheckpointStore::open(&copy)?.get(1)? == CheckpointStore::open(&store)?.get(1)?);
     Ok(())
 }
+
+/// Dedup never points at lost bytes with compression either: a job that
+/// loaded a compressed step, whose packs are then deleted, cut short or
+/// replaced, uploads their chunks again (compressed) and its next step
+/// loads.
+#[test]
+fn a_compressed_save_after_its_packs_were_lost_uploads_their_chunks_again() -> Result {
+    use super::lost_packs::{lose, Loss};
+    for loss in [Loss::Deleted, Loss::Truncated, Loss::Replaced] {
+        let memory = Arc::new(InMemory::new());
+        let open = || -> Result<Remote> {
+            Ok(Remote::with_store(memory.clone(), "run", "mem://run")?.with_compression(true))
+        };
+        let first = open()?;
+        let saved = state(1)?;
+        let info = first.upload_shard(1, 0, 1, &saved)?;
+        first.commit_global(1, &[info.shard])?;
+        let job = open()?;
+        let global = job.open_global(1)?.ok_or("no step 1")?;
+        job.read_pieces(&global, &[(0, "w", 0, 1_100 * 1_001 * 2)])?;
+        lose(&memory, "run", loss)?;
+        let next = state(2)?;
+        let info = job.upload_shard(2, 0, 1, &next)?;
+        job.commit_global(2, &[info.shard])?;
+        assert!(info.bytes_uploaded > 2 << 20, "{loss:?}: {info:?}");
+        assert!(open()?.get_shard(2, 0)? == Some(next), "{loss:?}");
+        assert!(
+            open()?.verify()?.damaged.len() == 1,
+            "{loss:?}: step 1 lost its packs"
+        );
+    }
+    Ok(())
+}

@@ -19,7 +19,7 @@ const MIB: usize = 1 << 20;
 
 /// How the packs are lost.
 #[derive(Clone, Copy, Debug)]
-enum Loss {
+pub(super) enum Loss {
     Deleted,
     /// Cut to half.
     Truncated,
@@ -48,7 +48,8 @@ fn packs(memory: &InMemory, prefix: &str) -> Result<Vec<object_store::ObjectMeta
     })?)
 }
 
-fn lose(memory: &InMemory, prefix: &str, loss: Loss) -> Result {
+/// Lose every pack under `prefix` as `loss` says.
+pub(super) fn lose(memory: &InMemory, prefix: &str, loss: Loss) -> Result {
     let found = packs(memory, prefix)?;
     assert!(!found.is_empty(), "no packs");
     for meta in found {

@@ -6,11 +6,9 @@
 use crate::checkpoint::MAX_TEXT_BYTES;
 use crate::format::layout::{chunk_count, small_tail};
 use crate::remote::format::hash::HexHash;
-use crate::remote::format::layout::{
-    GlobalManifest, ManifestFormat, MANIFEST_FORMAT, MAX_DIMS, MAX_WORLD_SIZE,
-};
+use crate::remote::format::layout::{GlobalManifest, MANIFEST_FORMAT, MAX_DIMS, MAX_WORLD_SIZE};
 use crate::remote::format::manifest::{
-    RemoteBlob, RemoteManifest, RemotePlace, RemoteTail, RemoteTensor,
+    ManifestFormat, RemoteBlob, RemoteManifest, RemotePlace, RemoteTail, RemoteTensor,
 };
 use crate::remote::format::stored::Stored;
 use crate::{Dtype, Tensor};

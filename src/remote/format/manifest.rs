@@ -1,19 +1,73 @@
-//! A step's manifest in the bucket (`RemoteManifest`): its metadata, and
-//! where each blob or tensor lies (chunks, the packed chunk, format 3's
-//! packs); written by [`encode`](super::layout::encode).
+//! A step's manifest in the bucket (`RemoteManifest`): its format
+//! (`ManifestFormat`), its metadata, and where each blob or tensor lies
+//! (chunks, the packed chunk, the packs of formats 3 and 4); written by
+//! [`encode`](super::layout::encode).
 
 use std::collections::BTreeMap;
+use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
 use crate::format::layout::{chunk_lengths, small_tail};
 use crate::format::manifest::{BlobRef, Hash, PackedRef, Placement};
 use crate::remote::format::hash::HexHash;
-use crate::remote::format::layout::{canonical, encode, ManifestFormat};
+use crate::remote::format::layout::{canonical, encode};
 use crate::Dtype;
 
 /// Which blobs are tensors: a blob's name to its dtype and shape.
 pub(crate) type TypeOf<'a> = dyn Fn(&str) -> Option<(Dtype, Vec<u64>)> + 'a;
+
+/// The format of a step's or a shard's manifest (its `"format"`): what
+/// its blobs name and where their bytes are. Any other number is refused
+/// as the manifest is decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "u32", into = "u32")]
+pub(crate) enum ManifestFormat {
+    /// Chunk objects, a blob's chunks named by hash (0.3 reads only this).
+    Chunks = 1,
+    /// As `Chunks`, and a blob may end in the packed chunk
+    /// ([`RemoteBlob::tail`](super::manifest::RemoteBlob::tail)).
+    Tails = 2,
+    /// Every chunk in a pack object (`packs`, `index`).
+    Packs = 3,
+    /// As `Packs`, and a chunk may be stored compressed (its index entry
+    /// names its stored form). Written only where one is, so that a step
+    /// of raw chunks stays readable by builds that read format 3.
+    Compressed = 4,
+}
+
+impl ManifestFormat {
+    /// Whether its chunks lie in packs (`packs`, `index`).
+    pub(crate) fn has_packs(self) -> bool {
+        matches!(self, ManifestFormat::Packs | ManifestFormat::Compressed)
+    }
+}
+
+impl TryFrom<u32> for ManifestFormat {
+    type Error = String;
+
+    fn try_from(n: u32) -> Result<Self, String> {
+        match n {
+            1 => Ok(ManifestFormat::Chunks),
+            2 => Ok(ManifestFormat::Tails),
+            3 => Ok(ManifestFormat::Packs),
+            4 => Ok(ManifestFormat::Compressed),
+            n => Err(format!("manifest format {n} (this build reads 1 to 4)")),
+        }
+    }
+}
+
+impl From<ManifestFormat> for u32 {
+    fn from(f: ManifestFormat) -> u32 {
+        f as u32
+    }
+}
+
+impl fmt::Display for ManifestFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", u32::from(*self))
+    }
+}
 
 /// A step's manifest in the bucket.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -1,6 +1,6 @@
 //! The bucket format: hashes as its objects hold them (`hash`), object
 //! names and the small objects' serde types
-//! (`layout`), a step's manifest (`manifest`), bucket format 3's pack
+//! (`layout`), a step's manifest and its format (`manifest`), bucket format 3's pack
 //! names and index (`pack_format`), a chunk's stored form in a pack
 //! (`stored`, format 4's compression), what a manifest needs and where its
 //! chunks lie (`objects`), and the checks every object read passes before

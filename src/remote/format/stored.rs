@@ -189,6 +189,19 @@ fn from_planes(planes: &[u8], width: Width) -> Vec<u8> {
     out
 }
 
+/// `n` bytes that do not compress (a linear congruential generator's high
+/// bytes from `seed`): for tests.
+#[cfg(test)]
+pub(crate) fn noise(seed: u64, n: usize) -> Vec<u8> {
+    let mut x = seed;
+    (0..n)
+        .map(|_| {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            x.to_be_bytes()[0]
+        })
+        .collect()
+}
+
 #[cfg(test)]
 #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // test bytes from wider integers
 mod tests {
@@ -246,13 +259,7 @@ mod tests {
 
     #[test]
     fn what_does_not_shrink_is_stored_raw() {
-        let mut x = 99u64;
-        let noise: Vec<u8> = (0..65_536)
-            .map(|_| {
-                x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
-                (x >> 56) as u8
-            })
-            .collect();
+        let noise = noise(99, 65_536);
         assert!(compress(&noise, Width::Four, &mut compressor()).is_none());
         assert!(compress(&[], Width::Two, &mut compressor()).is_none());
         assert!(compress(&[0; 8], Width::Two, &mut compressor()).is_none());

@@ -75,10 +75,7 @@ impl Collector<'_> {
         done: &mut Repacked,
     ) -> Result<HashMap<Hash, Location>> {
         let mut moved = HashMap::new();
-        let mut widths = HashMap::new();
-        for m in all {
-            widths.extend(m.chunk_widths());
-        }
+        let widths = self.widths(all.iter().copied());
         for pack in doomed {
             let mut live: BTreeMap<Hash, (Location, u64, u64)> = BTreeMap::new();
             for m in all {

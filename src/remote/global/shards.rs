@@ -112,7 +112,7 @@ impl Coordinator<'_> {
         // in memory, not the shard.
         let mut read = |i: usize| Ok(bytes::Bytes::copy_from_slice(pieces[i].1));
         let mark = self.collection_mark()?;
-        let widths = manifest.chunk_widths();
+        let widths = self.widths([&manifest]);
         let packed = self.pack(&lengths, &widths, &mut read, &mark, lock, &mut |_| Ok(()))?;
         let (total, uploaded) = (
             lengths.iter().map(|(_, n)| n).sum::<u64>(),

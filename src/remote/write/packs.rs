@@ -26,7 +26,7 @@ use bytes::Bytes;
 use crate::format::manifest::Hash;
 use crate::remote::coordination::locks::Lock;
 use crate::remote::format::hash::HexHash;
-use crate::remote::format::layout::ManifestFormat;
+use crate::remote::format::manifest::{ManifestFormat, RemoteManifest};
 use crate::remote::format::pack_format::{pack_name, IndexEntry, Location, PackIndex, RemotePack};
 use crate::remote::format::stored::{self, Stored, Width};
 use crate::remote::write::Writer;
@@ -219,6 +219,21 @@ fn width_of(widths: &Widths, hash: &Hash) -> Width {
 }
 
 impl Writer<'_> {
+    /// The element widths of the chunks of `manifests`' tensors where this
+    /// writer compresses (none where it does not: nothing reads them).
+    pub(crate) fn widths<'m>(
+        &self,
+        manifests: impl IntoIterator<Item = &'m RemoteManifest>,
+    ) -> Widths {
+        if !self.compress {
+            return Widths::new();
+        }
+        manifests
+            .into_iter()
+            .flat_map(RemoteManifest::chunk_widths)
+            .collect()
+    }
+
     /// Put `pieces` (chunks: hash, length) in the bucket's packs under the push
     /// lock `lock`, the bucket's collection mark `mark` read under it: those
     /// this remote knows are there stay where they are, the rest go into new
@@ -447,13 +462,7 @@ mod tests {
             .flat_map(|i| ((i % 7) as f32).to_le_bytes())
             .collect();
         let n = floats.len() as u64;
-        let mut x = 7u64;
-        let noise: Vec<u8> = (0..4096)
-            .map(|_| {
-                x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
-                (x >> 56) as u8
-            })
-            .collect();
+        let noise = stored::noise(7, 4096);
         let pieces = [(h(1), n), (h(2), noise.len() as u64)];
         let stored = compress_all(
             vec![Bytes::from(floats.clone()), Bytes::from(noise.clone())],

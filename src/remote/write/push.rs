@@ -209,7 +209,7 @@ impl Writer<'_> {
         self.learn_from(newest, knowledge, mark)?;
         let mut read = |i: usize| chunks[i].read(todo.data).map(Bytes::from);
         let mut landed = report.bytes_uploaded;
-        let widths = manifest.chunk_widths();
+        let widths = self.widths([&manifest]);
         let packed = self.pack(&pieces, &widths, &mut read, mark, lock, &mut |n| {
             landed += n;
             progress(step, landed);
