@@ -58,17 +58,22 @@ impl RawRemote {
 #[pymethods]
 impl RawRemote {
     #[new]
-    #[pyo3(signature = (url, grace_period=None, compress=false))]
-    fn new(url: &str, grace_period: Option<f64>, compress: bool) -> PyResult<Self> {
-        let mut remote = Remote::open(url)
-            .map_err(py_err)?
-            .with_compression(compress);
+    #[pyo3(signature = (url, grace_period=None, compress=None))]
+    fn new(url: &str, grace_period: Option<f64>, compress: Option<bool>) -> PyResult<Self> {
+        let mut remote = Remote::open(url).map_err(py_err)?;
+        if let Some(on) = compress {
+            remote = remote.with_compression(on);
+        }
         if let Some(secs) = grace_period {
             let grace = Duration::try_from_secs_f64(secs)
                 .map_err(|e| PyValueError::new_err(format!("grace_period {secs}: {e}")))?;
             remote = remote.with_grace_period(grace);
         }
         Ok(RawRemote { remote })
+    }
+
+    fn compression(&self) -> bool {
+        self.remote.compression()
     }
 
     fn url(&self) -> String {

@@ -103,11 +103,15 @@ impl Remote {
     }
 
     fn over(bucket: Bucket) -> Remote {
+        // Where bytes cross a network to be kept and billed, fewer win
+        // (`with_compression`); a directory is written faster than
+        // chunks compress.
+        let compress = bucket.s3_name.is_some();
         Remote {
             bucket,
             grace: DEFAULT_GRACE_PERIOD,
             pack_bytes: format::pack_format::DEFAULT_PACK_BYTES,
-            compress: false,
+            compress,
             known: std::sync::Mutex::default(),
         }
     }
@@ -165,8 +169,9 @@ impl Remote {
     }
 
     /// Set whether the chunks this remote uploads are stored compressed
-    /// where that saves bytes (default: not; bucket format 4, not yet
-    /// the default): each chunk split into byte planes by the width of
+    /// where that saves bytes (bucket format 4; by default, for `s3://`
+    /// and not for `file://` or a store given to
+    /// [`with_store`](Self::with_store)): each chunk split into byte planes by the width of
     /// the elements of the tensor it is part of and compressed with zstd,
     /// on every core beside the uploads, and kept so where that saves at
     /// least 1/32 of its bytes. A chunk's name stays the hash of its own
@@ -177,6 +182,12 @@ impl Remote {
     pub fn with_compression(mut self, on: bool) -> Remote {
         self.compress = on;
         self
+    }
+
+    /// Whether the chunks this remote uploads are stored compressed where
+    /// that saves bytes ([`with_compression`](Self::with_compression)).
+    pub fn compression(&self) -> bool {
+        self.compress
     }
 
     /// Whether the bucket is there: for a `file://` URL, whether its

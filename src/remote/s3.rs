@@ -13,6 +13,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use object_store::aws::AmazonS3Builder;
 use object_store::client::{
     HttpClient, HttpConnector, HttpError, HttpErrorKind, HttpRequest, HttpResponse,
     HttpResponseBody, HttpService, ReqwestConnector,
@@ -60,7 +61,7 @@ pub(crate) fn s3_store(
     bucket: &str,
     window: Duration,
 ) -> object_store::Result<Arc<dyn ObjectStore>> {
-    use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+    use object_store::aws::AmazonS3ConfigKey;
     // Retries end when the window is over, not after a count: waits are
     // random (jitter), so a count gives no bound in time.
     let retry = object_store::RetryConfig {
@@ -93,6 +94,7 @@ pub(crate) fn s3_store(
     let imdsv1_fallback = builder
         .get_config_value(&AmazonS3ConfigKey::ImdsV1Fallback)
         .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+    let builder = with_body_checks(builder);
     let s3 = builder
         .with_bucket_name(bucket)
         .with_retry(retry)
@@ -103,6 +105,25 @@ pub(crate) fn s3_store(
         })
         .build()?;
     Ok(Arc::new(s3))
+}
+
+/// How a request's body is protected, unless the environment says
+/// otherwise (`AWS_UNSIGNED_PAYLOAD`, `AWS_CHECKSUM_ALGORITHM`): not
+/// signed (a SHA-256 of every body on the writer's CPU, and again on the
+/// server's, where uploads of a whole state are bounded by CPU), but
+/// checked end to end by a CRC-64/NVME of the body that the server
+/// verifies before it stores the object (a body changed on the way is
+/// refused, and the save fails rather than acknowledging bytes that will
+/// not load). s3torchconnector leaves bodies unsigned too.
+fn with_body_checks(builder: AmazonS3Builder) -> AmazonS3Builder {
+    use object_store::aws::Checksum;
+    let set = |key: &str| std::env::var_os(key).is_some();
+    if set("AWS_UNSIGNED_PAYLOAD") || set("AWS_CHECKSUM_ALGORITHM") {
+        return builder;
+    }
+    builder
+        .with_unsigned_payload(true)
+        .with_checksum_algorithm(Checksum::CRC64NVME)
 }
 
 /// Connects clients whose service is [`Observed`].

@@ -1,10 +1,12 @@
 """Bucket format 4 from Python (issue 67): `StorageWriter(url, step,
 compress=True)` and `Remote(url, compress=True)` store chunks
-compressed where that saves bytes; loads read them bit-identical,
-whether their reader compresses or not."""
+compressed where that saves bytes (the default for `s3://`); loads read
+them bit-identical, whether their reader compresses or not."""
 
 import json
 import os
+import subprocess
+import uuid
 
 import numpy as np
 import pytest
@@ -75,3 +77,26 @@ def test_a_remote_pushes_compressed_and_a_local_store_refuses_it(tmp_path):
     assert np.array_equal(ckptstore.Remote(f"file://{tmp_path}/bucket").load(1).tensors["w"], w)
     with pytest.raises(ValueError, match="only a bucket URL"):
         StorageWriter(tmp_path / "other.ckpt", 1, compress=True)
+
+
+def test_a_bucket_compresses_by_default_over_s3_and_not_in_a_directory(tmp_path):
+    # The default follows the scheme (nothing is requested to open one).
+    assert ckptstore.Remote("s3://some-bucket/run").compression
+    assert not ckptstore.Remote("s3://some-bucket/run", compress=False).compression
+    assert not ckptstore.Remote(f"file://{tmp_path}/bucket").compression
+    state = _state(1)
+    dcp.save(state, storage_writer=StorageWriter(f"file://{tmp_path}/bucket", 1), no_dist=True)
+    assert _formats(tmp_path / "bucket") == [3]
+    bucket = os.environ.get("CKPT_TEST_BUCKET")
+    if not bucket:
+        pytest.skip("the s3:// half: no S3 server (CKPT_TEST_BUCKET)")
+    ckpt = os.environ.get("CKPT_BIN", "ckpt")
+    for compress, compressed in ((None, True), (False, False)):
+        url = f"s3://{bucket}/py-{uuid.uuid4().hex}"
+        dcp.save(state, storage_writer=StorageWriter(url, 1, compress=compress), no_dist=True)
+        said = subprocess.run([ckpt, "stats", url, "--json"], check=True, capture_output=True).stdout
+        totals = json.loads(said)
+        assert (totals["stored_bytes"] < totals["chunk_bytes"] * 0.85) == compressed, totals
+        loaded = {k: (torch.empty_like(v) if isinstance(v, torch.Tensor) else {"epoch": 0}) for k, v in state.items()}
+        dcp.load(loaded, storage_reader=StorageReader(url, 1), no_dist=True)
+        assert torch.equal(loaded["w"], state["w"]) and torch.equal(loaded["m"], state["m"])

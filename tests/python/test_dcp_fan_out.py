@@ -6,6 +6,8 @@ bucket are counted; a reading rank that fails or dies fails every rank
 within the groups' timeout; bytes a reader hands on that do not hash to
 the bucket's chunk hashes are refused by their receivers."""
 
+import json
+import os
 import random
 import time
 
@@ -21,6 +23,12 @@ SMALL_STRIPES = {"CKPT_STRIPE_CHUNKS": "1"}
 def _read(out):
     """The bytes each rank asked of the bucket, by rank."""
     return [int(next(l for l in text.splitlines() if l.startswith("read ")).split()[1]) for _, text in out]
+
+
+def _formats(tmp_path, step):
+    """The formats of the shard manifests of `step` in tmp_path/bucket."""
+    folder = tmp_path / "bucket" / "shards" / f"{step:020}"
+    return {json.loads((folder / name).read_text())["format"] for name in os.listdir(folder)}
 
 
 def _read_once_by_four(target, step, env):
@@ -47,10 +55,11 @@ def test_a_replicated_state_is_read_once_and_handed_to_every_rank(tmp_path):
     _read_once_by_four(url, 1, env)
 
 
-@pytest.mark.parametrize("world", [2, 3, 4])
-def test_sharded_and_resharded_loads_read_each_stored_byte_at_most_once(tmp_path, world):
+@pytest.mark.parametrize("world,compress", [(2, "0"), (3, "0"), (4, "0"), (3, "1")])
+def test_sharded_and_resharded_loads_read_each_stored_byte_at_most_once(tmp_path, world, compress):
     url = f"file://{tmp_path}/bucket"
-    run("save", url, 2, 4, env=SMALL_STRIPES)
+    run("save", url, 2, 4, env={**SMALL_STRIPES, "CKPT_COMPRESS": compress})
+    assert _formats(tmp_path, 2) == {4 if compress == "1" else 3}
     out = run("load", url, 2, world, env=SMALL_STRIPES)
     assert all(text.strip().endswith("ok 2") for _, text in out), out
     # What one rank alone reads of the whole step bounds the bytes of all.
@@ -70,11 +79,15 @@ def test_a_local_store_is_read_once_between_the_ranks_that_load_it(tmp_path):
 
 
 def _saved(tmp_path, kind, step, env):
-    """A step saved into a bucket (4 ranks) or a local store (one process):
+    """A step saved into a bucket (4 ranks; "compressed": its chunks
+    stored compressed, bucket format 4) or a local store (one process):
     its target."""
-    if kind == "bucket":
+    if kind in ("bucket", "compressed"):
         target = f"file://{tmp_path}/bucket"
-        run("save", target, step, 4, env=env)
+        run("save", target, step, 4, env={**env, "CKPT_COMPRESS": "1" if kind == "compressed" else "0"})
+        # A shard with no chunk compressed (one that holds no replicated
+        # tensor) stays format 3.
+        assert (4 in _formats(tmp_path, step)) == (kind == "compressed")
     else:
         target = tmp_path / "run.ckpt"
         run("save", target, step, 1, env=env)
@@ -98,12 +111,13 @@ def test_a_reading_rank_that_fails_or_dies_fails_every_rank(tmp_path, how, kind)
         assert out[1][0] == 9
 
 
-@pytest.mark.parametrize("kind", ["bucket", "store"])
+@pytest.mark.parametrize("kind", ["bucket", "compressed", "store"])
 def test_bytes_a_reader_damaged_after_its_check_are_refused_by_every_rank(tmp_path, kind):
     # Rank 1 flips a byte of what it read once the target's hashes passed
     # it (a fault in its memory): the message's own BLAKE3 is taken after
     # the flip, so only the receivers' check against the target's chunk
     # hashes (the manifest each read itself) catches it. Every rank raises.
+    # Compressed chunks are checked as their raw bytes, as read.
     env = {"CKPT_REPLICATE": "1", **SMALL_STRIPES}
     target = _saved(tmp_path, kind, 5, env)
     out = run("load", target, 5, 4, env={**env, "CKPT_FLIP_SENT": "1", "CKPT_PG_TIMEOUT": "15"}, expect_ok=False)

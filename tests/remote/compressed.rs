@@ -389,3 +389,58 @@ fn a_compressed_save_after_its_packs_were_lost_uploads_their_chunks_again() -> R
     }
     Ok(())
 }
+
+/// Compression is on by default where bytes cross a network (`s3://`),
+/// off for a directory and a store given to `with_store`; `ckpt push`
+/// follows the default, `--compress` and `--no-compress` override it.
+#[test]
+fn compression_is_the_default_for_s3_and_not_for_a_directory() -> Result {
+    let dir = tempfile::tempdir()?;
+    let file = format!("file://{}", dir.path().join("bucket").display());
+    assert!(Remote::open("s3://some-bucket/run")?.compression());
+    assert!(!Remote::open(&file)?.compression());
+    let memory = Arc::new(InMemory::new());
+    assert!(!Remote::with_store(memory, "run", "memory://run")?.compression());
+    let store = CheckpointStore::open(dir.path().join("run.ckpt"))?;
+    store.commit(&state(1)?)?;
+    drop(store);
+    let path = dir.path().join("run.ckpt");
+    let push = |url: &str, flags: &[&str]| -> Result<(Option<i32>, String)> {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ckpt"))
+            .args(["push", &path.to_string_lossy(), url])
+            .args(flags)
+            .output()?;
+        let said = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+        Ok((out.status.code(), said.into_owned()))
+    };
+    let (code, said) = push(&file, &[])?;
+    assert!(code == Some(0) && !said.contains("compressed"), "{said}");
+    assert_eq!(manifest_formats(&dir.path().join("bucket"))?, vec![3]);
+    let (code, said) = push(&file, &["--compress", "--no-compress"])?;
+    assert_eq!(code, Some(2), "{said}");
+    let Ok(bucket) = std::env::var("CKPT_TEST_BUCKET") else {
+        eprintln!("compression_is_the_default_for_s3: the s3:// half skipped: no S3 server");
+        return Ok(());
+    };
+    let _server = super::garage::SERVER
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    for (flags, compressed) in [(&[][..], true), (&["--no-compress"][..], false)] {
+        let url = format!("s3://{bucket}/{}", super::garage::fresh_prefix());
+        let (code, said) = push(&url, flags)?;
+        assert!(
+            code == Some(0) && said.contains("(compressed)") == compressed,
+            "{said}"
+        );
+        let stats = std::process::Command::new(env!("CARGO_BIN_EXE_ckpt"))
+            .args(["stats", &url, "--json"])
+            .output()?;
+        let totals: serde_json::Value = serde_json::from_slice(&stats.stdout)?;
+        let (chunks, stored) = (
+            totals["chunk_bytes"].as_u64().ok_or("no chunk_bytes")?,
+            totals["stored_bytes"].as_u64().ok_or("no stored_bytes")?,
+        );
+        assert_eq!(stored * 10 < chunks * 8, compressed, "{totals}");
+    }
+    Ok(())
+}

@@ -16,6 +16,7 @@ mod faults;
 mod format3;
 mod garage;
 mod hf;
+mod in_transit;
 mod lost_packs;
 mod promise;
 mod rank_local;

@@ -31,13 +31,20 @@ class Remote:
     stores pushed there, every chunk hash-checked; holds global steps of
     multi-rank jobs (`shard`).
 
-    `compress=True`: chunks this remote uploads are stored compressed
+    `compress`: whether chunks this remote uploads are stored compressed
     where that saves bytes (byte planes by the tensor's element width,
-    zstd; bucket format 4, which builds before 0.5 cannot read); reads
+    zstd; bucket format 4, which builds before 0.5 cannot read); by
+    default (None) they are for `s3://` and not for `file://`. Reads
     decompress whatever they find either way."""
 
-    def __init__(self, url: str, grace_period: Optional[float] = None, *, compress: bool = False) -> None:
-        self._raw = RawRemote(str(url), grace_period, bool(compress))
+    def __init__(self, url: str, grace_period: Optional[float] = None, *, compress: Optional[bool] = None) -> None:
+        self._raw = RawRemote(str(url), grace_period, None if compress is None else bool(compress))
+
+    @property
+    def compression(self) -> bool:
+        """Whether chunks this remote uploads are stored compressed where
+        that saves bytes (`compress`)."""
+        return self._raw.compression()
 
     @property
     def url(self) -> str:

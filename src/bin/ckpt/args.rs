@@ -180,9 +180,14 @@ pub(crate) enum Command {
         #[arg(long)]
         repair: bool,
         /// Store new chunks compressed where that saves bytes (bucket
-        /// format 4, which builds before 0.5 cannot read).
-        #[arg(long)]
+        /// format 4, which builds before 0.5 cannot read): the default
+        /// for `s3://`.
+        #[arg(long, conflicts_with = "no_compress")]
         compress: bool,
+        /// Store new chunks as they are (bucket format 3, which 0.4
+        /// reads): the default for `file://`.
+        #[arg(long)]
+        no_compress: bool,
     },
     /// Copy a step from a bucket into a store (created if missing).
     Pull {

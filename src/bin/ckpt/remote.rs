@@ -43,13 +43,17 @@ pub(crate) fn push(command: Command) -> Result<ExitCode> {
         adopt,
         repair,
         compress,
+        no_compress,
     } = command
     else {
         return Err("not a push".into());
     };
     let url = url.as_str();
     let s = super::open_read(&store)?;
-    let remote = open_remote(url)?.with_compression(compress);
+    let mut remote = open_remote(url)?;
+    if compress || no_compress {
+        remote = remote.with_compression(compress);
+    }
     if adopt {
         remote.adopt(&s)?;
     }
@@ -70,7 +74,11 @@ pub(crate) fn push(command: Command) -> Result<ExitCode> {
         report.steps_pushed.len(),
         report.steps_present,
         output::bytes(report.bytes_uploaded),
-        if compress { " (compressed)" } else { "" },
+        if remote.compression() {
+            " (compressed)"
+        } else {
+            ""
+        },
         report.chunks_uploaded,
         output::bytes(report.bytes_skipped)
     );

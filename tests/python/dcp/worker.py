@@ -222,7 +222,9 @@ def main():
 
         ckptstore.Remote.commit_shard = commit_then_die
     if mode == "save":
-        dcp.save(state(mesh, salt, empty=False), storage_writer=StorageWriter(target, step))
+        # CKPT_COMPRESS=1: a bucket's chunks stored compressed (format 4).
+        compress = True if os.environ.get("CKPT_COMPRESS") == "1" else None
+        dcp.save(state(mesh, salt, empty=False), storage_writer=StorageWriter(target, step, compress=compress))
         print("saved", flush=True)
     elif mode == "save_local":
         # DCP's rank-local mode (a local store refuses it at several ranks).

@@ -19,16 +19,16 @@ from ._wire import Group
 # remembers where the chunks it wrote lie in the bucket's packs, so a save
 # of unchanged tensors uploads nothing and asks nothing per chunk. Keyed by
 # process too: a forked child opens its own.
-_REMOTES: Dict[Tuple[int, str, bool], Remote] = {}
+_REMOTES: Dict[Tuple[int, str, Optional[bool]], Remote] = {}
 
 
-def remote_of(url: str, compress: bool = False) -> Remote:
+def remote_of(url: str, compress: Optional[bool] = None) -> Remote:
     """This process's `Remote` of bucket `url` (storing new chunks
-    compressed or not)."""
-    key = (os.getpid(), str(url), bool(compress))
+    compressed or not; None: as the bucket's scheme says, `Remote`)."""
+    key = (os.getpid(), str(url), compress)
     found = _REMOTES.get(key)
     if found is None:
-        found = _REMOTES[key] = Remote(str(url), compress=bool(compress))
+        found = _REMOTES[key] = Remote(str(url), compress=compress)
     return found
 
 
@@ -44,9 +44,9 @@ class Bucket:
     nodes: Optional[List[int]] = None
     group: Optional[Group] = None
 
-    def __init__(self, url: str, compress: bool = False) -> None:
+    def __init__(self, url: str, compress: Optional[bool] = None) -> None:
         self.url = self.description = url
-        self.compress = bool(compress)
+        self.compress = None if compress is None else bool(compress)
         self.pool_key: Hashable = url
 
     @property

@@ -3,7 +3,7 @@
 reader's target that is no user's (the tier's) is taken as it is."""
 
 import os
-from typing import Union
+from typing import Optional, Union
 
 from .._store import Store
 from ._bucket import Bucket
@@ -22,16 +22,16 @@ def target_of(target: UserTarget) -> Target:
     return LocalStore(target)
 
 
-def save_target(target: Union[UserTarget, SaveTarget], compress: bool = False) -> SaveTarget:
+def save_target(target: Union[UserTarget, SaveTarget], compress: Optional[bool] = None) -> SaveTarget:
     """The target a writer's argument names (a user's, or the tier's);
-    `compress`: a bucket's chunks stored compressed (no other target
-    compresses)."""
+    `compress`: whether a bucket's chunks are stored compressed (None:
+    as its scheme says, `Remote`); no other target compresses."""
+    if compress is not None and is_bucket_url(target):
+        return Bucket(str(target), compress=compress)
     if compress:
-        if not is_bucket_url(target):
-            raise ValueError(
-                f"compress=True: only a bucket URL stores chunks compressed, not {describe_any(target)}"
-            )
-        return Bucket(str(target), compress=True)
+        raise ValueError(
+            f"compress=True: only a bucket URL stores chunks compressed, not {describe_any(target)}"
+        )
     return target_of(target) if isinstance(target, (str, os.PathLike, Store)) else target
 
 

@@ -106,11 +106,12 @@ class StorageWriter(_storage.StorageWriter):
     `staging_budget` bytes of it (and never more than the host has
     available: `StagingBudgetError` instead).
 
-    `compress=True` (a bucket URL only): the save's new chunks are stored
-    compressed where that saves bytes (byte planes by the element width
-    of each tensor, zstd, on the uploading thread's cores, never in the
-    staging a training step waits for); such a step is bucket format 4,
-    which builds before 0.5 cannot read. Loads decompress either way."""
+    `compress` (a bucket URL only; by default on for `s3://`, off for
+    `file://`): the save's new chunks are stored compressed where that
+    saves bytes (byte planes by the element width of each tensor, zstd,
+    on the uploading thread's cores, never in the staging a training step
+    waits for); such a step is bucket format 4, which builds before 0.5
+    cannot read. Loads decompress either way."""
 
     def __init__(
         self,
@@ -122,11 +123,11 @@ class StorageWriter(_storage.StorageWriter):
         shared_memory: bool = False,
         block_on_staging: bool = False,
         staging_budget: Optional[int] = None,
-        compress: bool = False,
+        compress: Optional[bool] = None,
     ) -> None:
         super().__init__()
         self._target = target
-        self._compress = bool(compress)
+        self._compress = None if compress is None else bool(compress)
         self._to = save_target(target, self._compress)
         self._step = step_number(step)
         self._overwrite = bool(overwrite)

@@ -14,6 +14,7 @@ from typing import Any, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+from torch.distributed.checkpoint.stateful import Stateful
 
 from ..._ckptstore import CommitInfo, SaveRecord, Tensor
 from ..._cost import Clock, SaveCost
@@ -244,3 +245,9 @@ class Save:
         _, failed = attempt(finish)
         group.check(failed, f"step {step} is durable on every rank, but some rank could not record it")
         return cost, upload
+
+
+def state_dicts(state: Dict[str, Any]) -> Dict[str, Any]:
+    """`state` with each `Stateful` value (a model, an optimizer wrapper)
+    replaced by its `state_dict()`, as DCP's save does."""
+    return {key: value.state_dict() if isinstance(value, Stateful) else value for key, value in state.items()}

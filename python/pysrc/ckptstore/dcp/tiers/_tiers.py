@@ -3,17 +3,16 @@ with copies on peer nodes, over a bucket. `Tiers` owns the lifecycle,
 its threads and the public calls, and hands the work to its roles: the
 node (`_node.Node`: its directory, open stores, retention), the save
 (`_save.Save`, which says when an upload is due), the upload
-(`_upload.Upload`) and the load (`_load.Load`)."""
+(`_upload.Upload`) and the load (`_load.Load`); `Running` holds the
+work in flight."""
 
 import os
-import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Optional
 
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
-from torch.distributed.checkpoint.stateful import Stateful
 
 from ..._convert import step_number
 from ..._cost import Clock, SaveCost
@@ -22,7 +21,8 @@ from .._targets import is_bucket_url
 from .._wire import attempt, failed_future
 from ._load import Load
 from ._node import join
-from ._save import Save
+from ..._background import Running
+from ._save import Save, state_dicts
 from ._upload import Upload
 
 
@@ -49,8 +49,9 @@ class Tiers:
     `uploaded(step)` is called on every rank, on the upload thread, once
     each step is whole in the bucket (the place for the bucket's
     retention: what it counts has landed); an exception it raises fails
-    that upload. `compress=True`: the uploader stores chunks compressed
-    where that saves bytes (bucket format 4; the local tier stays raw).
+    that upload. `compress`: whether the uploader stores chunks compressed
+    where that saves bytes (bucket format 4; by default as the bucket's
+    scheme says, `Remote`; the local tier stays raw).
     docs/tiers.md has the details."""
 
     def __init__(
@@ -65,7 +66,7 @@ class Tiers:
         timeout: Optional[timedelta] = None,
         background_staging: bool = False,
         uploaded: Optional[Callable[[int], None]] = None,
-        compress: bool = False,
+        compress: Optional[bool] = None,
     ) -> None:
         for name, value, least in (("peers", peers, 0), ("durable_every", durable_every, 1), ("keep_local", keep_local, 1)):
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
@@ -78,13 +79,12 @@ class Tiers:
         # The roles, each over the node and a group: saves on the save
         # thread, uploads on the upload thread, loads on the caller's.
         self._saving = Save(self._node, self._group, durable_every, self._bucket is not None)
-        self._upload = None if self._bucket is None else Upload(self._node, self._uploads, self._bucket, uploaded, bool(compress))
+        self._upload = None if self._bucket is None else Upload(self._node, self._uploads, self._bucket, uploaded, compress)
         self._loading = Load(self._node, self._group, self._bucket)
-        self._work = threading.Lock()
         self._saver = ThreadPoolExecutor(1, thread_name_prefix="ckptstore-tiers-save")
         self._stager = ThreadPoolExecutor(1, thread_name_prefix="ckptstore-tiers-stage")
         self._uploader = ThreadPoolExecutor(1, thread_name_prefix="ckptstore-tiers-upload")
-        self._running: List["Future[Any]"] = []
+        self._running = Running()
         self._pool = Pool()
 
     @property
@@ -96,15 +96,14 @@ class Tiers:
         """Save `state` (a DCP state dict) as step `step`: returns once the
         step is complete on the local tier (its upload, if due, goes on in
         the background), with what the save cost this rank."""
-        self._check()
-        fut = self._submit(_state_dicts(state), step_number(step), Clock(), None)
+        self._running.check()
+        fut = self._saver.submit(self._save_now, state_dicts(state), step_number(step), Clock(), None)
+        self._running.add(fut)
         try:
-            cost = fut.result()
+            return fut.result()
         finally:
             # Its failure is raised here, not again by the next call.
-            with self._work:
-                self._running = [f for f in self._running if f is not fut]
-        return cost
+            self._running.forget(fut)
 
     def async_save(self, state: Dict[str, Any], step: int) -> AsyncSaveResponse:
         """Save `state` as step `step` in the background, as DCP's
@@ -119,11 +118,11 @@ class Tiers:
         once this save is done (no new memory for a state of the same
         layout): a tier holds one staged copy of the state between saves
         (`close` frees it)."""
-        self._check()
+        self._running.check()
         clock, step = Clock(), step_number(step)
         try:
             staging, copy = self._pool.in_background(
-                None, _state_dicts(state), self._stager,
+                None, state_dicts(state), self._stager,
                 lambda begun: clock.staged(
                     time.perf_counter() - clock.started, begun - clock.started if self._background else None
                 ),
@@ -146,21 +145,14 @@ class Tiers:
                 self._pool.give_back(None, copied.state)
 
         durable = self._saver.submit(save_now)  # in order with the saves before and after
-        with self._work:
-            self._running.append(durable)
+        self._running.add(durable)
         # DCP types its future as Future[None]; its result here is the SaveCost.
         return AsyncSaveResponse(staging_completion=staging, upload_completion=durable)  # type: ignore[arg-type]
 
     def wait(self) -> None:
         """Wait for every save and upload in flight; raise the first that
         failed."""
-        while True:
-            with self._work:
-                first = self._running[0] if self._running else None
-            if first is None:
-                return
-            first.exception()
-            self._check()
+        self._running.wait()
 
     def close(self) -> None:
         """`wait`, then close the stores (the tier cannot be used again)."""
@@ -179,24 +171,6 @@ class Tiers:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _submit(
-        self, state: Dict[str, Any], step: int, clock: Clock, hashes: Optional[Hashes]
-    ) -> "Future[SaveCost]":
-        fut = self._saver.submit(self._save_now, state, step, clock, hashes)
-        with self._work:
-            self._running.append(fut)
-        return fut
-
-    def _check(self) -> None:
-        """Forget finished work; raise the first failure among it."""
-        with self._work:
-            done = [f for f in self._running if f.done()]
-            self._running = [f for f in self._running if not f.done()]
-        for f in done:
-            e = f.exception()
-            if e is not None:
-                raise e
-
     # The save (on the save thread).
 
     def _save_now(
@@ -213,8 +187,7 @@ class Tiers:
         with self._group.on(f"save of step {step}"):
             cost, due = self._saving.run(state, step, clock, hashes, failed)
         if due and self._upload is not None:
-            with self._work:
-                self._running.append(self._uploader.submit(self._upload.pending))
+            self._running.add(self._uploader.submit(self._upload.pending))
         return cost
 
     # The load.
@@ -230,10 +203,3 @@ class Tiers:
         wanted = None if step is None else step_number(step)
         with self._group.on("load of the newest step" if wanted is None else f"load of step {wanted}"):
             return self._loading.run(state, wanted)
-
-
-def _state_dicts(state: Dict[str, Any]) -> Dict[str, Any]:
-    """`state` with each `Stateful` value (a model, an optimizer wrapper)
-    replaced by its `state_dict()`, as DCP's save does."""
-    return {key: value.state_dict() if isinstance(value, Stateful) else value for key, value in state.items()}
-

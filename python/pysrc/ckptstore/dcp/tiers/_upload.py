@@ -18,11 +18,11 @@ from ._save import SIZES
 class Upload:
     """Rank `node.rank`'s side of the uploads to `bucket`; `uploaded(step)`
     is called once a step is whole there (an exception it raises fails
-    that upload); `compress`: chunks stored compressed where that saves
-    bytes."""
+    that upload); `compress`: whether chunks are stored compressed where
+    that saves bytes (None: as the bucket's scheme says)."""
 
     def __init__(
-        self, node: Node, group: Group, bucket: str, uploaded: Optional[Callable[[int], None]], compress: bool
+        self, node: Node, group: Group, bucket: str, uploaded: Optional[Callable[[int], None]], compress: Optional[bool]
     ) -> None:
         self._node, self._group, self._bucket, self._uploaded = node, group, bucket, uploaded
         self._compress = compress
