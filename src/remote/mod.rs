@@ -171,14 +171,15 @@ impl Remote {
     /// Set whether the chunks this remote uploads are stored compressed
     /// where that saves bytes (bucket format 4; by default, for `s3://`
     /// and not for `file://` or a store given to
-    /// [`with_store`](Self::with_store)): each chunk split into byte planes by the width of
-    /// the elements of the tensor it is part of and compressed with zstd,
-    /// on every core beside the uploads, and kept so where that saves at
-    /// least 1/32 of its bytes. A chunk's name stays the hash of its own
-    /// bytes, so deduplication is unchanged; a step that holds a
-    /// compressed chunk is written in manifest format 4, which builds
-    /// before it refuse by its number (a step of none stays format 3).
-    /// Readers decompress whatever they find, whatever this is set to.
+    /// [`with_store`](Self::with_store)): each chunk split into byte
+    /// planes by the width of the elements of the tensor it is part of
+    /// and compressed with zstd, on every core beside the uploads, and
+    /// kept so where that saves at least 1/32 of its bytes. A chunk's
+    /// name stays the hash of its own bytes, so deduplication is
+    /// unchanged; a step that holds a compressed chunk is written in
+    /// manifest format 4, which builds before it refuse by its number (a
+    /// step of none stays format 3). Readers decompress whatever they
+    /// find, whatever this is set to.
     pub fn with_compression(mut self, on: bool) -> Remote {
         self.compress = on;
         self
