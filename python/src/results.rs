@@ -177,6 +177,7 @@ result_class! {
         steps_pushed: Vec<u64>,
         steps_present: u64,
         bytes_uploaded: u64,
+        raw_bytes_uploaded: u64,
         bytes_skipped: u64,
     }
 }
@@ -187,6 +188,7 @@ impl From<&ckptstore::PushReport> for PushReport {
             steps_pushed: r.steps_pushed.clone(),
             steps_present: r.steps_present,
             bytes_uploaded: r.bytes_uploaded,
+            raw_bytes_uploaded: r.raw_bytes_uploaded,
             bytes_skipped: r.bytes_skipped,
         }
     }

@@ -330,7 +330,7 @@ fn ckpt_push_compress_writes_format_4_that_any_command_reads() -> Result {
     let store = dir.path().join("run.ckpt");
     let (code, said) = run(&["push", &store.to_string_lossy(), &url, "--compress"])?;
     assert_eq!(code, Some(0), "{said}");
-    assert!(said.contains("(compressed)"), "{said}");
+    assert!(said.contains(" compressed) in "), "{said}");
     assert_eq!(manifest_formats(&bucket)?, vec![4]);
     let (code, said) = run(&["verify", &url])?;
     assert_eq!(code, Some(0), "{said}");
@@ -429,7 +429,7 @@ fn compression_is_the_default_for_s3_and_not_for_a_directory() -> Result {
         let url = format!("s3://{bucket}/{}", super::garage::fresh_prefix());
         let (code, said) = push(&url, flags)?;
         assert!(
-            code == Some(0) && said.contains("(compressed)") == compressed,
+            code == Some(0) && said.contains(" compressed) in ") == compressed,
             "{said}"
         );
         let stats = std::process::Command::new(env!("CARGO_BIN_EXE_ckpt"))

@@ -69,16 +69,17 @@ pub(crate) fn push(command: Command) -> Result<ExitCode> {
         })?
     };
     bar.finish_and_clear();
+    // What compression saved, where it saved anything.
+    let compressed = if report.bytes_uploaded < report.raw_bytes_uploaded {
+        format!(" ({} compressed)", output::bytes(report.raw_bytes_uploaded))
+    } else {
+        String::new()
+    };
     println!(
-        "pushed {} steps to {url} ({} were there): {} uploaded{} in {} chunks, {} already there",
+        "pushed {} steps to {url} ({} were there): {} uploaded{compressed} in {} chunks, {} already there",
         report.steps_pushed.len(),
         report.steps_present,
         output::bytes(report.bytes_uploaded),
-        if remote.compression() {
-            " (compressed)"
-        } else {
-            ""
-        },
         report.chunks_uploaded,
         output::bytes(report.bytes_skipped)
     );

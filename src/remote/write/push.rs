@@ -48,6 +48,9 @@ pub struct PushReport {
     /// Bytes of chunks uploaded, as sent (compressed where a chunk was
     /// stored compressed: [`Remote::with_compression`](crate::Remote::with_compression)).
     pub bytes_uploaded: u64,
+    /// The chunks uploaded, at their own lengths: `bytes_uploaded` where
+    /// none was stored compressed.
+    pub raw_bytes_uploaded: u64,
     /// Bytes of chunks (their own lengths) not uploaded because the bucket had them.
     pub bytes_skipped: u64,
     /// Chunks uploaded (in pack objects).
@@ -217,6 +220,7 @@ impl Writer<'_> {
         })?;
         let total: u64 = pieces.iter().map(|(_, n)| n).sum();
         report.bytes_uploaded += packed.bytes_uploaded;
+        report.raw_bytes_uploaded += packed.raw_bytes_uploaded;
         report.bytes_skipped += total.saturating_sub(packed.raw_bytes_uploaded);
         report.chunks_uploaded += packed.chunks_uploaded;
         manifest.format = packed.format;
