@@ -4,7 +4,10 @@
 
 use std::sync::Arc;
 
-use ckptstore::{ComputationGraphStore, Error, GradientCheckpoint, Remote, ShardHash};
+use ckptstore::{
+    ComputationGraphStore, Error, GradientCheckpoint, Remote, ShardHash, ShardSource, ShardUpload,
+    ShardWrite,
+};
 use object_store::memory::InMemory;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 
@@ -284,7 +287,11 @@ fn data_uploaded_early_is_not_uploaded_again() -> Result {
     let dir = tempfile::tempdir()?;
     let remote = Remote::open(&format!("file://{}", dir.path().display()))?;
     let data = shard(3, 9, 3 * MIB);
-    let early = remote.upload_shard_data(3, 0, 1, &data)?;
+    let early = remote.write_shard(ShardWrite::new(
+        (3, 0, 1),
+        ShardSource::Owned(&data),
+        ShardUpload::ChunksOnly,
+    ))?;
     assert!(early.bytes_uploaded >= 3 * MIB as u64);
     assert!(!dir.path().join("shards").exists(), "no shard manifest yet");
     // The shard, later, with one more small entry: only that is new.
@@ -303,7 +310,7 @@ fn data_uploaded_early_is_not_uploaded_again() -> Result {
 /// both borrowed and in the checkpoint is refused before any upload.
 #[test]
 fn borrowed_tensors_upload_the_same_shard() -> Result {
-    use ckptstore::{ShardUpload, TensorRef};
+    use ckptstore::TensorRef;
     use std::collections::BTreeMap;
     let dir = tempfile::tempdir()?;
     let remote = Remote::open(&format!("file://{}/b", dir.path().display()))?;
@@ -319,8 +326,11 @@ fn borrowed_tensors_upload_the_same_shard() -> Result {
             ))
         })
         .collect::<ckptstore::Result<_>>()?;
-    let info =
-        remote.upload_shard_borrowed((5, 0, 1), &skeleton, &borrowed, ShardUpload::Manifest)?;
+    let info = remote.write_shard(ShardWrite::new(
+        (5, 0, 1),
+        ShardSource::Borrowed(&skeleton, &borrowed),
+        ShardUpload::Manifest,
+    ))?;
     // The name manifests_keep_their_bytes pins for the owned shard.
     assert_eq!(
         info.shard.to_string(),
@@ -336,11 +346,18 @@ fn borrowed_tensors_upload_the_same_shard() -> Result {
     // ChunksOnly uploads data and no manifest; Complete commits the step.
     let mut seven = skeleton.clone();
     seven.step = 7;
-    let early =
-        remote.upload_shard_borrowed((7, 0, 1), &seven, &borrowed, ShardUpload::ChunksOnly)?;
+    let early = remote.write_shard(ShardWrite::new(
+        (7, 0, 1),
+        ShardSource::Borrowed(&seven, &borrowed),
+        ShardUpload::ChunksOnly,
+    ))?;
     assert!(!early.complete && early.bytes_uploaded == 0, "{early:?}"); // the chunks of step 5
     assert!(remote.shards(7)?.landed.is_empty(), "no shard manifest yet");
-    let done = remote.upload_shard_borrowed((7, 0, 1), &seven, &borrowed, ShardUpload::Complete)?;
+    let done = remote.write_shard(ShardWrite::new(
+        (7, 0, 1),
+        ShardSource::Borrowed(&seven, &borrowed),
+        ShardUpload::Complete,
+    ))?;
     assert!(done.complete && done.bytes_uploaded < 64 << 10, "{done:?}");
     assert_eq!(remote.steps()?, vec![5, 7]);
 
@@ -348,7 +365,11 @@ fn borrowed_tensors_upload_the_same_shard() -> Result {
     clash.step = 8;
     clash.set_optimizer_state("w", vec![1]);
     let e = remote
-        .upload_shard_borrowed((8, 0, 1), &clash, &borrowed, ShardUpload::Complete)
+        .write_shard(ShardWrite::new(
+            (8, 0, 1),
+            ShardSource::Borrowed(&clash, &borrowed),
+            ShardUpload::Complete,
+        ))
         .expect_err("a name both borrowed and in the checkpoint");
     assert!(matches!(e, Error::InvalidCheckpoint { step: 8, .. }), "{e}");
     assert_eq!(remote.shards(8)?.landed, Vec::<u32>::new());

@@ -5,7 +5,10 @@
 
 use std::sync::Arc;
 
-use ckptstore::{ComputationGraphStore, Dtype, GradientCheckpoint, Remote, Tensor};
+use ckptstore::{
+    ComputationGraphStore, Dtype, GradientCheckpoint, Remote, ShardSource, ShardUpload, ShardWrite,
+    Tensor,
+};
 use object_store::memory::InMemory;
 
 use super::faults::Failing;
@@ -210,7 +213,11 @@ fn a_coordinators_save_is_one_lock_cycle() -> Result {
         same.step = step;
         counting.reset();
         if combined {
-            remote.upload_shard_and_commit((step, 0, 1), &same, &none, &[None])?;
+            remote.write_shard(ShardWrite::new(
+                (step, 0, 1),
+                ShardSource::Borrowed(&same, &none),
+                ShardUpload::Commit(vec![None]),
+            ))?;
         } else {
             let name = remote.upload_shard(step, 0, 1, &same)?.shard;
             remote.commit_global(step, &[name])?;
@@ -230,7 +237,11 @@ fn a_coordinators_save_is_one_lock_cycle() -> Result {
     assert!(remote.get_shard(2, 0)? == Some(want));
     // The other ranks' names are checked before anything is uploaded.
     let err = remote
-        .upload_shard_and_commit((4, 0, 2), &shard(4, 0, 1)?, &none, &[None, None])
+        .write_shard(ShardWrite::new(
+            (4, 0, 2),
+            ShardSource::Borrowed(&shard(4, 0, 1)?, &none),
+            ShardUpload::Commit(vec![None, None]),
+        ))
         .expect_err("another rank's shard not named");
     assert!(err.to_string().contains("shard 1: no shard named"), "{err}");
     assert_eq!(remote.steps()?, vec![1, 2, 3]);

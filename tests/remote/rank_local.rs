@@ -2,11 +2,11 @@
 //! `use_collectives=False`): ranks that never coordinate complete a step
 //! only with every rank's shard of one save.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use ckptstore::{
-    ComputationGraphStore, GradientCheckpoint, Remote, Retention, SaveId, ShardInfo, ShardUpload,
+    ComputationGraphStore, GradientCheckpoint, Remote, Retention, SaveId, ShardInfo, ShardSource,
+    ShardUpload, ShardWrite,
 };
 
 use super::{bytes, Result};
@@ -22,12 +22,11 @@ fn shard(step: u64, rank: u32, fill: u64) -> GradientCheckpoint {
 /// Rank `rank` of `world` puts its shard of `step` in save `save`.
 fn put(remote: &Remote, (step, rank, world): (u64, u32, u32), save: &str) -> Result<ShardInfo> {
     let fill = u64::from(save.as_bytes()[0]);
-    Ok(remote.upload_shard_borrowed(
+    Ok(remote.write_shard(ShardWrite::new(
         (step, rank, world),
-        &shard(step, rank, fill),
-        &BTreeMap::new(),
+        ShardSource::Owned(&shard(step, rank, fill)),
         ShardUpload::RankLocal(SaveId::of(save)),
-    )?)
+    ))?)
 }
 
 fn dir_remote(dir: &std::path::Path) -> Result<Remote> {

@@ -18,7 +18,7 @@ use crate::remote::global::write::{ShardSource, ShardWrite};
 use crate::remote::read::pieces::GlobalStep;
 use crate::remote::write::Writer;
 use crate::remote::Remote;
-use crate::{CheckpointStore, DcpIndex, GradientCheckpoint, Result, TensorRef};
+use crate::{CheckpointStore, DcpIndex, GradientCheckpoint, Result};
 
 /// A remote's global-step coordinator: shards of N ranks, the commit that
 /// completes a step, and DCP's metadata over them.
@@ -102,56 +102,6 @@ impl Remote {
         ))
     }
 
-    /// Upload the chunks of rank `rank`'s shard of `step` and nothing else:
-    /// a coordinator that learns the rest of its shard later (DCP's
-    /// metadata, at `finish`) uploads its data early, beside the other
-    /// ranks, and its [`upload_shard`](Self::upload_shard) then finds the
-    /// chunks there. Chunks named by no shard are collected by `gc` once
-    /// the grace period has passed.
-    ///
-    /// # Errors
-    /// As [`upload_shard`](Self::upload_shard).
-    pub fn upload_shard_data(
-        &self,
-        step: u64,
-        rank: u32,
-        world_size: u32,
-        ckpt: &GradientCheckpoint,
-    ) -> Result<ShardInfo> {
-        let source = ShardSource::Owned(ckpt);
-        self.write_shard(ShardWrite::new(
-            (step, rank, world_size),
-            source,
-            ShardUpload::ChunksOnly,
-        ))
-    }
-
-    /// [`upload_shard`](Self::upload_shard),
-    /// [`upload_shard_data`](Self::upload_shard_data),
-    /// [`commit_shard`](Self::commit_shard) or a shard of a rank-local save
-    /// ([`ShardUpload::RankLocal`]), as `how` says, of rank `rank`'s
-    /// shard `ckpt` with the tensors `tensors` added, whose bytes are hashed
-    /// and uploaded from where they lie: no copy of them is made (the Python
-    /// package uploads numpy arrays and torch tensors this way).
-    ///
-    /// # Errors
-    /// As the operation `how` names;
-    /// [`Error::InvalidCheckpoint`](crate::Error::InvalidCheckpoint) if a name
-    /// of `tensors` is also a blob or tensor of `ckpt`.
-    pub fn upload_shard_borrowed(
-        &self,
-        shard: (u64, u32, u32),
-        ckpt: &GradientCheckpoint,
-        tensors: &BTreeMap<String, TensorRef<'_>>,
-        how: ShardUpload,
-    ) -> Result<ShardInfo> {
-        self.write_shard(ShardWrite::new(
-            shard,
-            ShardSource::Borrowed(ckpt, tensors),
-            how,
-        ))
-    }
-
     /// Complete global step `step` with `shards` (each rank's, by rank, as
     /// [`upload_shard`](Self::upload_shard) named them): check that each is
     /// there and whole (its manifest hashes right; a shard of format 1 or
@@ -187,36 +137,6 @@ impl Remote {
     /// [`BucketError::Request`](crate::BucketError::Request) when the bucket fails.
     pub fn commit_global(&self, step: u64, shards: &[ShardHash]) -> Result<()> {
         self.coordinator().commit_global(step, shards)
-    }
-
-    /// [`upload_shard_borrowed`](Self::upload_shard_borrowed) of the
-    /// coordinator's own shard with [`ShardUpload::Manifest`], then
-    /// [`commit_global`](Self::commit_global) of `shards` with this rank's
-    /// entry the shard just uploaded (what `shards` holds there is not
-    /// read: `None` will do), under one push lock: a coordinator's save in
-    /// one lock cycle, its own shard not read back. Every other rank's
-    /// entry must name its shard; that is checked before anything is
-    /// uploaded.
-    ///
-    /// # Errors
-    /// [`Error::InvalidCheckpoint`](crate::Error::InvalidCheckpoint) for
-    /// another rank's entry `None` or as many entries as ranks not given;
-    /// as [`upload_shard_borrowed`](Self::upload_shard_borrowed) and
-    /// [`commit_global`](Self::commit_global); no commit is written if the
-    /// upload fails.
-    pub fn upload_shard_and_commit(
-        &self,
-        shard: (u64, u32, u32),
-        ckpt: &GradientCheckpoint,
-        tensors: &BTreeMap<String, TensorRef<'_>>,
-        shards: &[Option<ShardHash>],
-    ) -> Result<ShardInfo> {
-        let how = ShardUpload::Commit(shards.to_vec());
-        self.write_shard(ShardWrite::new(
-            shard,
-            ShardSource::Borrowed(ckpt, tensors),
-            how,
-        ))
     }
 
     /// The index of step `step` if `ckptstore.dcp` saved it: its tensors with

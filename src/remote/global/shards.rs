@@ -339,8 +339,11 @@ impl Coordinator<'_> {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ShardUpload {
-    /// Nothing more: the chunks are in the bucket, named by no shard
-    /// (as [`Remote::upload_shard_data`](crate::Remote::upload_shard_data)).
+    /// Nothing more: the chunks are in the bucket, named by no shard (a
+    /// coordinator that learns the rest of its shard later, DCP's
+    /// metadata at `finish`, uploads its data early beside the other
+    /// ranks, and its shard's later write finds the chunks there; chunks
+    /// named by no shard are collected by `gc` after the grace period).
     ChunksOnly,
     /// The shard's manifest (as [`Remote::upload_shard`](crate::Remote::upload_shard)).
     Manifest,
@@ -357,9 +360,9 @@ pub enum ShardUpload {
     /// (every rank's, by rank, as [`ShardInfo::shard`] named them; this
     /// rank's entry is the shard just written, `None` will do), each
     /// other checked there and whole first, under one push lock: a
-    /// coordinator's save in one lock cycle (as
-    /// [`Remote::upload_shard_and_commit`](crate::Remote::upload_shard_and_commit)).
-    /// No commit is written if the upload fails.
+    /// coordinator's save in one lock cycle, its own shard not read
+    /// back. Every other rank's entry must name its shard, checked before
+    /// anything is uploaded; no commit is written if the upload fails.
     Commit(Vec<Option<ShardHash>>),
 }
 
