@@ -18,7 +18,7 @@ use ckptstore::{
 use object_store::memory::InMemory;
 
 use super::Result;
-use crate::common::bytes;
+use crate::common::{bytes, ckpt};
 
 /// bf16 near zero: a few exponent bytes, noisy mantissas (as trained
 /// weights are), `n` elements.
@@ -310,49 +310,56 @@ fn a_format4_bucket_still_reads() -> Result {
     Ok(())
 }
 
+/// A store at `dir/run.ckpt` holding `state(1)`: its path.
+fn store_of_step_1(dir: &std::path::Path) -> Result<std::path::PathBuf> {
+    let path = dir.join("run.ckpt");
+    CheckpointStore::open(&path)?.commit(&state(1)?)?;
+    Ok(path)
+}
+
+/// `ckpt stats URL --json`: the bucket's steps, chunk bytes (each chunk
+/// once) and stored bytes.
+fn stats(url: &str) -> Result<(u64, u64, u64)> {
+    let (code, out, err) = ckpt(&["stats", url, "--json"])?;
+    assert_eq!(code, 0, "{err}");
+    let totals: serde_json::Value = serde_json::from_str(&out)?;
+    let field = |name: &str| totals[name].as_u64().ok_or(format!("no {name}: {out}"));
+    Ok((
+        field("steps")?,
+        field("chunk_bytes")?,
+        field("stored_bytes")?,
+    ))
+}
+
 #[test]
 fn ckpt_push_compress_writes_format_4_that_any_command_reads() -> Result {
     let dir = tempfile::tempdir()?;
-    let store = CheckpointStore::open(dir.path().join("run.ckpt"))?;
-    store.commit(&state(1)?)?;
-    drop(store);
+    let store = store_of_step_1(dir.path())?;
     let bucket = dir.path().join("bucket");
     let url = format!("file://{}", bucket.display());
-    let run = |args: &[&str]| -> Result<(Option<i32>, String)> {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ckpt"))
-            .args(args)
-            .output()?;
-        Ok((
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-        ))
+    let run = |args: &[&str]| -> Result<(i32, String)> {
+        let (code, out, _) = ckpt(args)?;
+        Ok((code, out))
     };
-    let store = dir.path().join("run.ckpt");
     let (code, said) = run(&["push", &store.to_string_lossy(), &url, "--compress"])?;
-    assert_eq!(code, Some(0), "{said}");
+    assert_eq!(code, 0, "{said}");
     assert!(said.contains(" compressed) in "), "{said}");
     assert_eq!(manifest_formats(&bucket)?, vec![4]);
     let (code, said) = run(&["verify", &url])?;
-    assert_eq!(code, Some(0), "{said}");
+    assert_eq!(code, 0, "{said}");
     // Stored against logical bytes: the bucket's totals, and the step's.
-    let (code, said) = run(&["stats", &url, "--json"])?;
-    assert_eq!(code, Some(0), "{said}");
-    let totals: serde_json::Value = serde_json::from_str(&said)?;
-    let (chunks, stored) = (
-        totals["chunk_bytes"].as_u64().ok_or("no chunk_bytes")?,
-        totals["stored_bytes"].as_u64().ok_or("no stored_bytes")?,
-    );
-    assert!(stored * 10 < chunks * 8 && totals["steps"] == 1, "{said}");
+    let (steps, chunks, stored) = stats(&url)?;
+    assert!(stored * 10 < chunks * 8 && steps == 1, "{chunks} {stored}");
     let packs = stored_bytes(&bucket.join("packs"))?;
     assert_eq!(stored, packs);
     let (code, said) = run(&["show", &url, "1"])?;
     assert!(
-        code == Some(0) && said.contains("as stored, compressed"),
+        code == 0 && said.contains("as stored, compressed"),
         "{said}"
     );
     let copy = dir.path().join("copy.ckpt");
     let (code, said) = run(&["pull", &url, &copy.to_string_lossy(), "--step", "1"])?;
-    assert_eq!(code, Some(0), "{said}");
+    assert_eq!(code, 0, "{said}");
     assert!(CheckpointStore::open(&copy)?.get(1)? == CheckpointStore::open(&store)?.get(1)?);
     Ok(())
 }
@@ -401,23 +408,16 @@ fn compression_is_the_default_for_s3_and_not_for_a_directory() -> Result {
     assert!(!Remote::open(&file)?.compression());
     let memory = Arc::new(InMemory::new());
     assert!(!Remote::with_store(memory, "run", "memory://run")?.compression());
-    let store = CheckpointStore::open(dir.path().join("run.ckpt"))?;
-    store.commit(&state(1)?)?;
-    drop(store);
-    let path = dir.path().join("run.ckpt");
-    let push = |url: &str, flags: &[&str]| -> Result<(Option<i32>, String)> {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ckpt"))
-            .args(["push", &path.to_string_lossy(), url])
-            .args(flags)
-            .output()?;
-        let said = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
-        Ok((out.status.code(), said.into_owned()))
+    let path = store_of_step_1(dir.path())?;
+    let push = |url: &str, flags: &[&str]| -> Result<(i32, String)> {
+        let (code, out, err) = ckpt(&[&["push", &path.to_string_lossy(), url], flags].concat())?;
+        Ok((code, out + &err))
     };
     let (code, said) = push(&file, &[])?;
-    assert!(code == Some(0) && !said.contains("compressed"), "{said}");
+    assert!(code == 0 && !said.contains("compressed"), "{said}");
     assert_eq!(manifest_formats(&dir.path().join("bucket"))?, vec![3]);
     let (code, said) = push(&file, &["--compress", "--no-compress"])?;
-    assert_eq!(code, Some(2), "{said}");
+    assert_eq!(code, 2, "{said}");
     let Ok(bucket) = std::env::var("CKPT_TEST_BUCKET") else {
         eprintln!("compression_is_the_default_for_s3: the s3:// half skipped: no S3 server");
         return Ok(());
@@ -429,18 +429,11 @@ fn compression_is_the_default_for_s3_and_not_for_a_directory() -> Result {
         let url = format!("s3://{bucket}/{}", super::garage::fresh_prefix());
         let (code, said) = push(&url, flags)?;
         assert!(
-            code == Some(0) && said.contains(" compressed) in ") == compressed,
+            code == 0 && said.contains(" compressed) in ") == compressed,
             "{said}"
         );
-        let stats = std::process::Command::new(env!("CARGO_BIN_EXE_ckpt"))
-            .args(["stats", &url, "--json"])
-            .output()?;
-        let totals: serde_json::Value = serde_json::from_slice(&stats.stdout)?;
-        let (chunks, stored) = (
-            totals["chunk_bytes"].as_u64().ok_or("no chunk_bytes")?,
-            totals["stored_bytes"].as_u64().ok_or("no stored_bytes")?,
-        );
-        assert_eq!(stored * 10 < chunks * 8, compressed, "{totals}");
+        let (_, chunks, stored) = stats(&url)?;
+        assert_eq!(stored * 10 < chunks * 8, compressed, "{chunks} {stored}");
     }
     Ok(())
 }

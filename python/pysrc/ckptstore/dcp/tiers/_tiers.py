@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, Optional
 
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
+from ..._background import Running
 from ..._convert import step_number
 from ..._cost import Clock, SaveCost
 from ..._staging import Hashes, Pool
@@ -21,7 +22,6 @@ from .._targets import is_bucket_url
 from .._wire import attempt, failed_future
 from ._load import Load
 from ._node import join
-from ..._background import Running
 from ._save import Save, state_dicts
 from ._upload import Upload
 
