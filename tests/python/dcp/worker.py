@@ -301,8 +301,11 @@ def main():
             raise
         print(f"collectives {sorted(calls)}", flush=True)
         if trace:
+            # Never stopped: on CPython before 3.12.9 a gloo thread that
+            # takes the GIL to drop a tensor while tracemalloc.stop() runs
+            # can crash the process (cpython gh-128679); main() leaves with
+            # os._exit so finalization does not stop it either.
             print(f"peak {tracemalloc.get_traced_memory()[1]}", flush=True)
-            tracemalloc.stop()
         print(f"read {read[0]}", flush=True)
         print(f"shards {sorted(set(read[1:]))}", flush=True)
         print(f"metadata {sorted(METADATA_READS)}", flush=True)
@@ -322,6 +325,8 @@ def main():
         print(f"ok {reader.step}", flush=True)
     if port:
         dist.destroy_process_group()
+    if os.environ.get("CKPT_TRACE") == "1":
+        os._exit(0)
 
 
 if __name__ == "__main__":
