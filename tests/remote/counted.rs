@@ -19,15 +19,19 @@ const MIB: usize = 1 << 20;
 const RANKS: u32 = 4;
 
 /// Rank `rank`'s shard of `step`: three tensors of 8 MiB (new data) and a
-/// small blob.
-fn shard(step: u64, rank: u32, seed: u64) -> Result<GradientCheckpoint> {
+/// small blob. `compressible`: bf16 near zero (a few exponent bytes, as
+/// trained weights are) rather than random bytes.
+fn shard(step: u64, rank: u32, seed: u64, compressible: bool) -> Result<GradientCheckpoint> {
     let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), step);
     c.timestamp = 1_800_000_000 + step;
     for i in 0..3u64 {
-        let data = bytes(seed * 100 + u64::from(rank) * 10 + i, 8 * MIB);
+        let mut data = bytes(seed * 100 + u64::from(rank) * 10 + i, 8 * MIB);
+        if compressible {
+            data.iter_mut().skip(1).step_by(2).for_each(|b| *b = 0x3c);
+        }
         c.set_tensor(
             format!("w{i}"),
-            Tensor::new(Dtype::F32, vec![2 * MIB as u64], data)?,
+            Tensor::new(Dtype::BF16, vec![4 * MIB as u64], data)?,
         );
     }
     c.set_optimizer_state("rng", vec![rank as u8; 100]);
@@ -42,8 +46,23 @@ fn allowed(per_gib: usize, bytes: usize) -> usize {
 
 #[test]
 fn a_global_step_costs_requests_per_rank_not_per_chunk() -> Result {
+    global_step_requests(false)
+}
+
+/// The same limits with chunks stored compressed: packs fill by raw bytes
+/// and a read asks for the stored ranges, so compression adds no request
+/// per chunk.
+#[test]
+fn a_compressed_global_step_keeps_the_same_request_limits() -> Result {
+    global_step_requests(true)
+}
+
+fn global_step_requests(compress: bool) -> Result {
     let counting = Arc::new(Failing::new(Arc::new(InMemory::new()), 0));
-    let open = || Remote::with_store(counting.clone(), "run", "mem://run");
+    let open = || {
+        Remote::with_store(counting.clone(), "run", "mem://run")
+            .map(|r| r.with_compression(compress))
+    };
     let ranks: Vec<Remote> = (0..RANKS)
         .map(|_| open())
         .collect::<ckptstore::Result<_>>()?;
@@ -52,11 +71,16 @@ fn a_global_step_costs_requests_per_rank_not_per_chunk() -> Result {
     let mut names = Vec::new();
     for (rank, remote) in (0..RANKS).zip(&ranks) {
         counting.reset();
-        let info = remote.upload_shard(1, rank, RANKS, &shard(1, rank, 1)?)?;
+        let info = remote.upload_shard(1, rank, RANKS, &shard(1, rank, 1, compress)?)?;
         let n = counting.requests();
         assert!(n <= allowed(32, new_bytes), "rank {rank}: {n} requests");
         eprintln!("rank {rank}: a save of 24 MiB of new data, {n} requests");
-        assert_eq!(info.bytes_uploaded, new_bytes as u64);
+        if compress {
+            // The chunks went compressed (this is that path's count).
+            assert!(info.bytes_uploaded < new_bytes as u64 * 4 / 5, "{info:?}");
+        } else {
+            assert_eq!(info.bytes_uploaded, new_bytes as u64);
+        }
         names.push(info.shard);
     }
     counting.reset();
@@ -68,7 +92,7 @@ fn a_global_step_costs_requests_per_rank_not_per_chunk() -> Result {
     let mut again = Vec::new();
     for (rank, remote) in (0..RANKS).zip(&ranks) {
         counting.reset();
-        let mut same = shard(1, rank, 1)?;
+        let mut same = shard(1, rank, 1, compress)?;
         same.step = 2;
         let info = remote.upload_shard(2, rank, RANKS, &same)?;
         let n = counting.requests();
@@ -95,7 +119,7 @@ fn a_global_step_costs_requests_per_rank_not_per_chunk() -> Result {
             "rank {rank}, load: {n} requests"
         );
         eprintln!("rank {rank}: open the step and read its whole shard, {n} requests");
-        let want = shard(1, rank, 1)?;
+        let want = shard(1, rank, 1, compress)?;
         assert!(got[0] == want.optimizer_state["rng"] && got[1] == want.tensors["w0"].data);
         // A restarted job saves after its load: what it loaded is not
         // uploaded again.
@@ -209,7 +233,7 @@ fn a_coordinators_save_is_one_lock_cycle() -> Result {
     let remote = Remote::with_store(counting.clone(), "run", "mem://run")?;
     let none = std::collections::BTreeMap::new();
     let save = |step: u64, combined: bool| -> Result<usize> {
-        let mut same = shard(1, 0, 1)?;
+        let mut same = shard(1, 0, 1, false)?;
         same.step = step;
         counting.reset();
         if combined {
@@ -232,14 +256,14 @@ fn a_coordinators_save_is_one_lock_cycle() -> Result {
         "{one} requests in one cycle, {two} in two"
     );
     assert_eq!(remote.steps()?, vec![1, 2, 3]);
-    let mut want = shard(1, 0, 1)?;
+    let mut want = shard(1, 0, 1, false)?;
     want.step = 2;
     assert!(remote.get_shard(2, 0)? == Some(want));
     // The other ranks' names are checked before anything is uploaded.
     let err = remote
         .write_shard(ShardWrite::new(
             (4, 0, 2),
-            ShardSource::Borrowed(&shard(4, 0, 1)?, &none),
+            ShardSource::Borrowed(&shard(4, 0, 1, false)?, &none),
             ShardUpload::Commit(vec![None, None]),
         ))
         .expect_err("another rank's shard not named");
