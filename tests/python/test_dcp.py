@@ -14,6 +14,7 @@ import uuid
 import pytest
 
 import ckptstore
+import forked
 
 WORKER = pathlib.Path(__file__).parent / "dcp" / "worker.py"
 
@@ -24,27 +25,19 @@ def _port():
         return s.getsockname()[1]
 
 
-def _argv(script, mode, target, step, rank, world, port, salt):
+def _args(script, mode, target, step, rank, world, port, salt):
     if script == WORKER:
         rest = [step, rank, world, port, salt]
     else:  # fsdp_worker.py: MODE TARGET WORLD RANK PORT
         rest = [world, rank, port]
-    return [sys.executable, str(script), mode, str(target)] + [str(a) for a in rest]
+    return [mode, target, *rest]
 
 
 def run(mode, target, step, world, salt=0, env=None, expect_ok=True, script=WORKER):
     """Run `world` ranks of `script`; their (returncode, output) by rank."""
     port = _port() if world > 1 or script != WORKER else 0
-    procs = [
-        subprocess.Popen(
-            _argv(script, mode, target, step, r, world, port, salt),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**os.environ, **(env or {})},
-        )
-        for r in range(world)
-    ]
+    environ = {**os.environ, **(env or {})}
+    procs = [forked.start(script, _args(script, mode, target, step, r, world, port, salt), environ) for r in range(world)]
     out = []
     for p in procs:
         text, _ = p.communicate(timeout=300)

@@ -8,7 +8,6 @@ follows the latest step; overwrite=False refuses a committed step."""
 import os
 import pathlib
 import subprocess
-import sys
 import time
 
 import pytest
@@ -16,6 +15,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 import ckptstore
+import forked
 from ckptstore.dcp import StorageReader, StorageWriter
 
 from test_dcp import WORKER, _port, run
@@ -25,15 +25,7 @@ HARD = pathlib.Path(__file__).parent / "dcp" / "hard_worker.py"
 
 def start(mode, target, world, flags):
     port = _port()
-    return [
-        subprocess.Popen(
-            [sys.executable, str(HARD), mode, str(target), str(r), str(world), str(port), str(flags)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(world)
-    ]
+    return [forked.start(HARD, [mode, target, r, world, port, flags], os.environ) for r in range(world)]
 
 
 def finish(procs, timeout=120):

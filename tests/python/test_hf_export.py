@@ -12,7 +12,6 @@ import random
 import signal
 import socket
 import subprocess
-import sys
 import time
 
 import numpy as np
@@ -22,6 +21,7 @@ import torch
 
 import ckptstore
 import ckptstore.dcp
+import forked
 
 WORKER = pathlib.Path(__file__).parent / "hf" / "gpt2_worker.py"
 
@@ -34,15 +34,7 @@ def _port():
 
 def _train_and_save(url, out):
     port = str(_port())
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), url, str(r), "2", port, str(out)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(2)
-    ]
+    procs = [forked.start(WORKER, [url, r, 2, port, out], os.environ) for r in range(2)]
     for r, p in enumerate(procs):
         text, _ = p.communicate(timeout=300)
         done = "saved" in text.splitlines()

@@ -19,6 +19,7 @@ import uuid
 import pytest
 
 import ckptstore
+import forked
 
 WORKER = pathlib.Path(__file__).parent / "tiers" / "worker.py"
 
@@ -35,16 +36,7 @@ def job(tmp, actions, world=4, bucket=None, env=None, expect_ok=True, per_node=2
     port = _port() if world > 1 else 0
     local = f"{tmp}/node{{node}}"
     environ = {**os.environ, "CKPT_TIERS_PER_NODE": str(per_node), **(env or {})}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), local, bucket or "-", str(r), str(world), str(port), *actions],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=environ,
-        )
-        for r in range(world)
-    ]
+    procs = [forked.start(WORKER, [local, bucket or "-", r, world, port, *actions], environ) for r in range(world)]
     out = []
     for p in procs:
         try:
@@ -453,11 +445,7 @@ def test_a_tier_directory_written_by_0_4_0_is_read(tmp_path):
     shutil.copytree(FIXTURE, tmp_path / "tier")
     local = f"{tmp_path}/tier/node{{node}}"
     port = _port()
-    procs = [
-        subprocess.Popen([sys.executable, str(MAKER), "check", local, str(r), "2", str(port), "3", "2"],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for r in range(2)
-    ]
+    procs = [forked.start(MAKER, ["check", local, r, 2, port, 3, 2], os.environ) for r in range(2)]
     outs = [p.communicate(timeout=240)[0] for p in procs]
     for p, text in zip(procs, outs):
         assert p.returncode == 0 and text.splitlines()[:2] == ["ok 3", "ok 2"], text[-3000:]
