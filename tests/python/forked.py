@@ -14,7 +14,10 @@ package is imported by each rank).
 A rank differs from `python script.py` in what runs after its script
 ends: no atexit handlers nor C++ static destructors (multiprocessing
 leaves by `os._exit`), and nothing Python reads from the environment as
-it starts (PYTHONPATH, PYTHONFAULTHANDLER) applies.
+it starts (PYTHONPATH, PYTHONFAULTHANDLER) applies. As with any
+multiprocessing start method but fork, each rank first imports the
+starting program's main module (pytest's, under pytest): a script that
+starts ranks keeps its work under `if __name__ == "__main__":`.
 """
 
 import atexit
