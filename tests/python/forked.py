@@ -22,12 +22,12 @@ starts ranks keeps its work under `if __name__ == "__main__":`.
 
 import atexit
 import multiprocessing
+import multiprocessing.util
 import os
 import runpy
 import subprocess
 import sys
 import tempfile
-import weakref
 
 _CONTEXT = multiprocessing.get_context("forkserver")
 _CONTEXT.set_forkserver_preload(
@@ -41,10 +41,17 @@ _CONTEXT.set_forkserver_preload(
     ]
 )
 
-# Ranks still running when the tests end (left by a timeout) are killed, as
-# multiprocessing would otherwise wait for them at exit.
-_STARTED = weakref.WeakSet()
-atexit.register(lambda: [rank.kill() for rank in list(_STARTED) if rank.returncode is None])
+
+def _kill_the_rest():
+    """Ranks still running as the tests end (left by a timeout) are
+    killed: multiprocessing's own exit handler would wait for them.
+    Registered after that handler (multiprocessing.util, imported above),
+    so it runs before it."""
+    for process in multiprocessing.active_children():
+        process.kill()
+
+
+atexit.register(_kill_the_rest)
 
 
 def _main(script, args, env, cwd, out):
@@ -75,7 +82,6 @@ class Rank:
         self._process.start()
         self.pid = self._process.pid
         self.returncode = None
-        _STARTED.add(self)
 
     def communicate(self, timeout=None):
         """Wait for the rank to end; its output. Raises
