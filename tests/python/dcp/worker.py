@@ -52,6 +52,13 @@ from ckptstore.dcp import StorageReader, StorageWriter
 # the test in a minute, not in the default 30.
 TIMEOUT = datetime.timedelta(seconds=int(os.environ.get("CKPT_PG_TIMEOUT", "60")))
 
+# A load traces Python's memory (CKPT_TRACE=1): tracemalloc is never
+# stopped, since on CPython before 3.12.9 a gloo thread that takes the GIL
+# to drop a tensor while tracemalloc.stop() runs can crash the process
+# (cpython gh-128679); a traced worker leaves with os._exit so that
+# finalization does not stop it either.
+TRACE = os.environ.get("CKPT_TRACE") == "1"
+
 # (global shape, dtype, placement): Shard(0), Shard(1) and sizes the world
 # sizes do not divide, Replicate, bf16 and int64, one tensor of several
 # chunks (1 MiB chunks).
@@ -288,8 +295,7 @@ def main():
             target, None if step < 0 else step, fan_out=fan_out, timeout=TIMEOUT, rank_local=rank_local,
             process_group=group,
         )
-        trace = os.environ.get("CKPT_TRACE") == "1"
-        if trace:
+        if TRACE:
             import tracemalloc
 
             tracemalloc.start()
@@ -300,11 +306,7 @@ def main():
             print(f"failed {type(e).__name__}: {e}", flush=True)
             raise
         print(f"collectives {sorted(calls)}", flush=True)
-        if trace:
-            # Never stopped: on CPython before 3.12.9 a gloo thread that
-            # takes the GIL to drop a tensor while tracemalloc.stop() runs
-            # can crash the process (cpython gh-128679); main() leaves with
-            # os._exit so finalization does not stop it either.
+        if TRACE:
             print(f"peak {tracemalloc.get_traced_memory()[1]}", flush=True)
         print(f"read {read[0]}", flush=True)
         print(f"shards {sorted(set(read[1:]))}", flush=True)
@@ -325,7 +327,7 @@ def main():
         print(f"ok {reader.step}", flush=True)
     if port:
         dist.destroy_process_group()
-    if os.environ.get("CKPT_TRACE") == "1":
+    if TRACE:
         os._exit(0)
 
 
