@@ -76,6 +76,13 @@ impl RawRemote {
         self.remote.compression()
     }
 
+    /// This bucket, storing new chunks compressed or not, sharing what
+    /// this remote knows of where chunks lie (`Remote::compressing`).
+    fn compressing(&self, on: bool) -> PyResult<RawRemote> {
+        let remote = self.remote.compressing(on).map_err(py_err)?;
+        Ok(RawRemote { remote })
+    }
+
     fn url(&self) -> String {
         self.remote.url().to_owned()
     }

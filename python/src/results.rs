@@ -281,10 +281,12 @@ impl From<&ckptstore::ShardInfo> for ShardInfo {
 }
 
 result_class! {
-    /// Which ranks of a global step have landed.
+    /// Which ranks of a global step's newest save have landed.
     ShardStatus {
         step: u64,
         world_size: Option<u32>,
+        save: Option<String>,
+        saves: usize,
         landed: Vec<u32>,
         missing: Vec<u32>,
         complete: bool,
@@ -296,6 +298,8 @@ impl From<ckptstore::ShardStatus> for ShardStatus {
         ShardStatus {
             step: s.step,
             world_size: s.world_size,
+            save: s.save.map(|id| id.to_string()),
+            saves: s.saves,
             landed: s.landed,
             missing: s.missing,
             complete: s.complete,

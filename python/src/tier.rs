@@ -302,6 +302,14 @@ impl PyTierDir {
             .map_err(py_err)
     }
 
+    /// Retire `step` for rank `rank`, whose node holds `node_ranks`: its
+    /// record, the step's mark, and records of the step by ranks the node
+    /// no longer holds (`TierDir::retire`).
+    fn retire(&self, py: Python<'_>, step: u64, rank: u32, node_ranks: Vec<u32>) -> PyResult<()> {
+        py.detach(|| self.0.retire(step, rank, &node_ranks))
+            .map_err(py_err)
+    }
+
     /// Mark the save `key` (step, saved_at) whole in the bucket, durably.
     fn mark_in_bucket(&self, py: Python<'_>, key: (u64, u64)) -> PyResult<()> {
         py.detach(|| self.0.mark_in_bucket(key)).map_err(py_err)

@@ -78,6 +78,7 @@ impl<'txn> ChunkTables<'txn> {
         txn: &'txn WriteTransaction,
         next_id: u64,
         pack_dir: Option<super::packs::PackDir>,
+        owner: crate::format::packs::OwnerTag,
     ) -> Result<Self> {
         let ctx = || "opening the chunk tables".to_owned();
         Ok(ChunkTables {
@@ -86,7 +87,7 @@ impl<'txn> ChunkTables<'txn> {
             txn,
             legacy: None,
             next_id,
-            packs: PackTables::new(txn, pack_dir),
+            packs: PackTables::new(txn, pack_dir, owner),
         })
     }
 

@@ -71,6 +71,7 @@ impl<'txn> Engine<'txn> {
         let ctx = || "opening the store's tables".to_owned();
         let meta = txn.open_table(META).context(ctx)?;
         let first_id = meta_u64(&meta, META_NEXT_CHUNK)?;
+        let owner = pack_owner(&meta)?;
         Ok(Engine {
             txn,
             replica_tables: None,
@@ -79,7 +80,7 @@ impl<'txn> Engine<'txn> {
             summaries: txn.open_table(SUMMARIES).context(ctx)?,
             pins: txn.open_table(PINS).context(ctx)?,
             packed: txn.open_table(PACKED).context(ctx)?,
-            chunks: ChunkTables::open(txn, first_id, pack_dir)?,
+            chunks: ChunkTables::open(txn, first_id, pack_dir, owner)?,
             bytes_delta: 0,
             chunks_delta: 0,
             first_id,

@@ -94,14 +94,6 @@ impl Bucket {
                 url: url.to_owned(),
                 reason: e.to_string(),
             })?;
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|source| Error::Io {
-                op: "start the runtime for",
-                path: url.into(),
-                source,
-            })?;
         Ok(Bucket {
             store,
             layout: Layout { prefix },
@@ -110,7 +102,22 @@ impl Bucket {
             s3_name: None,
             dir: None,
             owner: crate::process::Owner::current(),
-            runtime: Some(runtime),
+            runtime: Some(runtime_for(url)?),
+        })
+    }
+
+    /// The same objects through a runtime of its own
+    /// ([`Remote::compressing`](super::Remote::compressing)).
+    pub(crate) fn sibling(&self) -> Result<Bucket> {
+        Ok(Bucket {
+            store: Arc::clone(&self.store),
+            layout: self.layout.clone(),
+            url: self.url.clone(),
+            retry_window: self.retry_window,
+            s3_name: self.s3_name.clone(),
+            dir: self.dir.clone(),
+            owner: crate::process::Owner::current(),
+            runtime: Some(runtime_for(&self.url)?),
         })
     }
 
@@ -387,8 +394,8 @@ pub(crate) enum Fetched {
     /// The bytes asked for.
     Bytes(bytes::Bytes),
     /// The object holds fewer bytes than asked for (or, read whole, not
-    /// exactly as many).
-    Short,
+    /// exactly as many): it holds `size`.
+    Short { size: u64 },
     /// There is no such object.
     Missing,
 }
@@ -427,19 +434,26 @@ impl Bucket {
     ) -> Result<Fetched> {
         let got = match at {
             None => match self.store.get(key).await {
-                Ok(got) if usize::try_from(got.meta.size).ok() != Some(len) => Ok(Fetched::Short),
+                Ok(got) if usize::try_from(got.meta.size).ok() != Some(len) => Ok(Fetched::Short {
+                    size: got.meta.size,
+                }),
                 Ok(got) => got.bytes().await.map(Fetched::Bytes),
                 Err(e) => Err(e),
             },
             Some(at) => {
                 let range = at..at + len as u64;
                 match self.store.get_range(key, range.clone()).await {
+                    // A server may answer a range that runs past the end
+                    // with what there is.
+                    Ok(bytes) if bytes.len() != len => Ok(Fetched::Short {
+                        size: at + bytes.len() as u64,
+                    }),
                     Ok(bytes) => Ok(Fetched::Bytes(bytes)),
                     Err(e @ object_store::Error::NotFound { .. }) => Err(e),
                     // A range the object does not hold is damage; else the
                     // bucket failed.
                     Err(e) => match self.store.head(key).await {
-                        Ok(meta) if meta.size < range.end => Ok(Fetched::Short),
+                        Ok(meta) if meta.size < range.end => Ok(Fetched::Short { size: meta.size }),
                         _ => Err(e),
                     },
                 }
@@ -451,6 +465,18 @@ impl Bucket {
             Err(e) => Err(self.error("reading", key, e)),
         }
     }
+}
+
+/// The runtime a bucket at `url` runs its requests on.
+fn runtime_for(url: &str) -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|source| Error::Io {
+            op: "start the runtime for",
+            path: url.into(),
+            source,
+        })
 }
 
 /// The one mapping of an `object_store` error to this crate's: `e`, from

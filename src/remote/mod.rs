@@ -65,8 +65,9 @@ pub struct Remote {
     pack_bytes: u64,
     /// Whether new chunks are stored compressed where that saves bytes.
     compress: bool,
-    /// Where chunks this remote wrote or read lie in the bucket's packs.
-    known: std::sync::Mutex<coordination::known::Known>,
+    /// Where chunks this remote wrote or read lie in the bucket's packs
+    /// (shared with the remotes [`compressing`](Self::compressing) made).
+    known: Arc<std::sync::Mutex<coordination::known::Known>>,
 }
 
 impl std::fmt::Debug for Remote {
@@ -112,7 +113,7 @@ impl Remote {
             grace: DEFAULT_GRACE_PERIOD,
             pack_bytes: format::pack_format::DEFAULT_PACK_BYTES,
             compress,
-            known: std::sync::Mutex::default(),
+            known: Arc::default(),
         }
     }
 
@@ -183,6 +184,26 @@ impl Remote {
     pub fn with_compression(mut self, on: bool) -> Remote {
         self.compress = on;
         self
+    }
+
+    /// A remote of the same bucket and settings that stores new chunks
+    /// compressed or not (`on`), and shares what this one knows of where
+    /// chunks lie: what either uploads or reads, the other deduplicates
+    /// against (a chunk is named by its raw bytes in both forms). One
+    /// that does not compress relies only on chunks stored raw, so that
+    /// every step it writes stays format 3; a chunk it finds only
+    /// compressed it uploads raw.
+    ///
+    /// # Errors
+    /// [`Error::Io`](crate::Error::Io) if its runtime cannot start.
+    pub fn compressing(&self, on: bool) -> Result<Remote> {
+        Ok(Remote {
+            bucket: self.bucket.sibling()?,
+            grace: self.grace,
+            pack_bytes: self.pack_bytes,
+            compress: on,
+            known: Arc::clone(&self.known),
+        })
     }
 
     /// Whether the chunks this remote uploads are stored compressed where

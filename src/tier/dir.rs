@@ -118,6 +118,28 @@ impl TierDir {
         remove_durably(&self.mark_path(step))
     }
 
+    /// Retire step `step` for rank `rank`, whose node holds the ranks
+    /// `node_ranks` now, once its retention removed the step from the
+    /// stores it keeps: rank `rank`'s record of the step and the step's
+    /// in-bucket mark ([`remove_record`](Self::remove_record)), and the
+    /// records of the step here of ranks this node no longer holds. Those
+    /// were written under another layout of the job (a relaunch with
+    /// another number of ranks per node): no rank answers for them now,
+    /// and the save they vouch for lost its shards here. Records of the
+    /// node's own ranks are left to them.
+    pub fn retire(&self, step: u64, rank: u32, node_ranks: &[u32]) -> Result<()> {
+        self.remove_record(step, rank)?;
+        for (name, file_type) in list(&self.path.join(RECORDS))? {
+            let Ok(record) = name.parse::<RecordName>() else {
+                continue;
+            };
+            if file_type.is_file() && record.step == step && !node_ranks.contains(&record.rank) {
+                remove_durably(&self.record_path(record))?;
+            }
+        }
+        Ok(())
+    }
+
     /// Mark the save `(step, saved_at)` as whole in the bucket, durably.
     pub fn mark_in_bucket(&self, (step, saved_at): SaveKey) -> Result<()> {
         let folder = self.path.join(RECORDS);

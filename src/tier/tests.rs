@@ -303,3 +303,29 @@ fn records_and_marks_are_written_durably_and_removed() {
     assert!(!tier.in_bucket(r.key()).expect("read"));
     assert_eq!(tier.records(Some(1)).expect("read").0.len(), 0);
 }
+
+/// The (step, rank) of each record in `tier`.
+fn left(tier: &TierDir) -> Vec<(u64, u32)> {
+    let (records, _) = tier.records(None).expect("read");
+    records.iter().map(|(n, _)| (n.step, n.rank)).collect()
+}
+
+#[test]
+fn retiring_a_step_takes_the_records_of_ranks_the_node_no_longer_holds() {
+    // Node 0 of a job saved as 2 nodes of 2 (ranks 0 and 1 recorded steps
+    // 2 and 3), now run as 4 nodes of 1 (node 0 holds rank 0 only).
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tier = TierDir::new(dir.path().join("node0"));
+    for step in [2, 3] {
+        for rank in [0, 1] {
+            tier.write_record(rank, &save(step, step, 4, 2))
+                .expect("write");
+        }
+    }
+    tier.retire(2, 0, &[0]).expect("retire");
+    assert_eq!(left(&tier), vec![(3, 0), (3, 1)]);
+    // Under the old layout (node 0 holds ranks 0 and 1), rank 0 retires
+    // its own record only: rank 1's is rank 1's to retire.
+    tier.retire(3, 0, &[0, 1]).expect("retire");
+    assert_eq!(left(&tier), vec![(3, 1)]);
+}

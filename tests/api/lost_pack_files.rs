@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use ckptstore::{CheckpointStore, StoreOptions};
 
 use super::pack_files::step_of;
-use crate::common::pack_files;
+use crate::common::{self, pack_files};
 
 type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -20,7 +20,18 @@ enum Loss {
     Truncated,
     /// Replaced by a file of the same length with no pack header.
     Replaced,
+    /// Replaced by the pack file of the same name and length of another
+    /// store (a restore from the wrong backup, two runs sharing a
+    /// directory): a valid header, another store's tag (issue 73, item 1).
+    OtherStores,
 }
+
+const LOSSES: [Loss; 4] = [
+    Loss::Deleted,
+    Loss::Truncated,
+    Loss::Replaced,
+    Loss::OtherStores,
+];
 
 fn lose(file: &Path, loss: Loss) -> std::io::Result<()> {
     match loss {
@@ -34,6 +45,28 @@ fn lose(file: &Path, loss: Loss) -> std::io::Result<()> {
             let len = std::fs::metadata(file)?.len();
             let len = usize::try_from(len).map_err(std::io::Error::other)?;
             std::fs::write(file, vec![0x5a; len])
+        }
+        Loss::OtherStores => {
+            let dir = tempfile::tempdir()?;
+            let other = dir.path().join("other.ckpt");
+            // The same sizes as step 1, other bytes.
+            let mut ckpt = step_of(1);
+            ckpt.set_optimizer_state("moving", common::bytes(100, 3 << 20));
+            ckpt.set_optimizer_state("frozen", common::bytes(101, 2 << 20));
+            packed()
+                .open(&other)
+                .map_err(std::io::Error::other)?
+                .commit(&ckpt)
+                .map_err(std::io::Error::other)?;
+            let theirs = pack_files(&other);
+            let name = file.file_name().ok_or(std::io::ErrorKind::InvalidInput)?;
+            let same = theirs.iter().find(|p| p.file_name() == Some(name));
+            let same = same.ok_or(std::io::ErrorKind::NotFound)?;
+            assert_eq!(
+                std::fs::metadata(same)?.len(),
+                std::fs::metadata(file)?.len()
+            );
+            std::fs::copy(same, file).map(drop)
         }
     }
 }
@@ -93,7 +126,7 @@ fn packed() -> StoreOptions {
 
 #[test]
 fn a_commit_reusing_a_chunk_of_a_lost_pack_file_writes_it_again() -> Result {
-    for loss in [Loss::Deleted, Loss::Truncated, Loss::Replaced] {
+    for loss in LOSSES {
         a_commit_after_a_lost_pack_loads(packed(), loss)?;
     }
     Ok(())
@@ -104,7 +137,7 @@ fn a_staged_commit_reusing_a_chunk_of_a_lost_pack_file_writes_it_again() -> Resu
     // Reopened without pack files and with a small cache: large commits
     // stage their chunks in redb in parts first.
     let staging = || StoreOptions::new().pack_files(false).cache_size(4 << 20);
-    for loss in [Loss::Deleted, Loss::Truncated, Loss::Replaced] {
+    for loss in LOSSES {
         a_commit_after_a_lost_pack_loads(staging(), loss)?;
     }
     Ok(())

@@ -29,9 +29,9 @@ def _state(seed):
     }
 
 
-def _formats(bucket):
-    """The formats of step 1's shard manifests."""
-    folder = os.path.join(bucket, "shards", f"{1:020}")
+def _formats(bucket, step=1):
+    """The formats of step `step`'s shard manifests."""
+    folder = os.path.join(bucket, "shards", f"{step:020}")
     formats = []
     for name in os.listdir(folder):
         with open(os.path.join(folder, name), "rb") as f:
@@ -100,3 +100,27 @@ def test_a_bucket_compresses_by_default_over_s3_and_not_in_a_directory(tmp_path)
         loaded = {k: (torch.empty_like(v) if isinstance(v, torch.Tensor) else {"epoch": 0}) for k, v in state.items()}
         dcp.load(loaded, storage_reader=StorageReader(url, 1), no_dist=True)
         assert torch.equal(loaded["w"], state["w"]) and torch.equal(loaded["m"], state["m"])
+
+
+@pytest.mark.parametrize("first", [False, True])
+def test_toggling_compression_in_one_process_keeps_dedup(tmp_path, first):
+    """Issue 73, item 6: the same state saved with one setting, then the
+    other, in one process. Raw chunks are reused either way; a save that
+    does not compress uploads raw only the chunks it finds compressed (the
+    random bytes, stored raw, are reused), so its step stays format 3."""
+    url = f"file://{tmp_path / 'bucket'}"
+    state = _state(1)
+    dcp.save(state, storage_writer=StorageWriter(url, 1, compress=first), no_dist=True)
+    before = _packs(tmp_path / "bucket")
+    dcp.save(state, storage_writer=StorageWriter(url, 2, compress=not first), no_dist=True)
+    grew = _packs(tmp_path / "bucket") - before
+    noise = state["noise"].numel()
+    raw = sum(t.numel() * t.element_size() for t in state.values() if isinstance(t, torch.Tensor))
+    if first:
+        # Compressed, then not: the compressed chunks again, raw.
+        assert _formats(tmp_path / "bucket", 2) == [3]
+        assert raw - noise - (64 << 10) < grew < raw - noise + (64 << 10), (grew, raw, noise)
+    else:
+        # Raw, then compressed: nothing but the small blobs.
+        assert grew < 64 << 10, grew
+    assert ckptstore.Remote(url).verify().ok

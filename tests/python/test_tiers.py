@@ -404,36 +404,6 @@ def test_background_staging_returns_before_the_copy_and_saves_the_state_at_stagi
         tiers.close()
 
 
-def test_a_failed_save_is_raised_once_and_a_failed_async_save_by_the_next_call(tmp_path):
-    import warnings
-
-    import torch
-
-    from ckptstore.dcp import Tiers
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        tiers = Tiers(f"{tmp_path}/node{{node}}")
-        state = {"w": torch.arange(10, dtype=torch.float32)}
-        tiers.save(state, 1)
-        # The node's directory replaced by a file: every commit fails.
-        shutil.rmtree(tmp_path / "node0")
-        (tmp_path / "node0").write_text("not a directory")
-        with pytest.raises(OSError):
-            tiers.save(state, 2)
-        response = tiers.async_save(state, 3)
-        assert response.staging_completion.done()
-        with pytest.raises(OSError):
-            response.upload_completion.result()
-        with pytest.raises(OSError):
-            tiers.save(state, 4)  # the async failure, raised by the next call
-        (tmp_path / "node0").unlink()
-        assert tiers.save(state, 5).step == 5  # raised once each: this one works
-        into = {"w": torch.zeros(10)}
-        assert tiers.load(into) == 5 and torch.equal(into["w"], state["w"])
-        tiers.close()
-
-
 FIXTURE = pathlib.Path(__file__).parent.parent / "fixtures" / "tier-0.4.0"
 MAKER = pathlib.Path(__file__).parent / "tiers" / "fixture.py"
 

@@ -36,7 +36,7 @@ fn weights(seed: u64, n: usize) -> Vec<u8> {
 /// one that does not (random bytes), empty and 0-dim tensors, a tensor
 /// under 64 KiB (in the packed chunk), plain blobs; only "rng" differs
 /// from step to step.
-fn state(step: u64) -> Result<GradientCheckpoint> {
+pub(super) fn state(step: u64) -> Result<GradientCheckpoint> {
     let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), step);
     c.set_tensor(
         "w",
@@ -79,7 +79,7 @@ fn stored_bytes(dir: &std::path::Path) -> Result<u64> {
 }
 
 /// The `"format"` of every step manifest under `bucket`.
-fn manifest_formats(bucket: &std::path::Path) -> Result<Vec<u64>> {
+pub(super) fn manifest_formats(bucket: &std::path::Path) -> Result<Vec<u64>> {
     let mut formats = Vec::new();
     for entry in std::fs::read_dir(bucket.join("manifests"))? {
         let json: serde_json::Value = serde_json::from_slice(&std::fs::read(entry?.path())?)?;

@@ -25,7 +25,9 @@ mod replicate;
 mod retention;
 mod save_records;
 mod shards;
+mod stats;
 mod tails;
+mod uncompressed;
 mod untrusted;
 
 use std::sync::atomic::Ordering;

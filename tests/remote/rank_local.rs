@@ -141,3 +141,46 @@ fn a_rank_local_save_and_load_cost_each_rank_requests_constant_in_the_world() ->
     );
     Ok(())
 }
+
+/// Reports by save (issue 73, item 5): rank 0's shard of a save that
+/// died and rank 1's shard of its relaunch are not "every rank landed":
+/// the newest save is the relaunch, rank 1 landed, rank 0 is missing.
+#[test]
+fn an_incomplete_step_is_reported_by_its_newest_save() -> Result {
+    let dir = tempfile::tempdir()?;
+    let remote = dir_remote(dir.path())?;
+    assert!(!put(&remote, (3, 0, 2), "a")?.complete);
+    // Apart in time as a relaunch is (listings keep milliseconds).
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(!put(&remote, (3, 1, 2), "b")?.complete);
+    let status = remote.shards(3)?;
+    assert_eq!(
+        (
+            &status.landed[..],
+            &status.missing[..],
+            status.save,
+            status.saves,
+            status.complete
+        ),
+        (&[1][..], &[0][..], Some(SaveId::of("b")), 2, false),
+        "{status:?}"
+    );
+    let url = remote.url().to_owned();
+    let (code, out, err) = crate::common::ckpt(&["ls", &url, "--all"])?;
+    assert_eq!(code, 0, "{err}");
+    let said = format!(
+        "3  incomplete: 1 of 2 ranks of the newest save {} landed (1), missing 0; shards of 1 \
+         older saves beside it",
+        SaveId::of("b")
+    );
+    assert!(out.contains(&said), "{out}");
+    // The relaunch's rank 0 lands: the step is whole, of save "b".
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(put(&remote, (3, 0, 2), "b")?.complete);
+    let status = remote.shards(3)?;
+    assert_eq!(
+        (&status.landed[..], status.missing.len(), status.complete),
+        (&[0, 1][..], 0, true)
+    );
+    Ok(())
+}

@@ -395,7 +395,9 @@ fn ckpt_ls_shows_ranks_and_with_all_the_steps_not_complete() -> Result {
     let (code, out, _) = super::cli::ckpt(&["ls", &url, "--all"])?;
     assert_eq!(code, 0);
     assert!(
-        out.contains("2  incomplete: 1 of 2 ranks landed (1), missing 0"),
+        out.contains(
+            "2  incomplete: 1 of 2 ranks of the newest coordinated save landed (1), missing 0"
+        ),
         "{out}"
     );
     let (code, out, _) = super::cli::ckpt(&["ls", &url, "--all", "--json"])?;

@@ -2,13 +2,45 @@
 `ckptstore.lightning` and `ckptstore.transformers`: a save first waits
 for the work in flight and raises its failure (once); lighter work (a
 removal after a save) is queued behind it without waiting. `Running`
-(work in flight whose failures a later call raises) serves `Tiers` too."""
+(work in flight whose failures a later call raises) serves `Tiers` too,
+with `Told`: a future handed to the caller, whose failure, once the
+caller took it, is not raised again."""
 
+import concurrent.futures
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, List, Optional, TypeVar
 
 T = TypeVar("T")
+
+
+class Told(Future[Any]):
+    """The outcome of `inner`, for the caller: once the caller has taken
+    its failure (`result` raised it, or `exception` returned it), `told`
+    is set and `Running.check` does not raise it again. A training loop
+    that logs a failed save and goes on loses that step only."""
+
+    def __init__(self, inner: "Future[Any]") -> None:
+        super().__init__()
+        self.told = False
+        inner.add_done_callback(self._settle)
+
+    def _settle(self, inner: "Future[Any]") -> None:
+        failure = inner.exception()
+        if failure is None:
+            self.set_result(inner.result())
+        else:
+            self.set_exception(failure)
+
+    def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
+        failure = super().exception(timeout)
+        if failure is not None:
+            self.told = True
+        return failure
+
+    def result(self, timeout: Optional[float] = None) -> Any:
+        self.exception(timeout)  # waits as `result` would, and marks a failure told
+        return super().result(timeout)
 
 
 class Running:
@@ -28,13 +60,14 @@ class Running:
             self._futures = [f for f in self._futures if f is not fut]
 
     def check(self) -> None:
-        """Forget finished work; raise the first failure among it."""
+        """Forget finished work; raise the first failure among it that
+        its caller has not taken already (`Told`)."""
         with self._lock:
             done = [f for f in self._futures if f.done()]
             self._futures = [f for f in self._futures if not f.done()]
         for f in done:
-            e = f.exception()
-            if e is not None:
+            e = Future.exception(f)  # not `f.exception()`: that would tell a `Told`
+            if e is not None and not getattr(f, "told", False):
                 raise e
 
     def take(self) -> List["Future[Any]"]:
@@ -51,7 +84,7 @@ class Running:
                 first = self._futures[0] if self._futures else None
             if first is None:
                 return
-            first.exception()
+            concurrent.futures.wait([first])
             self.check()
 
 

@@ -46,6 +46,17 @@ class Remote:
         that saves bytes (`compress`)."""
         return self._raw.compression()
 
+    def compressing(self, on: bool) -> "Remote":
+        """This bucket, storing new chunks compressed or not (`on`), and
+        sharing what this remote knows of where chunks lie: what either
+        uploads or reads, the other deduplicates against. One that does
+        not compress relies only on chunks stored raw (its steps stay
+        readable by 0.4) and uploads raw a chunk it finds only
+        compressed."""
+        twin = Remote.__new__(Remote)
+        twin._raw = self._raw.compressing(bool(on))
+        return twin
+
     @property
     def url(self) -> str:
         return self._raw.url()

@@ -127,6 +127,7 @@ pub fn ls_all_json(
             serde_json::json!({
                 "step": s.step, "world_size": s.world_size, "landed": s.landed,
                 "missing": s.missing, "world_sizes": s.world_sizes,
+                "save": s.save.map(|id| id.to_string()), "saves": s.saves,
             })
         })
         .collect();
@@ -135,28 +136,42 @@ pub fn ls_all_json(
     Ok(())
 }
 
-/// Global steps not complete: which ranks landed, which are missing.
+/// Global steps not complete: of each one's newest save, which ranks
+/// landed and which are missing.
 pub fn incomplete(steps: &[ShardStatus]) -> Result {
     for s in steps {
-        let list = |ranks: &[u32]| {
-            ranks
+        let list = |ranks: &[u32]| match ranks {
+            [] => "none".to_owned(),
+            _ => ranks
                 .iter()
                 .map(u32::to_string)
                 .collect::<Vec<_>>()
-                .join(",")
+                .join(","),
+        };
+        let save = s
+            .save
+            .map_or_else(|| "coordinated save".to_owned(), |id| format!("save {id}"));
+        let others = match s.saves {
+            0 | 1 => String::new(),
+            n => format!("; shards of {} older saves beside it", n - 1),
         };
         let conflict = if s.world_sizes.len() > 1 {
             format!(" (shards disagree on the world size: {:?})", s.world_sizes)
         } else {
             String::new()
         };
+        let missing = if s.missing.is_empty() {
+            "none missing: not committed".to_owned()
+        } else {
+            format!("missing {}", list(&s.missing))
+        };
         outln!(
-            "{:>10}  incomplete: {} of {} ranks landed ({}), missing {}{conflict}",
+            "{:>10}  incomplete: {} of {} ranks of the newest {save} landed ({}), \
+             {missing}{others}{conflict}",
             s.step,
             s.landed.len(),
             s.world_size.unwrap_or(0),
             list(&s.landed),
-            list(&s.missing)
         );
     }
     outln!("{} incomplete steps", steps.len());
@@ -266,8 +281,9 @@ pub fn stats(s: &StoreStats, json: bool) -> Result {
 }
 
 /// A bucket's totals: its complete steps, their bytes (`logical`), the
-/// bytes of their chunks, each once (`chunks`), and what those take as
-/// stored (`stored`: fewer where chunks are stored compressed).
+/// bytes of the stored copies of their chunks (`chunks`: each copy once;
+/// a chunk two writers packed apart counts twice), and what those take
+/// as stored (`stored`: fewer where chunks are stored compressed).
 pub fn bucket_stats(
     url: &str,
     steps: usize,

@@ -139,8 +139,9 @@ pub(crate) fn ls(url: &str, json: bool, all: bool) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `ckpt stats URL`: the bucket's steps, their bytes, the bytes of their
-/// chunks (each once) and what those take as stored.
+/// `ckpt stats URL`: the bucket's steps, their bytes, the bytes of the
+/// stored copies of their chunks (each copy once) and what those take as
+/// stored.
 pub(crate) fn stats(url: &str, json: bool) -> Result<ExitCode> {
     let remote = open_existing(url)?;
     let summaries = remote.summaries()?;

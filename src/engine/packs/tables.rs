@@ -36,10 +36,13 @@ pub(crate) struct PackTables<'txn> {
     /// Pack files this transaction checked before reusing a chunk in them
     /// (see [`PackTables::holds`]): whether each was present and whole.
     confirmed: HashMap<u32, bool>,
+    /// The tag this store's pack files carry in their headers: a file of
+    /// the right name and length under another store's tag is not ours.
+    owner: OwnerTag,
 }
 
 impl<'txn> PackTables<'txn> {
-    pub(crate) fn new(txn: &'txn WriteTransaction, dir: Option<PackDir>) -> Self {
+    pub(crate) fn new(txn: &'txn WriteTransaction, dir: Option<PackDir>, owner: OwnerTag) -> Self {
         PackTables {
             txn,
             dir,
@@ -50,6 +53,7 @@ impl<'txn> PackTables<'txn> {
             faulted: false,
             listed: None,
             confirmed: HashMap::new(),
+            owner,
         }
     }
 
@@ -95,7 +99,8 @@ impl<'txn> PackTables<'txn> {
 
     /// Whether chunk `id` may be referenced as stored: it is in `chunk_data`
     /// or in this transaction's pack file, or its pack file is present and
-    /// whole (there, of the recorded length, under a header naming it).
+    /// whole (there, of the recorded length, under a header naming it and
+    /// this store as its writer).
     /// Each pack file is checked once per transaction; a commit that reuses
     /// a chunk never points at bytes that are gone (a file deleted by hand,
     /// cut short, or replaced).
@@ -125,7 +130,9 @@ impl<'txn> PackTables<'txn> {
             (Some(dir), Some(len)) => {
                 let path = dir.file(loc.pack);
                 dir.io.len(&path).is_ok_and(|n| n == len)
-                    && dir.header_of(&path).is_some_and(|h| h.pack == loc.pack)
+                    && dir
+                        .header_of(&path)
+                        .is_some_and(|h| h.pack == loc.pack && h.owner == self.owner)
             }
             _ => false,
         };

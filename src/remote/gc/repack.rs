@@ -19,6 +19,7 @@ use crate::format::manifest::{hex, Hash};
 use crate::remote::format::layout::{encode, GlobalManifest, ShardName};
 use crate::remote::format::manifest::RemoteManifest;
 use crate::remote::format::pack_format::Location;
+use crate::remote::format::stored::{Stored, Width};
 use crate::remote::gc::Collector;
 use crate::remote::read::restore::Want;
 use crate::remote::read::step::StepManifest;
@@ -75,7 +76,6 @@ impl Collector<'_> {
         done: &mut Repacked,
     ) -> Result<HashMap<Hash, Location>> {
         let mut moved = HashMap::new();
-        let widths = self.widths(all.iter().copied());
         for pack in doomed {
             let mut live: BTreeMap<Hash, (Location, u64, u64)> = BTreeMap::new();
             for m in all {
@@ -100,13 +100,22 @@ impl Collector<'_> {
             let step = live.values().next().map_or(0, |&(_, _, s)| s);
             let bytes = self.fetch(step, &wants, &mut |_| {})?;
             let pieces: Vec<(Hash, u64)> = live.iter().map(|(h, &(_, n, _))| (*h, n)).collect();
-            let packs = place_pieces(&pieces, &HashMap::new(), self.pack_bytes);
+            let packs = place_pieces(&pieces, |_| false, self.pack_bytes);
             done.packs += packs.len() as u64;
-            // Stored again as this remote stores new chunks.
+            // Each chunk stored again in the form it was found in: a
+            // collection never makes a step unreadable to a reader that
+            // read it before (a format-3 step stays format 3).
+            let found: HashMap<Hash, Width> = live
+                .iter()
+                .filter_map(|(h, (loc, _, _))| match loc.stored {
+                    Stored::Zstd { width, .. } => Some((*h, width)),
+                    Stored::Raw => None,
+                })
+                .collect();
             let placed = self.upload_packs(
                 &pieces,
                 packs,
-                &widths,
+                &|h| found.get(h).copied(),
                 &mut |i| Ok(bytes[i].clone()),
                 &mut |n| {
                     done.bytes += n;

@@ -50,17 +50,30 @@ pub struct ShardInfo {
     pub shard: ShardHash,
 }
 
-/// Which ranks of a step have landed ([`Remote::shards`](crate::Remote::shards)).
+/// Which ranks of a step's newest save have landed
+/// ([`Remote::shards`](crate::Remote::shards)).
+///
+/// A save is the shards of one rank-local save ([`SaveId`]), or the
+/// coordinated shards of one world size. The newest save is the one whose
+/// latest whole shard landed last: a relaunch's shards are never counted
+/// with those of the save that died before it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ShardStatus {
     /// The step.
     pub step: u64,
-    /// The number of ranks its shards say (the smallest, if they disagree).
+    /// The number of ranks of the newest save (with no whole shard, the
+    /// smallest its shards' names say).
     pub world_size: Option<u32>,
-    /// Ranks whose shard is there and whole, ascending.
+    /// The rank-local save the newest save is; `None` for a coordinated
+    /// save.
+    pub save: Option<SaveId>,
+    /// How many saves have whole shards under the step (more than one:
+    /// the others were given up or died; `gc` collects their shards).
+    pub saves: usize,
+    /// Ranks of the newest save whose shard is there and whole, ascending.
     pub landed: Vec<u32>,
-    /// Ranks of `0..world_size` without one, ascending.
+    /// Ranks of `0..world_size` without one in the newest save, ascending.
     pub missing: Vec<u32>,
     /// Every world size the step's shards give: more than one is an error
     /// of the job that wrote them.
@@ -271,21 +284,34 @@ impl Coordinator<'_> {
 
     /// Does the work of [`Remote::shards`](crate::Remote::shards).
     pub(crate) fn shards(&self, step: u64) -> Result<ShardStatus> {
-        let ids = self.shard_ids(step)?;
-        let chunks = self.bucket.objects()?;
-        let world_sizes: Vec<u32> = ids
-            .iter()
-            .map(|id| id.world_size)
-            .collect::<BTreeSet<_>>()
+        let folder = self.bucket.layout.shard_folder(step);
+        let ids: Vec<(i64, ShardName)> = self
+            .bucket
+            .list_under(&folder, 1)?
             .into_iter()
+            .filter_map(|(name, meta)| {
+                let id: ShardName = name[0].parse().ok()?;
+                Some((meta.last_modified.timestamp_millis(), id))
+            })
             .collect();
-        let world_size = world_sizes.first().copied();
-        let mut landed = BTreeSet::new();
-        for id in ids.iter().filter(|id| Some(id.world_size) == world_size) {
-            if !landed.contains(&id.rank) && self.checked_shard(step, id, Some(&chunks))?.is_ok() {
-                landed.insert(id.rank);
+        let chunks = self.bucket.objects()?;
+        let world_sizes: BTreeSet<u32> = ids.iter().map(|(_, id)| id.world_size).collect();
+        // Each whole shard under its save: (save, world size) -> (when its
+        // newest shard landed, the ranks landed).
+        let mut saves: BTreeMap<(Option<SaveId>, u32), (i64, BTreeSet<u32>)> = BTreeMap::new();
+        for (t, id) in &ids {
+            if let Ok(m) = self.checked_shard(step, id, Some(&chunks))? {
+                let save = m.save.as_deref().map(|h| SaveId(h.0));
+                let entry = saves.entry((save, id.world_size)).or_default();
+                entry.0 = entry.0.max(*t);
+                entry.1.insert(id.rank);
             }
         }
+        let newest = saves.iter().max_by_key(|(_, (t, _))| *t);
+        let (save, world_size, landed) = match newest {
+            Some((&(save, world_size), (_, ranks))) => (save, Some(world_size), ranks.clone()),
+            None => (None, world_sizes.first().copied(), BTreeSet::new()),
+        };
         let missing = (0..world_size.unwrap_or(0))
             .filter(|r| !landed.contains(r))
             .collect();
@@ -296,9 +322,11 @@ impl Coordinator<'_> {
         Ok(ShardStatus {
             step,
             world_size,
+            save,
+            saves: saves.len(),
             landed: landed.into_iter().collect(),
             missing,
-            world_sizes,
+            world_sizes: world_sizes.into_iter().collect(),
             complete,
         })
     }

@@ -262,13 +262,16 @@ impl Reader<'_> {
         let span_len = usize::try_from(end - from).unwrap_or(usize::MAX);
         let whole = match self.bucket.get_span(&key, first.at, span_len).await? {
             Fetched::Bytes(bytes) => bytes,
-            Fetched::Short => {
+            Fetched::Short { size } => {
+                let needed = from + span_len as u64;
                 return Err(corrupt(format!(
-                    "{}: {} is shorter than the chunk {} it holds",
+                    "{}: {} is {} bytes short: it holds {size} bytes, chunk {} needs bytes \
+                     {from}..{needed}",
                     first.what,
                     url(),
+                    needed.saturating_sub(size),
                     hex(&first.hash)
-                )))
+                )));
             }
             Fetched::Missing => {
                 return Err(corrupt(format!(
@@ -294,7 +297,10 @@ impl Reader<'_> {
                 .map(|(chunk, at, n)| {
                     let at = usize::try_from(at).ok()?;
                     let n = usize::try_from(n).ok()?;
-                    let piece = whole.slice(at..at.checked_add(n)?.min(whole.len()));
+                    // Within the span (`get_span` returns all of it or
+                    // `Short`); checked all the same, never a panic.
+                    let end = at.checked_add(n)?;
+                    let piece = (end <= whole.len()).then(|| whole.slice(at..end))?;
                     Some(decoded(chunk, piece).ok_or(chunk.0))
                 })
                 .collect::<Option<Vec<_>>>()

@@ -42,11 +42,11 @@ pub(crate) struct NewPack {
     pub(crate) members: Vec<usize>,
 }
 
-/// Which of `pieces` (hash, length) new to `known` go into which new pack:
-/// filled to `target` raw bytes, in order.
+/// Which of `pieces` (hash, length) not stored where `usable` accepts go
+/// into which new pack: filled to `target` raw bytes, in order.
 pub(crate) fn place_pieces(
     pieces: &[(Hash, u64)],
-    known: &HashMap<Hash, Location>,
+    usable: impl Fn(&Hash) -> bool,
     target: u64,
 ) -> Vec<NewPack> {
     let mut packs = Vec::new();
@@ -54,7 +54,7 @@ pub(crate) fn place_pieces(
     let mut queued = std::collections::HashSet::new();
     let mut size = 0u64;
     for (i, &(hash, len)) in pieces.iter().enumerate() {
-        if known.contains_key(&hash) || !queued.insert(hash) {
+        if usable(&hash) || !queued.insert(hash) {
             continue;
         }
         if size > 0 && size + len > target {
@@ -110,9 +110,10 @@ fn build(chunks: &[(Hash, u64)], stored: Vec<(Bytes, Stored)>) -> Built {
     }
 }
 
-/// Each of `parts` in its stored form: compressed at its width where that
-/// saves enough (`stored::compress`), else raw. Runs on every core.
-fn compress_all(parts: Vec<Bytes>, widths: &[Width]) -> Vec<(Bytes, Stored)> {
+/// Each of `parts` in its stored form: compressed at its width where it
+/// has one and that saves enough (`stored::compress`), else raw. Runs on
+/// every core.
+fn compress_all(parts: Vec<Bytes>, widths: &[Option<Width>]) -> Vec<(Bytes, Stored)> {
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
     let next = std::sync::atomic::AtomicUsize::new(0);
     let mut out: Vec<Option<(Bytes, Stored)>> = vec![None; parts.len()];
@@ -127,7 +128,9 @@ fn compress_all(parts: Vec<Bytes>, widths: &[Width]) -> Vec<(Bytes, Stored)> {
                 loop {
                     let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let Some(raw) = parts.get(i) else { break };
-                    let width = widths.get(i).copied().unwrap_or(Width::One);
+                    let Some(width) = widths.get(i).copied().flatten() else {
+                        continue;
+                    };
                     if let Some(small) = stored::compress(raw, width, &mut zstd) {
                         let len = small.len() as u64;
                         mine.push((i, Bytes::from(small), Stored::Zstd { len, width }));
@@ -257,9 +260,19 @@ impl Writer<'_> {
         loop {
             let new = {
                 let mut known = self.known()?;
-                place_pieces(pieces, known.under(mark), self.pack_bytes)
+                let known = known.under(mark);
+                // A writer that does not compress keeps its steps readable
+                // by 0.4 (format 3): it relies on raw chunks only, and
+                // uploads raw a chunk it knows only compressed.
+                let usable = |h: &Hash| {
+                    known
+                        .get(h)
+                        .is_some_and(|l| self.compress || l.stored == Stored::Raw)
+                };
+                place_pieces(pieces, usable, self.pack_bytes)
             };
-            let placed = self.upload_packs(pieces, new, widths, read, &mut |n| {
+            let form = |h: &Hash| self.compress.then(|| width_of(widths, h));
+            let placed = self.upload_packs(pieces, new, &form, read, &mut |n| {
                 bytes_uploaded += n;
                 landed(n)?;
                 self.refresh(lock)
@@ -318,32 +331,32 @@ impl Writer<'_> {
 
     /// Upload `packs` (of `pieces`: hash, raw length), a few at a time,
     /// each one's pieces read by `read` when an upload slot frees up (so
-    /// the packs in flight are in memory, not what is packed) and, where
-    /// this writer compresses, compressed at their `widths` on the
-    /// blocking pool (on every core, beside the uploads), calling `landed`
-    /// with each pack's bytes as it lands; each chunk uploaded, with its
-    /// raw length and where it lies now.
+    /// the packs in flight are in memory, not what is packed) and the
+    /// chunks `form` gives a width compressed at it on the blocking pool
+    /// (on every core, beside the uploads; the others raw), calling
+    /// `landed` with each pack's bytes as it lands; each chunk uploaded,
+    /// with its raw length and where it lies now.
     pub(crate) fn upload_packs(
         &self,
         pieces: &[(Hash, u64)],
         packs: Vec<NewPack>,
-        widths: &Widths,
+        form: &dyn Fn(&Hash) -> Option<Width>,
         read: &mut ReadPiece<'_>,
         landed: &mut dyn FnMut(u64) -> Result<()>,
     ) -> Result<Vec<(Hash, u64, Location)>> {
         use futures::{StreamExt, TryStreamExt};
         use object_store::PutPayload;
-        let (bucket, compress) = (&self.bucket, self.compress);
+        let bucket = &self.bucket;
         let loaded = packs.into_iter().map(|pack| -> Result<_> {
             let chunks: Vec<(Hash, u64)> = pack.members.iter().map(|&i| pieces[i]).collect();
+            let widths: Vec<Option<Width>> = chunks.iter().map(|(h, _)| form(h)).collect();
             let parts = pack.members.iter().map(|&i| read(i));
-            Ok((chunks, parts.collect::<Result<Vec<Bytes>>>()?))
+            Ok((chunks, widths, parts.collect::<Result<Vec<Bytes>>>()?))
         });
         let mut uploads = futures::stream::iter(loaded)
             .map(|loaded| async move {
-                let (chunks, parts) = loaded?;
-                let stored = if compress {
-                    let w: Vec<Width> = chunks.iter().map(|(h, _)| width_of(widths, h)).collect();
+                let (chunks, w, parts) = loaded?;
+                let stored = if w.iter().any(Option::is_some) {
                     tokio::task::spawn_blocking(move || compress_all(parts, &w))
                         .await
                         .map_err(|e| {
@@ -411,14 +424,14 @@ mod tests {
         };
         known.insert(h(2), old);
         let pieces = [(h(1), 40), (h(2), 40), (h(3), 40), (h(1), 40)];
-        let packs = place_pieces(&pieces, &known, 64);
+        let packs = place_pieces(&pieces, |h| known.contains_key(h), 64);
         // 1 and 3 are new; 40 + 40 > 64: a pack each.
         assert_eq!(packs.len(), 2);
         assert_eq!(
             (&packs[0].members[..], &packs[1].members[..]),
             (&[0][..], &[2][..])
         );
-        let two = place_pieces(&pieces, &known, 100);
+        let two = place_pieces(&pieces, |h| known.contains_key(h), 100);
         assert_eq!(two[0].members, [0, 2]);
         let one = build(&[pieces[0]], vec![raw(1)]);
         let three = build(&[pieces[2]], vec![raw(3)]);
@@ -466,7 +479,7 @@ mod tests {
         let pieces = [(h(1), n), (h(2), noise.len() as u64)];
         let stored = compress_all(
             vec![Bytes::from(floats.clone()), Bytes::from(noise.clone())],
-            &[Width::Four, Width::One],
+            &[Some(Width::Four), Some(Width::One)],
         );
         let Stored::Zstd { len, width } = stored[0].1 else {
             panic!("the floats shrink: {:?}", stored[0].1)

@@ -15,20 +15,28 @@ from ._targets import DataAhead, Deliver, Finish, FinishLocal, Opened, Piece, Pu
 from ._wire import Group
 
 
-# One Remote per bucket URL in a process (and per compression setting): it
-# remembers where the chunks it wrote lie in the bucket's packs, so a save
-# of unchanged tensors uploads nothing and asks nothing per chunk. Keyed by
-# process too: a forked child opens its own.
+# One Remote per bucket URL in a process, and one beside it per other
+# compression setting sharing its knowledge (`Remote.compressing`): it
+# remembers where the chunks written or read lie in the bucket's packs, so
+# a save of unchanged tensors uploads nothing and asks nothing per chunk,
+# whatever the setting of the save that wrote them. Keyed by process too:
+# a forked child opens its own.
 _REMOTES: Dict[Tuple[int, str, Optional[bool]], Remote] = {}
 
 
 def remote_of(url: str, compress: Optional[bool] = None) -> Remote:
     """This process's `Remote` of bucket `url` (storing new chunks
     compressed or not; None: as the bucket's scheme says, `Remote`)."""
+    base_key = (os.getpid(), str(url), None)
+    base = _REMOTES.get(base_key)
+    if base is None:
+        base = _REMOTES[base_key] = Remote(str(url))
+    if compress is None or compress == base.compression:
+        return base
     key = (os.getpid(), str(url), compress)
     found = _REMOTES.get(key)
     if found is None:
-        found = _REMOTES[key] = Remote(str(url), compress=compress)
+        found = _REMOTES[key] = base.compressing(compress)
     return found
 
 

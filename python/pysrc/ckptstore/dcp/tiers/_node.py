@@ -6,7 +6,7 @@ import os
 import threading
 import warnings
 from datetime import timedelta
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 import torch.distributed as dist
 
@@ -57,10 +57,13 @@ class Node:
         """Keep the `keep` complete saves made last among this rank's
         `records` (in the order of saves, not of step numbers: the save
         that just completed is always kept) and those still to be
-        uploaded; remove every other step from this rank's stores."""
+        uploaded; remove every other step from this rank's stores, and
+        retire the records of each step removed: this rank's, and those
+        here of ranks this node no longer holds (another layout's)."""
         keep = kept_steps(self.tier, list(records.values()), self.keep)
         paths = [self.tier.store_path("own", self.rank)]
         paths += [self.tier.store_path("copy", src) for src in self.topology.sources(self.rank, self.peers)]
+        removed: Set[int] = {step for step, _ in records if step not in keep}
         for path in paths:
             if not os.path.exists(path):
                 continue
@@ -68,9 +71,10 @@ class Node:
             for s in store.steps():
                 if s not in keep:
                     store.remove(s)
-        for step, _ in records:
-            if step not in keep:
-                self.tier.remove_record(step, self.rank)
+                    removed.add(s)
+        ranks = list(self.topology.ranks_of(self.topology.node_of(self.rank)))
+        for step in sorted(removed):
+            self.tier.retire(step, self.rank, ranks)
 
     def survey(self) -> Tuple[Held, List[Holding]]:
         """This rank's share of its node's stores (each store of the

@@ -14,7 +14,7 @@ from typing import Any, Callable, Dict, Optional
 
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 
-from ..._background import Running
+from ..._background import Running, Told
 from ..._convert import step_number
 from ..._cost import Clock, SaveCost
 from ..._staging import Hashes, Pool
@@ -113,8 +113,10 @@ class Tiers:
         call): when the call returns, or later with the tier's
         `background_staging`; `upload_completion` when the step is
         complete on the local tier; its result is the save's `SaveCost`.
-        A failure is raised by those futures and by the next `save`,
-        `async_save`, `load` or `wait`. The host copy is kept and reused by the next `async_save`
+        A failure is raised by those futures and, unless the caller took
+        it from `upload_completion` (its `result` or `exception`), by the
+        next `save`, `async_save`, `load` or `wait`: a failure taken once
+        is not raised again, so a failed save costs that step only. The host copy is kept and reused by the next `async_save`
         once this save is done (no new memory for a state of the same
         layout): a tier holds one staged copy of the state between saves
         (`close` frees it)."""
@@ -144,10 +146,12 @@ class Tiers:
             finally:  # free for the next async_save
                 self._pool.give_back(None, copied.state)
 
-        durable = self._saver.submit(save_now)  # in order with the saves before and after
+        # In order with the saves before and after; the caller's view of it
+        # says whether its failure was taken.
+        durable = Told(self._saver.submit(save_now))
         self._running.add(durable)
         # DCP types its future as Future[None]; its result here is the SaveCost.
-        return AsyncSaveResponse(staging_completion=staging, upload_completion=durable)  # type: ignore[arg-type]
+        return AsyncSaveResponse(staging_completion=staging, upload_completion=durable)
 
     def wait(self) -> None:
         """Wait for every save and upload in flight; raise the first that
