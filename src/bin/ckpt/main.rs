@@ -14,6 +14,7 @@ mod bench;
 mod export;
 mod output;
 mod remote;
+mod target;
 mod tier;
 
 use std::path::{Path, PathBuf};
@@ -24,6 +25,7 @@ use args::{Cli, Command, Format};
 use ckptstore::{CheckpointStore, Error, Goal, GradientCheckpoint, Retention};
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
+use target::Target;
 
 /// Exit code: `verify` found damage.
 const EXIT_DAMAGED: u8 = 3;
@@ -69,18 +71,8 @@ type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
 fn run(command: Command) -> Result<ExitCode> {
     match command {
-        Command::Ls { store, json, all } if remote::is_url(&store) => remote::ls(&store, json, all),
-        Command::Ls { all: true, .. } => {
-            Err("--all lists global steps not complete, in a bucket: give a URL".into())
-        }
-        Command::Ls { store, json, .. } if tier::is_tier(Path::new(&store)) => {
-            tier::ls(Path::new(&store), json)
-        }
-        Command::Ls { store, json, .. } => ls(Path::new(&store), json),
-        Command::Show { store, step, json } if remote::is_url(&store) => {
-            remote::show(&store, &step, json)
-        }
-        Command::Show { store, step, json } => show(Path::new(&store), &step, json),
+        Command::Ls { store, json, all } => Target::of(&store).ls(json, all),
+        Command::Show { store, step, json } => Target::of(&store).show(&step, json),
         Command::Export {
             store,
             step,
@@ -105,23 +97,9 @@ fn run(command: Command) -> Result<ExitCode> {
             step,
             output,
             prefix,
-            ..
-        } if remote::is_url(&store) => remote::export(&store, &step, &output, prefix.as_deref()),
-        Command::Export {
-            prefix: Some(_), ..
-        } => Err("--prefix selects tensors of a DCP step in a bucket: give a URL".into()),
-        Command::Export {
-            store,
-            step,
-            output,
             format,
             ..
-        } => export::export(
-            Path::new(&store),
-            &step,
-            &output,
-            Format::of(&output, format),
-        ),
+        } => Target::of(&store).export(&step, &output, prefix.as_deref(), format),
         Command::Import {
             store,
             files,
@@ -129,11 +107,7 @@ fn run(command: Command) -> Result<ExitCode> {
             step,
             format,
         } => import(&store, &files, replace, step, format),
-        Command::Verify { store, pages } if remote::is_url(&store) => remote::verify(&store, pages),
-        Command::Verify { store, pages } if tier::is_tier(Path::new(&store)) => {
-            tier::verify(Path::new(&store), pages)
-        }
-        Command::Verify { store, pages } => verify(Path::new(&store), pages),
+        Command::Verify { store, pages } => Target::of(&store).verify(pages),
         Command::Rm { store, steps } => rm(&store, &steps),
         Command::Gc {
             store,
@@ -145,33 +119,27 @@ fn run(command: Command) -> Result<ExitCode> {
             grace_period,
         } => {
             let policy = policy(keep_last, keep_every, keep_one_per, &keep_best)?;
-            if remote::is_url(&store) {
-                let grace = grace_period.map(Duration::from_secs);
-                remote::gc(&store, &policy, dry_run, grace)
-            } else if grace_period.is_some() {
-                Err("--grace-period is for a bucket URL; a store file has no grace period".into())
-            } else {
-                gc(Path::new(&store), &policy, dry_run)
-            }
+            let grace = grace_period.map(Duration::from_secs);
+            Target::of(&store).gc(&policy, dry_run, grace)
         }
         push @ Command::Push { .. } => remote::push(push),
         Command::Pull { url, store, step } => remote::pull(&url, &store, &step),
         Command::Cp { store, to } => cp(&store, &to),
         Command::Compact { store, wait } => compact(&store, Duration::from_secs(wait)),
-        Command::Stats { store, json } => stats(&store, json),
+        Command::Stats { store, json } => Target::of_path(&store).stats(json),
         Command::Bench { sizes, dir } => {
             bench::run(&sizes, dir.as_deref()).map(|()| ExitCode::SUCCESS)
         }
     }
 }
 
-fn ls(store: &Path, json: bool) -> Result<ExitCode> {
+fn ls_store(store: &Path, json: bool) -> Result<ExitCode> {
     let s = open_read(store)?;
     output::ls(&s.summaries(..)?, None, json)?;
     Ok(ExitCode::SUCCESS)
 }
 
-fn show(store: &Path, step: &str, json: bool) -> Result<ExitCode> {
+fn show_store(store: &Path, step: &str, json: bool) -> Result<ExitCode> {
     let s = open_read(store)?;
     let step = resolve(&s, step)?;
     let info = s.info(step)?.ok_or(Error::StepNotFound { step })?;
@@ -274,7 +242,7 @@ fn explain_import(store: &Path, file: &Path, e: Error) -> Box<dyn std::error::Er
     }
 }
 
-fn verify(store: &Path, pages: bool) -> Result<ExitCode> {
+fn verify_store(store: &Path, pages: bool) -> Result<ExitCode> {
     let s = open_read(store)?;
     let pages_ok = if pages {
         let bar = spinner("checking every page".into());
@@ -381,7 +349,7 @@ fn policy(
     Ok(policy)
 }
 
-fn gc(store: &Path, policy: &Retention, dry_run: bool) -> Result<ExitCode> {
+fn gc_store(store: &Path, policy: &Retention, dry_run: bool) -> Result<ExitCode> {
     let (verb, removed) = if dry_run {
         ("would remove", open_read(store)?.retention_preview(policy)?)
     } else {
@@ -443,10 +411,7 @@ fn compact(store: &Path, wait: Duration) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn stats(store: &Path, json: bool) -> Result<ExitCode> {
-    if let Some(url) = store.to_str().filter(|s| remote::is_url(s)) {
-        return remote::stats(url, json);
-    }
+fn stats_store(store: &Path, json: bool) -> Result<ExitCode> {
     let s = open_read(store)?;
     output::stats(&s.stats()?, json)?;
     Ok(ExitCode::SUCCESS)
