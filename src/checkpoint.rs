@@ -99,6 +99,12 @@ impl GradientCheckpoint {
         self.tensors.insert(name.into(), tensor);
     }
 
+    /// Remove the blob or tensor named `name` (blobs and tensors share
+    /// one namespace); whether there was one.
+    pub fn remove_entry(&mut self, name: &str) -> bool {
+        self.optimizer_state.remove(name).is_some() || self.tensors.remove(name).is_some()
+    }
+
     /// Total bytes of state: optimizer blobs and tensor data.
     pub fn logical_bytes(&self) -> u64 {
         let blobs: u64 = self.optimizer_state.values().map(|b| b.len() as u64).sum();

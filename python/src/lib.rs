@@ -13,6 +13,7 @@ mod handle;
 mod record;
 mod remote;
 mod results;
+mod shard;
 mod slices;
 mod store;
 mod tier;
@@ -79,6 +80,10 @@ pub(crate) fn py_err(e: Error) -> PyErr {
 fn _ckptstore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::RawStore>()?;
     m.add_class::<remote::RawRemote>()?;
+    m.add_class::<shard::ShardId>()?;
+    m.add_class::<shard::ShardUpload>()?;
+    m.add_class::<shard::ShardValues>()?;
+    m.add_class::<shard::StoreStep>()?;
     m.add_class::<handle::Handle>()?;
     m.add_class::<arrays::Buffer>()?;
     m.add_class::<global_step::RawGlobalStep>()?;

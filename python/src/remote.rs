@@ -3,8 +3,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use ckptstore::{Remote, SaveId, ShardHash, ShardSource, ShardUpload, ShardWrite};
-use pyo3::exceptions::PyValueError;
+use ckptstore::{Remote, ShardSource, ShardWrite};
+use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -12,6 +12,7 @@ use crate::arrays::Buffer;
 use crate::global_step::RawGlobalStep;
 use crate::py_err;
 use crate::results;
+use crate::shard::{shard_hash, ShardId, ShardUpload, ShardValues, StoreStep};
 
 use crate::convert::{borrowed, checkpoint, ckpt_dict, policy, PySaved};
 use crate::store::RawStore;
@@ -34,7 +35,7 @@ impl RawRemote {
         shard: (u64, u32, u32),
         tensors: &[PySaved<'_>],
         ckpt: ckptstore::GradientCheckpoint,
-        how: ShardUpload,
+        how: ckptstore::ShardUpload,
     ) -> PyResult<results::ShardInfo> {
         let borrowed = borrowed(tensors)?;
         let info = py
@@ -143,69 +144,47 @@ impl RawRemote {
         Ok((&info).into())
     }
 
-    /// Write rank `rank`'s shard of global step `step` of `world` ranks
-    /// (`shard`, as `(step, rank, world)`), as far as `upload` says:
-    /// "chunks" (its chunks only, no shard yet: a later write through this
-    /// remote finds them), "manifest" (the shard, not completing the step:
-    /// `commit_global` does; its ShardInfo names it), "complete" (and the
-    /// step's commit once every rank's shard is there, by whichever rank
-    /// finds them; with `save`, the identity of a rank-local save alike on
-    /// its ranks, only with shards of that save) or "commit" (the step
-    /// completed with `commit`, every rank's shard by rank, this rank's
-    /// entry not read, under the same lock). Its bytes: `tensors` (hashed
-    /// and uploaded from their own memory) and `blobs`, with `metrics` and
-    /// `record`; or, with `store`, the step of that store less the blobs
-    /// named in `drop`, with `blobs` added, read and hashed in Rust (its
-    /// bytes never reach Python).
-    #[pyo3(signature = (
-        shard, upload, tensors=Vec::new(), blobs=Vec::new(), metrics=BTreeMap::new(), record=None,
-        store=None, drop=Vec::new(), save=None, commit=None
-    ))]
-    #[allow(clippy::too_many_arguments)] // Python's keyword arguments
+    /// Write shard `id` as far as `upload` says, its bytes from `source`:
+    /// a `ShardValues` (Python's arrays hashed and uploaded from their own
+    /// memory) or a `StoreStep` (a store's step, read and hashed in Rust).
     fn write_shard(
         &self,
         py: Python<'_>,
-        shard: (u64, u32, u32),
-        upload: &str,
-        tensors: Vec<PySaved<'_>>,
-        blobs: Vec<(String, Vec<u8>)>,
-        metrics: BTreeMap<String, f64>,
-        record: Option<PyRef<'_, crate::record::SaveRecord>>,
-        store: Option<PyRef<'_, RawStore>>,
-        drop: Vec<String>,
-        save: Option<&str>,
-        commit: Option<Vec<String>>,
+        id: PyRef<'_, ShardId>,
+        upload: PyRef<'_, ShardUpload>,
+        source: &Bound<'_, PyAny>,
     ) -> PyResult<results::ShardInfo> {
-        let then = upload_of(shard, upload, save, commit)?;
-        let Some(store) = store else {
-            if !drop.is_empty() {
-                return Err(PyValueError::new_err(
-                    "write_shard: drop names blobs of a store's step",
-                ));
-            }
-            let ckpt = checkpoint(shard.0, blobs, metrics, record.as_deref());
-            return self.shard_call(py, shard, &tensors, ckpt, then);
-        };
-        if !tensors.is_empty() || !metrics.is_empty() || record.is_some() {
-            return Err(PyValueError::new_err(
-                "write_shard: a store's step brings its own tensors, metrics and record",
-            ));
+        let id: ShardId = *id;
+        let then = upload.to_crate(id).map_err(py_err)?;
+        if let Ok(values) = source.cast::<ShardValues>() {
+            let values = values.get();
+            let record = values.record.as_ref().map(|r| r.bind(py).get().clone());
+            let ckpt = checkpoint(
+                id.step(),
+                values.blobs.clone(),
+                values.metrics.clone(),
+                record.as_ref(),
+            );
+            return self.shard_call(py, id.triple(), &values.saved(py)?, ckpt, then);
         }
+        let Ok(from) = source.cast::<StoreStep>() else {
+            return Err(PyTypeError::new_err(format!(
+                "write_shard: the source is a ShardValues or a StoreStep, not {}",
+                source.get_type().name()?
+            )));
+        };
+        let from = from.get();
+        let store = from.store.bind(py).borrow();
         let store = store.get()?;
-        let step = shard.0;
         let info = py
             .detach(|| {
-                let mut ckpt = store
-                    .get(step)?
-                    .ok_or(ckptstore::Error::StepNotFound { step })?;
-                for name in &drop {
-                    ckpt.optimizer_state.remove(name);
-                }
-                for (name, bytes) in blobs {
-                    ckpt.set_optimizer_state(name, bytes);
-                }
-                let write = ShardWrite::new(shard, ShardSource::Owned(&ckpt), then);
-                self.remote.write_shard(write)
+                let source = ShardSource::StoreEdited {
+                    store,
+                    drop: &from.drop,
+                    add: &from.add,
+                };
+                self.remote
+                    .write_shard(ShardWrite::new(id.triple(), source, then))
             })
             .map_err(py_err)?;
         Ok((&info).into())
@@ -226,7 +205,7 @@ impl RawRemote {
     /// Complete global step `step` with exactly these shards, by rank.
     fn commit_global(&self, py: Python<'_>, step: u64, shards: Vec<String>) -> PyResult<()> {
         let shards = ranks(&shards)
-            .map(|(rank, name)| shard_name(step, rank, name))
+            .map(|(rank, name)| shard_hash(step, rank, name))
             .collect::<ckptstore::Result<Vec<_>>>()
             .map_err(py_err)?;
         py.detach(|| self.remote.commit_global(step, &shards))
@@ -448,42 +427,6 @@ impl RawRemote {
 /// with its rank.
 fn ranks(names: &[String]) -> impl Iterator<Item = (u32, &String)> {
     (0u32..).zip(names)
-}
-
-/// How far a shard write goes, as Python names it (`RawRemote::write_shard`).
-fn upload_of(
-    shard: (u64, u32, u32),
-    upload: &str,
-    save: Option<&str>,
-    commit: Option<Vec<String>>,
-) -> PyResult<ShardUpload> {
-    let (step, own, _) = shard;
-    match (upload, save, commit) {
-        ("chunks", None, None) => Ok(ShardUpload::ChunksOnly),
-        ("manifest", None, None) => Ok(ShardUpload::Manifest),
-        ("complete", None, None) => Ok(ShardUpload::Complete),
-        ("complete", Some(save), None) => Ok(ShardUpload::RankLocal(SaveId::of(save))),
-        ("commit", None, Some(shards)) => {
-            let shards = ranks(&shards)
-                .map(|(rank, name)| (rank != own).then(|| shard_name(step, rank, name)).transpose())
-                .collect::<ckptstore::Result<Vec<_>>>()
-                .map_err(py_err)?;
-            Ok(ShardUpload::Commit(shards))
-        }
-        (upload, save, commit) => Err(PyValueError::new_err(format!(
-            "write_shard: upload {upload:?} (one of \"chunks\", \"manifest\", \"complete\", \"commit\"){}{}",
-            if save.is_some() { " with a save (only \"complete\" takes one)" } else { "" },
-            if commit.is_some() { " with shards to commit (only \"commit\" takes them)" } else { "" },
-        ))),
-    }
-}
-
-/// Rank `rank`'s shard name as Python gives it (its hash in hex), decoded.
-fn shard_name(step: u64, rank: u32, name: &str) -> ckptstore::Result<ShardHash> {
-    ShardHash::from_hex(name).ok_or_else(|| ckptstore::Error::InvalidCheckpoint {
-        step,
-        reason: format!("shard {rank}: {name:?} is not a hash"),
-    })
 }
 
 /// Pieces as Python passes them, as the library takes them.

@@ -37,8 +37,11 @@ pub(crate) struct Bucket {
     /// The process that opened it: a forked child may not use it.
     owner: crate::process::Owner,
     /// Always there until dropped; leaked rather than shut down in a
-    /// forked child (its threads are the parent's).
-    runtime: Option<tokio::runtime::Runtime>,
+    /// forked child (its threads are the parent's). Shared with the
+    /// buckets [`sibling`](Self::sibling) made: a client's pooled
+    /// connections are driven by the runtime that opened them, so one
+    /// store is used from one runtime only.
+    runtime: Option<Arc<tokio::runtime::Runtime>>,
 }
 
 impl Drop for Bucket {
@@ -102,13 +105,15 @@ impl Bucket {
             s3_name: None,
             dir: None,
             owner: crate::process::Owner::current(),
-            runtime: Some(runtime_for(url)?),
+            runtime: Some(Arc::new(runtime_for(url)?)),
         })
     }
 
-    /// The same objects through a runtime of its own
-    /// ([`Remote::compressing`](super::Remote::compressing)).
+    /// The same objects, through the same client and runtime
+    /// ([`Remote::compressing`](super::Remote::compressing)); in the
+    /// process that opened this one only.
     pub(crate) fn sibling(&self) -> Result<Bucket> {
+        let runtime = Arc::clone(self.runtime()?);
         Ok(Bucket {
             store: Arc::clone(&self.store),
             layout: self.layout.clone(),
@@ -117,7 +122,7 @@ impl Bucket {
             s3_name: self.s3_name.clone(),
             dir: self.dir.clone(),
             owner: crate::process::Owner::current(),
-            runtime: Some(runtime_for(&self.url)?),
+            runtime: Some(runtime),
         })
     }
 
@@ -165,13 +170,17 @@ impl Bucket {
     /// Run `f` to completion on the remote's runtime, in the process that
     /// opened the remote only.
     pub(crate) fn run<F: Future>(&self, f: F) -> Result<F::Output> {
+        Ok(self.runtime()?.block_on(f))
+    }
+
+    /// The runtime, in the process that opened the remote only.
+    fn runtime(&self) -> Result<&Arc<tokio::runtime::Runtime>> {
         self.owner.check(&|| format!("remote {}", self.url))?;
-        let runtime = self.runtime.as_ref().ok_or_else(|| Error::Forked {
+        self.runtime.as_ref().ok_or_else(|| Error::Forked {
             what: format!("remote {}", self.url),
             opened_by: 0,
             this: std::process::id(),
-        })?;
-        Ok(runtime.block_on(f))
+        })
     }
 
     /// `e`, from a request for `key`, as this crate's error: a missing

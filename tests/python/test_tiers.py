@@ -352,8 +352,8 @@ def test_every_save_reports_its_cost(tmp_path):
 
 
 def test_ckpt_ls_lists_a_tier_directory(tmp_path, bucket):
-    # Uploaded from each rank's store in Rust (Remote.upload_shard, which
-    # takes values from Python, refuses).
+    # Uploaded from each rank's store in Rust (Remote.write_shard of values
+    # from Python, not of a StoreStep, refuses).
     job(tmp_path, ["save:1", "save:2", "close"], bucket=bucket, env={"CKPT_TIERS_RUST_UPLOAD": "1"})
     assert ckptstore.Remote(bucket).steps() == [1, 2]
     ckpt = os.environ.get("CKPT_BIN")

@@ -25,7 +25,11 @@ fn formats(url: &str) -> Result<Vec<u64>> {
     let s3 = object_store::aws::AmazonS3Builder::from_env()
         .with_bucket_name(bucket)
         .build()?;
-    futures::executor::block_on(async {
+    // The S3 client needs a tokio runtime under it.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
         use futures::TryStreamExt;
         let at = format!("{prefix}/manifests").into();
         let listed: Vec<_> = object_store::ObjectStore::list(&s3, Some(&at))

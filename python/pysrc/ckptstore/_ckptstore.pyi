@@ -4,6 +4,8 @@ the `ckptstore` package; these raw classes are what it wraps."""
 import os
 from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union, final
 
+from typing_extensions import disjoint_base
+
 __all__ = [
     "CHUNK_BYTES",
     "DCP_METADATA",
@@ -26,12 +28,16 @@ __all__ = [
     "RawStore",
     "ReplicationStatus",
     "SaveRecord",
+    "ShardId",
     "ShardInfo",
     "ShardStatus",
+    "ShardUpload",
+    "ShardValues",
     "SliceCheck",
     "StepExistsError",
     "StepInfo",
     "StoreStats",
+    "StoreStep",
     "Tensor",
     "TierDir",
     "TierRecord",
@@ -223,6 +229,67 @@ class ReplicationStatus:
     @property
     def last_error(self) -> Optional[str]: ...
     def __getitem__(self, key: str) -> Any: ...
+
+@final
+class ShardId:
+    """Rank `rank`'s shard of global step `step` of `world` ranks."""
+
+    def __new__(cls, step: int, rank: int, world: int) -> "ShardId": ...
+    @property
+    def step(self) -> int: ...
+    @property
+    def rank(self) -> int: ...
+    @property
+    def world(self) -> int: ...
+
+@disjoint_base
+class ShardUpload:
+    """How far a shard's write goes: its chunks only, its shard, its shard
+    and the step's commit once every rank's is there (of one rank-local
+    save), or its shard and the step completed with exactly `shards`."""
+
+    @final
+    class ChunksOnly(ShardUpload):
+        __match_args__ = ()
+        def __new__(cls) -> "ShardUpload.ChunksOnly": ...
+    @final
+    class Manifest(ShardUpload):
+        __match_args__ = ()
+        def __new__(cls) -> "ShardUpload.Manifest": ...
+    @final
+    class Complete(ShardUpload):
+        __match_args__ = ()
+        def __new__(cls) -> "ShardUpload.Complete": ...
+    @final
+    class RankLocal(ShardUpload):
+        __match_args__ = ("save",)
+        def __new__(cls, save: str) -> "ShardUpload.RankLocal": ...
+        @property
+        def save(self) -> str: ...
+    @final
+    class Commit(ShardUpload):
+        __match_args__ = ("shards",)
+        def __new__(cls, shards: List[str]) -> "ShardUpload.Commit": ...
+        @property
+        def shards(self) -> List[str]: ...
+
+@final
+class ShardValues:
+    """A shard's bytes in Python's memory."""
+
+    def __new__(
+        cls,
+        tensors: List[_Saved] = ...,
+        blobs: List[_Blob] = ...,
+        metrics: Dict[str, float] = ...,
+        record: Optional[SaveRecord] = None,
+    ) -> "ShardValues": ...
+
+@final
+class StoreStep:
+    """A shard's bytes in a store's step, less `drop`, with `add`."""
+
+    def __new__(cls, store: RawStore, drop: List[str] = ..., add: List[_Blob] = ...) -> "StoreStep": ...
 
 @final
 class ShardInfo:
@@ -529,19 +596,7 @@ class RawRemote:
     def info(self, step: int) -> Optional[StepInfo]: ...
     def load(self, step: Optional[int] = None) -> Optional[Dict[str, Any]]: ...
     def pull(self, step: int, store: RawStore) -> CommitInfo: ...
-    def write_shard(
-        self,
-        shard: Tuple[int, int, int],
-        upload: Literal["chunks", "manifest", "complete", "commit"],
-        tensors: List[_Saved] = ...,
-        blobs: List[_Blob] = ...,
-        metrics: Dict[str, float] = ...,
-        record: Optional[SaveRecord] = None,
-        store: Optional[RawStore] = None,
-        drop: List[str] = ...,
-        save: Optional[str] = None,
-        commit: Optional[List[str]] = None,
-    ) -> ShardInfo: ...
+    def write_shard(self, id: ShardId, upload: ShardUpload, source: Union[ShardValues, StoreStep]) -> ShardInfo: ...
     def load_shard(self, rank: int, step: Optional[int] = None) -> Optional[Dict[str, Any]]: ...
     def shards(self, step: int) -> ShardStatus: ...
     def verify(self) -> VerifyReport: ...

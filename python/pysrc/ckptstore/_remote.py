@@ -3,7 +3,7 @@ stores, global steps of multi-rank jobs) and `ckptstore.Shard` (one
 rank's side of them)."""
 
 import os
-from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -16,13 +16,26 @@ from ._ckptstore import (
     RawGlobalStep,
     RawRemote,
     SaveRecord,
+    ShardId,
     ShardInfo,
     ShardStatus,
+    ShardUpload,
+    ShardValues,
     StepInfo,
+    StoreStep,
     VerifyReport,
 )
 from ._convert import Checkpoint, Value, checkpoint_of, metrics_of, optional_step, split_state, step_number
 from ._store import Handle, Store, raw_store
+
+
+def values_of(
+    state: Mapping[str, Value], metrics: Optional[Mapping[str, float]] = None, record: Optional[SaveRecord] = None
+) -> ShardValues:
+    """`state` (arrays and bytes-like blobs), `metrics` and `record` as a
+    shard write's source."""
+    tensors, blobs = split_state(state)
+    return ShardValues(tensors, blobs, metrics_of(metrics), record)
 
 
 class Remote:
@@ -138,17 +151,14 @@ class Remote:
         does, under the same lock: a coordinator's save in one lock cycle.
         `metrics` and `record` are the shard's (rank 0's are the step's,
         `ckpt ls`)."""
-        tensors, blobs = split_state(state)
-        shard = (step_number(step), int(rank), int(world_size))
         if data_only and commit is not None:
             raise ValueError("upload_shard: data_only uploads no shard to commit")
-        upload: Literal["chunks", "manifest", "commit"] = (
-            "chunks" if data_only else "manifest" if commit is None else "commit"
+        upload = (
+            ShardUpload.ChunksOnly() if data_only
+            else ShardUpload.Manifest() if commit is None
+            else ShardUpload.Commit(shards=[str(s) for s in commit])
         )
-        return self._raw.write_shard(
-            shard, upload, tensors, blobs, metrics_of(metrics), record,
-            commit=None if commit is None else [str(s) for s in commit],
-        )
+        return self.write_shard(ShardId(step_number(step), int(rank), int(world_size)), upload, values_of(state, metrics, record))
 
     def upload_shard_from(
         self,
@@ -163,8 +173,8 @@ class Remote:
         the blobs named in `drop`, with `blobs` added): read, hashed and
         uploaded in Rust, its bytes never brought into Python."""
         extra = [(str(k), bytes(v)) for k, v in (blobs or {}).items()]
-        shard = (step_number(step), int(rank), int(world_size))
-        return self._raw.write_shard(shard, "manifest", blobs=extra, store=raw_store(store), drop=[str(d) for d in drop])
+        source = StoreStep(raw_store(store), [str(d) for d in drop], extra)
+        return self.write_shard(ShardId(step_number(step), int(rank), int(world_size)), ShardUpload.Manifest(), source)
 
     def commit_shard(
         self,
@@ -182,9 +192,16 @@ class Remote:
         alike), the step completes only with shards of that save: ranks
         that never coordinate (DCP's rank-local mode) and saves of the
         step that died do not mix."""
-        tensors, blobs = split_state(state)
-        shard = (step_number(step), int(rank), int(world_size))
-        return self._raw.write_shard(shard, "complete", tensors, blobs, {}, record, save=save)
+        upload = ShardUpload.Complete() if save is None else ShardUpload.RankLocal(save=str(save))
+        return self.write_shard(ShardId(step_number(step), int(rank), int(world_size)), upload, values_of(state, None, record))
+
+    def write_shard(self, shard: ShardId, upload: ShardUpload, source: "ShardValues | StoreStep") -> ShardInfo:
+        """Write `shard` as far as `upload` says (`ShardUpload.ChunksOnly`,
+        `Manifest`, `Complete`, `RankLocal(save)`, `Commit(shards)`), its
+        bytes from `source`: `ShardValues` in memory (see `values_of`) or
+        a store's step (`StoreStep`). `upload_shard`, `commit_shard` and
+        `upload_shard_from` are this, spelled for common cases."""
+        return self._raw.write_shard(shard, upload, source)
 
     def commit_global(self, step: int, shards: List[str]) -> None:
         """Complete global step `step` with exactly `shards` (each rank's
@@ -289,9 +306,8 @@ class Shard:
         self, step: int, state: Mapping[str, Value], metrics: Optional[Mapping[str, float]] = None
     ) -> ShardInfo:
         """Upload this rank's shard of `step`; the arrays are copied."""
-        tensors, blobs = split_state(state)
-        shard = (step_number(step), self.rank, self.world_size)
-        return self.remote._raw.write_shard(shard, "complete", tensors, blobs, metrics_of(metrics))
+        shard = ShardId(step_number(step), self.rank, self.world_size)
+        return self.remote.write_shard(shard, ShardUpload.Complete(), values_of(state, metrics))
 
     def save_async(
         self, step: int, state: Mapping[str, Value], metrics: Optional[Mapping[str, float]] = None

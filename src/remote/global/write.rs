@@ -26,6 +26,17 @@ pub enum ShardSource<'a> {
     /// The shard's step of a local store, read and hashed in Rust (chunks
     /// the bucket holds are neither read nor hashed again).
     Store(&'a CheckpointStore),
+    /// As [`Store`](Self::Store), less the blobs and tensors named in
+    /// `drop` and with the blobs `add` (a tier's upload puts the save's
+    /// own metadata in place of the rank's this way).
+    StoreEdited {
+        /// The store whose step it is.
+        store: &'a CheckpointStore,
+        /// Entries of the step left out.
+        drop: &'a [String],
+        /// Blobs added (replacing any of the same name).
+        add: &'a [(String, Vec<u8>)],
+    },
 }
 
 /// A write of rank `rank`'s shard of global step `step` of `world_size`
@@ -62,6 +73,24 @@ impl<'a> ShardWrite<'a> {
     }
 }
 
+/// Step `step` as a store gave it (`found`), less the entries named in
+/// `drop`, with the blobs `add`.
+fn edited(
+    found: Option<GradientCheckpoint>,
+    step: u64,
+    drop: &[String],
+    add: &[(String, Vec<u8>)],
+) -> Result<GradientCheckpoint> {
+    let mut ckpt = found.ok_or(Error::StepNotFound { step })?;
+    for name in drop {
+        ckpt.remove_entry(name);
+    }
+    for (name, bytes) in add {
+        ckpt.set_optimizer_state(name.clone(), bytes.clone());
+    }
+    Ok(ckpt)
+}
+
 impl Coordinator<'_> {
     /// Does the work of [`Remote::write_shard`](crate::Remote::write_shard).
     pub(crate) fn write_shard(&self, write: ShardWrite<'_>) -> Result<ShardInfo> {
@@ -76,6 +105,11 @@ impl Coordinator<'_> {
             ShardSource::Store(store) => {
                 let step = write.step;
                 stored = store.get(step)?.ok_or(Error::StepNotFound { step })?;
+                Plan::new(&stored)
+            }
+            ShardSource::StoreEdited { store, drop, add } => {
+                let step = write.step;
+                stored = edited(store.get(step)?, step, drop, add)?;
                 Plan::new(&stored)
             }
         };

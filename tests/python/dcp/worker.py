@@ -221,13 +221,14 @@ def main():
     if die is not None and int(die) == rank:
         import ckptstore
 
-        original_commit = ckptstore.Remote.commit_shard
+        original_write = ckptstore.Remote.write_shard
 
-        def commit_then_die(self, *args, **kwargs):
-            original_commit(self, *args, **kwargs)
-            os._exit(9)
+        def commit_then_die(self, shard, upload, source):
+            original_write(self, shard, upload, source)
+            if isinstance(upload, ckptstore.ShardUpload.RankLocal):
+                os._exit(9)
 
-        ckptstore.Remote.commit_shard = commit_then_die
+        ckptstore.Remote.write_shard = commit_then_die
     if mode == "save":
         # CKPT_COMPRESS=1: a bucket's chunks stored compressed (format 4).
         compress = True if os.environ.get("CKPT_COMPRESS") == "1" else None

@@ -26,8 +26,8 @@ Each prints what it did: "saved S", "ok S".
 Options from the environment: CKPT_TIERS_PEERS (1), CKPT_TIERS_PER_NODE
 (2), CKPT_TIERS_EVERY (durable_every, 1), CKPT_TIERS_KEEP (2),
 CKPT_TIERS_COMPRESS=1 (compress=True),
-CKPT_TIERS_RUST_UPLOAD=1 (Remote.upload_shard, which takes values
-from Python, raises: uploads must go from the store in Rust),
+CKPT_TIERS_RUST_UPLOAD=1 (Remote.write_shard of values from Python, not
+of a StoreStep, raises: uploads must go from the store in Rust),
 CKPT_TIERS_TENSORS=N (the state is N float32 tensors sharded on dim 0, a
 128x8 share per rank, instead of the usual mix), CKPT_TIERS_COUNT=1 (count
 the bytes this rank receives through the tier's own collectives, not
@@ -299,10 +299,14 @@ def main():
     if os.environ.get("CKPT_TIERS_RUST_UPLOAD") == "1":
         # A shard's bytes go from its store to the bucket in Rust: never
         # through Python's upload of values.
-        def refuse(*args, **kwargs):
-            raise AssertionError("a tier's upload brought a shard's bytes into Python")
+        original_write = ckptstore.Remote.write_shard
 
-        ckptstore.Remote.upload_shard = refuse
+        def refuse(self, shard, upload, source):
+            if not isinstance(source, ckptstore.StoreStep):
+                raise AssertionError("a tier's upload brought a shard's bytes into Python")
+            return original_write(self, shard, upload, source)
+
+        ckptstore.Remote.write_shard = refuse
     die = os.environ.get("CKPT_TIERS_DIE")
     if die:
         arm(die, rank // per_node)

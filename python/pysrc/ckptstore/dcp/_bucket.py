@@ -8,10 +8,10 @@ from typing import Any, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .._ckptstore import HfExport, SaveRecord
-from .._remote import Remote
+from .._ckptstore import HfExport, SaveRecord, ShardId, ShardUpload
+from .._remote import Remote, values_of
 from ._rank_local import RANK_METADATA
-from ._targets import DataAhead, Deliver, Finish, FinishLocal, Opened, Piece, Put, ShardWrite, Slice, read_in_batches
+from ._targets import Deliver, Opened, Piece, Put, ShardWrite, Slice, read_in_batches
 from ._wire import Group
 
 
@@ -71,18 +71,14 @@ class Bucket:
 
     def put(self, write: ShardWrite) -> Put:
         w, then = write, write.then
-        if isinstance(then, FinishLocal):
-            info = self._remote.commit_shard(w.step, w.rank, w.world, w.values, w.record, then.save)
-        elif isinstance(then, Finish):
+        if isinstance(then, ShardUpload.Commit):
+            # One lock cycle: the coordinator's shard, then the commit.
             missing = [r for r, s in enumerate(then.shards) if not s and r != w.rank]
             if missing:
                 raise ValueError(f"step {w.step}: no shard reported by ranks {missing}")
-            # One lock cycle: the coordinator's shard, then the commit.
-            info = self._remote.upload_shard(w.step, w.rank, w.world, w.values, record=w.record, commit=then.shards)
-        elif isinstance(then, DataAhead):
-            info = self._remote.upload_shard(w.step, w.rank, w.world, w.values, data_only=True)
-        else:
-            info = self._remote.upload_shard(w.step, w.rank, w.world, w.values, record=w.record)
+        # Data ahead of its shard is named by no shard yet: no record.
+        record = None if isinstance(then, ShardUpload.ChunksOnly) else w.record
+        info = self._remote.write_shard(ShardId(w.step, w.rank, w.world), then, values_of(w.values, None, record))
         return Put(info.shard, info.bytes_uploaded, info.bytes_skipped)
 
     def layout_entries(self, sizes: List[Dict[str, int]]) -> Dict[str, bytes]:

@@ -11,7 +11,8 @@ from .._ckptstore import HfExport, SaveRecord
 from .._store import Store
 from .._store import open as open_store
 from ._document import torch_dtype
-from ._targets import METADATA, DataAhead, Deliver, FinishLocal, Opened, Piece, Put, ShardWrite, Slice, describe, read_in_batches
+from .._ckptstore import ShardUpload
+from ._targets import METADATA, Deliver, Opened, Piece, Put, ShardWrite, Slice, describe, read_in_batches
 from ._wire import Group
 
 
@@ -44,9 +45,9 @@ class LocalStore:
             return store.latest_step()
 
     def put(self, write: ShardWrite) -> Put:
-        if isinstance(write.then, DataAhead):
+        if isinstance(write.then, ShardUpload.ChunksOnly):
             return Put("", 0, 0)  # the step is committed whole, by its shard
-        if isinstance(write.then, FinishLocal):
+        if isinstance(write.then, ShardUpload.RankLocal):
             raise NotImplementedError("a local store takes no rank-local save of several ranks")
         # One process: its shard, committed, is the step.
         with self._use() as store:

@@ -16,7 +16,7 @@ from typing import (
 
 import numpy as np
 
-from .._ckptstore import DCP_METADATA, SaveRecord
+from .._ckptstore import DCP_METADATA, SaveRecord, ShardUpload
 from .._convert import step_number
 from .._store import Store
 from ._wire import Group
@@ -171,48 +171,25 @@ class SaveTarget(Protocol):
 
     takes_rank_local: bool
     """Whether DCP's rank-local saves of several ranks may go to it
-    (`FinishLocal`)."""
+    (`ShardUpload.RankLocal`)."""
 
     def put(self, write: "ShardWrite") -> Put:
         """Store rank `write.rank`'s shard of `write.step` as far as
-        `write.then` says (durably, but for `DataAhead`)."""
+        `write.then` says (durably, but for `ShardUpload.ChunksOnly`)."""
 
     def layout_entries(self, sizes: List[Dict[str, int]]) -> Dict[str, bytes]:
         """Entries the coordinator's shard holds beside DCP's metadata,
         from every rank's entry sizes."""
 
 
-@dataclass(frozen=True)
-class DataAhead:
-    """A shard's data ahead of it: its shard follows later (the
-    coordinator's, beside the other ranks' data; `Finish` finds it)."""
-
-
-@dataclass(frozen=True)
-class ShardOnly:
-    """A shard, durably; the coordinator completes the step."""
-
-
-@dataclass(frozen=True)
-class Finish:
-    """The coordinator's end of a save: its shard, then the step completed
-    with exactly `shards` (by rank; this rank's entry is the shard just
-    stored)."""
-
-    shards: List[str]
-
-
-@dataclass(frozen=True)
-class FinishLocal:
-    """A rank's end of a rank-local save `save` (an identity alike on its
-    ranks): its shard; the step is complete once every rank's shard of
-    `save` is stored, and never with another save's."""
-
-    save: str
-
-
-Then = Union[DataAhead, ShardOnly, Finish, FinishLocal]
-"""How far a shard's write goes."""
+Then = ShardUpload
+"""How far a shard's write goes: the Rust type (`ShardUpload.ChunksOnly`:
+a shard's data ahead of it, its shard following later beside the other
+ranks' data; `Manifest`: a shard, durably, the coordinator completing
+the step; `Commit(shards)`: the coordinator's end of a save, its shard
+then the step completed with exactly `shards`, by rank; `RankLocal(save)`:
+a rank's end of a rank-local save, complete once every rank's shard of
+`save` is stored, never with another save's)."""
 
 
 @dataclass(frozen=True)

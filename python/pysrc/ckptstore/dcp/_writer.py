@@ -20,14 +20,14 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.futures import Future
 
 from . import _document, _rank_local
-from .._ckptstore import SaveRecord, Tensor
+from .._ckptstore import SaveRecord, ShardUpload, Tensor
 from .._convert import step_number
 from .._cost import Clock, SaveCost
 from .._errors import StepExistsError
 from ._document import Where
 from ._choose import save_target
 from ._targets import (
-    METADATA, DataAhead, Finish, FinishLocal, Put, SaveTarget, ShardOnly, ShardWrite, Then, UserTarget, check_sendable,
+    METADATA, Put, SaveTarget, ShardWrite, Then, UserTarget, check_sendable,
     is_step_id,
 )
 from .._staging import Hashes, Pending, Pool, Staged, hashes_of
@@ -319,9 +319,9 @@ class StorageWriter(_storage.StorageWriter):
             # to put beside: its data is hashed and put once, by finish.
             self._kept = values
             if self._world > 1 and self._save is None:
-                self._put(values, DataAhead())
+                self._put(values, ShardUpload.ChunksOnly())
         else:
-            shard = self._put(values, ShardOnly())
+            shard = self._put(values, ShardUpload.Manifest())
             self._give_back()
             self._done()
         # Every rank reports its shard, also a rank with no items.
@@ -373,11 +373,11 @@ class StorageWriter(_storage.StorageWriter):
         if self._save is not None:
             # This rank's metadata (its own items), in its own shard.
             values[_rank_local.RANK_METADATA] = _document.to_json(metadata)
-            self._put(values, FinishLocal(self._save), self._record())
+            self._put(values, ShardUpload.RankLocal(save=self._save), self._record())
         else:
             values[METADATA] = _document.to_json(metadata)
             values.update(self._to.layout_entries(sizes))
-            self._put(values, Finish(shards), self._record())
+            self._put(values, ShardUpload.Commit(shards=shards), self._record())
         self._give_back()
         self._done()
 

@@ -20,7 +20,8 @@ from ..._ckptstore import CommitInfo, SaveRecord, Tensor
 from ..._cost import Clock, SaveCost
 from ..._staging import Hashes
 from ..._store import Store
-from .._targets import DataAhead, FinishLocal, Put, ShardWrite
+from ..._ckptstore import ShardUpload
+from .._targets import Put, ShardWrite
 from .._wire import Group, TierFailure, attempt, described
 from .._writer import StorageWriter
 from ._layout import Record, records_in, write_record
@@ -58,9 +59,9 @@ class TierShard:
         return False  # a tier's save replaces its step (overwrite)
 
     def put(self, write: ShardWrite) -> Put:
-        if isinstance(write.then, DataAhead):
+        if isinstance(write.then, ShardUpload.ChunksOnly):
             return Put("", 0, 0)  # the shard is committed whole, by its write
-        if isinstance(write.then, FinishLocal):
+        if isinstance(write.then, ShardUpload.RankLocal):
             raise NotImplementedError("the tier keeps its own protocol: no rank-local save")
         # Every shard, the coordinator's too, is committed as any rank's:
         # every rank records the save once every shard and copy is durable
