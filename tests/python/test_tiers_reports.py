@@ -67,3 +67,23 @@ def test_a_relaunch_with_another_layout_retires_the_old_layouts_records(tmp_path
         assert [s["step"] for s in json.loads(shown.stdout)] == [4, 5], (node, shown.stdout)
     out = job(tmp_path, ["load:any"], per_node=1)
     assert all("ok 5" in text.splitlines() for _, text in out)
+
+
+def test_running_raises_a_failure_once_and_not_one_the_caller_took():
+    from concurrent.futures import Future
+
+    from ckptstore._background import Running, Told
+
+    running = Running()
+    untaken, taken, cancelled = Future(), Future(), Future()
+    views = [Told(f) for f in (cancelled, untaken, taken)]
+    for view in views:
+        running.add(view)
+    untaken.set_exception(OSError("untaken"))
+    taken.set_exception(OSError("taken"))
+    assert isinstance(views[2].exception(), OSError)  # the caller takes it
+    cancelled.cancel()
+    assert views[0].cancelled()  # settles: no wait on it hangs, no check raises it
+    with pytest.raises(OSError, match="untaken"):
+        running.check()
+    running.check()  # raised once; the taken one never

@@ -26,6 +26,11 @@ class Told(Future[Any]):
         inner.add_done_callback(self._settle)
 
     def _settle(self, inner: "Future[Any]") -> None:
+        if self.done():  # the caller cancelled this view
+            return
+        if inner.cancelled():
+            self.cancel()
+            return
         failure = inner.exception()
         if failure is None:
             self.set_result(inner.result())
@@ -66,6 +71,8 @@ class Running:
             done = [f for f in self._futures if f.done()]
             self._futures = [f for f in self._futures if not f.done()]
         for f in done:
+            if f.cancelled():
+                continue
             e = Future.exception(f)  # not `f.exception()`: that would tell a `Told`
             if e is not None and not getattr(f, "told", False):
                 raise e
