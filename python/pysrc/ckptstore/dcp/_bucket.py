@@ -10,7 +10,7 @@ import numpy as np
 
 from .._ckptstore import HfExport, SaveRecord, ShardId, ShardUpload
 from .._remote import Remote, values_of
-from ._rank_local import RANK_METADATA
+from ._rank_local import RANK_METADATA, RankMetadata
 from ._targets import Deliver, Opened, Piece, Put, ShardWrite, Slice, read_in_batches
 from ._wire import Group
 
@@ -137,7 +137,7 @@ class OpenedBucket:
             raise ValueError(f"step {self._step} of {self._url} was not saved by ckptstore.dcp")
         return metadata
 
-    def rank_metadata(self, rank: int) -> Optional[Tuple[int, bytes]]:
+    def rank_metadata(self, rank: int) -> Optional[RankMetadata]:
         # A step saved with collectives costs its load nothing more here.
         if self._global_document() is not None:
             return None
@@ -147,7 +147,7 @@ class OpenedBucket:
         if found is None:
             return None
         read = self._remote.read_pieces(self._opened, [(rank, RANK_METADATA, 0, found[2])])
-        return world, read[0].tobytes()
+        return RankMetadata(world, read[0].tobytes())
 
     def length(self, rank: int, entry: str) -> int:
         return self._entries(rank)[entry][2]

@@ -7,11 +7,11 @@ from typing import Any, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .._ckptstore import HfExport, SaveRecord
+from .._ckptstore import HfExport, SaveRecord, ShardUpload
 from .._store import Store
 from .._store import open as open_store
 from ._document import torch_dtype
-from .._ckptstore import ShardUpload
+from ._rank_local import RankMetadata
 from ._targets import METADATA, Deliver, Opened, Piece, Put, ShardWrite, Slice, describe, read_in_batches
 from ._wire import Group
 
@@ -104,7 +104,7 @@ class OpenedLocal:
     def metadata(self) -> bytes:
         return self._metadata.tobytes()
 
-    def rank_metadata(self, rank: int) -> Optional[Tuple[int, bytes]]:
+    def rank_metadata(self, rank: int) -> Optional[RankMetadata]:
         return None  # one process's save
 
     def length(self, rank: int, entry: str) -> int:

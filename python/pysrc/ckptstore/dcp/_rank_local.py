@@ -9,7 +9,7 @@ import math
 import os
 import threading
 import uuid
-from typing import Any, Dict, Hashable, List, Optional, Tuple
+from typing import Any, Dict, Hashable, List, NamedTuple, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -25,6 +25,16 @@ RANK_METADATA = DCP_RANK_METADATA
 rank's DCP metadata (its own items only). A step saved with collectives
 holds `METADATA` in its coordinator's shard instead: a reader that knows
 only that finds no metadata in a rank-local step and refuses it."""
+
+
+
+class RankMetadata(NamedTuple):
+    """What a rank reads of a rank-local save: the world size it was saved
+    at, and the metadata document (`RANK_METADATA`) of one of its ranks."""
+
+    world: int
+    document: bytes
+
 
 _NONCE_KEY = "ckptstore/rank-local/job"
 _lock = threading.Lock()

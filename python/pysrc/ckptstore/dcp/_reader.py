@@ -157,21 +157,21 @@ class StorageReader(_storage.StorageReader):
         exchange, which hands the parts on and a member's failure to
         every member."""
         me, size = dist.get_rank(group), dist.get_world_size(group)
-        own: Optional[Tuple[int, bytes]] = None
+        own: Optional[_rank_local.RankMetadata] = None
         part: Dict[int, bytes] = {}
         failure: Optional[BaseException] = None
         try:
             own = self._opened_step(self._step_to_read(), None)
             if own is not None and self._merges(own):
-                part = {r: self._rank_doc(r, own) for r in range(me, own[0], size)}
+                part = {r: self._rank_doc(r, own) for r in range(me, own.world, size)}
         except Exception as e:  # noqa: BLE001 (handed to every member)
             failure = e
         what = f"opening step {self._resolved} of {self._from.description}"
-        saved = own[0] if own is not None else 0
+        saved = own.world if own is not None else 0
         docs = _rank_local.hand_on(group, (self._resolved, self._commit), saved, part, failure, what)
         self._read_metadata(own, docs)
 
-    def _opened_step(self, step: int, commit: Optional[str]) -> Optional[Tuple[int, bytes]]:
+    def _opened_step(self, step: int, commit: Optional[str]) -> Optional[_rank_local.RankMetadata]:
         """Open `step` (exactly `commit`, if given); of a rank-local save,
         its world size and this rank's metadata document (of rank `dist
         rank` modulo that world), else None."""
@@ -180,12 +180,12 @@ class StorageReader(_storage.StorageReader):
         self._commit = self._opened.commit
         return self._opened.rank_metadata(_rank_local.world()[0])
 
-    def _merges(self, own: Tuple[int, bytes]) -> bool:
+    def _merges(self, own: _rank_local.RankMetadata) -> bool:
         """Whether a load of the rank-local save `own` reads every
         saved rank's metadata: at another world size, or asked to."""
-        return not (own[0] == _rank_local.world()[1] > 1 and self._rank_local)
+        return not (own.world == _rank_local.world()[1] > 1 and self._rank_local)
 
-    def _read_metadata(self, own: Optional[Tuple[int, bytes]], docs: Optional[List[bytes]]) -> None:
+    def _read_metadata(self, own: Optional[_rank_local.RankMetadata], docs: Optional[List[bytes]]) -> None:
         """The opened step's metadata: the coordinator's; of a rank-local
         save, this rank's own where it is loaded at the world size it was
         saved at (each rank plans from its own and reads only its own
@@ -195,24 +195,24 @@ class StorageReader(_storage.StorageReader):
         if own is None:
             metadata = _document.from_json(self._opened.metadata())
         elif not self._merges(own):
-            metadata = self._local = _document.from_json(own[1])
+            metadata = self._local = _document.from_json(own.document)
         else:
             if docs is None:
-                docs = [self._rank_doc(r, own) for r in range(own[0])]
+                docs = [self._rank_doc(r, own) for r in range(own.world)]
             metadata = _rank_local.merged([_document.from_json(doc) for doc in docs])
         self._where = metadata.storage_data
         self._metadata = metadata
 
-    def _rank_doc(self, rank: int, own: Tuple[int, bytes]) -> bytes:
+    def _rank_doc(self, rank: int, own: _rank_local.RankMetadata) -> bytes:
         """Rank `rank`'s metadata document of a rank-local save; `own`, the
         one this rank read (of rank `dist rank` modulo the saved world)."""
         assert self._opened is not None
-        if rank == _rank_local.world()[0] % own[0]:
-            return own[1]
+        if rank == _rank_local.world()[0] % own.world:
+            return own.document
         found = self._opened.rank_metadata(rank)
         if found is None:
             raise ValueError(f"step {self._resolved} of {self._from.description}: rank {rank}'s shard has no metadata")
-        return found[1]
+        return found.document
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self._where = metadata.storage_data

@@ -19,6 +19,7 @@ import numpy as np
 from .._ckptstore import DCP_METADATA, SaveRecord, ShardUpload
 from .._convert import step_number
 from .._store import Store
+from ._rank_local import RankMetadata
 from ._wire import Group
 
 METADATA = DCP_METADATA
@@ -101,7 +102,7 @@ class Opened(Protocol):
     def metadata(self) -> bytes:
         """DCP's metadata, as `METADATA` holds it."""
 
-    def rank_metadata(self, rank: int) -> Optional[Tuple[int, bytes]]:
+    def rank_metadata(self, rank: int) -> Optional[RankMetadata]:
         """Where the step is a rank-local save's: its world size, and the
         DCP metadata rank `rank` saved (`_rank_local.RANK_METADATA`; for a
         rank beyond its world, the metadata of rank `rank` modulo it).

@@ -16,6 +16,7 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from ..._ckptstore import ChunkMap, TierDir
 from ..._errors import CorruptError, Error
 from ..._store import Store
+from .._rank_local import RankMetadata
 from .._reader import StorageReader
 from .._bucket import remote_of
 from .._targets import METADATA, Deliver, Opened, Piece, Slice, read_in_batches
@@ -138,7 +139,7 @@ class TierSource:
     def metadata(self) -> bytes:
         return self._metadata.encode()
 
-    def rank_metadata(self, rank: int) -> Optional[Tuple[int, bytes]]:
+    def rank_metadata(self, rank: int) -> Optional[RankMetadata]:
         return None  # the tier saves with its own collectives
 
     def length(self, rank: int, entry: str) -> int:

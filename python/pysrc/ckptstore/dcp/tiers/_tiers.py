@@ -155,7 +155,8 @@ class Tiers:
 
     def wait(self) -> None:
         """Wait for every save and upload in flight; raise the first that
-        failed."""
+        failed (but a failure the caller took from an `async_save`'s
+        `upload_completion`)."""
         self._running.wait()
 
     def close(self) -> None:
