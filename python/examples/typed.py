@@ -98,8 +98,8 @@ def remote(dir: Path, store: Store) -> None:
     coord.commit_global(7, [named.shard])
     opened = coord.open_global(7)
     assert opened is not None and opened.world_size == 1
-    entries = coord.entries(opened, 0)
-    assert entries["x"] == ("I64", [8], 64)
+    x = coord.entries(opened, 0)["x"]
+    assert (x.dtype, x.shape, x.len) == ("I64", [8], 64)
     (piece,) = coord.read_pieces(opened, [(0, "x", 8, 16)])
     assert piece.view(np.int64).tolist() == [1, 2]
 

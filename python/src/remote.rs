@@ -17,9 +17,6 @@ use crate::shard::{shard_hash, ShardId, ShardUpload, ShardValues, StoreStep};
 use crate::convert::{borrowed, checkpoint, ckpt_dict, policy, PySaved};
 use crate::store::RawStore;
 
-/// An entry: (dtype name or None, shape or None, length in bytes).
-type Entry = (Option<String>, Option<Vec<u64>>, u64);
-
 /// A bucket (`s3://BUCKET/PREFIX` or `file:///DIR`).
 #[pyclass(module = "ckptstore._ckptstore", name = "RawRemote")]
 pub(crate) struct RawRemote {
@@ -230,15 +227,14 @@ impl RawRemote {
         Ok(global.map(|inner| RawGlobalStep { inner }))
     }
 
-    /// Rank `rank`'s entries of `opened` by name: (dtype name or None,
-    /// shape or None, length in bytes); its shard's manifest is read the
-    /// first time.
+    /// Rank `rank`'s entries of `opened` by name; its shard's manifest is
+    /// read the first time.
     fn entries(
         &self,
         py: Python<'_>,
         opened: PyRef<'_, RawGlobalStep>,
         rank: u32,
-    ) -> PyResult<BTreeMap<String, Entry>> {
+    ) -> PyResult<BTreeMap<String, results::EntryInfo>> {
         let inner = &opened.inner;
         let entries = py
             .detach(|| self.remote.entries(inner, rank))
@@ -247,7 +243,8 @@ impl RawRemote {
             .into_iter()
             .map(|(name, e)| {
                 let (dtype, shape) = e.tensor.map_or((None, None), |(d, s)| (Some(d), Some(s)));
-                (name, (dtype, shape, e.len))
+                let len = e.len;
+                (name, results::EntryInfo { dtype, shape, len })
             })
             .collect())
     }

@@ -281,6 +281,16 @@ impl From<&ckptstore::ShardInfo> for ShardInfo {
 }
 
 result_class! {
+    /// An entry of a rank's shard: its dtype name and shape (a tensor's;
+    /// None for a blob) and its length in bytes.
+    EntryInfo {
+        dtype: Option<String>,
+        shape: Option<Vec<u64>>,
+        len: u64,
+    }
+}
+
+result_class! {
     /// Which ranks of a global step's newest save have landed.
     ShardStatus {
         step: u64,
@@ -319,6 +329,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ReplicationStatus>()?;
     m.add_class::<ShardInfo>()?;
     m.add_class::<ShardStatus>()?;
+    m.add_class::<EntryInfo>()?;
     m.add_class::<Tensor>()
 }
 

@@ -11,6 +11,7 @@ from . import _hf
 from ._ckptstore import (
     MAX_WORLD_SIZE,
     CommitInfo,
+    EntryInfo,
     HfExport,
     PushReport,
     RawGlobalStep,
@@ -217,9 +218,9 @@ class Remote:
         save); None if there is none."""
         return self._raw.open_global(step_number(step), commit)
 
-    def entries(self, opened: RawGlobalStep, rank: int) -> Dict[str, Tuple[Optional[str], Optional[List[int]], int]]:
-        """Rank `rank`'s entries of `opened` by name: (dtype name or None,
-        shape or None, length in bytes). Its shard's manifest is read (and
+    def entries(self, opened: RawGlobalStep, rank: int) -> Dict[str, EntryInfo]:
+        """Rank `rank`'s entries of `opened` by name (`dtype` and `shape`,
+        None for a blob; `len` in bytes). Its shard's manifest is read (and
         checked) the first time: a step opens on one object, and a reader
         reads the shards it uses."""
         return self._raw.entries(opened, int(rank))

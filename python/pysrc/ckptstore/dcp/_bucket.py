@@ -8,7 +8,7 @@ from typing import Any, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .._ckptstore import HfExport, SaveRecord, ShardId, ShardUpload
+from .._ckptstore import EntryInfo, HfExport, SaveRecord, ShardId, ShardUpload
 from .._remote import Remote, values_of
 from ._rank_local import RANK_METADATA, RankMetadata
 from ._targets import Deliver, Opened, Piece, Put, ShardWrite, Slice, read_in_batches
@@ -112,11 +112,11 @@ class OpenedBucket:
             )
         self._opened = opened
         self.commit: Optional[str] = opened.commit
-        self._by_rank: Dict[int, Dict[str, Tuple[Optional[str], Optional[List[int]], int]]] = {}
+        self._by_rank: Dict[int, Dict[str, EntryInfo]] = {}
         self._step, self._url = step, url
         self._document: Optional[bytes] = None  # DCP's metadata, once read
 
-    def _entries(self, rank: int) -> Dict[str, Tuple[Optional[str], Optional[List[int]], int]]:
+    def _entries(self, rank: int) -> Dict[str, EntryInfo]:
         """Rank `rank`'s entries, its shard read once."""
         found = self._by_rank.get(rank)
         if found is None:
@@ -146,11 +146,11 @@ class OpenedBucket:
         found = self._entries(rank).get(RANK_METADATA)
         if found is None:
             return None
-        read = self._remote.read_pieces(self._opened, [(rank, RANK_METADATA, 0, found[2])])
+        read = self._remote.read_pieces(self._opened, [(rank, RANK_METADATA, 0, found.len)])
         return RankMetadata(world, read[0].tobytes())
 
     def length(self, rank: int, entry: str) -> int:
-        return self._entries(rank)[entry][2]
+        return self._entries(rank)[entry].len
 
     def read(
         self, pieces: Sequence[Piece], dest: Dict[int, np.ndarray], deliver: Deliver, failure: Optional[BaseException]
