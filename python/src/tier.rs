@@ -302,11 +302,17 @@ impl PyTierDir {
             .map_err(py_err)
     }
 
-    /// Retire `step` for rank `rank`, whose node holds `node_ranks`: its
-    /// record, the step's mark, and records of the step by ranks the node
-    /// no longer holds (`TierDir::retire`).
-    fn retire(&self, py: Python<'_>, step: u64, rank: u32, node_ranks: Vec<u32>) -> PyResult<()> {
-        py.detach(|| self.0.retire(step, rank, &node_ranks))
+    /// Retire `steps` for rank `rank`, whose node holds `node_ranks`: its
+    /// records, the steps' marks, and records of the steps by ranks the
+    /// node no longer holds (`TierDir::retire`).
+    fn retire(
+        &self,
+        py: Python<'_>,
+        steps: Vec<u64>,
+        rank: u32,
+        node_ranks: Vec<u32>,
+    ) -> PyResult<()> {
+        py.detach(|| self.0.retire(&steps, rank, &node_ranks))
             .map_err(py_err)
     }
 

@@ -97,7 +97,7 @@ impl<'txn> Engine<'txn> {
         let next = meta_u64(&self.meta, META_NEXT_PACK)?;
         let id = u32::try_from(next)
             .map_err(|_| Error::corrupt(None, format!("pack file id {next} is out of range")))?;
-        let owner = pack_owner(&self.meta)?;
+        let owner = self.chunks.packs.owner;
         self.chunks.packs.writer = Some(PackWriter::new(&dir, id, owner));
         Ok(())
     }
@@ -127,7 +127,7 @@ impl<'txn> Engine<'txn> {
                 .insert(META_NEXT_PACK, next.as_slice())
                 .context(ctx)?;
             if self.meta.get(META_PACK_OWNER).context(ctx)?.is_none() {
-                let owner = pack_owner(&self.meta)?;
+                let owner = self.chunks.packs.owner;
                 self.meta
                     .insert(META_PACK_OWNER, owner.as_slice())
                     .context(ctx)?;

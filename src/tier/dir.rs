@@ -118,22 +118,25 @@ impl TierDir {
         remove_durably(&self.mark_path(step))
     }
 
-    /// Retire step `step` for rank `rank`, whose node holds the ranks
-    /// `node_ranks` now, once its retention removed the step from the
-    /// stores it keeps: rank `rank`'s record of the step and the step's
-    /// in-bucket mark ([`remove_record`](Self::remove_record)), and the
-    /// records of the step here of ranks this node no longer holds. Those
-    /// were written under another layout of the job (a relaunch with
-    /// another number of ranks per node): no rank answers for them now,
-    /// and the save they vouch for lost its shards here. Records of the
-    /// node's own ranks are left to them.
-    pub fn retire(&self, step: u64, rank: u32, node_ranks: &[u32]) -> Result<()> {
-        self.remove_record(step, rank)?;
+    /// Retire `steps` for rank `rank`, whose node holds the ranks
+    /// `node_ranks` now, once its retention removed them from the stores
+    /// it keeps: rank `rank`'s record of each and its in-bucket mark
+    /// ([`remove_record`](Self::remove_record)), and the records of them
+    /// here of ranks this node no longer holds. Those were written under
+    /// another layout of the job (a relaunch with another number of ranks
+    /// per node): no rank answers for them now, and the saves they vouch
+    /// for lost their shards here. Records of the node's own ranks are
+    /// left to them. The directory is listed once.
+    pub fn retire(&self, steps: &[u64], rank: u32, node_ranks: &[u32]) -> Result<()> {
+        for &step in steps {
+            self.remove_record(step, rank)?;
+        }
         for (name, file_type) in list(&self.path.join(RECORDS))? {
             let Ok(record) = name.parse::<RecordName>() else {
                 continue;
             };
-            if file_type.is_file() && record.step == step && !node_ranks.contains(&record.rank) {
+            let orphan = steps.contains(&record.step) && !node_ranks.contains(&record.rank);
+            if file_type.is_file() && orphan {
                 remove_durably(&self.record_path(record))?;
             }
         }

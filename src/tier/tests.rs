@@ -322,10 +322,10 @@ fn retiring_a_step_takes_the_records_of_ranks_the_node_no_longer_holds() {
                 .expect("write");
         }
     }
-    tier.retire(2, 0, &[0]).expect("retire");
+    tier.retire(&[2], 0, &[0]).expect("retire");
     assert_eq!(left(&tier), vec![(3, 0), (3, 1)]);
     // Under the old layout (node 0 holds ranks 0 and 1), rank 0 retires
     // its own record only: rank 1's is rank 1's to retire.
-    tier.retire(3, 0, &[0, 1]).expect("retire");
+    tier.retire(&[3], 0, &[0, 1]).expect("retire");
     assert_eq!(left(&tier), vec![(3, 1)]);
 }

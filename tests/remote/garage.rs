@@ -15,7 +15,7 @@ use super::{bytes, checkpoint, round_trip, Result};
 pub(crate) static SERVER: Mutex<()> = Mutex::new(());
 
 /// The test bucket and the server to ourselves, or `None` (skipped).
-fn server(test: &str) -> Option<(MutexGuard<'static, ()>, String)> {
+pub(crate) fn server(test: &str) -> Option<(MutexGuard<'static, ()>, String)> {
     let Ok(bucket) = std::env::var("CKPT_TEST_BUCKET") else {
         eprintln!(
             "{test}: skipped: no S3 server (run scripts/garage.sh start and source \

@@ -109,13 +109,11 @@ fn a_collection_keeps_each_chunk_in_its_form_in_a_directory() -> Result {
 
 #[test]
 fn ckpt_gc_on_s3_keeps_a_format_3_bucket_format_3() -> Result {
-    let Ok(bucket) = std::env::var("CKPT_TEST_BUCKET") else {
-        eprintln!("ckpt_gc_on_s3_keeps_a_format_3_bucket_format_3: skipped: no S3 server");
+    let Some((_server, bucket)) =
+        super::garage::server("ckpt_gc_on_s3_keeps_a_format_3_bucket_format_3")
+    else {
         return Ok(());
     };
-    let _server = super::garage::SERVER
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let url = format!("s3://{bucket}/{}", super::garage::fresh_prefix());
     assert!(Remote::open(&url)?.compression());
     collected_stays_format_3(&url, &|url| {

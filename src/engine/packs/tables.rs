@@ -36,9 +36,10 @@ pub(crate) struct PackTables<'txn> {
     /// Pack files this transaction checked before reusing a chunk in them
     /// (see [`PackTables::holds`]): whether each was present and whole.
     confirmed: HashMap<u32, bool>,
-    /// The tag this store's pack files carry in their headers: a file of
-    /// the right name and length under another store's tag is not ours.
-    owner: OwnerTag,
+    /// The tag this store's pack files carry in their headers (read from
+    /// `meta` once per transaction): a file of the right name and length
+    /// under another store's tag is not ours.
+    pub(crate) owner: OwnerTag,
 }
 
 impl<'txn> PackTables<'txn> {

@@ -201,14 +201,9 @@ impl Coordinator<'_> {
         let newest = commits.last().copied();
         let since = newest.map_or(i64::MIN, |(_, t)| t);
         let mut attempt: Vec<(i64, ShardName)> = self
-            .bucket
-            .list_under(&self.bucket.layout.shard_folder(step), 1)?
+            .landed_shards(step)?
             .into_iter()
-            .filter_map(|(name, meta)| {
-                let id: ShardName = name[0].parse().ok()?;
-                let t = meta.last_modified.timestamp_millis();
-                (id.world_size == ours.world_size && t > since).then_some((t, id))
-            })
+            .filter(|&(t, id)| id.world_size == ours.world_size && t > since)
             .collect();
         // Until every rank is listed no shard is read: a rank that lands
         // before the last asks a listing, not a manifest per rank.
@@ -254,6 +249,21 @@ impl Coordinator<'_> {
         })
     }
 
+    /// Every shard object of `step`, with when it landed (milliseconds,
+    /// the bucket's clock).
+    fn landed_shards(&self, step: u64) -> Result<Vec<(i64, ShardName)>> {
+        let folder = self.bucket.layout.shard_folder(step);
+        Ok(self
+            .bucket
+            .list_under(&folder, 1)?
+            .into_iter()
+            .filter_map(|(name, meta)| {
+                let id: ShardName = name[0].parse().ok()?;
+                Some((meta.last_modified.timestamp_millis(), id))
+            })
+            .collect())
+    }
+
     /// Every shard object of `step`.
     fn shard_ids(&self, step: u64) -> Result<Vec<ShardName>> {
         let folder = self.bucket.layout.shard_folder(step);
@@ -284,16 +294,7 @@ impl Coordinator<'_> {
 
     /// Does the work of [`Remote::shards`](crate::Remote::shards).
     pub(crate) fn shards(&self, step: u64) -> Result<ShardStatus> {
-        let folder = self.bucket.layout.shard_folder(step);
-        let ids: Vec<(i64, ShardName)> = self
-            .bucket
-            .list_under(&folder, 1)?
-            .into_iter()
-            .filter_map(|(name, meta)| {
-                let id: ShardName = name[0].parse().ok()?;
-                Some((meta.last_modified.timestamp_millis(), id))
-            })
-            .collect();
+        let ids = self.landed_shards(step)?;
         let chunks = self.bucket.objects()?;
         let world_sizes: BTreeSet<u32> = ids.iter().map(|(_, id)| id.world_size).collect();
         // Each whole shard under its save: (save, world size) -> (when its

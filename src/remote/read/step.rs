@@ -2,13 +2,13 @@
 //! step of N ranks, a list of N shard manifests; and the checks a step
 //! passes before any reader counts it.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 use crate::format::manifest::Hash;
 use crate::remote::format::hash::HexHash;
 use crate::remote::format::layout::{GlobalManifest, ShardName, MAX_MANIFEST_BYTES};
 use crate::remote::format::manifest::RemoteManifest;
-use crate::remote::format::pack_format::{Location, Object};
+use crate::remote::format::pack_format::Object;
 use crate::remote::read::Reader;
 use crate::remote::Commit;
 use crate::{Error, Result, SaveRecord, StepSummary};
@@ -392,36 +392,24 @@ fn summary(m: &RemoteManifest) -> StepSummary {
     }
 }
 
-/// Where a stored copy of a chunk lies: its own object (formats 1-2,
-/// one per chunk), or a place in a pack (formats 3-4, where two writers
-/// that did not know of each other may each have packed the same chunk).
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) enum StoredCopy {
-    Object(HexHash),
-    InPack { pack: Hash, at: u64 },
-}
+/// A stored copy of a chunk: its own object (formats 1-2), or a place in
+/// a pack (formats 3-4, where two writers that did not know of each other
+/// may each have packed the same chunk).
+pub(crate) type StoredCopy = (Object, Option<u64>);
 
 /// Bytes of the stored copies of `m`'s chunks not in `seen`, which takes
 /// them: their own, and as their packs hold them (fewer where they are
 /// stored compressed). A chunk packed twice counts twice: these are
 /// bytes the bucket holds.
 pub(crate) fn new_bytes(m: &RemoteManifest, seen: &mut HashSet<StoredCopy>) -> (u64, u64) {
-    let placed: HashMap<Hash, Location> = m.locations().into_iter().collect();
     let (mut raw, mut held) = (0u64, 0u64);
     let mut add = |hash: &HexHash, n: u64| {
-        let (copy, stored) = match placed.get(&hash.0) {
-            Some(l) => (
-                StoredCopy::InPack {
-                    pack: l.pack,
-                    at: l.at,
-                },
-                l.stored.len(n),
-            ),
-            None => (StoredCopy::Object(*hash), n),
-        };
-        if seen.insert(copy) {
-            raw = raw.saturating_add(n);
-            held = held.saturating_add(stored);
+        // A manifest's checks refuse a chunk its index does not place.
+        if let Some((object, at, stored)) = m.locate(&hash.0) {
+            if seen.insert((object, at)) {
+                raw = raw.saturating_add(n);
+                held = held.saturating_add(stored.len(n));
+            }
         }
     };
     for blob in m.blobs.values() {

@@ -73,8 +73,7 @@ class Node:
                     store.remove(s)
                     removed.add(s)
         ranks = list(self.topology.ranks_of(self.topology.node_of(self.rank)))
-        for step in sorted(removed):
-            self.tier.retire(step, self.rank, ranks)
+        self.tier.retire(sorted(removed), self.rank, ranks)
 
     def survey(self) -> Tuple[Held, List[Holding]]:
         """This rank's share of its node's stores (each store of the
