@@ -7,20 +7,19 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use ckptstore::{ComputationGraphStore, GradientCheckpoint, Remote};
+use ckptstore::{Entry, Remote, Step};
 
 type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 const WORLD: u32 = 4;
 
 /// Rank `rank`'s shard of `step`: its slice of the parameters (1 MiB).
-fn shard(step: u64, rank: u32) -> GradientCheckpoint {
-    let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), step)
-        .with_loss_cid(format!("cid_loss_{step}"))
-        .with_metric("loss", 1.0 / (step as f64 + 1.0));
+fn shard(step: u64, rank: u32) -> Step {
+    let mut s = Step::new(step);
+    s.metrics.insert("loss".into(), 1.0 / (step as f64 + 1.0));
     let fill = u8::try_from((step * 16 + u64::from(rank)) % 256).unwrap_or(0);
-    c.set_optimizer_state("params", vec![fill; 1 << 20]);
-    c
+    s.insert("params", Entry::Blob(vec![fill; 1 << 20]));
+    s
 }
 
 fn rank(url: &str, rank: u32, steps: std::ops::RangeInclusive<u64>) -> Result {
@@ -67,7 +66,7 @@ fn main() -> Result {
     rank(&url, 3, 3..=3)?;
     println!("   latest complete step: {:?}", remote.latest_step()?);
     let restored = remote.get_shard(3, 2)?.ok_or("rank 2's shard of step 3")?;
-    assert_eq!(restored.optimizer_state, shard(3, 2).optimizer_state);
+    assert_eq!(restored.entries, shard(3, 2).entries);
     println!("   rank 2's shard of step 3 restores byte for byte");
     println!("== step 4: ranks 0, 1 and 2 land; rank 3 is still computing");
     for r in 0..3 {

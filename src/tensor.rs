@@ -235,7 +235,11 @@ impl Tensor {
     }
 
     /// Why `len` bytes cannot hold `shape` of `dtype`, if they cannot.
-    fn check_len(dtype: Dtype, shape: &[u64], len: usize) -> std::result::Result<(), String> {
+    pub(crate) fn check_len(
+        dtype: Dtype,
+        shape: &[u64],
+        len: usize,
+    ) -> std::result::Result<(), String> {
         let want = Self::expected_bytes(dtype, shape)?;
         if len as u64 != want {
             return Err(format!(

@@ -235,8 +235,8 @@ fn ranks(bucket: &str, run: &str, endpoint: &str, dir: &std::path::Path, reps: u
                     s.spawn(
                         move || -> std::result::Result<ckptstore::ShardInfo, String> {
                             let remote = Remote::open(url).map_err(|e| e.to_string())?;
-                            let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), 1);
-                            c.set_optimizer_state("shard", data.clone());
+                            let mut c = ckptstore::Step::new(1);
+                            c.insert("shard", ckptstore::Entry::Blob(data.clone()));
                             remote
                                 .commit_shard(1, rank, WORLD, &c)
                                 .map_err(|e| e.to_string())

@@ -13,20 +13,21 @@ use std::io::{Read, Seek, SeekFrom};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use ckptstore::{ComputationGraphStore, Dtype, GradientCheckpoint, Remote, Tensor};
+use ckptstore::{Dtype, Entry, Remote, Step, Tensor};
 
 type Result<T = (), E = Box<dyn std::error::Error + Send + Sync>> = std::result::Result<T, E>;
 
 const SHARD_BYTES: usize = 256 << 10;
 const THREADS: u32 = 32;
 
-fn shard(rank: u32) -> Result<GradientCheckpoint> {
-    let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), 1);
+fn shard(rank: u32) -> Result<Step> {
+    let mut c = Step::new(1);
     c.timestamp = 1_800_000_000;
     let data: Vec<u8> = (0..SHARD_BYTES)
         .map(|i| (i as u32).wrapping_mul(2_654_435_761).wrapping_add(rank) as u8)
         .collect();
-    c.set_tensor("w", Tensor::new(Dtype::U8, vec![SHARD_BYTES as u64], data)?);
+    let w = Tensor::new(Dtype::U8, vec![SHARD_BYTES as u64], data)?;
+    c.insert("w", Entry::Tensor(w));
     Ok(c)
 }
 
@@ -111,7 +112,8 @@ fn main() -> Result {
             Ok((t.elapsed(), info.shard))
         })?;
         let up_req = requests(&log, since, &prefix)?;
-        let (up_times, names): (Vec<Duration>, Vec<String>) = uploads.into_iter().unzip();
+        let (up_times, names): (Vec<Duration>, Vec<ckptstore::ShardHash>) =
+            uploads.into_iter().unzip();
 
         let since = size()?;
         let coordinator = Remote::open(&url)?;
@@ -136,7 +138,7 @@ fn main() -> Result {
             let t = Instant::now();
             let got = remote.read_pieces(&global, &[(rank, "w", 0, 4096)])?;
             let took = t.elapsed();
-            if got[0][..] != shard(rank)?.tensors["w"].data[..4096] {
+            if got[0][..] != shard(rank)?.entries["w"].bytes()[..4096] {
                 return Err("a read differs".into());
             }
             Ok(took)

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use ckptstore::{ComputationGraphStore, Dtype, GradientCheckpoint, Retention, Tensor, TensorRef};
+use ckptstore::{Dtype, Entry, GradientCheckpoint, Retention, Step, Tensor, TensorRef};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -50,58 +50,73 @@ pub(crate) fn borrowed<'a>(
     Ok(out)
 }
 
-/// A checkpoint of `step` with `blobs`, `metrics` and `record`, no tensors.
-pub(crate) fn checkpoint(
+/// Step `step` with `blobs`, `metrics` and `record`, no tensors.
+pub(crate) fn step_of(
     step: u64,
     blobs: Vec<(String, Vec<u8>)>,
     metrics: BTreeMap<String, f64>,
     record: Option<&crate::record::SaveRecord>,
-) -> GradientCheckpoint {
-    let mut ckpt = GradientCheckpoint::new(ComputationGraphStore::new(), step);
-    ckpt.metrics = metrics;
-    ckpt.save_record = crate::record::of(record);
+) -> Step {
+    let mut s = Step::new(step);
+    s.metrics = metrics;
+    s.save_record = crate::record::of(record);
     for (name, data) in blobs {
-        ckpt.set_optimizer_state(name, data);
+        s.insert(name, Entry::Blob(data));
     }
-    ckpt
+    s
 }
 
-/// A checkpoint of `step` holding copies of the arrays.
+/// Step `step` holding copies of the arrays.
 pub(crate) fn owned(
     step: u64,
     tensors: &[PySaved<'_>],
     blobs: Vec<(String, Vec<u8>)>,
     metrics: BTreeMap<String, f64>,
     record: Option<&crate::record::SaveRecord>,
-) -> PyResult<GradientCheckpoint> {
-    let mut ckpt = checkpoint(step, blobs, metrics, record);
+) -> PyResult<Step> {
+    let mut s = step_of(step, blobs, metrics, record);
     for (name, t) in borrowed(tensors)? {
         let tensor =
             Tensor::new(t.dtype(), t.shape().to_vec(), t.data().to_vec()).map_err(py_err)?;
-        ckpt.set_tensor(name, tensor);
+        s.insert(name, Entry::Tensor(tensor));
     }
-    Ok(ckpt)
+    Ok(s)
 }
 
-/// A checkpoint as a dict (step, timestamp, loss_cid, metrics, tensors:
+/// A checkpoint as a dict ([`step_dict`] with its loss CID).
+pub(crate) fn ckpt_dict(
+    py: Python<'_>,
+    mut ckpt: GradientCheckpoint,
+) -> PyResult<Bound<'_, PyDict>> {
+    let loss_cid = ckpt.loss_cid.take();
+    step_dict(py, ckpt.into_step(), loss_cid)
+}
+
+/// A step as a dict (step, timestamp, loss_cid, metrics, tensors:
 /// name -> (dtype, shape, Buffer), blobs: name -> Buffer); arrays view the
 /// bytes read, without a copy.
-pub(crate) fn ckpt_dict(py: Python<'_>, ckpt: GradientCheckpoint) -> PyResult<Bound<'_, PyDict>> {
+pub(crate) fn step_dict(
+    py: Python<'_>,
+    s: Step,
+    loss_cid: Option<String>,
+) -> PyResult<Bound<'_, PyDict>> {
     let d = PyDict::new(py);
-    d.set_item("step", ckpt.step)?;
-    d.set_item("timestamp", ckpt.timestamp)?;
-    d.set_item("loss_cid", ckpt.loss_cid)?;
-    d.set_item("metrics", ckpt.metrics)?;
+    d.set_item("step", s.step)?;
+    d.set_item("timestamp", s.timestamp)?;
+    d.set_item("loss_cid", loss_cid)?;
+    d.set_item("metrics", s.metrics)?;
     let tensors = PyDict::new(py);
-    for (name, t) in ckpt.tensors {
-        let data = Bound::new(py, Buffer::new(t.data))?;
-        tensors.set_item(name, (t.dtype.name(), t.shape, data))?;
+    let blobs = PyDict::new(py);
+    for (name, entry) in s.entries {
+        match entry {
+            Entry::Tensor(t) => {
+                let data = Bound::new(py, Buffer::new(t.data))?;
+                tensors.set_item(name, (t.dtype.name(), t.shape, data))?;
+            }
+            Entry::Blob(b) => blobs.set_item(name, Bound::new(py, Buffer::new(b))?)?,
+        }
     }
     d.set_item("tensors", tensors)?;
-    let blobs = PyDict::new(py);
-    for (name, b) in ckpt.optimizer_state {
-        blobs.set_item(name, Bound::new(py, Buffer::new(b))?)?;
-    }
     d.set_item("blobs", blobs)?;
     Ok(d)
 }

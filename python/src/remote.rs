@@ -14,7 +14,7 @@ use crate::py_err;
 use crate::results;
 use crate::shard::{shard_hash, ShardId, ShardUpload, ShardValues, StoreStep};
 
-use crate::convert::{borrowed, checkpoint, ckpt_dict, policy, PySaved};
+use crate::convert::{borrowed, ckpt_dict, policy, step_dict, step_of, PySaved};
 use crate::store::RawStore;
 
 /// A bucket (`s3://BUCKET/PREFIX` or `file:///DIR`).
@@ -31,13 +31,13 @@ impl RawRemote {
         py: Python<'_>,
         shard: (u64, u32, u32),
         tensors: &[PySaved<'_>],
-        ckpt: ckptstore::GradientCheckpoint,
+        values: ckptstore::Step,
         how: ckptstore::ShardUpload,
     ) -> PyResult<results::ShardInfo> {
         let borrowed = borrowed(tensors)?;
         let info = py
             .detach(|| {
-                let source = ShardSource::Borrowed(&ckpt, &borrowed);
+                let source = ShardSource::Borrowed(&values, &borrowed);
                 self.remote.write_shard(ShardWrite::new(shard, source, how))
             })
             .map_err(py_err)?;
@@ -156,13 +156,13 @@ impl RawRemote {
         if let Ok(values) = source.cast::<ShardValues>() {
             let values = values.get();
             let record = values.record.as_ref().map(|r| r.bind(py).get().clone());
-            let ckpt = checkpoint(
+            let step = step_of(
                 id.step(),
                 values.blobs.clone(),
                 values.metrics.clone(),
                 record.as_ref(),
             );
-            return self.shard_call(py, id.triple(), &values.saved(py)?, ckpt, then);
+            return self.shard_call(py, id.triple(), &values.saved(py)?, step, then);
         }
         let Ok(from) = source.cast::<StoreStep>() else {
             return Err(PyTypeError::new_err(format!(
@@ -390,7 +390,7 @@ impl RawRemote {
                 None => Ok(None),
             })
             .map_err(py_err)?;
-        ckpt.map(|c| ckpt_dict(py, c)).transpose()
+        ckpt.map(|s| step_dict(py, s, None)).transpose()
     }
 
     /// Which ranks of `step` have landed.

@@ -2,13 +2,13 @@
 
 use std::collections::BTreeMap;
 
-use ckptstore::{CheckpointStore, Remote, StoreOptions, TensorMut};
+use ckptstore::{CheckpointStore, GradientCheckpoint, Remote, StoreOptions, TensorMut};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::arrays::borrow_disjoint_mut;
-use crate::convert::{borrowed, checkpoint, ckpt_dict, dtype, owned, policy, PySaved, PyTensor};
+use crate::convert::{borrowed, ckpt_dict, dtype, owned, policy, step_of, PySaved, PyTensor};
 use crate::handle::Handle;
 use crate::results;
 use crate::{py_err, CkptError};
@@ -101,7 +101,7 @@ impl RawStore {
         replace: bool,
         record: Option<PyRef<'py, crate::record::SaveRecord>>,
     ) -> PyResult<results::CommitInfo> {
-        let ckpt = checkpoint(step, blobs, metrics, record.as_deref());
+        let ckpt = GradientCheckpoint::from(step_of(step, blobs, metrics, record.as_deref()));
         let borrowed = borrowed(&tensors)?;
         let store = self.get()?;
         let info = py
@@ -126,7 +126,8 @@ impl RawStore {
         metrics: BTreeMap<String, f64>,
         record: Option<PyRef<'_, crate::record::SaveRecord>>,
     ) -> PyResult<Handle> {
-        let ckpt = owned(step, &tensors, blobs, metrics, record.as_deref())?;
+        let ckpt =
+            GradientCheckpoint::from(owned(step, &tensors, blobs, metrics, record.as_deref())?);
         let handle = self.get()?.commit_async(ckpt).map_err(py_err)?;
         Ok(Handle::new(handle))
     }

@@ -181,7 +181,7 @@ impl<'txn> Engine<'txn> {
         if !plan.typed.is_empty() {
             self.require_format(TENSOR_FORMAT)?;
         }
-        if !plan.ckpt.save_record.is_empty() {
+        if !plan.source.save_record().is_empty() {
             self.require_format(RECORD_FORMAT)?;
         }
         // Add before releasing, so chunks shared with the replaced version
@@ -193,7 +193,7 @@ impl<'txn> Engine<'txn> {
         }
         let placements = plan.placements_with(&added.refs, streamed);
         let manifest = encode_manifest(
-            plan.ckpt,
+            plan.source,
             &plan.typed,
             &placements,
             plan.packed_ref().as_ref(),

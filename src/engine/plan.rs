@@ -6,23 +6,23 @@ use std::ops::Range;
 
 use crate::format::layout::{split, PACK_BELOW};
 use crate::format::manifest::{BlobRef, ChunkRef, Hash, PackedRef, Placement, TypedRef};
-use crate::{GradientCheckpoint, StepSummary, TensorRef};
+use crate::step::StepRef;
+use crate::{StepSummary, TensorRef};
 
 /// Tensors of a commit that borrow their bytes, by name.
 pub(crate) type Borrowed<'a> = BTreeMap<String, TensorRef<'a>>;
 
 /// Refuse borrowed tensors one of whose names is also a blob or tensor of
-/// `ckpt`.
-pub(crate) fn check_borrowed(
-    ckpt: &GradientCheckpoint,
+/// `step`.
+pub(crate) fn check_borrowed<'a>(
+    step: impl Into<StepRef<'a>>,
     borrowed: &Borrowed<'_>,
 ) -> crate::Result<()> {
-    let clash = borrowed
-        .keys()
-        .find(|n| ckpt.tensors.contains_key(*n) || ckpt.optimizer_state.contains_key(*n));
+    let step = step.into();
+    let clash = borrowed.keys().find(|n| step.contains(n));
     match clash {
         Some(name) => Err(crate::Error::InvalidCheckpoint {
-            step: ckpt.step,
+            step: step.step(),
             reason: format!("{name:?} is both a borrowed tensor and in the checkpoint"),
         }),
         None => Ok(()),
@@ -45,7 +45,8 @@ type Named<'a> = (&'a String, &'a [u8], Option<&'a [Hash]>);
 
 /// A checkpoint cut up for storing.
 pub(crate) struct Plan<'a> {
-    pub(crate) ckpt: &'a GradientCheckpoint,
+    /// The step cut.
+    pub(crate) source: StepRef<'a>,
     /// Every chunk of every chunked blob, blobs in name order.
     pub(crate) pieces: Vec<&'a [u8]>,
     /// The hash of each piece when it is known already (a borrowed tensor
@@ -69,25 +70,25 @@ impl<'a> Plan<'a> {
     /// Cut `ckpt`: blobs of [`PACK_BELOW`] bytes or more into chunks, the
     /// rest packed together.
     #[cfg(any(test, feature = "remote"))]
-    pub(crate) fn new(ckpt: &'a GradientCheckpoint) -> Self {
-        Self::build(ckpt, &[], None)
+    pub(crate) fn new(ckpt: impl Into<StepRef<'a>>) -> Self {
+        Self::build(ckpt.into(), &[], None)
     }
 
     /// [`new`](Self::new) for a checkpoint some of whose blobs and tensors
     /// are `streamed`: staged already, their names left out of the plan
     /// (a streamed tensor stays in `ckpt` without data, for its type).
-    pub(crate) fn with_streamed(ckpt: &'a GradientCheckpoint, streamed: &'a [Streamed]) -> Self {
-        Self::build(ckpt, streamed, None)
+    pub(crate) fn with_streamed(ckpt: impl Into<StepRef<'a>>, streamed: &'a [Streamed]) -> Self {
+        Self::build(ckpt.into(), streamed, None)
     }
 
     /// [`new`](Self::new) for `ckpt` and the tensors `borrowed`, whose names
     /// are none of `ckpt`'s.
-    pub(crate) fn with_borrowed(ckpt: &'a GradientCheckpoint, borrowed: &'a Borrowed<'a>) -> Self {
-        Self::build(ckpt, &[], Some(borrowed))
+    pub(crate) fn with_borrowed(ckpt: impl Into<StepRef<'a>>, borrowed: &'a Borrowed<'a>) -> Self {
+        Self::build(ckpt.into(), &[], Some(borrowed))
     }
 
     fn build(
-        ckpt: &'a GradientCheckpoint,
+        source: StepRef<'a>,
         streamed: &'a [Streamed],
         borrowed: Option<&'a Borrowed<'a>>,
     ) -> Self {
@@ -96,15 +97,9 @@ impl<'a> Plan<'a> {
         let elsewhere = |name: &String| streamed_names.contains(name.as_str());
         let borrowed = borrowed.into_iter().flatten();
         // Tensors' data is stored as blobs are; the manifest types them.
-        let mut named: Vec<Named<'a>> = ckpt
-            .optimizer_state
-            .iter()
-            .map(|(n, b)| (n, b.as_slice(), None))
-            .chain(
-                ckpt.tensors
-                    .iter()
-                    .map(|(n, t)| (n, t.data.as_slice(), None)),
-            )
+        let mut named: Vec<Named<'a>> = source
+            .entries()
+            .map(|(n, b, _)| (n, b, None))
             .filter(|(n, _, _)| !elsewhere(n))
             .chain(
                 borrowed
@@ -113,10 +108,9 @@ impl<'a> Plan<'a> {
             )
             .collect();
         named.sort_unstable_by_key(|(n, _, _)| *n);
-        let mut typed: Vec<TypedRef<'a>> = ckpt
-            .tensors
-            .iter()
-            .map(|(n, t)| (n.as_str(), t.dtype, t.shape.as_slice()))
+        let mut typed: Vec<TypedRef<'a>> = source
+            .entries()
+            .filter_map(|(n, _, t)| t.map(|(dtype, shape)| (n.as_str(), dtype, shape)))
             .chain(
                 borrowed
                     .clone()
@@ -125,7 +119,7 @@ impl<'a> Plan<'a> {
             .collect();
         typed.sort_unstable_by_key(|t| t.0);
         let mut plan = Plan {
-            ckpt,
+            source,
             pieces: Vec::new(),
             known: Vec::new(),
             chunked: Vec::new(),
@@ -155,7 +149,7 @@ impl<'a> Plan<'a> {
     }
 
     pub(crate) fn step(&self) -> u64 {
-        self.ckpt.step
+        self.source.step()
     }
 
     /// Bytes of all chunks (before deduplication).
@@ -173,7 +167,7 @@ impl<'a> Plan<'a> {
 
     /// Bytes of state: in memory and streamed.
     pub(crate) fn logical_bytes(&self) -> u64 {
-        self.ckpt.logical_bytes()
+        self.source.logical_bytes()
             + self.streamed.iter().map(|s| s.len).sum::<u64>()
             + self.borrowed_bytes
     }
@@ -212,16 +206,15 @@ impl<'a> Plan<'a> {
     /// The step's summary record, given the bytes the commit wrote.
     pub(crate) fn summary(&self, bytes_written: u64) -> StepSummary {
         StepSummary {
-            step: self.ckpt.step,
-            timestamp: self.ckpt.timestamp,
-            loss_cid: self.ckpt.loss_cid.clone(),
-            metrics: self.ckpt.metrics.clone(),
+            step: self.source.step(),
+            timestamp: self.source.timestamp(),
+            loss_cid: self.source.loss_cid().map(str::to_owned),
+            metrics: self.source.metrics().clone(),
             logical_bytes: self.logical_bytes(),
             bytes_written,
             stored_bytes: bytes_written,
-            blobs: self.ckpt.optimizer_state.len()
-                + self.streamed.iter().filter(|s| !s.typed).count(),
-            save_record: self.ckpt.save_record.clone(),
+            blobs: self.source.blob_count() + self.streamed.iter().filter(|s| !s.typed).count(),
+            save_record: self.source.save_record().clone(),
         }
     }
 }
@@ -230,7 +223,7 @@ impl<'a> Plan<'a> {
 mod tests {
     use super::*;
     use crate::format::layout::{chunk_lengths, CHUNK_SIZE};
-    use crate::ComputationGraphStore;
+    use crate::{ComputationGraphStore, GradientCheckpoint};
 
     #[test]
     fn small_blobs_are_packed_and_large_ones_chunked_in_name_order() {

@@ -44,9 +44,9 @@ use std::collections::{BTreeMap, HashMap};
 
 use super::codec::{Reader, Writer, HASH_LEN};
 use super::layout::CHUNK_SIZE;
+use crate::step::StepRef;
 use crate::{
-    ComputationGraphStore, ComputationNode, Dtype, Error, GradientCheckpoint, Result, SaveRecord,
-    Staging, Tensor,
+    ComputationGraphStore, ComputationNode, Dtype, Error, Result, SaveRecord, Staging, Tensor,
 };
 
 pub(crate) use super::codec::{hex, Hash};
@@ -90,18 +90,20 @@ pub(crate) type TypedRef<'a> = (&'a str, Dtype, &'a [u64]);
 /// Encode the manifest of `ckpt` whose blobs are placed as `blobs` and of
 /// which `typed` (in name order) are tensors (format 2, or 3 when there are
 /// tensors; hash first). A format 1 blob is refused.
-pub(crate) fn encode_manifest(
-    ckpt: &GradientCheckpoint,
+pub(crate) fn encode_manifest<'a>(
+    ckpt: impl Into<StepRef<'a>>,
     typed: &[TypedRef<'_>],
     blobs: &BTreeMap<String, BlobRef>,
     packed: Option<&PackedRef>,
 ) -> Result<Vec<u8>> {
-    let (nodes, edges) = ckpt.graph.parts();
+    let ckpt = ckpt.into();
+    let graph = ckpt.graph();
+    let (nodes, edges) = graph.parts();
     let mut w = Writer(Vec::with_capacity(
         64 + nodes.len() * 128 + blobs.len() * 80,
     ));
     w.0.resize(HASH_LEN, 0);
-    let record = &ckpt.save_record;
+    let record = ckpt.save_record();
     w.u8(if !record.is_empty() {
         BINARY_RECORDED
     } else if !typed.is_empty() {
@@ -109,11 +111,11 @@ pub(crate) fn encode_manifest(
     } else {
         BINARY
     });
-    w.varint(ckpt.step);
-    w.varint(ckpt.timestamp);
-    w.opt_str(ckpt.loss_cid.as_deref());
-    w.len(ckpt.metrics.len());
-    for (name, value) in &ckpt.metrics {
+    w.varint(ckpt.step());
+    w.varint(ckpt.timestamp());
+    w.opt_str(ckpt.loss_cid());
+    w.len(ckpt.metrics().len());
+    for (name, value) in ckpt.metrics() {
         w.str(name);
         w.f64(*value);
     }
@@ -137,7 +139,7 @@ pub(crate) fn encode_manifest(
             }
             Placement::Format1Chunks(_) => {
                 return Err(Error::corrupt(
-                    Some(ckpt.step),
+                    Some(ckpt.step()),
                     format!("blob {name:?} is placed in format 1 chunks, which are never written"),
                 ))
             }

@@ -153,7 +153,7 @@ fn one_node_killed_and_restarted_loses_nothing() -> Result {
     for rank in 0..2 {
         let mut c = step(100 + u64::from(rank));
         c.step = 7;
-        let info = shards.commit_shard(7, rank, 2, &c)?;
+        let info = shards.commit_shard(7, rank, 2, &c.into_step())?;
         assert_eq!(info.complete, rank == 1);
     }
     assert_eq!(shards.steps()?, vec![7]);

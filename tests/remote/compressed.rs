@@ -13,7 +13,7 @@
 use std::sync::Arc;
 
 use ckptstore::{
-    CheckpointStore, ComputationGraphStore, Dtype, GradientCheckpoint, Remote, Tensor,
+    CheckpointStore, ComputationGraphStore, Dtype, Entry, GradientCheckpoint, Remote, Step, Tensor,
 };
 use object_store::memory::InMemory;
 
@@ -147,9 +147,9 @@ fn a_compressed_push_round_trips_every_dtype_and_shape_in_fewer_bytes() -> Resul
 /// and in ranges that start and end inside compressed chunks.
 fn shards_round_trip(remote: &Remote) -> Result {
     let world = 2;
-    let shard = |rank: u32| -> Result<GradientCheckpoint> {
-        let mut c = state(4)?;
-        c.set_optimizer_state("rng", bytes(u64::from(rank), 100));
+    let shard = |rank: u32| -> Result<Step> {
+        let mut c = state(4)?.into_step();
+        c.insert("rng", Entry::Blob(bytes(u64::from(rank), 100)));
         Ok(c)
     };
     let (mut names, mut uploaded) = (Vec::new(), Vec::new());
@@ -186,7 +186,7 @@ fn shards_round_trip(remote: &Remote) -> Result {
     assert!(into == read[1]);
     assert!(remote.get_shard(4, 1)?.as_ref() == Some(&uploaded[1]));
     // The same tensors again upload nothing but the small values.
-    let again = remote.upload_shard(5, 0, 1, &state(5)?)?;
+    let again = remote.upload_shard(5, 0, 1, &state(5)?.into_step())?;
     assert!(again.bytes_uploaded < 8 << 10, "{again:?}");
     Ok(())
 }
@@ -270,7 +270,7 @@ fn write_the_format4_fixture() -> Result {
     let names = (0..2)
         .map(|rank| {
             Ok(remote
-                .upload_shard(2, rank, 2, &fixture_step(2, rank.into())?)?
+                .upload_shard(2, rank, 2, &fixture_step(2, rank.into())?.into_step())?
                 .shard)
         })
         .collect::<Result<Vec<_>>>()?;
@@ -298,7 +298,7 @@ fn a_format4_bucket_still_reads() -> Result {
     assert!(remote.get(1)? == Some(fixture_step(1, 0)?));
     for rank in 0..2 {
         assert!(
-            remote.get_shard(2, rank)? == Some(fixture_step(2, rank.into())?),
+            remote.get_shard(2, rank)? == Some(fixture_step(2, rank.into())?.into_step()),
             "rank {rank}"
         );
     }
@@ -377,14 +377,14 @@ fn a_compressed_save_after_its_packs_were_lost_uploads_their_chunks_again() -> R
             Ok(Remote::with_store(memory.clone(), "run", "mem://run")?.with_compression(true))
         };
         let first = open()?;
-        let saved = state(1)?;
+        let saved = state(1)?.into_step();
         let info = first.upload_shard(1, 0, 1, &saved)?;
         first.commit_global(1, &[info.shard])?;
         let job = open()?;
         let global = job.open_global(1)?.ok_or("no step 1")?;
         job.read_pieces(&global, &[(0, "w", 0, 1_100 * 1_001 * 2)])?;
         lose(&memory, "run", loss)?;
-        let next = state(2)?;
+        let next = state(2)?.into_step();
         let info = job.upload_shard(2, 0, 1, &next)?;
         job.commit_global(2, &[info.shard])?;
         assert!(info.bytes_uploaded > 2 << 20, "{loss:?}: {info:?}");

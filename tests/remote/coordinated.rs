@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use ckptstore::{
-    ComputationGraphStore, Error, GradientCheckpoint, Remote, ShardHash, ShardSource, ShardUpload,
-    ShardWrite,
+    ComputationGraphStore, Entry, Error, GradientCheckpoint, Remote, ShardHash, ShardSource,
+    ShardUpload, ShardWrite, Step,
 };
 use object_store::memory::InMemory;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
@@ -16,13 +16,18 @@ use super::Result;
 
 const MIB: usize = 1 << 20;
 
-fn shard(step: u64, fill: u8, len: usize) -> GradientCheckpoint {
-    let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), step);
+fn shard(step: u64, fill: u8, len: usize) -> Step {
+    let mut c = Step::new(step);
     c.timestamp = 1_700_000_000 + step; // the same whenever it is built
     let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8 ^ fill).collect();
-    c.set_optimizer_state("big", data);
-    c.set_optimizer_state("small", vec![fill; 100]);
+    c.insert("big", Entry::Blob(data));
+    c.insert("small", Entry::Blob(vec![fill; 100]));
     c
+}
+
+/// The bytes of blob `name` of `s`.
+fn blob(s: &Step, name: &str) -> Vec<u8> {
+    s.entries[name].bytes().to_vec()
 }
 
 fn upload_all(remote: &Remote, step: u64, world: u32, fill: u8) -> Result<Vec<ShardHash>> {
@@ -135,8 +140,8 @@ fn a_piece_fetches_only_the_chunks_it_overlaps() -> Result {
         let gets = counting.gets.lock().expect("lock");
         gets.iter().filter(|k| k.contains("/packs/")).count()
     };
-    let whole = shard(1, 1, 3 * MIB).optimizer_state["big"].clone();
-    let small = shard(1, 0, 3 * MIB).optimizer_state["small"].clone();
+    let whole = blob(&shard(1, 1, 3 * MIB), "big");
+    let small = blob(&shard(1, 0, 3 * MIB), "small");
     let before = chunk_gets();
     // Inside the second chunk: one chunk fetched (a ranged GET of its pack).
     let at = MIB as u64 + 10;
@@ -203,7 +208,7 @@ fn a_damaged_chunk_fails_a_piece_naming_the_step() -> Result {
     let names = upload_all(&remote, 7, 1, 0)?;
     remote.commit_global(7, &names)?;
     let global = remote.open_global(7)?.expect("complete");
-    let data = shard(7, 0, 3 * MIB).optimizer_state["big"].clone();
+    let data = blob(&shard(7, 0, 3 * MIB), "big");
     // Overwrite every pack with same-length garbage.
     let keys = futures::executor::block_on(async {
         use futures::TryStreamExt;
@@ -259,12 +264,17 @@ fn every_kind(step: u64) -> Result<GradientCheckpoint> {
 /// change of their bytes is a decision, not an accident. (The shard's
 /// changed once: 2026-12-05, its blobs' small ends are chunks like any
 /// other, not packed with its small blobs; the pushed step then finds
-/// every chunk of the store, its small ends too, in the shard's packs.)
+/// every chunk of the store, its small ends too, in the shard's packs.
+/// The shard's input changed on 2026-12-07: a shard is a `Step`, which
+/// has no loss CID; its bytes are those 0.5.0 wrote for the same shard
+/// without one.)
 #[test]
 fn manifests_keep_their_bytes() -> Result {
     let dir = tempfile::tempdir()?;
     let remote = Remote::open(&format!("file://{}/b", dir.path().display()))?;
-    let shard = remote.upload_shard(5, 0, 1, &every_kind(5)?)?.shard;
+    let shard = remote
+        .upload_shard(5, 0, 1, &every_kind(5)?.into_step())?
+        .shard;
     let store = ckptstore::CheckpointStore::open(dir.path().join("s.ckpt"))?;
     store.commit(&every_kind(6)?)?;
     remote.push(&store)?;
@@ -273,7 +283,7 @@ fn manifests_keep_their_bytes() -> Result {
         .collect::<std::io::Result<_>>()?;
     assert_eq!(
         shard.to_string(),
-        "0dd7433b03753090770b78c3f77b42ee6db891a7c79e373c7690bf95ef0c85b6"
+        "523d749ace49c1285e87035d09813903d771b358135cc6208967411b45895d59"
     );
     assert_eq!(
         manifests,
@@ -296,7 +306,7 @@ fn data_uploaded_early_is_not_uploaded_again() -> Result {
     assert!(!dir.path().join("shards").exists(), "no shard manifest yet");
     // The shard, later, with one more small entry: only that is new.
     let mut more = data.clone();
-    more.set_optimizer_state(".dcp/metadata.json", b"{}".to_vec());
+    more.insert(".dcp/metadata.json", Entry::Blob(b"{}".to_vec()));
     let info = remote.upload_shard(3, 0, 1, &more)?;
     assert!(info.bytes_uploaded < 64 << 10, "{}", info.bytes_uploaded);
     remote.commit_global(3, &[info.shard])?;
@@ -314,9 +324,19 @@ fn borrowed_tensors_upload_the_same_shard() -> Result {
     use std::collections::BTreeMap;
     let dir = tempfile::tempdir()?;
     let remote = Remote::open(&format!("file://{}/b", dir.path().display()))?;
-    let whole = every_kind(5)?;
+    let whole = every_kind(5)?.into_step();
     let mut skeleton = whole.clone();
-    let tensors = std::mem::take(&mut skeleton.tensors);
+    let tensors: Vec<(String, ckptstore::Tensor)> = whole
+        .entries
+        .iter()
+        .filter_map(|(n, e)| match e {
+            Entry::Tensor(t) => Some((n.clone(), t.clone())),
+            Entry::Blob(_) => None,
+        })
+        .collect();
+    for (n, _) in &tensors {
+        skeleton.remove(n);
+    }
     let borrowed: BTreeMap<String, TensorRef<'_>> = tensors
         .iter()
         .map(|(n, t)| {
@@ -334,7 +354,7 @@ fn borrowed_tensors_upload_the_same_shard() -> Result {
     // The name manifests_keep_their_bytes pins for the owned shard.
     assert_eq!(
         info.shard.to_string(),
-        "0dd7433b03753090770b78c3f77b42ee6db891a7c79e373c7690bf95ef0c85b6"
+        "523d749ace49c1285e87035d09813903d771b358135cc6208967411b45895d59"
     );
     assert!(
         remote.steps()?.is_empty(),
@@ -363,7 +383,7 @@ fn borrowed_tensors_upload_the_same_shard() -> Result {
 
     let mut clash = skeleton.clone();
     clash.step = 8;
-    clash.set_optimizer_state("w", vec![1]);
+    clash.insert("w", Entry::Blob(vec![1]));
     let e = remote
         .write_shard(ShardWrite::new(
             (8, 0, 1),
@@ -383,8 +403,8 @@ fn a_directory_bucket_reads_chunks_straight_into_place_and_checks_them() -> Resu
     let names = upload_all(&remote, 2, 2, 0)?;
     remote.commit_global(2, &names)?;
     let global = remote.open_global(2)?.expect("complete");
-    let whole = shard(2, 1, 3 * MIB).optimizer_state["big"].clone();
-    let small = shard(2, 0, 3 * MIB).optimizer_state["small"].clone();
+    let whole = blob(&shard(2, 1, 3 * MIB), "big");
+    let small = blob(&shard(2, 0, 3 * MIB), "small");
     // Whole chunks, parts of chunks, a chunk shared by two pieces, and a
     // packed blob.
     let boundary = MIB - 128;
@@ -467,7 +487,7 @@ fn directory_buckets_with_odd_paths_read_through_the_object_store() -> Result {
         let global = again.open_global(4)?.expect("complete");
         let mut out = vec![0u8; 3 * MIB];
         again.read_pieces_into(&global, &[(0, "big", 0, 3 * MIB as u64)], &mut [&mut out])?;
-        assert!(out == shard(4, 3, 3 * MIB).optimizer_state["big"], "{name}");
+        assert!(out == blob(&shard(4, 3, 3 * MIB), "big"), "{name}");
     }
     Ok(())
 }

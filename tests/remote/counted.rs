@@ -5,10 +5,7 @@
 
 use std::sync::Arc;
 
-use ckptstore::{
-    ComputationGraphStore, Dtype, GradientCheckpoint, Remote, ShardSource, ShardUpload, ShardWrite,
-    Tensor,
-};
+use ckptstore::{Dtype, Entry, Remote, ShardSource, ShardUpload, ShardWrite, Step, Tensor};
 use object_store::memory::InMemory;
 
 use super::faults::Failing;
@@ -21,20 +18,18 @@ const RANKS: u32 = 4;
 /// Rank `rank`'s shard of `step`: three tensors of 8 MiB (new data) and a
 /// small blob. `compressible`: bf16 near zero (a few exponent bytes, as
 /// trained weights are) rather than random bytes.
-fn shard(step: u64, rank: u32, seed: u64, compressible: bool) -> Result<GradientCheckpoint> {
-    let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), step);
+fn shard(step: u64, rank: u32, seed: u64, compressible: bool) -> Result<Step> {
+    let mut c = Step::new(step);
     c.timestamp = 1_800_000_000 + step;
     for i in 0..3u64 {
         let mut data = bytes(seed * 100 + u64::from(rank) * 10 + i, 8 * MIB);
         if compressible {
             data.iter_mut().skip(1).step_by(2).for_each(|b| *b = 0x3c);
         }
-        c.set_tensor(
-            format!("w{i}"),
-            Tensor::new(Dtype::BF16, vec![4 * MIB as u64], data)?,
-        );
+        let w = Tensor::new(Dtype::BF16, vec![4 * MIB as u64], data)?;
+        c.insert(format!("w{i}"), Entry::Tensor(w));
     }
-    c.set_optimizer_state("rng", vec![rank as u8; 100]);
+    c.insert("rng", Entry::Blob(vec![rank as u8; 100]));
     Ok(c)
 }
 
@@ -120,7 +115,7 @@ fn global_step_requests(compress: bool) -> Result {
         );
         eprintln!("rank {rank}: open the step and read its whole shard, {n} requests");
         let want = shard(1, rank, 1, compress)?;
-        assert!(got[0] == want.optimizer_state["rng"] && got[1] == want.tensors["w0"].data);
+        assert!(got[0] == want.entries["rng"].bytes() && got[1] == want.entries["w0"].bytes());
         // A restarted job saves after its load: what it loaded is not
         // uploaded again.
         let mut same = want;
@@ -139,11 +134,14 @@ fn a_step_of_256_ranks_opens_in_requests_per_rank() -> Result {
     const N: u32 = 256;
     let counting = Arc::new(Failing::new(Arc::new(InMemory::new()), 0));
     let open = || Remote::with_store(counting.clone(), "run", "mem://run");
-    let shard = |rank: u32| -> Result<GradientCheckpoint> {
-        let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), 9);
+    let shard = |rank: u32| -> Result<Step> {
+        let mut c = Step::new(9);
         c.timestamp = 1_800_000_009;
         let data = bytes(u64::from(rank), 96 << 10);
-        c.set_tensor("w", Tensor::new(Dtype::U8, vec![96 << 10], data)?);
+        c.insert(
+            "w",
+            Entry::Tensor(Tensor::new(Dtype::U8, vec![96 << 10], data)?),
+        );
         Ok(c)
     };
     let mut names = Vec::new();
@@ -159,7 +157,7 @@ fn a_step_of_256_ranks_opens_in_requests_per_rank() -> Result {
         let reader = open()?;
         let global = reader.open_global(9)?.ok_or("complete")?;
         let got = reader.read_pieces(&global, &[(rank, "w", 0, 96 << 10)])?;
-        assert!(got[0] == shard(rank)?.tensors["w"].data, "rank {rank}");
+        assert!(got[0] == shard(rank)?.entries["w"].bytes(), "rank {rank}");
     }
     let restore = counting.requests();
     assert!(
@@ -185,8 +183,8 @@ fn the_newest_step_is_found_without_listing_every_commit() -> Result {
     let counting = Arc::new(Failing::new(Arc::new(InMemory::new()), 0));
     let remote = Remote::with_store(counting.clone(), "run", "mem://run")?;
     for step in 1..=STEPS {
-        let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), step);
-        c.set_optimizer_state("rng", step.to_le_bytes().to_vec());
+        let mut c = Step::new(step);
+        c.insert("rng", Entry::Blob(step.to_le_bytes().to_vec()));
         let shard = remote.upload_shard(step, 0, 1, &c)?.shard;
         remote.commit_global(step, &[shard])?;
     }

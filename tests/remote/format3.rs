@@ -77,7 +77,11 @@ fn write_the_format3_fixture() -> Result {
         vec![1]
     );
     let names = (0..2)
-        .map(|rank| Ok(remote.upload_shard(5, rank, 2, &shard(rank)?)?.shard))
+        .map(|rank| {
+            Ok(remote
+                .upload_shard(5, rank, 2, &shard(rank)?.into_step())?
+                .shard)
+        })
         .collect::<Result<Vec<_>>>()?;
     remote.commit_global(5, &names)?;
     // The store's id is the bucket's owner: kept beside the fixture.
@@ -102,7 +106,7 @@ fn a_format3_bucket_of_0_4_0_still_reads() -> Result {
     assert_eq!(remote.world_size(5)?, Some(2));
     for rank in 0..2 {
         assert!(
-            remote.get_shard(5, rank)? == Some(shard(rank)?),
+            remote.get_shard(5, rank)? == Some(shard(rank)?.into_step()),
             "rank {rank}"
         );
     }

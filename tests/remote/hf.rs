@@ -180,7 +180,7 @@ fn a_dcp_step_in_a_bucket_exports_whole_tensors() -> Result {
             );
             c.set_optimizer_state(ckptstore::DCP_METADATA, serde_json::to_vec(&metadata)?);
         }
-        shards.push(remote.upload_shard(9, rank, 2, &c)?.shard);
+        shards.push(remote.upload_shard(9, rank, 2, &c.into_step())?.shard);
     }
     remote.commit_global(9, &shards)?;
     let out = dir.path().join("hf");

@@ -101,7 +101,7 @@ fn bucket() -> (Arc<InMemory>, Arc<Failing>) {
 /// confirmed none of its packs.
 fn saved_then_loaded(open: &dyn Fn() -> ckptstore::Result<Remote>) -> Result<Remote> {
     let first = open()?;
-    let info = first.upload_shard(1, 0, 1, &shard(1))?;
+    let info = first.upload_shard(1, 0, 1, &shard(1).into_step())?;
     first.commit_global(1, &[info.shard])?;
     let job = open()?;
     let global = job.open_global(1)?.ok_or("complete")?;
@@ -120,7 +120,7 @@ fn a_save_after_its_packs_were_lost_uploads_their_chunks_again() -> Result {
         read_back(&open, 1)?;
         lose(&memory, "run", loss)?;
         counting.reset();
-        let info = job.upload_shard(2, 0, 1, &shard(2))?;
+        let info = job.upload_shard(2, 0, 1, &shard(2).into_step())?;
         let asked = counting.requests();
         job.commit_global(2, &[info.shard])?;
         // Everything uploaded again: nothing was there to rely on.
@@ -135,7 +135,7 @@ fn a_save_after_its_packs_were_lost_uploads_their_chunks_again() -> Result {
         let mut same = shard(2);
         same.step = 3;
         counting.reset();
-        let info = job.upload_shard(3, 0, 1, &same)?;
+        let info = job.upload_shard(3, 0, 1, &same.into_step())?;
         let unchanged = counting.requests();
         assert_eq!(info.bytes_uploaded, 0, "{loss:?}: {info:?}");
         assert!(unchanged <= 10, "{loss:?}: {unchanged} requests");
@@ -154,7 +154,7 @@ fn a_pack_learned_by_a_load_is_confirmed_once_then_relied_on() -> Result {
     // Each save's requests.
     let save = |step: u64| -> Result<usize> {
         counting.reset();
-        let info = job.upload_shard(step, 0, 1, &shard(step))?;
+        let info = job.upload_shard(step, 0, 1, &shard(step).into_step())?;
         job.commit_global(step, &[info.shard])?;
         Ok(counting.requests())
     };

@@ -123,10 +123,11 @@ fn a_redone_global_step_never_mixes_attempts() -> Result {
 /// Step 7 of two ranks, then redone: the old attempt is served until every
 /// rank of the new one has landed.
 fn redo_a_global_step(remote: &Remote) -> Result {
-    let shard = |rank: u32, round: u64| -> Result<GradientCheckpoint> {
-        let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), 7);
+    let shard = |rank: u32, round: u64| -> Result<ckptstore::Step> {
+        let mut c = ckptstore::Step::new(7);
         c.timestamp = 1_700_000_000; // the same each time it is built
-        c.set_optimizer_state("params", bytes(u64::from(rank) + 10 * round, 100_000));
+        let params = bytes(u64::from(rank) + 10 * round, 100_000);
+        c.insert("params", ckptstore::Entry::Blob(params));
         Ok(c)
     };
     assert!(!remote.commit_shard(7, 0, 2, &shard(0, 1)?)?.complete);
@@ -398,7 +399,10 @@ fn a_bucket_of_0_3_0_still_reads() -> Result {
             "bias",
             Tensor::new(Dtype::F32, vec![2], vec![rank as u8; 8])?,
         );
-        assert!(remote.get_shard(5, rank)? == Some(c), "rank {rank}");
+        assert!(
+            remote.get_shard(5, rank)? == Some(c.into_step()),
+            "rank {rank}"
+        );
     }
     let verified = remote.verify()?;
     assert!(verified.is_ok() && verified.steps_ok == 3, "{verified:?}");

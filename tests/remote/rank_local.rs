@@ -5,17 +5,19 @@
 use std::time::Duration;
 
 use ckptstore::{
-    ComputationGraphStore, GradientCheckpoint, Remote, Retention, SaveId, ShardInfo, ShardSource,
-    ShardUpload, ShardWrite,
+    Entry, Remote, Retention, SaveId, ShardInfo, ShardSource, ShardUpload, ShardWrite, Step,
 };
 
 use super::{bytes, Result};
 
 /// Rank `rank`'s shard of `step` in the save that fills it with `fill`.
-fn shard(step: u64, rank: u32, fill: u64) -> GradientCheckpoint {
-    let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), step);
+fn shard(step: u64, rank: u32, fill: u64) -> Step {
+    let mut c = Step::new(step);
     c.timestamp = 1_790_000_000 + step;
-    c.set_optimizer_state("w", bytes(fill * 10 + u64::from(rank), 256 << 10));
+    c.insert(
+        "w",
+        Entry::Blob(bytes(fill * 10 + u64::from(rank), 256 << 10)),
+    );
     c
 }
 
@@ -114,7 +116,7 @@ fn a_rank_local_save_and_load_cost_each_rank_requests_constant_in_the_world() ->
             let global = reader.open_global(7)?.ok_or("complete")?;
             let len = reader.entries(&global, rank)?["w"].len;
             let got = reader.read_pieces(&global, &[(rank, "w", 0, len)])?;
-            assert!(got[0] == shard(7, rank, u64::from(b's')).optimizer_state["w"]);
+            assert!(got[0] == shard(7, rank, u64::from(b's')).entries["w"].bytes());
             loads.push(counting.requests());
         }
         let last = saves.pop().ok_or("a rank")?;

@@ -343,9 +343,10 @@ fn a_repack_cut_short_at_any_request_loses_nothing() -> Result {
 fn a_global_step_is_repacked_shard_by_shard() -> Result {
     let dir = tempfile::tempdir()?;
     let remote = dir_remote(dir.path(), Duration::ZERO)?;
-    let shard = |step: u64, rank: u32| -> Result<ckptstore::GradientCheckpoint> {
-        let mut c = frozen_and_own(step)?;
-        c.set_optimizer_state("w", super::bytes(step * 10 + u64::from(rank), 4 << 20));
+    let shard = |step: u64, rank: u32| -> Result<ckptstore::Step> {
+        let mut c = frozen_and_own(step)?.into_step();
+        let w = super::bytes(step * 10 + u64::from(rank), 4 << 20);
+        c.insert("w", ckptstore::Entry::Blob(w));
         Ok(c)
     };
     for step in 1..=3 {

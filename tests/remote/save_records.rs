@@ -39,7 +39,7 @@ fn a_sharded_step_keeps_its_first_ranks_record() -> Result {
         if rank == 0 {
             shard.save_record = record();
         }
-        names.push(remote.upload_shard(2, rank, 2, &shard)?.shard);
+        names.push(remote.upload_shard(2, rank, 2, &shard.into_step())?.shard);
     }
     remote.commit_global(2, &names)?;
     let listed = remote.summaries()?;

@@ -7,28 +7,28 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
-use ckptstore::{BucketError, ComputationGraphStore, Error, GradientCheckpoint, Remote, Retention};
+use ckptstore::{BucketError, Entry, Error, GradientCheckpoint, Remote, Retention, Step};
 use object_store::memory::InMemory;
 
 use super::{bytes, faults, Result};
 
 /// Rank `rank`'s shard of `step`: 512 KiB of its own, a 1 MiB tensor the
 /// same in every step (per rank), a small blob, a metric.
-fn shard(step: u64, rank: u32) -> Result<GradientCheckpoint> {
-    let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), step)
-        .with_loss_cid(format!("cid_loss_{step}"));
-    c.timestamp = 1_790_000_000 + step; // the same checkpoint whenever it is made
+fn shard(step: u64, rank: u32) -> Result<Step> {
+    let mut c = Step::new(step);
+    c.timestamp = 1_790_000_000 + step; // the same step whenever it is made
     c.metrics.insert("loss".into(), 1.0 / (step as f64 + 1.0));
-    c.set_optimizer_state("params", bytes(step * 100 + u64::from(rank), 512 << 10));
-    c.set_optimizer_state("rng", bytes(step + u64::from(rank), 64));
-    c.set_tensor(
-        "frozen",
-        ckptstore::Tensor::new(
-            ckptstore::Dtype::U8,
-            vec![1 << 20],
-            bytes(u64::from(rank) + 7, 1 << 20),
-        )?,
+    c.insert(
+        "params",
+        Entry::Blob(bytes(step * 100 + u64::from(rank), 512 << 10)),
     );
+    c.insert("rng", Entry::Blob(bytes(step + u64::from(rank), 64)));
+    let frozen = ckptstore::Tensor::new(
+        ckptstore::Dtype::U8,
+        vec![1 << 20],
+        bytes(u64::from(rank) + 7, 1 << 20),
+    )?;
+    c.insert("frozen", Entry::Tensor(frozen));
     Ok(c)
 }
 
@@ -418,7 +418,7 @@ fn local_stores_take_part_with_push_shard() -> Result {
     let remote = dir_remote(dir.path())?;
     for rank in 0..3 {
         let store = ckptstore::CheckpointStore::open(dir.path().join(format!("rank{rank}.ckpt")))?;
-        store.commit(&shard(6, rank)?)?;
+        store.commit(&GradientCheckpoint::from(shard(6, rank)?))?;
         let info = remote.push_shard(&store, 6, rank, 3)?;
         assert_eq!(info.complete, rank == 2);
         assert!(matches!(

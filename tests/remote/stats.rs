@@ -30,7 +30,7 @@ fn stats_count_every_stored_copy_of_a_chunk() -> Result {
     }
     Remote::open(&url)?.with_compression(true).push(&store)?;
     let fresh = Remote::open(&url)?.with_compression(true);
-    let info = fresh.upload_shard(3, 0, 1, &state(3)?)?;
+    let info = fresh.upload_shard(3, 0, 1, &state(3)?.into_step())?;
     fresh.commit_global(3, &[info.shard])?;
     // The shared tensors went up again.
     assert!(info.bytes_uploaded > 2 << 20, "{info:?}");

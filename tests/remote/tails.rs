@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use ckptstore::{ComputationGraphStore, Dtype, Error, GradientCheckpoint, Remote, Tensor};
+use ckptstore::{Dtype, Entry, Error, Remote, Step, Tensor};
 
 use super::promise::copy_dir;
 use super::Result;
@@ -16,15 +16,15 @@ const MIB: usize = 1 << 20;
 
 /// Four tensors of 1 MiB (each a chunk of 1 MiB - 128 B and one of 128
 /// bytes), a blob of 3 MiB + 5 B, and a small blob.
-fn shard(step: u64) -> Result<GradientCheckpoint> {
-    let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), step);
+fn shard(step: u64) -> Result<Step> {
+    let mut c = Step::new(step);
     c.timestamp = 1_800_000_000 + step;
     for i in 0..4u64 {
         let t = Tensor::new(Dtype::F32, vec![256, 1024], bytes(step * 10 + i, MIB))?;
-        c.set_tensor(format!("w{i}"), t);
+        c.insert(format!("w{i}"), Entry::Tensor(t));
     }
-    c.set_optimizer_state("odd", bytes(step + 99, 3 * MIB + 5));
-    c.set_optimizer_state("rng", bytes(step + 7, 100));
+    c.insert("odd", Entry::Blob(bytes(step + 99, 3 * MIB + 5)));
+    c.insert("rng", Entry::Blob(bytes(step + 7, 100)));
     Ok(c)
 }
 
@@ -64,8 +64,8 @@ fn a_blobs_small_end_is_a_chunk_in_the_shards_packs() -> Result {
     // Pieces: inside a small end, across a chunk's end into it, a whole
     // entry, and a small blob.
     let global = remote.open_global(1)?.ok_or("complete")?;
-    let w2 = &c.tensors["w2"].data;
-    let odd = &c.optimizer_state["odd"];
+    let w2 = c.entries["w2"].bytes();
+    let odd = c.entries["odd"].bytes();
     let end = 3 * (MIB - 128);
     let pieces = [
         (0, "w2", MIB as u64 - 100, 50),
@@ -77,13 +77,13 @@ fn a_blobs_small_end_is_a_chunk_in_the_shards_packs() -> Result {
     assert_eq!(got[0], w2[MIB - 100..MIB - 50]);
     assert_eq!(got[1], odd[end - 10..end + 5]);
     assert!(got[2] == *w2);
-    assert_eq!(got[3], c.optimizer_state["rng"][10..30]);
+    assert_eq!(got[3], c.entries["rng"].bytes()[10..30]);
     let verified = remote.verify()?;
     assert!(verified.is_ok() && verified.steps_ok == 1, "{verified:?}");
     // A tensor unchanged in the next step: none of it goes again (its
     // small end went again while it was packed with the small blobs).
     let mut next = shard(2)?;
-    next.tensors.insert("w0".into(), c.tensors["w0"].clone());
+    next.insert("w0", c.entries["w0"].clone());
     let info = remote.commit_shard(2, 0, 1, &next)?;
     assert!(info.bytes_skipped >= MIB as u64, "{info:?}");
     Ok(())
@@ -162,7 +162,7 @@ fn shards_written_before_tails_were_packed_read_the_same() -> Result {
         assert_eq!(got[1], w[boundary as usize - 3..boundary as usize + 3]);
         assert_eq!(got[2], vec![rank as u8; 100]);
         let shard = remote.get_shard(3, rank)?.ok_or("a shard")?;
-        assert!(shard.tensors["w"].data == w);
+        assert!(shard.entries["w"].bytes() == w);
     }
     let verified = remote.verify()?;
     assert!(verified.is_ok() && verified.steps_ok == 1, "{verified:?}");
@@ -182,7 +182,7 @@ fn a_small_end_is_a_ranged_read_of_its_pack() -> Result {
     let c = shard(1)?;
     remote.commit_shard(1, 0, 1, &c)?;
     let global = remote.open_global(1)?.ok_or("complete")?;
-    let w3 = &c.tensors["w3"].data;
+    let w3 = c.entries["w3"].bytes();
     let got = remote.read_pieces(&global, &[(0, "w3", MIB as u64 - 200, 200)])?;
     assert_eq!(got[0], w3[MIB - 200..]);
     // Cut the pack short (the end of its last chunks).
@@ -231,15 +231,15 @@ fn a_directory_bucket_sees_a_pack_file_gone() -> Result {
 /// The content of the fixture of shard manifest format 2: rank `rank`'s
 /// shard of step 3, a tensor "w" of 200,000 bytes (chunks and a tail in
 /// the packed chunk) and a 100-byte blob "small".
-fn format2_shard(rank: u32) -> Result<GradientCheckpoint> {
-    let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), 3);
+fn format2_shard(rank: u32) -> Result<Step> {
+    let mut c = Step::new(3);
     c.timestamp = 1_800_000_003;
     let n = 200_000u64;
     let w = (0..n)
         .map(|i| ((i * 7 + u64::from(rank) * 13) % 251) as u8)
         .collect();
-    c.set_tensor("w", Tensor::new(Dtype::U8, vec![n], w)?);
-    c.set_optimizer_state("small", vec![rank as u8; 100]);
+    c.insert("w", Entry::Tensor(Tensor::new(Dtype::U8, vec![n], w)?));
+    c.insert("small", Entry::Blob(vec![rank as u8; 100]));
     Ok(c)
 }
 
@@ -261,7 +261,7 @@ fn shards_of_format_2_read_verify_and_collect_the_same() -> Result {
         assert_eq!(global.world_size(), 2);
         for rank in 0..2u32 {
             let want = format2_shard(rank)?;
-            let w = &want.tensors["w"].data;
+            let w = want.entries["w"].bytes();
             let n = w.len() as u64;
             let got = remote.read_pieces(
                 &global,
@@ -316,12 +316,9 @@ fn ranges_read_to_hand_on_check_against_the_buckets_chunk_hashes() -> Result {
     let mut outs: Vec<&mut [u8]> = bufs.iter_mut().map(Vec::as_mut_slice).collect();
     let proofs = remote.read_pieces_proving(&global, &stripes, &mut outs, &ranges)?;
     drop(outs);
-    assert!(bufs[0] == c.tensors["w2"].data && bufs[1] == c.optimizer_state["odd"]);
+    assert!(bufs[0] == c.entries["w2"].bytes() && bufs[1] == c.entries["odd"].bytes());
     let data = |(_, name, at, n): (u32, &str, u64, u64)| -> Vec<u8> {
-        let whole = c
-            .tensors
-            .get(name)
-            .map_or_else(|| &c.optimizer_state[name], |t| &t.data);
+        let whole = c.entries[name].bytes();
         whole[at as usize..(at + n) as usize].to_vec()
     };
     for (range, proof) in ranges.iter().zip(&proofs) {

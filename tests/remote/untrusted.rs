@@ -137,7 +137,7 @@ fn crafted_objects_give_clear_errors() -> Result {
     // Nothing this crate writes is refused when read back: the caps hold
     // when committing and sharding too.
     let c = GradientCheckpoint::new(ComputationGraphStore::new(), 3);
-    match remote.commit_shard(3, 0, 1_000_000_000, &c) {
+    match remote.commit_shard(3, 0, 1_000_000_000, &c.clone().into_step()) {
         Err(Error::InvalidCheckpoint { reason, .. }) => assert!(reason.contains("at most")),
         other => panic!("{other:?}"),
     }

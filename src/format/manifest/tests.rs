@@ -2,6 +2,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use super::*;
 use crate::format::codec::hex;
+use crate::GradientCheckpoint;
 
 fn chunked(len: u64, chunks: &[(u8, u64)]) -> BlobRef {
     BlobRef {

@@ -106,8 +106,8 @@ impl RemoteManifest {
     /// The bucket's form of a step: the one model of a step (`ckpt`'s
     /// skeleton, each blob's length and placement, which blobs are tensors,
     /// the packed bytes) in this codec. Chunks are named by hash.
-    pub(crate) fn from_model(
-        ckpt: &crate::GradientCheckpoint,
+    pub(crate) fn from_model<'a>(
+        ckpt: impl Into<crate::step::StepRef<'a>>,
         blobs: &BTreeMap<String, BlobRef>,
         typed: &TypeOf<'_>,
         packed: Option<&PackedRef>,
@@ -142,30 +142,30 @@ impl RemoteManifest {
             len: p.len,
             hash: HexHash(p.hash),
         });
-        Self::of(ckpt, blobs, packed)
+        Self::of(ckpt.into(), blobs, packed)
     }
 
     fn of(
-        ckpt: &crate::GradientCheckpoint,
+        ckpt: crate::step::StepRef<'_>,
         blobs: BTreeMap<String, RemoteBlob>,
         packed: Option<RemotePacked>,
     ) -> crate::Result<RemoteManifest> {
-        let graph = serde_json::to_value(&ckpt.graph).map_err(|e| crate::Error::Json {
+        let graph = serde_json::to_value(ckpt.graph()).map_err(|e| crate::Error::Json {
             path: None,
             source: Box::new(e),
         })?;
         Ok(RemoteManifest {
             format: ManifestFormat::Chunks,
-            step: ckpt.step,
-            timestamp: ckpt.timestamp,
-            loss_cid: ckpt.loss_cid.clone(),
-            metrics: ckpt.metrics.clone(),
+            step: ckpt.step(),
+            timestamp: ckpt.timestamp(),
+            loss_cid: ckpt.loss_cid().map(str::to_owned),
+            metrics: ckpt.metrics().clone(),
             graph: canonical(graph),
             blobs,
             packed,
             packs: None,
             index: None,
-            save_record: Box::new(ckpt.save_record.clone()),
+            save_record: Box::new(ckpt.save_record().clone()),
             save: None,
         })
     }

@@ -25,7 +25,7 @@ impl Coordinator<'_> {
         plan: &Plan<'_>,
         how: &ShardUpload,
     ) -> Result<ShardInfo> {
-        Self::check_shard_args(step, rank, world_size, plan.ckpt)?;
+        Self::check_shard_args(step, rank, world_size, plan.source)?;
         if *how == ShardUpload::Complete {
             self.check_world_size(step, world_size)?;
         }
@@ -48,7 +48,7 @@ impl Coordinator<'_> {
         plan: &Plan<'_>,
         shards: &[Option<ShardHash>],
     ) -> Result<ShardInfo> {
-        Self::check_shard_args(step, rank, world_size, plan.ckpt)?;
+        Self::check_shard_args(step, rank, world_size, plan.source)?;
         if usize::try_from(world_size).ok() != Some(shards.len()) {
             return Err(Error::InvalidCheckpoint {
                 step,

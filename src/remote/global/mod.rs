@@ -18,7 +18,7 @@ use crate::remote::global::write::{ShardSource, ShardWrite};
 use crate::remote::read::pieces::GlobalStep;
 use crate::remote::write::Writer;
 use crate::remote::Remote;
-use crate::{CheckpointStore, DcpIndex, GradientCheckpoint, Result};
+use crate::{CheckpointStore, DcpIndex, Result, Step};
 
 /// A remote's global-step coordinator: shards of N ranks, the commit that
 /// completes a step, and DCP's metadata over them.
@@ -51,12 +51,11 @@ impl Remote {
     /// conveniences over it.
     ///
     /// ```
-    /// use ckptstore::{ComputationGraphStore, GradientCheckpoint, Remote};
-    /// use ckptstore::{ShardSource, ShardUpload, ShardWrite};
+    /// use ckptstore::{Entry, Remote, ShardSource, ShardUpload, ShardWrite, Step};
     /// # let dir = tempfile::tempdir()?;
     /// let remote = Remote::open(&format!("file://{}", dir.path().display()))?;
-    /// let mut shard = GradientCheckpoint::new(ComputationGraphStore::new(), 7);
-    /// shard.set_optimizer_state("w", vec![1; 100]);
+    /// let mut shard = Step::new(7);
+    /// shard.insert("w", Entry::Blob(vec![1; 100]));
     /// let write = ShardWrite::new((7, 0, 1), ShardSource::Owned(&shard), ShardUpload::Complete);
     /// assert!(remote.write_shard(write)?.complete);
     /// assert_eq!(remote.steps()?, vec![7]);
@@ -92,9 +91,9 @@ impl Remote {
         step: u64,
         rank: u32,
         world_size: u32,
-        ckpt: &GradientCheckpoint,
+        shard: &Step,
     ) -> Result<ShardInfo> {
-        let source = ShardSource::Owned(ckpt);
+        let source = ShardSource::Owned(shard);
         self.write_shard(ShardWrite::new(
             (step, rank, world_size),
             source,
@@ -111,14 +110,14 @@ impl Remote {
     /// exactly these shards.
     ///
     /// ```
-    /// use ckptstore::{ComputationGraphStore, GradientCheckpoint, Remote, ShardHash};
+    /// use ckptstore::{Entry, Remote, ShardHash, Step};
     /// # let dir = tempfile::tempdir()?;
     /// let remote = Remote::open(&format!("file://{}", dir.path().display()))?;
     /// let shard = |rank: u8| {
-    ///     let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), 3);
-    ///     c.timestamp = 1_700_000_000; // the same each time it is built
-    ///     c.set_optimizer_state("w", vec![rank; 100]);
-    ///     c
+    ///     let mut s = Step::new(3);
+    ///     s.timestamp = 1_700_000_000; // the same each time it is built
+    ///     s.insert("w", Entry::Blob(vec![rank; 100]));
+    ///     s
     /// };
     /// let names: Vec<ShardHash> = (0..2)
     ///     .map(|r| Ok(remote.upload_shard(3, r, 2, &shard(r as u8))?.shard))
@@ -225,14 +224,14 @@ impl Remote {
     /// shard; a restarted process packs its chunks again.
     ///
     /// ```
-    /// use ckptstore::{ComputationGraphStore, GradientCheckpoint, Remote};
+    /// use ckptstore::{Entry, Remote, Step};
     /// # let dir = tempfile::tempdir()?;
     /// let remote = Remote::open(&format!("file://{}", dir.path().display()))?;
     /// let shard = |rank: u8| {
-    ///     let mut c = GradientCheckpoint::new(ComputationGraphStore::new(), 7);
-    ///     c.timestamp = 1_700_000_000; // the same each time it is built
-    ///     c.set_optimizer_state("params", vec![rank; 1 << 20]);
-    ///     c
+    ///     let mut s = Step::new(7);
+    ///     s.timestamp = 1_700_000_000; // the same each time it is built
+    ///     s.insert("params", Entry::Blob(vec![rank; 1 << 20]));
+    ///     s
     /// };
     /// assert!(!remote.commit_shard(7, 0, 2, &shard(0))?.complete);
     /// assert_eq!(remote.latest_step()?, None); // rank 1 has not landed
@@ -254,9 +253,9 @@ impl Remote {
         step: u64,
         rank: u32,
         world_size: u32,
-        ckpt: &GradientCheckpoint,
+        shard: &Step,
     ) -> Result<ShardInfo> {
-        let source = ShardSource::Owned(ckpt);
+        let source = ShardSource::Owned(shard);
         self.write_shard(ShardWrite::new(
             (step, rank, world_size),
             source,
@@ -267,7 +266,7 @@ impl Remote {
     /// Rank `rank`'s shard of global step `step`, restored with every chunk
     /// hash-checked: the one the step's commit names if the step is
     /// complete, else a whole one that landed; `None` if there is none.
-    pub fn get_shard(&self, step: u64, rank: u32) -> Result<Option<GradientCheckpoint>> {
+    pub fn get_shard(&self, step: u64, rank: u32) -> Result<Option<Step>> {
         self.coordinator().get_shard(step, rank)
     }
 

@@ -21,7 +21,8 @@ use crate::remote::global::Coordinator;
 use crate::remote::read::step::StepManifest;
 use crate::remote::BucketError;
 use crate::remote::Commit;
-use crate::{Error, GradientCheckpoint, Result};
+use crate::step::{Step, StepRef};
+use crate::{Error, Result};
 
 /// What [`Remote::commit_shard`](crate::Remote::commit_shard) did.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -88,7 +89,7 @@ impl Coordinator<'_> {
         step: u64,
         rank: u32,
         world_size: u32,
-        ckpt: &GradientCheckpoint,
+        ckpt: StepRef<'_>,
     ) -> Result<()> {
         let invalid = |reason: String| Error::InvalidCheckpoint { step, reason };
         if rank >= world_size {
@@ -96,8 +97,11 @@ impl Coordinator<'_> {
                 "rank {rank} of {world_size} ranks: ranks are 0..{world_size}"
             )));
         }
-        if ckpt.step != step {
-            return Err(invalid(format!("the checkpoint is of step {}", ckpt.step)));
+        if ckpt.step() != step {
+            return Err(invalid(format!(
+                "the checkpoint is of step {}",
+                ckpt.step()
+            )));
         }
         if world_size > MAX_WORLD_SIZE {
             return Err(invalid(format!(
@@ -272,13 +276,16 @@ impl Coordinator<'_> {
     }
 
     /// Does the work of [`Remote::get_shard`](crate::Remote::get_shard).
-    pub(crate) fn get_shard(&self, step: u64, rank: u32) -> Result<Option<GradientCheckpoint>> {
+    pub(crate) fn get_shard(&self, step: u64, rank: u32) -> Result<Option<Step>> {
         let chunks = self.bucket.objects()?;
         if let Some((_, StepManifest::Sharded { mut shards, ids })) =
             self.complete_step(step, &chunks)?
         {
             return match ids.iter().position(|id| id.rank == rank) {
-                Some(i) => self.assemble(shards.swap_remove(i), &mut |_| {}).map(Some),
+                Some(i) => {
+                    let ckpt = self.assemble(shards.swap_remove(i), &mut |_| {})?;
+                    Ok(Some(ckpt.into_step()))
+                }
                 None => Ok(None),
             };
         }
@@ -286,7 +293,7 @@ impl Coordinator<'_> {
         ids.sort();
         for id in ids.iter().filter(|id| id.rank == rank) {
             if let Ok(m) = self.checked_shard(step, id, Some(&chunks))? {
-                return self.assemble(m, &mut |_| {}).map(Some);
+                return Ok(Some(self.assemble(m, &mut |_| {})?.into_step()));
             }
         }
         Ok(None)
@@ -415,7 +422,7 @@ type ShardData<'a> = (
 
 fn shard_manifest<'p>(plan: &'p Plan<'_>) -> Result<ShardData<'p>> {
     // Cut as a local commit cuts it: the same plan, in the bucket's codec.
-    let ckpt = plan.ckpt;
+    let ckpt = plan.source;
     // Hashed on every core (the caller waits; the hashers do it all).
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     let hashes: Vec<Hash> =
@@ -447,6 +454,6 @@ fn shard_manifest<'p>(plan: &'p Plan<'_>) -> Result<ShardData<'p>> {
         hash: HexHash(*hash),
     });
     // Refused before anything is uploaded (its packs are added later).
-    manifest.check_to_write(ckpt.step)?;
+    manifest.check_to_write(ckpt.step())?;
     Ok((manifest, pieces, packed))
 }

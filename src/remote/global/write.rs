@@ -9,20 +9,19 @@ use crate::engine::plan::{check_borrowed, Plan};
 use crate::remote::global::shards::ShardUpload;
 use crate::remote::global::Coordinator;
 use crate::remote::ShardInfo;
-use crate::{CheckpointStore, Error, GradientCheckpoint, Result, TensorRef};
+use crate::{CheckpointStore, Entry, Error, GradientCheckpoint, Result, Step, TensorRef};
 
 /// Where the bytes of a shard come from ([`ShardWrite`]).
 #[derive(Clone, Copy)]
 #[non_exhaustive]
 pub enum ShardSource<'a> {
-    /// A checkpoint in memory.
-    Owned(&'a GradientCheckpoint),
-    /// A checkpoint with these tensors added, whose bytes are hashed and
+    /// A step in memory.
+    Owned(&'a Step),
+    /// A step with these tensors added, whose bytes are hashed and
     /// uploaded from where they lie: no copy of them is made (the Python
     /// package uploads numpy arrays and torch tensors this way). A name
-    /// of the tensors that is also a blob or tensor of the checkpoint is
-    /// refused.
-    Borrowed(&'a GradientCheckpoint, &'a BTreeMap<String, TensorRef<'a>>),
+    /// of the tensors that is also an entry of the step is refused.
+    Borrowed(&'a Step, &'a BTreeMap<String, TensorRef<'a>>),
     /// The shard's step of a local store, read and hashed in Rust (chunks
     /// the bucket holds are neither read nor hashed again).
     Store(&'a CheckpointStore),
@@ -76,19 +75,19 @@ impl<'a> ShardWrite<'a> {
 /// Step `step` as a store gave it (`found`), less the entries named in
 /// `drop`, with the blobs `add`.
 fn edited(
-    found: Option<GradientCheckpoint>,
+    found: Option<Step>,
     step: u64,
     drop: &[String],
     add: &[(String, Vec<u8>)],
-) -> Result<GradientCheckpoint> {
-    let mut ckpt = found.ok_or(Error::StepNotFound { step })?;
+) -> Result<Step> {
+    let mut s = found.ok_or(Error::StepNotFound { step })?;
     for name in drop {
-        ckpt.remove_entry(name);
+        s.remove(name);
     }
     for (name, bytes) in add {
-        ckpt.set_optimizer_state(name.clone(), bytes.clone());
+        s.insert(name.clone(), Entry::Blob(bytes.clone()));
     }
-    Ok(ckpt)
+    Ok(s)
 }
 
 impl Coordinator<'_> {
@@ -96,6 +95,7 @@ impl Coordinator<'_> {
     pub(crate) fn write_shard(&self, write: ShardWrite<'_>) -> Result<ShardInfo> {
         let shard = (write.step, write.rank, write.world_size);
         let stored;
+        let edits;
         let plan = match write.source {
             ShardSource::Owned(ckpt) => Plan::new(ckpt),
             ShardSource::Borrowed(ckpt, tensors) => {
@@ -109,8 +109,9 @@ impl Coordinator<'_> {
             }
             ShardSource::StoreEdited { store, drop, add } => {
                 let step = write.step;
-                stored = edited(store.get(step)?, step, drop, add)?;
-                Plan::new(&stored)
+                let found = store.get(step)?.map(GradientCheckpoint::into_step);
+                edits = edited(found, step, drop, add)?;
+                Plan::new(&edits)
             }
         };
         match write.then {

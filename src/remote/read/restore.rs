@@ -17,7 +17,8 @@ use crate::remote::format::manifest::{RemoteBlob, RemoteManifest, RemotePlace, R
 use crate::remote::format::pack_format::Object;
 use crate::remote::format::stored::{decompress, Stored};
 use crate::{
-    CheckpointStore, CommitInfo, Dtype, Error, GradientCheckpoint, Result, SaveRecord, Tensor,
+    CheckpointStore, CommitInfo, Dtype, Entry, Error, GradientCheckpoint, Result, SaveRecord,
+    Tensor,
 };
 
 /// Chunk downloads in flight at once: more than uploads, since a download
@@ -339,8 +340,8 @@ impl Reader<'_> {
                     name,
                     tensor: Some((dtype, shape)),
                     ..
-                } => ckpt.set_tensor(name, Tensor::new(dtype, shape, data)?),
-                Incoming { name, .. } => ckpt.set_optimizer_state(name, data),
+                } => ckpt.set_entry(name, Entry::Tensor(Tensor::new(dtype, shape, data)?)),
+                Incoming { name, .. } => ckpt.set_entry(name, Entry::Blob(data)),
             }
         }
         Ok(ckpt)
