@@ -58,7 +58,8 @@ def local(dir: Path) -> Store:
     meta: Optional[StepInfo] = store.info(2)
     assert meta is not None and meta.metrics == {"loss": 0.25} and meta.blobs == {}
     assert meta.save_record == record and meta.save_record.names == ["mine:w"]
-    assert meta.tensors == {"w": ("F32", [3, 4])} and store.info(9) is None
+    w_info = meta.tensors["w"]
+    assert (w_info.dtype, w_info.shape, w_info.len) == ("F32", [3, 4], 48) and store.info(9) is None
     assert store.gc(keep_last=5) == [] and not store.remove(7)
     status: Optional[ReplicationStatus] = store.replication_status()
     assert status is None
@@ -146,7 +147,7 @@ def staging(dir: Path) -> None:
     from ckptstore.dcp import StorageReader, StorageWriter
 
     src, dst = np.arange(1 << 17, dtype=np.uint8), np.zeros(1 << 17, dtype=np.uint8)
-    (hashes,) = copy_hashed([(src, dst)])
+    (hashes,) = copy_hashed([src], [dst])
     assert isinstance(hashes, ChunkHashes) and hashes.nbytes == src.nbytes and (dst == src).all()
     state = {"w": torch.arange(1 << 16, dtype=torch.float32)}
     writer = StorageWriter(f"file://{dir}/staging-bucket", 1, background_staging=True)

@@ -176,9 +176,6 @@ pub(crate) fn hash_arrays(py: Python<'_>, arrays: Vec<Bound<'_, PyAny>>) -> PyRe
 #[pyclass(frozen, module = "ckptstore._ckptstore", name = "ChunkHashes")]
 pub(crate) struct ChunkHashes(pub(crate) ckptstore::ChunkHashes);
 
-/// What `ChunkHashes.__reduce__` returns: `from_bytes` and its arguments.
-type Reduced<'py> = (Bound<'py, PyAny>, (u64, Bound<'py, pyo3::types::PyBytes>));
-
 #[pymethods]
 impl ChunkHashes {
     /// The hashes of `nbytes` bytes from `to_bytes()`.
@@ -199,11 +196,13 @@ impl ChunkHashes {
         self.0.bytes()
     }
 
-    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<Reduced<'py>> {
+    /// Pickled as `from_bytes` and its arguments.
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Py<PyAny>, Py<PyAny>)> {
         let py = slf.py();
         let this = slf.get();
         let rebuild = py.get_type::<ChunkHashes>().getattr("from_bytes")?;
-        Ok((rebuild, (this.0.bytes(), this.to_bytes(py))))
+        let args = (this.0.bytes(), this.to_bytes(py)).into_pyobject(py)?;
+        Ok((rebuild.unbind(), args.into_any().unbind()))
     }
 
     fn __eq__(&self, other: &Self) -> bool {
@@ -254,20 +253,29 @@ impl ChunkHasher {
     }
 }
 
-/// Copy each `(source, destination)` pair of C-contiguous arrays (the
-/// same number of bytes; the destinations writable and apart from every
-/// other array given) on every core, the GIL released, hashing each chunk
-/// of each destination in the same pass: the destinations' hashes.
+/// Copy each of `sources` into the destination beside it (C-contiguous
+/// arrays of the same number of bytes; the destinations writable and apart
+/// from every other array given) on every core, the GIL released, hashing
+/// each chunk of each destination in the same pass: the destinations'
+/// hashes.
 #[pyfunction]
 pub(crate) fn copy_hashed(
     py: Python<'_>,
-    pairs: Vec<(Bound<'_, PyAny>, Bound<'_, PyAny>)>,
+    sources: Vec<Bound<'_, PyAny>>,
+    destinations: Vec<Bound<'_, PyAny>>,
 ) -> PyResult<Vec<ChunkHashes>> {
-    let sources = pairs
+    if sources.len() != destinations.len() {
+        return Err(PyValueError::new_err(format!(
+            "copy_hashed: {} sources and {} destinations",
+            sources.len(),
+            destinations.len()
+        )));
+    }
+    let sources = sources
         .iter()
-        .map(|(s, _)| borrow_bytes(s))
+        .map(borrow_bytes)
         .collect::<PyResult<Vec<&[u8]>>>()?;
-    let dst_arrays: Vec<&Bound<'_, PyAny>> = pairs.iter().map(|(_, d)| d).collect();
+    let dst_arrays: Vec<&Bound<'_, PyAny>> = destinations.iter().collect();
     let destinations = borrow_disjoint_mut(&dst_arrays)?;
     let spans = |v: &[&[u8]]| -> Vec<(usize, usize)> {
         v.iter().map(|s| (s.as_ptr() as usize, s.len())).collect()

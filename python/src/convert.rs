@@ -12,19 +12,80 @@ use pyo3::types::PyDict;
 use crate::arrays::{borrow_bytes, Buffer, ChunkHashes};
 use crate::py_err;
 
-/// A tensor from Python: name, store dtype name, shape, and an array whose
-/// memory holds the elements.
-pub(crate) type PyTensor<'py> = (String, String, Vec<u64>, Bound<'py, PyAny>);
+/// A tensor given as its bytes, for a dtype numpy may lack (`BF16`
+/// without ml_dtypes, the `F8_*` types): a value of a saved state, like a
+/// numpy array. `data` is any C-contiguous buffer of dtype x shape bytes;
+/// `hashes`, the hashes of its chunks `copy_hashed` took as it copied
+/// them there (a save then does not read the bytes again to hash them).
+#[pyclass(frozen, get_all, module = "ckptstore", name = "Tensor")]
+pub(crate) struct PyTensor {
+    dtype: String,
+    shape: Vec<u64>,
+    data: Py<PyAny>,
+    hashes: Option<Py<crate::arrays::ChunkHashes>>,
+}
 
-/// A tensor to save: a [`PyTensor`] and the hashes of its chunks when they
-/// were taken as it was copied.
-pub(crate) type PySaved<'py> = (
-    String,
-    String,
-    Vec<u64>,
-    Bound<'py, PyAny>,
-    Option<PyRef<'py, ChunkHashes>>,
-);
+#[pymethods]
+impl PyTensor {
+    #[new]
+    #[pyo3(signature = (dtype, shape, data, hashes=None))]
+    fn new(
+        dtype: String,
+        shape: Vec<u64>,
+        data: Bound<'_, PyAny>,
+        hashes: Option<Py<crate::arrays::ChunkHashes>>,
+    ) -> PyResult<Self> {
+        if ckptstore::Dtype::from_name(&dtype).is_none() {
+            return Err(pyo3::exceptions::PyTypeError::new_err(format!(
+                "unknown dtype {dtype:?}: a safetensors dtype name such as \"BF16\""
+            )));
+        }
+        Ok(PyTensor {
+            dtype,
+            shape,
+            data: data.unbind(),
+            hashes,
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Tensor(dtype={:?}, shape={:?})", self.dtype, self.shape)
+    }
+}
+
+impl PyTensor {
+    /// This tensor named `name`, its array bound.
+    pub(crate) fn given<'py>(&self, py: Python<'py>, name: &str) -> Given<'py> {
+        Given {
+            name: name.to_owned(),
+            dtype: self.dtype.clone(),
+            shape: self.shape.clone(),
+            data: self.data.bind(py).clone(),
+            hashes: self.hashes.as_ref().map(|h| h.bind(py).borrow()),
+        }
+    }
+}
+
+/// A named tensor of a save or a load with its array bound, while the
+/// array's memory is borrowed.
+pub(crate) struct Given<'py> {
+    pub(crate) name: String,
+    pub(crate) dtype: String,
+    pub(crate) shape: Vec<u64>,
+    pub(crate) data: Bound<'py, PyAny>,
+    pub(crate) hashes: Option<PyRef<'py, ChunkHashes>>,
+}
+
+/// Each of `tensors`, named, its array bound.
+pub(crate) fn given<'py>(
+    py: Python<'py>,
+    tensors: &BTreeMap<String, Py<PyTensor>>,
+) -> Vec<Given<'py>> {
+    tensors
+        .iter()
+        .map(|(name, t)| t.get().given(py, name))
+        .collect()
+}
 
 pub(crate) fn dtype(name: &str, dtype: &str) -> PyResult<Dtype> {
     Dtype::from_name(dtype)
@@ -32,20 +93,16 @@ pub(crate) fn dtype(name: &str, dtype: &str) -> PyResult<Dtype> {
 }
 
 /// The tensors of a save, borrowing the arrays' memory (and their hashes).
-pub(crate) fn borrowed<'a>(
-    tensors: &'a [PySaved<'_>],
-) -> PyResult<BTreeMap<String, TensorRef<'a>>> {
+pub(crate) fn borrowed<'a>(tensors: &'a [Given<'_>]) -> PyResult<BTreeMap<String, TensorRef<'a>>> {
     let mut out = BTreeMap::new();
-    for (name, dt, shape, array, hashes) in tensors {
-        let data = borrow_bytes(array)?;
-        let mut t = TensorRef::new(dtype(name, dt)?, shape.clone(), data);
-        if let Some(h) = hashes {
+    for g in tensors {
+        let data = borrow_bytes(&g.data)?;
+        let mut t = TensorRef::new(dtype(&g.name, &g.dtype)?, g.shape.clone(), data);
+        if let Some(h) = &g.hashes {
             t = t.and_then(|t| t.with_hashes(&h.0));
         }
-        let t = t.map_err(|e| PyValueError::new_err(format!("{name:?}: {e}")))?;
-        if out.insert(name.clone(), t).is_some() {
-            return Err(PyValueError::new_err(format!("{name:?} is given twice")));
-        }
+        let t = t.map_err(|e| PyValueError::new_err(format!("{:?}: {e}", g.name)))?;
+        out.insert(g.name.clone(), t);
     }
     Ok(out)
 }
@@ -53,7 +110,7 @@ pub(crate) fn borrowed<'a>(
 /// Step `step` with `blobs`, `metrics` and `record`, no tensors.
 pub(crate) fn step_of(
     step: u64,
-    blobs: Vec<(String, Vec<u8>)>,
+    blobs: BTreeMap<String, Vec<u8>>,
     metrics: BTreeMap<String, f64>,
     record: Option<&crate::record::SaveRecord>,
 ) -> Step {
@@ -69,8 +126,8 @@ pub(crate) fn step_of(
 /// Step `step` holding copies of the arrays.
 pub(crate) fn owned(
     step: u64,
-    tensors: &[PySaved<'_>],
-    blobs: Vec<(String, Vec<u8>)>,
+    tensors: &[Given<'_>],
+    blobs: BTreeMap<String, Vec<u8>>,
     metrics: BTreeMap<String, f64>,
     record: Option<&crate::record::SaveRecord>,
 ) -> PyResult<Step> {

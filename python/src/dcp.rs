@@ -1,131 +1,236 @@
 //! The DCP metadata document `ckptstore.dcp` stores, and where a box a
 //! load asks for lies in its stored chunk: both rules are the core's
-//! (`ckptstore::DcpDocument`, `ckptstore::BoxSpan`); Python's `_dcp_json`
-//! and `StorageReader` convert DCP's objects to and from these values.
+//! (`ckptstore::DcpDocument`, `ckptstore::BoxSpan`); Python's `_document`
+//! and `StorageReader` convert DCP's objects to and from these classes.
 
-use ckptstore::{DcpChunk, DcpDocument, DcpEntry, DcpPathPart, DcpWhere, DCP_FORMAT};
+use std::collections::BTreeMap;
+
+use ckptstore::{DcpDocument, DcpPathPart, DCP_FORMAT};
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyDict, PyList};
 
 use crate::py_err;
 
-/// A value of the state: (dtype, itemsize, size, requires_grad, chunks as
-/// (offsets, sizes)) for a tensor; None for a non-tensor value.
-pub(crate) type Entry = Option<(
-    String,
-    Option<u64>,
-    Vec<u64>,
-    bool,
-    Vec<(Vec<u64>, Vec<u64>)>,
-)>;
-/// Where a stored item is: (fqn, offset, index, rank, entry).
-pub(crate) type Where = (String, Option<Vec<u64>>, Option<u64>, u32, String);
-/// The document's values: (version, state dict, planner data, storage).
-pub(crate) type Document = (
-    Option<String>,
-    Vec<(String, Entry)>,
-    Option<Vec<(String, Vec<Part>)>>,
-    Vec<Where>,
-);
+/// A stored box of a tensor: where it starts in the whole tensor, and
+/// its sizes.
+#[pyclass(frozen, eq, get_all, from_py_object, module = "ckptstore._ckptstore")]
+#[derive(Clone, PartialEq)]
+pub(crate) struct DcpChunk {
+    offsets: Vec<u64>,
+    sizes: Vec<u64>,
+}
+
+#[pymethods]
+impl DcpChunk {
+    #[new]
+    fn new(offsets: Vec<u64>, sizes: Vec<u64>) -> Self {
+        DcpChunk { offsets, sizes }
+    }
+}
+
+/// A value of the state: a tensor (its dtype name, the element size of
+/// a `torch.<name>` dtype, its shape, `requires_grad`, its stored boxes)
+/// or, `bytes` true, a non-tensor value.
+#[pyclass(frozen, eq, get_all, from_py_object, module = "ckptstore._ckptstore")]
+#[derive(Clone, PartialEq)]
+pub(crate) struct DcpEntry {
+    dtype: Option<String>,
+    itemsize: Option<u64>,
+    size: Vec<u64>,
+    requires_grad: bool,
+    chunks: Vec<DcpChunk>,
+    bytes: bool,
+}
+
+#[pymethods]
+impl DcpEntry {
+    #[new]
+    #[pyo3(signature = (dtype=None, itemsize=None, size=Vec::new(), requires_grad=false, chunks=Vec::new(), bytes=false))]
+    fn new(
+        dtype: Option<String>,
+        itemsize: Option<u64>,
+        size: Vec<u64>,
+        requires_grad: bool,
+        chunks: Vec<DcpChunk>,
+        bytes: bool,
+    ) -> Self {
+        DcpEntry {
+            dtype,
+            itemsize,
+            size,
+            requires_grad,
+            chunks,
+            bytes,
+        }
+    }
+}
+
+/// Where a stored item is: the item (fqn, box offset, DCP's index hint)
+/// in rank `rank`'s entry `entry`.
+#[pyclass(frozen, eq, get_all, from_py_object, module = "ckptstore._ckptstore")]
+#[derive(Clone, PartialEq)]
+pub(crate) struct DcpWhere {
+    fqn: String,
+    offset: Option<Vec<u64>>,
+    index: Option<u64>,
+    rank: u32,
+    entry: String,
+}
+
+#[pymethods]
+impl DcpWhere {
+    #[new]
+    fn new(
+        fqn: String,
+        offset: Option<Vec<u64>>,
+        index: Option<u64>,
+        rank: u32,
+        entry: String,
+    ) -> Self {
+        DcpWhere {
+            fqn,
+            offset,
+            index,
+            rank,
+            entry,
+        }
+    }
+}
 
 /// A key (str) or an index (int) of a planner's path.
 #[derive(FromPyObject, IntoPyObject)]
-pub(crate) enum Part {
+enum Part {
     Index(i64),
     Key(String),
 }
 
-/// The JSON document of DCP's metadata given as plain values.
-#[pyfunction]
-pub(crate) fn dcp_metadata_encode<'py>(
-    py: Python<'py>,
-    version: Option<String>,
-    state_dict: Vec<(String, Entry)>,
-    planner_data: Option<Vec<(String, Vec<Part>)>>,
-    storage: Vec<Where>,
-) -> PyResult<Bound<'py, PyBytes>> {
-    let doc = DcpDocument {
-        format: DCP_FORMAT,
-        version,
-        state_dict: state_dict
-            .into_iter()
-            .map(|(fqn, e)| (fqn, entry_in(e)))
-            .collect(),
-        planner_data: planner_data.map(|p| {
-            p.into_iter()
-                .map(|(fqn, path)| (fqn, path.into_iter().map(part_in).collect()))
-                .collect()
-        }),
-        storage: storage
-            .into_iter()
-            .map(|(fqn, offset, index, rank, entry)| DcpWhere {
-                fqn,
-                offset,
-                index,
-                rank,
-                entry,
+/// DCP's metadata as the JSON document `ckptstore.dcp` stores: DCP's
+/// version, each value of the state by fqn, the default planners' data
+/// (fqn -> the path of keys and indices in the nested state dict, in
+/// order) and where each item is.
+#[pyclass(frozen, module = "ckptstore._ckptstore", name = "DcpDocument")]
+pub(crate) struct PyDcpDocument(DcpDocument);
+
+#[pymethods]
+impl PyDcpDocument {
+    #[new]
+    fn new(
+        version: Option<String>,
+        state_dict: BTreeMap<String, DcpEntry>,
+        planner_data: Option<Bound<'_, PyDict>>,
+        storage: Vec<DcpWhere>,
+    ) -> PyResult<Self> {
+        let planner_data = match planner_data {
+            None => None,
+            Some(d) => Some(
+                d.iter()
+                    .map(|(k, v)| {
+                        let path: Vec<Part> = v.extract()?;
+                        Ok((k.extract()?, path.into_iter().map(part_in).collect()))
+                    })
+                    .collect::<PyResult<_>>()?,
+            ),
+        };
+        Ok(PyDcpDocument(DcpDocument {
+            format: DCP_FORMAT,
+            version,
+            state_dict: state_dict
+                .into_iter()
+                .map(|(k, e)| (k, entry_in(e)))
+                .collect(),
+            planner_data,
+            storage: storage.into_iter().map(where_in).collect(),
+        }))
+    }
+
+    /// The document of these bytes; CorruptError for bytes that are not one.
+    #[staticmethod]
+    fn decode(bytes: &[u8]) -> PyResult<Self> {
+        DcpDocument::decode(None, bytes)
+            .map(PyDcpDocument)
+            .map_err(py_err)
+    }
+
+    /// The document's bytes.
+    fn encode<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let bytes = self.0.encode().map_err(py_err)?;
+        Ok(PyBytes::new(py, &bytes))
+    }
+
+    #[getter]
+    fn version(&self) -> Option<String> {
+        self.0.version.clone()
+    }
+
+    #[getter]
+    fn state_dict(&self) -> BTreeMap<String, DcpEntry> {
+        let entries = self.0.state_dict.iter();
+        entries.map(|(k, e)| (k.clone(), entry_out(e))).collect()
+    }
+
+    #[getter]
+    fn planner_data<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(data) = &self.0.planner_data else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        for (fqn, path) in data {
+            let parts: Vec<Part> = path.iter().map(part_out).collect();
+            d.set_item(fqn, PyList::new(py, parts)?)?;
+        }
+        Ok(Some(d))
+    }
+
+    #[getter]
+    fn storage(&self) -> Vec<DcpWhere> {
+        self.0.storage.iter().map(where_out).collect()
+    }
+}
+
+fn entry_in(e: DcpEntry) -> ckptstore::DcpEntry {
+    let chunks = e.chunks.into_iter();
+    ckptstore::DcpEntry {
+        dtype: e.dtype,
+        itemsize: e.itemsize,
+        size: e.size,
+        requires_grad: e.requires_grad,
+        chunks: chunks
+            .map(|c| ckptstore::DcpChunk {
+                offsets: c.offsets,
+                sizes: c.sizes,
             })
             .collect(),
-    };
-    let bytes = doc.encode().map_err(py_err)?;
-    Ok(PyBytes::new(py, &bytes))
-}
-
-/// The plain values of a JSON document of DCP's metadata; CorruptError
-/// for bytes that are not one.
-#[pyfunction]
-pub(crate) fn dcp_metadata_decode(bytes: &[u8]) -> PyResult<Document> {
-    let doc = DcpDocument::decode(None, bytes).map_err(py_err)?;
-    let state_dict = doc
-        .state_dict
-        .into_iter()
-        .map(|(fqn, e)| (fqn, entry_out(e)))
-        .collect();
-    let planner = doc.planner_data.map(|p| {
-        p.into_iter()
-            .map(|(fqn, path)| (fqn, path.into_iter().map(part_out).collect()))
-            .collect()
-    });
-    let storage = doc
-        .storage
-        .into_iter()
-        .map(|w| (w.fqn, w.offset, w.index, w.rank, w.entry))
-        .collect();
-    Ok((doc.version, state_dict, planner, storage))
-}
-
-fn entry_in(e: Entry) -> DcpEntry {
-    match e {
-        None => DcpEntry {
-            bytes: true,
-            ..DcpEntry::default()
-        },
-        Some((dtype, itemsize, size, requires_grad, chunks)) => DcpEntry {
-            dtype: Some(dtype),
-            itemsize,
-            size,
-            requires_grad,
-            chunks: chunks
-                .into_iter()
-                .map(|(offsets, sizes)| DcpChunk { offsets, sizes })
-                .collect(),
-            bytes: false,
-        },
+        bytes: e.bytes,
     }
 }
 
-fn entry_out(e: DcpEntry) -> Entry {
-    if e.bytes {
-        return None;
+fn entry_out(e: &ckptstore::DcpEntry) -> DcpEntry {
+    let chunks = e.chunks.iter();
+    DcpEntry {
+        dtype: e.dtype.clone(),
+        itemsize: e.itemsize,
+        size: e.size.clone(),
+        requires_grad: e.requires_grad,
+        chunks: chunks
+            .map(|c| DcpChunk::new(c.offsets.clone(), c.sizes.clone()))
+            .collect(),
+        bytes: e.bytes,
     }
-    let chunks = e.chunks.into_iter().map(|c| (c.offsets, c.sizes)).collect();
-    Some((
-        e.dtype.unwrap_or_default(),
-        e.itemsize,
-        e.size,
-        e.requires_grad,
-        chunks,
-    ))
+}
+
+fn where_in(w: DcpWhere) -> ckptstore::DcpWhere {
+    ckptstore::DcpWhere {
+        fqn: w.fqn,
+        offset: w.offset,
+        index: w.index,
+        rank: w.rank,
+        entry: w.entry,
+    }
+}
+
+fn where_out(w: &ckptstore::DcpWhere) -> DcpWhere {
+    let w = w.clone();
+    DcpWhere::new(w.fqn, w.offset, w.index, w.rank, w.entry)
 }
 
 fn part_in(p: Part) -> DcpPathPart {
@@ -135,22 +240,46 @@ fn part_in(p: Part) -> DcpPathPart {
     }
 }
 
-fn part_out(p: DcpPathPart) -> Part {
+fn part_out(p: &DcpPathPart) -> Part {
     match p {
-        DcpPathPart::Index(i) => Part::Index(i),
-        DcpPathPart::Key(k) => Part::Key(k),
+        DcpPathPart::Index(i) => Part::Index(*i),
+        DcpPathPart::Key(k) => Part::Key(k.clone()),
     }
 }
 
+/// Where a box lies in a stored chunk (`ckptstore::BoxSpan`): its first
+/// byte from the chunk's start, its bytes, the chunk's strides in
+/// elements.
+#[pyclass(frozen, get_all, module = "ckptstore._ckptstore")]
+pub(crate) struct BoxSpan {
+    start: u64,
+    len: u64,
+    strides: Vec<u64>,
+}
+
 /// Where the box at `offsets` of `lengths` lies in a stored chunk of sizes
-/// `chunk` of `item`-byte elements: (first byte, bytes, the chunk's
-/// strides in elements), or None if it is not inside (`ckptstore::BoxSpan`).
+/// `chunk` of `item`-byte elements, or None if it is not inside.
 #[pyfunction]
 pub(crate) fn dcp_box_span(
     chunk: Vec<u64>,
     offsets: Vec<u64>,
     lengths: Vec<u64>,
     item: u64,
-) -> Option<(u64, u64, Vec<u64>)> {
-    ckptstore::BoxSpan::of(&chunk, &offsets, &lengths, item).map(|s| (s.start, s.len, s.strides))
+) -> Option<BoxSpan> {
+    ckptstore::BoxSpan::of(&chunk, &offsets, &lengths, item).map(|s| BoxSpan {
+        start: s.start,
+        len: s.len,
+        strides: s.strides,
+    })
+}
+
+/// Register the classes and the function.
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<DcpChunk>()?;
+    m.add_class::<DcpEntry>()?;
+    m.add_class::<DcpWhere>()?;
+    m.add_class::<PyDcpDocument>()?;
+    m.add_class::<BoxSpan>()?;
+    m.add_function(pyo3::wrap_pyfunction!(dcp_box_span, m)?)?;
+    Ok(())
 }

@@ -10,11 +10,12 @@ use pyo3::types::PyDict;
 
 use crate::arrays::Buffer;
 use crate::global_step::RawGlobalStep;
+use crate::pieces::{for_python, ChunkSlice, Piece};
 use crate::py_err;
 use crate::results;
 use crate::shard::{shard_hash, ShardId, ShardUpload, ShardValues, StoreStep};
 
-use crate::convert::{borrowed, ckpt_dict, policy, step_dict, step_of, PySaved};
+use crate::convert::{borrowed, ckpt_dict, policy, step_dict, step_of, Given};
 use crate::store::RawStore;
 
 /// A bucket (`s3://BUCKET/PREFIX` or `file:///DIR`).
@@ -30,7 +31,7 @@ impl RawRemote {
         &self,
         py: Python<'_>,
         shard: (u64, u32, u32),
-        tensors: &[PySaved<'_>],
+        tensors: &[Given<'_>],
         values: ckptstore::Step,
         how: ckptstore::ShardUpload,
     ) -> PyResult<results::ShardInfo> {
@@ -162,7 +163,7 @@ impl RawRemote {
                 values.metrics.clone(),
                 record.as_ref(),
             );
-            return self.shard_call(py, id.triple(), &values.saved(py)?, step, then);
+            return self.shard_call(py, id.triple(), &values.saved(py), step, then);
         }
         let Ok(from) = source.cast::<StoreStep>() else {
             return Err(PyTypeError::new_err(format!(
@@ -210,18 +211,24 @@ impl RawRemote {
     }
 
     /// Step `step` opened for reading parts of it (its newest commit that
-    /// checks out, or exactly `commit`), or None.
-    #[pyo3(signature = (step, commit=None))]
+    /// checks out, or exactly `commit`); the newest complete step if
+    /// `step` is None (one listing); or None.
+    #[pyo3(signature = (step=None, commit=None))]
     fn open_global(
         &self,
         py: Python<'_>,
-        step: u64,
+        step: Option<u64>,
         commit: Option<String>,
     ) -> PyResult<Option<RawGlobalStep>> {
         let global = py
-            .detach(|| match &commit {
-                Some(c) => self.remote.open_global_commit(step, c),
-                None => self.remote.open_global(step),
+            .detach(|| match (step, &commit) {
+                (Some(step), Some(c)) => self.remote.open_global_commit(step, c),
+                (Some(step), None) => self.remote.open_global(step),
+                (None, None) => self.remote.open_latest_global(),
+                (None, Some(_)) => Err(ckptstore::Error::InvalidCheckpoint {
+                    step: 0,
+                    reason: "a commit names a save of a step: give the step".into(),
+                }),
             })
             .map_err(py_err)?;
         Ok(global.map(|inner| RawGlobalStep { inner }))
@@ -263,13 +270,13 @@ impl RawRemote {
         Ok(got.map(|b| pyo3::types::PyBytes::new(py, &b)))
     }
 
-    /// The bytes of each (rank, name, offset, len) of `opened`, fetching
-    /// only the chunks they overlap, each hash-checked.
+    /// The bytes of each piece of `opened`, fetching only the chunks they
+    /// overlap, each hash-checked.
     fn read_pieces(
         &self,
         py: Python<'_>,
         opened: PyRef<'_, RawGlobalStep>,
-        pieces: Vec<(u32, String, u64, u64)>,
+        pieces: Vec<PyRef<'_, Piece>>,
     ) -> PyResult<Vec<Buffer>> {
         let refs = piece_refs(&pieces);
         let inner = &opened.inner;
@@ -286,22 +293,21 @@ impl RawRemote {
         &self,
         py: Python<'py>,
         opened: PyRef<'py, RawGlobalStep>,
-        pieces: Vec<(u32, String, u64, u64)>,
+        pieces: Vec<PyRef<'py, Piece>>,
         arrays: Vec<Bound<'py, PyAny>>,
     ) -> PyResult<()> {
         self.read_pieces_proving(py, opened, pieces, arrays, Vec::new())
             .map(drop)
     }
 
-    /// Where the bytes of each (rank, name, offset, len) of `opened` lie in
-    /// the bucket's chunks: for each, its slices (chunk hash, chunk
-    /// length, start and end in the chunk), in order.
+    /// Where the bytes of each piece of `opened` lie in the bucket's
+    /// chunks: for each, its slices, in order.
     fn slices(
         &self,
         py: Python<'_>,
         opened: PyRef<'_, RawGlobalStep>,
-        pieces: Vec<(u32, String, u64, u64)>,
-    ) -> PyResult<Vec<Vec<crate::slices::Slice>>> {
+        pieces: Vec<PyRef<'_, Piece>>,
+    ) -> PyResult<Vec<Vec<ChunkSlice>>> {
         let refs = piece_refs(&pieces);
         let inner = &opened.inner;
         let got = py
@@ -311,7 +317,7 @@ impl RawRemote {
                     .collect::<ckptstore::Result<Vec<_>>>()
             })
             .map_err(py_err)?;
-        Ok(crate::slices::for_python(got))
+        Ok(for_python(got))
     }
 
     /// Like `read_pieces_into`, and the proofs of the slices of each of
@@ -320,9 +326,9 @@ impl RawRemote {
         &self,
         py: Python<'py>,
         opened: PyRef<'py, RawGlobalStep>,
-        pieces: Vec<(u32, String, u64, u64)>,
+        pieces: Vec<PyRef<'py, Piece>>,
         arrays: Vec<Bound<'py, PyAny>>,
-        proved: Vec<(u32, String, u64, u64)>,
+        proved: Vec<PyRef<'py, Piece>>,
     ) -> PyResult<Vec<Bound<'py, pyo3::types::PyBytes>>> {
         let refs = piece_refs(&pieces);
         let proved = piece_refs(&proved);
@@ -427,9 +433,6 @@ fn ranks(names: &[String]) -> impl Iterator<Item = (u32, &String)> {
 }
 
 /// Pieces as Python passes them, as the library takes them.
-fn piece_refs(pieces: &[(u32, String, u64, u64)]) -> Vec<ckptstore::Piece<'_>> {
-    pieces
-        .iter()
-        .map(|(rank, name, offset, len)| (*rank, name.as_str(), *offset, *len))
-        .collect()
+fn piece_refs<'a>(pieces: &'a [PyRef<'_, Piece>]) -> Vec<ckptstore::Piece<'a>> {
+    pieces.iter().map(|p| p.as_crate()).collect()
 }

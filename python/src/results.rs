@@ -142,14 +142,14 @@ impl From<&ckptstore::StoreStats> for StoreStats {
 
 result_class! {
     /// A stored step's metadata, read without its data: its metrics, each
-    /// untyped blob's length, each tensor's (dtype, shape) and how the step
-    /// was saved.
+    /// untyped blob's length, each tensor's dtype, shape and length
+    /// (`EntryInfo`) and how the step was saved.
     StepInfo {
         step: u64,
         timestamp: u64,
         metrics: BTreeMap<String, f64>,
         blobs: BTreeMap<String, u64>,
-        tensors: BTreeMap<String, (String, Vec<u64>)>,
+        tensors: BTreeMap<String, EntryInfo>,
         save_record: crate::record::SaveRecord,
     }
 }
@@ -164,7 +164,14 @@ impl From<ckptstore::StepInfo> for StepInfo {
             tensors: i
                 .tensors
                 .into_iter()
-                .map(|(name, t)| (name, (t.dtype.to_string(), t.shape)))
+                .map(|(name, t)| {
+                    let info = EntryInfo {
+                        dtype: Some(t.dtype.to_string()),
+                        shape: Some(t.shape),
+                        len: t.bytes,
+                    };
+                    (name, info)
+                })
                 .collect(),
             save_record: crate::record::SaveRecord(i.save_record),
         }
@@ -329,47 +336,5 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ReplicationStatus>()?;
     m.add_class::<ShardInfo>()?;
     m.add_class::<ShardStatus>()?;
-    m.add_class::<EntryInfo>()?;
-    m.add_class::<Tensor>()
-}
-
-/// A tensor given as its bytes, for a dtype numpy may lack (`BF16`
-/// without ml_dtypes, the `F8_*` types): a value of a saved state, like a
-/// numpy array. `data` is any C-contiguous buffer of dtype x shape bytes;
-/// `hashes`, the hashes of its chunks `copy_hashed` took as it copied
-/// them there (a save then does not read the bytes again to hash them).
-#[pyclass(frozen, get_all, module = "ckptstore")]
-pub(crate) struct Tensor {
-    dtype: String,
-    shape: Vec<u64>,
-    data: Py<PyAny>,
-    hashes: Option<Py<crate::arrays::ChunkHashes>>,
-}
-
-#[pymethods]
-impl Tensor {
-    #[new]
-    #[pyo3(signature = (dtype, shape, data, hashes=None))]
-    fn new(
-        dtype: String,
-        shape: Vec<u64>,
-        data: Bound<'_, PyAny>,
-        hashes: Option<Py<crate::arrays::ChunkHashes>>,
-    ) -> PyResult<Self> {
-        if ckptstore::Dtype::from_name(&dtype).is_none() {
-            return Err(pyo3::exceptions::PyTypeError::new_err(format!(
-                "unknown dtype {dtype:?}: a safetensors dtype name such as \"BF16\""
-            )));
-        }
-        Ok(Tensor {
-            dtype,
-            shape,
-            data: data.unbind(),
-            hashes,
-        })
-    }
-
-    fn __repr__(&self) -> String {
-        format!("Tensor(dtype={:?}, shape={:?})", self.dtype, self.shape)
-    }
+    m.add_class::<EntryInfo>()
 }

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use ckptstore::{SaveId, ShardHash};
 use pyo3::prelude::*;
 
-use crate::convert::PySaved;
+use crate::convert::{given, Given, PyTensor};
 use crate::record::SaveRecord;
 use crate::store::RawStore;
 
@@ -96,13 +96,13 @@ pub(crate) fn shard_hash(step: u64, rank: u32, name: &str) -> ckptstore::Result<
     })
 }
 
-/// A shard's bytes in Python's memory: `tensors` (name, dtype, shape,
-/// array, chunk hashes or None: hashed and uploaded from the arrays' own
-/// memory), `blobs`, `metrics` and `record`.
+/// A shard's bytes in Python's memory: `tensors` by name (`Tensor`s:
+/// hashed and uploaded from the arrays' own memory), `blobs` by name,
+/// `metrics` and `record`.
 #[pyclass(frozen, module = "ckptstore")]
 pub(crate) struct ShardValues {
-    pub(crate) tensors: Vec<Py<PyAny>>,
-    pub(crate) blobs: Vec<(String, Vec<u8>)>,
+    pub(crate) tensors: BTreeMap<String, Py<PyTensor>>,
+    pub(crate) blobs: BTreeMap<String, Vec<u8>>,
     pub(crate) metrics: BTreeMap<String, f64>,
     pub(crate) record: Option<Py<SaveRecord>>,
 }
@@ -110,30 +110,26 @@ pub(crate) struct ShardValues {
 #[pymethods]
 impl ShardValues {
     #[new]
-    #[pyo3(signature = (tensors=Vec::new(), blobs=Vec::new(), metrics=BTreeMap::new(), record=None))]
+    #[pyo3(signature = (tensors=BTreeMap::new(), blobs=BTreeMap::new(), metrics=BTreeMap::new(), record=None))]
     fn new(
-        tensors: Vec<Bound<'_, PyAny>>,
-        blobs: Vec<(String, Vec<u8>)>,
+        tensors: BTreeMap<String, Py<PyTensor>>,
+        blobs: BTreeMap<String, Vec<u8>>,
         metrics: BTreeMap<String, f64>,
         record: Option<Py<SaveRecord>>,
-    ) -> PyResult<Self> {
-        // Checked now: a malformed tensor fails where it was given.
-        for t in &tensors {
-            t.extract::<PySaved<'_>>()?;
-        }
-        Ok(ShardValues {
-            tensors: tensors.into_iter().map(Bound::unbind).collect(),
+    ) -> Self {
+        ShardValues {
+            tensors,
             blobs,
             metrics,
             record,
-        })
+        }
     }
 }
 
 impl ShardValues {
     /// The tensors, as the conversions take them.
-    pub(crate) fn saved<'py>(&self, py: Python<'py>) -> PyResult<Vec<PySaved<'py>>> {
-        self.tensors.iter().map(|t| t.bind(py).extract()).collect()
+    pub(crate) fn saved<'py>(&self, py: Python<'py>) -> Vec<Given<'py>> {
+        given(py, &self.tensors)
     }
 }
 
@@ -150,8 +146,9 @@ pub(crate) struct StoreStep {
 #[pymethods]
 impl StoreStep {
     #[new]
-    #[pyo3(signature = (store, drop=Vec::new(), add=Vec::new()))]
-    fn new(store: Py<RawStore>, drop: Vec<String>, add: Vec<(String, Vec<u8>)>) -> Self {
+    #[pyo3(signature = (store, drop=Vec::new(), add=BTreeMap::new()))]
+    fn new(store: Py<RawStore>, drop: Vec<String>, add: BTreeMap<String, Vec<u8>>) -> Self {
+        let add = add.into_iter().collect();
         StoreStep { store, drop, add }
     }
 }

@@ -6,23 +6,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
 use crate::arrays::borrow_bytes;
-
-/// Where bytes lie in a chunk, as Python takes it: (the chunk's hash,
-/// its length, start, end).
-pub(crate) type Slice = (Vec<u8>, u64, u64, u64);
-
-/// Each range's slices, as Python takes them.
-pub(crate) fn for_python(ranges: Vec<Vec<ckptstore::ChunkSlice>>) -> Vec<Vec<Slice>> {
-    ranges
-        .into_iter()
-        .map(|slices| {
-            slices
-                .into_iter()
-                .map(|s| (s.hash.to_vec(), s.len, s.a, s.b))
-                .collect()
-        })
-        .collect()
-}
+use crate::pieces::{for_python, ChunkSlice, Range};
 
 /// The length of the proof of bytes `a..b` of a chunk of `len` bytes.
 #[pyfunction]
@@ -84,11 +68,14 @@ impl ChunkMap {
         Ok(ChunkMap(map))
     }
 
-    /// Each (name, start, len) of `ranges`' slices, in order.
-    fn slices(&self, ranges: Vec<(String, u64, u64)>) -> PyResult<Vec<Vec<Slice>>> {
+    /// The slices of each of `ranges`, in order.
+    fn slices(&self, ranges: Vec<PyRef<'_, Range>>) -> PyResult<Vec<Vec<ChunkSlice>>> {
         let found = ranges
             .iter()
-            .map(|(name, start, len)| self.0.slices(name, *start, *len))
+            .map(|r| {
+                let (name, start, len) = r.as_crate();
+                self.0.slices(name, start, len)
+            })
             .collect::<ckptstore::Result<Vec<_>>>()
             .map_err(crate::py_err)?;
         Ok(for_python(found))

@@ -8,8 +8,9 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::arrays::borrow_disjoint_mut;
-use crate::convert::{borrowed, ckpt_dict, dtype, owned, policy, step_of, PySaved, PyTensor};
+use crate::convert::{borrowed, ckpt_dict, dtype, given, owned, policy, step_of, PyTensor};
 use crate::handle::Handle;
+use crate::pieces::{for_python, ChunkSlice, Range};
 use crate::results;
 use crate::{py_err, CkptError};
 
@@ -95,13 +96,14 @@ impl RawStore {
         &self,
         py: Python<'py>,
         step: u64,
-        tensors: Vec<PySaved<'py>>,
-        blobs: Vec<(String, Vec<u8>)>,
+        tensors: BTreeMap<String, Py<PyTensor>>,
+        blobs: BTreeMap<String, Vec<u8>>,
         metrics: BTreeMap<String, f64>,
         replace: bool,
         record: Option<PyRef<'py, crate::record::SaveRecord>>,
     ) -> PyResult<results::CommitInfo> {
         let ckpt = GradientCheckpoint::from(step_of(step, blobs, metrics, record.as_deref()));
+        let tensors = given(py, &tensors);
         let borrowed = borrowed(&tensors)?;
         let store = self.get()?;
         let info = py
@@ -120,14 +122,20 @@ impl RawStore {
     #[pyo3(signature = (step, tensors, blobs, metrics, record = None))]
     fn save_async(
         &self,
+        py: Python<'_>,
         step: u64,
-        tensors: Vec<PySaved<'_>>,
-        blobs: Vec<(String, Vec<u8>)>,
+        tensors: BTreeMap<String, Py<PyTensor>>,
+        blobs: BTreeMap<String, Vec<u8>>,
         metrics: BTreeMap<String, f64>,
         record: Option<PyRef<'_, crate::record::SaveRecord>>,
     ) -> PyResult<Handle> {
-        let ckpt =
-            GradientCheckpoint::from(owned(step, &tensors, blobs, metrics, record.as_deref())?);
+        let ckpt = GradientCheckpoint::from(owned(
+            step,
+            &given(py, &tensors),
+            blobs,
+            metrics,
+            record.as_deref(),
+        )?);
         let handle = self.get()?.commit_async(ckpt).map_err(py_err)?;
         Ok(Handle::new(handle))
     }
@@ -158,19 +166,21 @@ impl RawStore {
     }
 
     /// Like `load`, with each of `targets` whose dtype and shape are the
-    /// stored tensor's read straight into its array: (the dict without
-    /// those, the names filled), or None.
+    /// stored tensor's read straight into its array: the dict without
+    /// those, its "filled" the names filled; or None.
     fn load_into<'py>(
         &self,
         py: Python<'py>,
         step: Option<u64>,
-        targets: Vec<PyTensor<'py>>,
-    ) -> PyResult<Option<(Bound<'py, PyDict>, Vec<String>)>> {
-        let arrays: Vec<&Bound<'py, PyAny>> = targets.iter().map(|t| &t.3).collect();
+        targets: BTreeMap<String, Py<PyTensor>>,
+    ) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let targets = given(py, &targets);
+        let arrays: Vec<&Bound<'py, PyAny>> = targets.iter().map(|t| &t.data).collect();
         let buffers = borrow_disjoint_mut(&arrays)?;
         let mut into = Vec::with_capacity(targets.len());
-        for ((name, dt, shape, _), data) in targets.iter().zip(buffers) {
-            let t = TensorMut::new(name.clone(), dtype(name, dt)?, shape.clone(), data)
+        for (t, data) in targets.iter().zip(buffers) {
+            let dt = dtype(&t.name, &t.dtype)?;
+            let t = TensorMut::new(t.name.clone(), dt, t.shape.clone(), data)
                 .map_err(|e| PyValueError::new_err(e.to_string()))?;
             into.push(t);
         }
@@ -178,12 +188,17 @@ impl RawStore {
         let ckpt = py
             .detach(|| store.get_into(step, &mut into))
             .map_err(py_err)?;
-        let filled = into
+        let filled: Vec<String> = into
             .iter()
             .filter(|t| t.filled())
             .map(|t| t.name().to_owned())
             .collect();
-        ckpt.map(|c| Ok((ckpt_dict(py, c)?, filled))).transpose()
+        let Some(c) = ckpt else {
+            return Ok(None);
+        };
+        let d = ckpt_dict(py, c)?;
+        d.set_item("filled", filled)?;
+        Ok(Some(d))
     }
 
     /// The store's UUID: it names the store's run in a bucket.
@@ -234,39 +249,40 @@ impl RawStore {
         Ok(got.map(|b| pyo3::types::PyBytes::new(py, &b)))
     }
 
-    /// Fill each (name, start, array) of `reads` with bytes `start..` of
-    /// entry `name` of step `step` (only the chunks holding them read,
-    /// each hash-checked first); False (nothing filled) if the step is not
-    /// stored or, `digest` given, is another save of it.
+    /// Fill each of `arrays` with the bytes of step `step` from the start
+    /// of its range of `ranges` (entry, offset; as many bytes as the array
+    /// holds; only the chunks holding them read, each hash-checked first);
+    /// False (nothing filled) if the step is not stored or, `digest`
+    /// given, is another save of it.
     fn read_ranges<'py>(
         &self,
         py: Python<'py>,
         step: u64,
         digest: Option<&str>,
-        reads: Vec<(String, u64, Bound<'py, PyAny>)>,
+        ranges: Vec<PyRef<'py, Range>>,
+        arrays: Vec<Bound<'py, PyAny>>,
     ) -> PyResult<bool> {
-        let proved = self.read_ranges_proving(py, step, digest, reads, Vec::new())?;
+        let proved = self.read_ranges_proving(py, step, digest, ranges, arrays, Vec::new())?;
         Ok(proved.is_some())
     }
 
-    /// Where the bytes of each (name, start, len) of `ranges` of step
-    /// `step` lie in the store's chunks: its slices (chunk hash, chunk
-    /// length, start and end in the chunk), in order; None as
-    /// `read_ranges` gives False.
+    /// Where the bytes of each of `ranges` of step `step` lie in the
+    /// store's chunks: its slices, in order; None as `read_ranges` gives
+    /// False.
     fn slices(
         &self,
         py: Python<'_>,
         step: u64,
         digest: Option<&str>,
-        ranges: Vec<(String, u64, u64)>,
-    ) -> PyResult<Option<Vec<Vec<crate::slices::Slice>>>> {
+        ranges: Vec<PyRef<'_, Range>>,
+    ) -> PyResult<Option<Vec<Vec<ChunkSlice>>>> {
         let digest = content_digest(digest)?;
         let ranges = range_refs(&ranges);
         let store = self.get()?;
         let got = py
             .detach(|| store.slices(step, digest.as_ref(), &ranges))
             .map_err(py_err)?;
-        Ok(got.map(crate::slices::for_python))
+        Ok(got.map(for_python))
     }
 
     /// The chunk map of step `step` as bytes to send to a rank that does
@@ -285,24 +301,40 @@ impl RawStore {
         Ok(map.map(|m| pyo3::types::PyBytes::new(py, &m)))
     }
 
-    /// Like `read_ranges`, and the proofs of the slices of each
-    /// (name, start, len) of `proved`, back to back; None as `read_ranges`
-    /// gives False.
+    /// Like `read_ranges`, and the proofs of the slices of each of
+    /// `proved`, back to back; None as `read_ranges` gives False.
     fn read_ranges_proving<'py>(
         &self,
         py: Python<'py>,
         step: u64,
         digest: Option<&str>,
-        reads: Vec<(String, u64, Bound<'py, PyAny>)>,
-        proved: Vec<(String, u64, u64)>,
+        ranges: Vec<PyRef<'py, Range>>,
+        arrays: Vec<Bound<'py, PyAny>>,
+        proved: Vec<PyRef<'py, Range>>,
     ) -> PyResult<Option<Vec<Bound<'py, pyo3::types::PyBytes>>>> {
+        if ranges.len() != arrays.len() {
+            return Err(PyValueError::new_err(format!(
+                "{} ranges and {} arrays: one array a range",
+                ranges.len(),
+                arrays.len()
+            )));
+        }
         let digest = content_digest(digest)?;
-        let arrays: Vec<&Bound<'py, PyAny>> = reads.iter().map(|r| &r.2).collect();
+        let arrays: Vec<&Bound<'py, PyAny>> = arrays.iter().collect();
         let buffers = borrow_disjoint_mut(&arrays)?;
-        let mut ranges: Vec<(&str, u64, &mut [u8])> = reads
+        let sizes = ranges.iter().map(|r| r.as_crate()).zip(&buffers);
+        if let Some(((name, at, len), out)) =
+            sizes.into_iter().find(|(r, out)| r.2 != out.len() as u64)
+        {
+            return Err(PyValueError::new_err(format!(
+                "the range of {len} bytes at {at} of {name:?} has an array of {} bytes",
+                out.len()
+            )));
+        }
+        let mut ranges: Vec<(&str, u64, &mut [u8])> = ranges
             .iter()
             .zip(buffers)
-            .map(|((name, start, _), out)| (name.as_str(), *start, out))
+            .map(|(r, out)| (r.name(), r.offset(), out))
             .collect();
         let proved = range_refs(&proved);
         let store = self.get()?;
@@ -432,9 +464,6 @@ fn content_digest(digest: Option<&str>) -> PyResult<Option<ckptstore::ContentDig
 
 /// Ranges `(name, start, len)` as Python passes them, as the library
 /// takes them.
-fn range_refs(ranges: &[(String, u64, u64)]) -> Vec<(&str, u64, u64)> {
-    ranges
-        .iter()
-        .map(|(name, start, len)| (name.as_str(), *start, *len))
-        .collect()
+fn range_refs<'a>(ranges: &'a [PyRef<'_, Range>]) -> Vec<(&'a str, u64, u64)> {
+    ranges.iter().map(|r| r.as_crate()).collect()
 }

@@ -15,28 +15,6 @@ use pyo3::prelude::*;
 
 use crate::py_err;
 
-/// A record's fields: step, saved_at, seq, ranks_per_node, digests,
-/// copies, sizes, upload, metadata, cost (sizes and metadata: None but in
-/// a record of format 1).
-type RecordFields = (
-    u64,
-    u64,
-    u64,
-    u32,
-    Vec<String>,
-    Vec<Vec<u32>>,
-    Option<Vec<BTreeMap<String, u64>>>,
-    bool,
-    Option<String>,
-    Option<HashMap<String, f64>>,
-);
-
-/// (holder, "own" or "copy", source rank, step, digest).
-type HoldingFields = (u32, String, u32, u64, String);
-
-/// (order, (step, saved_at), missing ranks).
-type EvaluationFields = ((u64, u64, u64), (u64, u64), Vec<u32>);
-
 /// A save's cost as `SaveCost`'s fields.
 fn cost_fields(c: Cost) -> HashMap<String, f64> {
     #[allow(clippy::cast_precision_loss)] // bytes as Python floats, as SaveCost keeps them
@@ -50,31 +28,29 @@ fn cost_fields(c: Cost) -> HashMap<String, f64> {
     ])
 }
 
-fn fields(r: &Record) -> RecordFields {
-    let cost = r.cost.map(cost_fields);
-    (
-        r.step,
-        r.saved_at,
-        r.seq,
-        r.ranks_per_node,
-        r.digests.iter().map(ToString::to_string).collect(),
-        r.copies.clone(),
-        r.legacy.as_ref().map(|l| l.sizes.clone()),
-        r.upload,
-        r.legacy.as_ref().map(|l| l.metadata.clone()),
-        cost,
-    )
-}
-
 fn digest(hex: &str) -> PyResult<ContentDigest> {
     ContentDigest::from_hex(hex)
         .ok_or_else(|| PyValueError::new_err(format!("{hex:?} is not a content digest")))
 }
 
-fn record(f: RecordFields) -> PyResult<Record> {
-    let (step, saved_at, seq, ranks_per_node, digests, copies, sizes, upload, metadata, cost) = f;
+/// A record's fields as `TierRecord(...)` takes them (sizes and metadata:
+/// None but in a record of format 1).
+struct RecordArgs {
+    step: u64,
+    saved_at: u64,
+    seq: u64,
+    ranks_per_node: u32,
+    digests: Vec<String>,
+    copies: Vec<Vec<u32>>,
+    sizes: Option<Vec<BTreeMap<String, u64>>>,
+    upload: bool,
+    metadata: Option<String>,
+    cost: Option<HashMap<String, f64>>,
+}
+
+fn record(f: RecordArgs) -> PyResult<Record> {
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // byte counts kept as floats
-    let cost = cost.map(|c| {
+    let cost = f.cost.map(|c| {
         let get = |k: &str| c.get(k).copied().unwrap_or(0.0);
         Cost {
             blocked_seconds: get("blocked_seconds"),
@@ -84,7 +60,7 @@ fn record(f: RecordFields) -> PyResult<Record> {
             bytes_deduplicated: get("bytes_deduplicated") as u64,
         }
     });
-    let legacy = match (sizes, metadata) {
+    let legacy = match (f.sizes, f.metadata) {
         (Some(sizes), Some(metadata)) => Some(Legacy { sizes, metadata }),
         (None, None) => None,
         _ => {
@@ -94,30 +70,95 @@ fn record(f: RecordFields) -> PyResult<Record> {
         }
     };
     Ok(Record {
-        step,
-        saved_at,
-        seq,
-        ranks_per_node,
-        digests: digests.iter().map(|d| digest(d)).collect::<PyResult<_>>()?,
-        copies,
-        upload,
+        step: f.step,
+        saved_at: f.saved_at,
+        seq: f.seq,
+        ranks_per_node: f.ranks_per_node,
+        digests: f
+            .digests
+            .iter()
+            .map(|d| digest(d))
+            .collect::<PyResult<_>>()?,
+        copies: f.copies,
+        upload: f.upload,
         cost,
         legacy,
     })
 }
 
-fn holdings(held: Vec<HoldingFields>) -> PyResult<Vec<Holding>> {
-    held.into_iter()
-        .map(|(holder, kind, rank, step, hex)| {
-            let kind = store_kind(&kind)?;
-            Ok(Holding {
-                holder,
-                store: StoreName { kind, rank },
-                step,
-                digest: digest(&hex)?,
-            })
+/// What one rank holds of the local tier: the shard of rank `rank` of
+/// step `step` with content `digest`, in its store of `kind` ("own" or
+/// "copy"), held by rank `holder` (`ckptstore::tier::Holding`).
+#[pyclass(frozen, module = "ckptstore._ckptstore")]
+pub(crate) struct TierHolding(Holding);
+
+#[pymethods]
+impl TierHolding {
+    #[new]
+    fn new(holder: u32, kind: &str, rank: u32, step: u64, digest_hex: &str) -> PyResult<Self> {
+        Ok(TierHolding(Holding {
+            holder,
+            store: StoreName {
+                kind: store_kind(kind)?,
+                rank,
+            },
+            step,
+            digest: digest(digest_hex)?,
+        }))
+    }
+
+    fn __repr__(&self) -> String {
+        let h = &self.0;
+        format!(
+            "TierHolding(holder={}, rank={}, step={})",
+            h.holder, h.store.rank, h.step
+        )
+    }
+}
+
+fn holdings(held: &[PyRef<'_, TierHolding>]) -> Vec<Holding> {
+    held.iter().map(|h| h.0).collect()
+}
+
+/// A save of the local tier evaluated against what the job holds
+/// (`ckptstore::tier::Evaluation`): which save (`step`, `saved_at`), its
+/// place in the order of saves, and the ranks whose shard no rank holds
+/// (empty: it can be restored whole). Pickled (ranks gather them).
+#[pyclass(frozen, eq, module = "ckptstore._ckptstore")]
+#[derive(PartialEq)]
+pub(crate) struct TierEvaluation(Evaluation);
+
+#[pymethods]
+impl TierEvaluation {
+    #[new]
+    fn new(step: u64, saved_at: u64, order: [u64; 3], missing: Vec<u32>) -> Self {
+        TierEvaluation(Evaluation {
+            key: (step, saved_at),
+            order: (order[0], order[1], order[2]),
+            missing,
         })
-        .collect()
+    }
+
+    #[getter]
+    fn step(&self) -> u64 {
+        self.0.key.0
+    }
+    #[getter]
+    fn saved_at(&self) -> u64 {
+        self.0.key.1
+    }
+    #[getter]
+    fn missing(&self) -> Vec<u32> {
+        self.0.missing.clone()
+    }
+
+    fn __reduce__(slf: &Bound<'_, Self>) -> PyResult<(Py<PyAny>, Py<PyAny>)> {
+        let py = slf.py();
+        let e = &slf.get().0;
+        let order = [e.order.0, e.order.1, e.order.2];
+        let args = (e.key.0, e.key.1, order, e.missing.clone()).into_pyobject(py)?;
+        Ok((slf.get_type().into_any().unbind(), args.into_any().unbind()))
+    }
 }
 
 /// A record of a save on the local tier (`ckptstore::tier::Record`),
@@ -131,9 +172,9 @@ pub(crate) struct TierRecord(Record);
 impl TierRecord {
     /// For each rank of this save, the ranks holding its shard (own
     /// stores first, then copies, by rank), by what each rank holds.
-    fn holders(&self, held: Vec<HoldingFields>) -> PyResult<Vec<Vec<u32>>> {
-        let held = holdings(held)?;
-        Ok(Held::new(&held).all_holders(&self.0))
+    fn holders(&self, held: Vec<PyRef<'_, TierHolding>>) -> Vec<Vec<u32>> {
+        let held = holdings(&held);
+        Held::new(&held).all_holders(&self.0)
     }
 
     #[new]
@@ -151,7 +192,7 @@ impl TierRecord {
         cost: Option<HashMap<String, f64>>,
         seq: u64,
     ) -> PyResult<Self> {
-        let fields = (
+        record(RecordArgs {
             step,
             saved_at,
             seq,
@@ -162,8 +203,8 @@ impl TierRecord {
             upload,
             metadata,
             cost,
-        );
-        record(fields).map(TierRecord)
+        })
+        .map(TierRecord)
     }
 
     #[getter]
@@ -218,9 +259,21 @@ impl TierRecord {
 
     fn __reduce__(slf: &Bound<'_, Self>) -> PyResult<(Py<PyAny>, Py<PyAny>)> {
         let py = slf.py();
-        let r = &slf.get().0;
-        let f = fields(r);
-        let args = (f.0, f.1, f.3, f.4, f.5, f.7, f.6, f.8, f.9, f.2).into_pyobject(py)?;
+        let this = slf.get();
+        let r = &this.0;
+        let args = (
+            r.step,
+            r.saved_at,
+            r.ranks_per_node,
+            this.digests(),
+            r.copies.clone(),
+            r.upload,
+            this.sizes(),
+            this.metadata(),
+            this.cost(),
+            r.seq,
+        )
+            .into_pyobject(py)?;
         Ok((slf.get_type().into_any().unbind(), args.into_any().unbind()))
     }
 
@@ -234,6 +287,15 @@ impl TierRecord {
             if self.0.upload { "True" } else { "False" }
         )
     }
+}
+
+/// A store of a node's tier directory: of `kind` ("own": rank `rank`'s
+/// own shards; "copy": copies of them), at `path`.
+#[pyclass(frozen, get_all, module = "ckptstore._ckptstore")]
+pub(crate) struct TierStore {
+    kind: String,
+    rank: u32,
+    path: String,
 }
 
 /// A node's directory of the local tier (`ckptstore::tier::TierDir`):
@@ -254,20 +316,13 @@ impl PyTierDir {
     #[staticmethod]
     #[pyo3(signature = (evaluations, step=None))]
     fn pick(
-        evaluations: Vec<EvaluationFields>,
+        evaluations: Vec<PyRef<'_, TierEvaluation>>,
         step: Option<u64>,
-    ) -> (Option<EvaluationFields>, Vec<EvaluationFields>) {
-        let all: Vec<Evaluation> = evaluations
-            .into_iter()
-            .map(|(order, key, missing)| Evaluation {
-                key,
-                order,
-                missing,
-            })
-            .collect();
+    ) -> (Option<TierEvaluation>, Vec<TierEvaluation>) {
+        let all: Vec<Evaluation> = evaluations.iter().map(|e| e.0.clone()).collect();
         let (best, newer) = tier::pick(&all, step);
-        let out = |e: Evaluation| (e.order, e.key, e.missing);
-        (best.map(out), newer.into_iter().map(out).collect())
+        let newer = newer.into_iter().map(TierEvaluation).collect();
+        (best.map(TierEvaluation), newer)
     }
 
     #[getter]
@@ -335,27 +390,20 @@ impl PyTierDir {
         Ok(path.to_string_lossy().into_owned())
     }
 
-    /// The stores: (kind "own" or "copy", rank, path), in name order.
-    fn stores(&self) -> PyResult<Vec<(String, u32, String)>> {
-        Ok(self
-            .0
-            .stores()
-            .map_err(py_err)?
-            .into_iter()
-            .map(|name| {
-                let kind = if name.kind == StoreKind::Own {
-                    "own"
-                } else {
-                    "copy"
-                };
-                let path = self.0.store_path(name);
-                (
-                    kind.to_owned(),
-                    name.rank,
-                    path.to_string_lossy().into_owned(),
-                )
-            })
-            .collect())
+    /// The stores, in name order.
+    fn stores(&self) -> PyResult<Vec<TierStore>> {
+        let names = self.0.stores().map_err(py_err)?;
+        let store = |name: StoreName| TierStore {
+            kind: if name.kind == StoreKind::Own {
+                "own"
+            } else {
+                "copy"
+            }
+            .to_owned(),
+            rank: name.rank,
+            path: self.0.store_path(name).to_string_lossy().into_owned(),
+        };
+        Ok(names.into_iter().map(store).collect())
     }
 
     /// The steps a rank whose records are `records` keeps after a save
@@ -386,19 +434,14 @@ impl PyTierDir {
     fn evaluate(
         &self,
         py: Python<'_>,
-        held: Vec<HoldingFields>,
-    ) -> PyResult<Vec<EvaluationFields>> {
-        let held = holdings(held)?;
+        held: Vec<PyRef<'_, TierHolding>>,
+    ) -> PyResult<Vec<TierEvaluation>> {
+        let held = holdings(&held);
         py.detach(|| {
             let (records, _) = self.0.records(None)?;
             let index = Held::new(&held);
-            Ok(records
-                .iter()
-                .map(|(_, r)| {
-                    let e = index.evaluate(r);
-                    (e.order, e.key, e.missing)
-                })
-                .collect())
+            let all = records.iter().map(|(_, r)| index.evaluate(r));
+            Ok(all.map(TierEvaluation).collect())
         })
         .map_err(py_err)
     }
@@ -415,6 +458,9 @@ fn store_kind(kind: &str) -> PyResult<StoreKind> {
 /// Register the classes.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<TierRecord>()?;
+    m.add_class::<TierHolding>()?;
+    m.add_class::<TierStore>()?;
+    m.add_class::<TierEvaluation>()?;
     m.add_class::<PyTierDir>()?;
     Ok(())
 }

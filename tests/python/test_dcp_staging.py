@@ -86,9 +86,9 @@ def test_background_staging_returns_before_the_copy_and_says_when_it_is_done(tmp
     gate = threading.Event()
     real = _staging.copy_hashed
 
-    def held(pairs):
+    def held(sources, destinations):
         assert gate.wait(30)
-        return real(pairs)
+        return real(sources, destinations)
 
     monkeypatch.setattr(_staging, "copy_hashed", held)
     live = state(1)

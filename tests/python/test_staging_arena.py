@@ -66,7 +66,7 @@ def test_the_staged_hashes_are_those_of_the_staged_bytes():
     out = _staging.staged(live)
     for k in ("w", "bias", "emb"):
         t = out.state[k]
-        want = copy_hashed([(_staging._bytes(t), _staging._bytes(torch.empty_like(t)))])[0]
+        want = copy_hashed([_staging._bytes(t)], [_staging._bytes(torch.empty_like(t))])[0]
         assert out.hashes_of(t) == want, k
     assert out.hashes_of(out.state["w.T"]) is None  # strided: the save hashes it
 

@@ -381,7 +381,7 @@ def test_background_staging_returns_before_the_copy_and_saves_the_state_at_stagi
 
     gate = threading.Event()
     real = _staging.copy_hashed
-    monkeypatch.setattr(_staging, "copy_hashed", lambda pairs: gate.wait(30) and real(pairs))
+    monkeypatch.setattr(_staging, "copy_hashed", lambda src, dst: gate.wait(30) and real(src, dst))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tiers = Tiers(f"{tmp_path}/node{{node}}", background_staging=True)

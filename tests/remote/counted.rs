@@ -194,6 +194,23 @@ fn the_newest_step_is_found_without_listing_every_commit() -> Result {
     eprintln!("the newest of {STEPS} steps: {n} requests, {listed} objects listed");
     assert!(n <= 3 && listed <= 2, "{n} requests, {listed} listed");
 
+    // Opening the newest step for a load lists once: the requests of
+    // `latest_step` and the collection mark, not those and a listing of
+    // the step's commits again.
+    counting.reset();
+    let newest = remote.open_latest_global()?.ok_or("a complete step")?;
+    let (one, listed) = (counting.requests(), counting.listed());
+    counting.reset();
+    let step = remote.latest_step()?.ok_or("a complete step")?;
+    let two = remote.open_global(step)?.ok_or("a complete step")?;
+    let both = counting.requests();
+    eprintln!("the newest step opened: {one} requests in one listing, {both} in two");
+    assert_eq!((newest.step(), newest.commit()), (two.step(), two.commit()));
+    assert!(
+        one <= 4 && listed <= 2 && one < both,
+        "{one} requests ({listed} listed), {both} in two"
+    );
+
     let hint = object_store::path::Path::from("run/hints/latest");
     let put = |bytes: &[u8]| -> Result {
         let payload = object_store::PutPayload::from(bytes.to_vec());
@@ -217,6 +234,8 @@ fn the_newest_step_is_found_without_listing_every_commit() -> Result {
             "{}",
             String::from_utf8_lossy(stale)
         );
+        let opened = remote.open_latest_global()?.map(|g| g.step());
+        assert_eq!(opened, Some(STEPS), "{}", String::from_utf8_lossy(stale));
     }
     Ok(())
 }

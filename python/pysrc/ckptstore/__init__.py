@@ -29,9 +29,12 @@ PyTorch: `ckptstore.torch`.
 
 from ._ckptstore import (
     MAX_WORLD_SIZE,
+    ChunkSlice,
     CommitInfo,
     HfExport,
+    Piece,
     PushReport,
+    Range,
     ReplicationStatus,
     SaveRecord,
     ShardId,
@@ -60,6 +63,9 @@ __all__ = [
     "Remote",
     "Shard",
     "ShardId",
+    "Piece",
+    "Range",
+    "ChunkSlice",
     "ShardInfo",
     "ShardStatus",
     "ShardUpload",

@@ -14,9 +14,6 @@ from ._ckptstore import ChunkHashes, Tensor
 # What a state maps names to: an array, bytes (an untyped blob), or a
 # Tensor given by its bytes.
 Value = Union[np.ndarray, bytes, bytearray, memoryview, Tensor]
-RawTensor = Tuple[str, str, Sequence[int], Any]
-# A tensor to save: as RawTensor, with its chunks' hashes if known.
-RawSaved = Tuple[str, str, Sequence[int], Any, Optional[ChunkHashes]]
 
 # A dtype's name in numpy or torch -> its safetensors name in the store:
 # the one dtype table of the package (numpy and torch share their names;
@@ -56,34 +53,36 @@ class Checkpoint:
     tensors: Dict[str, np.ndarray] = field(default_factory=dict)
 
 
-def split_state(state: Mapping[str, Value]) -> Tuple[List[RawSaved], List[Tuple[str, bytes]]]:
+def split_state(state: Mapping[str, Value]) -> Tuple[Dict[str, Tensor], Dict[str, bytes]]:
+    """A state's tensors (arrays as `Tensor`s over their memory) and its
+    untyped blobs, by name."""
     if not isinstance(state, Mapping):
         raise TypeError(f"state must be a dict of name -> array or bytes, not {type(state).__name__}")
-    tensors: List[RawSaved] = []
-    blobs: List[Tuple[str, bytes]] = []
+    tensors: Dict[str, Tensor] = {}
+    blobs: Dict[str, bytes] = {}
     for name, value in state.items():
         if not isinstance(name, str):
             raise TypeError(f"state keys must be str, not {type(name).__name__}")
         if isinstance(value, (bytes, bytearray, memoryview)):
-            blobs.append((name, bytes(value)))
+            blobs[name] = bytes(value)
             continue
         if isinstance(value, Tensor):
-            tensors.append((name, value.dtype, list(value.shape), value.data, value.hashes))
+            tensors[name] = value
             continue
         if not isinstance(value, np.ndarray):
             raise TypeError(f"{name!r}: expected a numpy array or bytes, not {type(value).__name__}")
         dtype = DTYPE_NAMES.get(value.dtype.name)
         if dtype is None:
             raise TypeError(f"{name!r}: dtype {value.dtype} is not supported")
-        tensors.append((name, dtype, list(value.shape), contiguous_le(value), None))
+        tensors[name] = Tensor(dtype, list(value.shape), contiguous_le(value))
     return tensors, blobs
 
 
-def fill_targets(into: Mapping[str, "np.ndarray | Tensor"]) -> Tuple[List[RawTensor], Dict[str, np.ndarray]]:
+def fill_targets(into: Mapping[str, "np.ndarray | Tensor"]) -> Tuple[Dict[str, Tensor], Dict[str, np.ndarray]]:
     """The arrays of `load(into=...)` that can be filled in place (writable,
-    C-contiguous, little-endian, a known dtype), and name -> the array that
-    a filled tensor is in the result."""
-    targets: List[RawTensor] = []
+    C-contiguous, little-endian, a known dtype), as `Tensor`s, and name ->
+    the array that a filled tensor is in the result."""
+    targets: Dict[str, Tensor] = {}
     given: Dict[str, np.ndarray] = {}
     for name, value in into.items():
         if isinstance(value, Tensor):
@@ -101,7 +100,7 @@ def fill_targets(into: Mapping[str, "np.ndarray | Tensor"]) -> Tuple[List[RawTen
             and array.dtype.byteorder != ">"
         )
         if fits:
-            targets.append((name, dtype, shape, array))
+            targets[name] = Tensor(dtype, shape, array)
             given[name] = array
     return targets, given
 

@@ -10,9 +10,11 @@ import numpy as np
 from . import _hf
 from ._ckptstore import (
     MAX_WORLD_SIZE,
+    ChunkSlice,
     CommitInfo,
     EntryInfo,
     HfExport,
+    Piece,
     PushReport,
     RawGlobalStep,
     RawRemote,
@@ -28,6 +30,11 @@ from ._ckptstore import (
 )
 from ._convert import Checkpoint, Value, checkpoint_of, metrics_of, optional_step, split_state, step_number
 from ._store import Handle, Store, raw_store
+
+
+def pieces_of(pieces: Sequence[Tuple[int, str, int, int]]) -> List[Piece]:
+    """Each (rank, entry, offset, length) as the core's `Piece`."""
+    return [Piece(int(r), e, int(at), int(n)) for r, e, at, n in pieces]
 
 
 def values_of(
@@ -173,7 +180,7 @@ class Remote:
         """`upload_shard` of step `step` of `store` as it is stored (less
         the blobs named in `drop`, with `blobs` added): read, hashed and
         uploaded in Rust, its bytes never brought into Python."""
-        extra = [(str(k), bytes(v)) for k, v in (blobs or {}).items()]
+        extra = {str(k): bytes(v) for k, v in (blobs or {}).items()}
         source = StoreStep(raw_store(store), [str(d) for d in drop], extra)
         return self.write_shard(ShardId(step_number(step), int(rank), int(world_size)), ShardUpload.Manifest(), source)
 
@@ -210,13 +217,14 @@ class Remote:
         right (a request per rank)."""
         self._raw.commit_global(step_number(step), [str(s) for s in shards])
 
-    def open_global(self, step: int, commit: Optional[str] = None) -> Optional[RawGlobalStep]:
+    def open_global(self, step: Optional[int] = None, commit: Optional[str] = None) -> Optional[RawGlobalStep]:
         """Step `step` opened for reading parts of its entries (its
         commit's manifest checked; each shard's when first read): its
         newest commit whose manifest checks out, or exactly
         `commit` (an opened step's `.commit`, so that readers read one
-        save); None if there is none."""
-        return self._raw.open_global(step_number(step), commit)
+        save); with `step` None, the newest complete step, found and
+        opened in one listing of the commits. None if there is none."""
+        return self._raw.open_global(optional_step(step), commit)
 
     def entries(self, opened: RawGlobalStep, rank: int) -> Dict[str, EntryInfo]:
         """Rank `rank`'s entries of `opened` by name (`dtype` and `shape`,
@@ -234,7 +242,7 @@ class Remote:
         """The bytes of each (rank, entry, offset, length) of `opened`, as
         uint8 arrays; only the chunks they overlap are fetched, each
         hash-checked."""
-        return [np.asarray(b) for b in self._raw.read_pieces(opened, pieces)]
+        return [np.asarray(b) for b in self._raw.read_pieces(opened, pieces_of(pieces))]
 
     def read_pieces_into(
         self, opened: RawGlobalStep, pieces: List[Tuple[int, str, int, int]], arrays: List[np.ndarray]
@@ -243,15 +251,13 @@ class Remote:
         piece and of its length in bytes, none sharing memory): each chunk's
         bytes are copied straight into place once checked. On an error an
         array may hold part of its piece, never bytes that failed a check."""
-        self._raw.read_pieces_into(opened, list(pieces), list(arrays))
+        self._raw.read_pieces_into(opened, pieces_of(pieces), list(arrays))
 
-    def slices(
-        self, opened: RawGlobalStep, pieces: Sequence[Tuple[int, str, int, int]]
-    ) -> List[List[Tuple[bytes, int, int, int]]]:
+    def slices(self, opened: RawGlobalStep, pieces: Sequence[Tuple[int, str, int, int]]) -> List[List[ChunkSlice]]:
         """Where the bytes of each piece of `opened` lie in the bucket's
-        chunks: its slices (the chunk's hash, its length, the start and
-        end in it), in order."""
-        return self._raw.slices(opened, list(pieces))
+        chunks: its slices (`ChunkSlice`: the chunk's hash and length, the
+        start and end in it), in order."""
+        return self._raw.slices(opened, pieces_of(pieces))
 
     def read_pieces_proving(
         self,
@@ -264,7 +270,7 @@ class Remote:
         pieces) the proofs of its `slices`, back to back, made from each
         chunk once checked: a rank handed the range checks it with them
         against the bucket's hashes (`SliceCheck`)."""
-        return self._raw.read_pieces_proving(opened, list(pieces), list(arrays), list(proved))
+        return self._raw.read_pieces_proving(opened, pieces_of(pieces), list(arrays), pieces_of(proved))
 
     def consolidate(self, step: int, path: "os.PathLike[str] | str", prefix: Optional[str] = None) -> List[str]:
         """Write DCP step `step` as one safetensors file of whole tensors

@@ -161,8 +161,9 @@ class Begun:
     def finish(self) -> Staged:
         out = Staged(self.state)
         if self._pairs:
-            arrays = [(_bytes(src), _bytes(dst)) for src, dst in self._pairs]
-            for (_, dst), hashes in zip(self._pairs, copy_hashed(arrays)):
+            sources = [_bytes(src) for src, _ in self._pairs]
+            copied = copy_hashed(sources, [_bytes(dst) for _, dst in self._pairs])
+            for (_, dst), hashes in zip(self._pairs, copied):
                 out.hashes[dst.data_ptr()] = (dst, hashes)
         if self._device is not None:
             for ptr, hit in self._device.finish().items():

@@ -7,9 +7,11 @@ import numpy as np
 
 from . import _hf
 from ._ckptstore import (
+    ChunkSlice,
     CommitInfo,
     HfExport,
     PushReport,
+    Range,
     RawRemote,
     RawStore,
     ReplicationStatus,
@@ -100,10 +102,10 @@ class Store:
         if not into:
             return checkpoint_of(self._raw.load(optional_step(step)))
         targets, given = fill_targets(into)
-        got = self._raw.load_into(optional_step(step), targets)
-        if got is None:
+        d = self._raw.load_into(optional_step(step), targets)
+        if d is None:
             return None
-        d, filled = got
+        filled: List[str] = d.pop("filled")
         ck = checkpoint_of(d)
         assert ck is not None
         for name in filled:
@@ -148,16 +150,17 @@ class Store:
         holding it whole. False (nothing filled) if the step is not stored
         or, `digest` given, if its `content_digest` is another. An entry
         the step does not store, or bytes beyond its end: ValueError."""
-        return self._raw.read_ranges(step_number(step), digest, [(n, int(s), a) for n, s, a in reads])
+        ranges = [Range(n, int(s), a.nbytes) for n, s, a in reads]
+        return self._raw.read_ranges(step_number(step), digest, ranges, [a for _, _, a in reads])
 
     def slices(
         self, step: int, ranges: Sequence[Tuple[str, int, int]], *, digest: Optional[str] = None
-    ) -> Optional[List[List[Tuple[bytes, int, int, int]]]]:
+    ) -> Optional[List[List[ChunkSlice]]]:
         """Where the bytes of each `(name, start, len)` of `ranges` of step
-        `step` lie in the store's chunks: its slices (the chunk's hash, its
-        length, the start and end in it), in order. None as `read_ranges`
-        gives False."""
-        return self._raw.slices(step_number(step), digest, [(n, int(s), int(k)) for n, s, k in ranges])
+        `step` lie in the store's chunks: its slices (`ChunkSlice`: the
+        chunk's hash and length, the start and end in it), in order. None
+        as `read_ranges` gives False."""
+        return self._raw.slices(step_number(step), digest, [Range(n, int(s), int(k)) for n, s, k in ranges])
 
     def chunk_map(self, step: int, *, digest: Optional[str] = None) -> Optional[bytes]:
         """The chunk map of step `step` (where its entries lie in its
@@ -181,8 +184,9 @@ class Store:
         return self._raw.read_ranges_proving(
             step_number(step),
             digest,
-            [(n, int(s), a) for n, s, a in reads],
-            [(n, int(s), int(k)) for n, s, k in proved],
+            [Range(n, int(s), a.nbytes) for n, s, a in reads],
+            [a for _, _, a in reads],
+            [Range(n, int(s), int(k)) for n, s, k in proved],
         )
 
     def gc(

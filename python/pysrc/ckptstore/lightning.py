@@ -333,8 +333,9 @@ class CheckpointIO(_CheckpointIO):
             if not any(owns(n, entry) for n in names):
                 continue
             if entry in info.tensors:
-                dtype, shape = info.tensors[entry]
-                out[entry] = Tensor(dtype, shape, array.reshape(-1).view(np.uint8))
+                t = info.tensors[entry]
+                assert t.dtype is not None and t.shape is not None  # a tensor's
+                out[entry] = Tensor(t.dtype, t.shape, array.reshape(-1).view(np.uint8))
             else:
                 out[entry] = array.tobytes()
         return out

@@ -141,6 +141,17 @@ impl Remote {
         self.reader().open_global(step)
     }
 
+    /// The newest complete step opened for reads of parts of it, in one
+    /// listing of the commits: what [`latest_step`](Self::latest_step)
+    /// then [`open_global`](Self::open_global) give, without listing
+    /// twice; `None` if no step is complete.
+    ///
+    /// # Errors
+    /// [`BucketError::Request`](crate::BucketError::Request) when the bucket fails.
+    pub fn open_latest_global(&self) -> Result<Option<GlobalStep>> {
+        self.reader().open_latest_global()
+    }
+
     /// Step `step` opened from exactly the commit named `commit` (a
     /// [`GlobalStep::commit`] another reader opened); `None` if that
     /// commit is gone or does not check out.

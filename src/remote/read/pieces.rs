@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 
 use crate::engine::slices::ChunkSlice;
 use crate::format::manifest::Hash;
-use crate::remote::format::layout::ShardName;
+use crate::remote::format::layout::{Commit, ShardName};
 use crate::remote::format::manifest::{RemoteBlob, RemoteManifest, RemotePlace};
 use crate::remote::format::stored::Stored;
 use crate::remote::read::local::{place, Regions};
@@ -108,17 +108,42 @@ impl Reader<'_> {
         self.open_global_where(step, Some(commit))
     }
 
+    /// Does the work of [`Remote::open_latest_global`](crate::Remote::open_latest_global):
+    /// the newest commits listed once (from the hinted step on, else all),
+    /// the newest that checks out opened.
+    pub(crate) fn open_latest_global(&self) -> Result<Option<GlobalStep>> {
+        let mark = self.current_mark()?;
+        let (newest, hint) = self.newest_commits()?;
+        if let Some(global) = self.open_newest(newest, mark.as_ref())? {
+            return Ok(Some(global));
+        }
+        match hint {
+            Some(hint) => self.open_newest(self.commits_before(hint)?, mark.as_ref()),
+            None => Ok(None),
+        }
+    }
+
     /// The newest commit of `step` whose manifest checks out (that is
     /// `only`, if given): its shards are read when first needed.
     fn open_global_where(&self, step: u64, only: Option<&str>) -> Result<Option<GlobalStep>> {
         // Read first: a collection that starts later writes a new mark, and
         // what is learnt of the packs is then forgotten by the next save.
         let mark = self.current_mark()?;
-        let mut commits: Vec<_> = self
+        let commits: Vec<_> = self
             .commits_of(step)?
             .into_iter()
             .filter(|c| only.is_none_or(|name| c.to_string() == name))
             .collect();
+        self.open_newest(commits, mark.as_ref())
+    }
+
+    /// The newest of `commits` (ascending) whose manifest checks out,
+    /// opened: its shards are read when first needed.
+    fn open_newest(
+        &self,
+        mut commits: Vec<Commit>,
+        mark: Option<&Vec<u8>>,
+    ) -> Result<Option<GlobalStep>> {
         commits.reverse();
         for commit in commits {
             let (ids, shards) = match self.read_commit(commit, None)? {
@@ -133,11 +158,11 @@ impl Reader<'_> {
                 Err(_) => continue,
             };
             let global = GlobalStep {
-                step,
+                step: commit.step,
                 commit: commit.to_string(),
                 ids,
                 shards,
-                mark,
+                mark: mark.cloned(),
             };
             if let (Some(mark), Some(m)) = (&global.mark, global.shard(0)) {
                 self.learn(std::slice::from_ref(m), mark)?;

@@ -117,10 +117,14 @@ def run(mode, target, rank, world, flags):
         full = load_dtensors(mesh, target, 1)
     elif mode == "load-unlisted":
         if rank == 0:
-            def unlisted(self):
-                raise OSError("injected: the bucket cannot be listed")
+            listed = ckptstore.Remote.open_global
 
-            ckptstore.Remote.latest_step = unlisted
+            def unlisted(self, step=None, commit=None):
+                if step is None:  # the newest step: a listing
+                    raise OSError("injected: the bucket cannot be listed")
+                return listed(self, step, commit)
+
+            ckptstore.Remote.open_global = unlisted
         full = load_dtensors(mesh, target, None)
     elif mode == "save-error":
         if rank == 1:

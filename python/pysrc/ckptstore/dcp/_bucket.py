@@ -10,7 +10,7 @@ import numpy as np
 
 from .._ckptstore import EntryInfo, HfExport, SaveRecord, ShardId, ShardUpload
 from .._remote import Remote, values_of
-from ._rank_local import RANK_METADATA, RankMetadata
+from ._rank_local import RANK_METADATA, SavedMetadata, SaveKind
 from ._targets import Deliver, Opened, Piece, Put, ShardWrite, Slice, read_in_batches
 from ._wire import Group
 
@@ -84,7 +84,7 @@ class Bucket:
     def layout_entries(self, sizes: List[Dict[str, int]]) -> Dict[str, bytes]:
         return {}
 
-    def open(self, step: int, commit: Optional[str]) -> Opened:
+    def open(self, step: Optional[int], commit: Optional[str]) -> Opened:
         return OpenedBucket(self._remote, step, commit, self.url)
 
     def consolidate(self, step: int, path: "os.PathLike[str] | str", prefix: Optional[str]) -> List[str]:
@@ -100,10 +100,12 @@ class OpenedBucket:
     """A global step of a bucket: the shards a load takes boxes from, each
     read when first used, in ranged reads of neighbouring bytes."""
 
-    def __init__(self, remote: Remote, step: int, commit: Optional[str], url: str) -> None:
+    def __init__(self, remote: Remote, step: Optional[int], commit: Optional[str], url: str) -> None:
         self._remote = remote
-        opened = remote.open_global(step, commit)
+        opened = remote.open_global(step, commit)  # None: the newest, in one listing
         if opened is None:
+            if step is None:
+                raise FileNotFoundError(f"{url} holds no complete step")
             if commit is None:
                 raise FileNotFoundError(f"{url} has no complete step {step}")
             raise FileNotFoundError(
@@ -113,7 +115,8 @@ class OpenedBucket:
         self._opened = opened
         self.commit: Optional[str] = opened.commit
         self._by_rank: Dict[int, Dict[str, EntryInfo]] = {}
-        self._step, self._url = step, url
+        self.step: int = opened.step
+        self._step, self._url = opened.step, url
         self._document: Optional[bytes] = None  # DCP's metadata, once read
 
     def _entries(self, rank: int) -> Dict[str, EntryInfo]:
@@ -131,23 +134,20 @@ class OpenedBucket:
             self._document = self._remote.dcp_metadata(self._opened)
         return self._document
 
-    def metadata(self) -> bytes:
-        metadata = self._global_document()
-        if metadata is None:
-            raise ValueError(f"step {self._step} of {self._url} was not saved by ckptstore.dcp")
-        return metadata
-
-    def rank_metadata(self, rank: int) -> Optional[RankMetadata]:
+    def saved_metadata(self, rank: int) -> SavedMetadata:
         # A step saved with collectives costs its load nothing more here.
-        if self._global_document() is not None:
-            return None
         world = self._opened.world_size
-        rank %= world
+        document = self._global_document()
+        if document is not None:
+            return SavedMetadata(SaveKind.COLLECTIVE, world, document)
+        return SavedMetadata(SaveKind.RANK_LOCAL, world, self.rank_document(rank % world))
+
+    def rank_document(self, rank: int) -> bytes:
         found = self._entries(rank).get(RANK_METADATA)
         if found is None:
-            return None
+            raise ValueError(f"step {self._step} of {self._url} was not saved by ckptstore.dcp (rank {rank}'s shard has no metadata)")
         read = self._remote.read_pieces(self._opened, [(rank, RANK_METADATA, 0, found.len)])
-        return RankMetadata(world, read[0].tobytes())
+        return read[0].tobytes()
 
     def length(self, rank: int, entry: str) -> int:
         return self._entries(rank)[entry].len

@@ -5,7 +5,7 @@ consolidation read too); here DCP's objects become its plain values and
 back, and the torch dtypes their names."""
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Union
 
 import torch
 from torch.distributed.checkpoint.metadata import (
@@ -18,7 +18,7 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from .._ckptstore import dcp_metadata_decode, dcp_metadata_encode
+from .._ckptstore import DcpChunk, DcpDocument, DcpEntry, DcpWhere
 from .._convert import DTYPE_NAMES
 _FROM_STORE = {v: k for k, v in DTYPE_NAMES.items()}
 
@@ -63,25 +63,26 @@ def torch_dtype(store_name: Optional[str], entry: str) -> torch.dtype:
 def to_json(md: Metadata) -> bytes:
     """DCP's metadata as the document `ckptstore.dcp` stores (its schema is
     the core's, `ckptstore::DcpDocument`)."""
-    tensors: List[Tuple[str, Any]] = []
+    entries: Dict[str, DcpEntry] = {}
     for fqn, m in md.state_dict_metadata.items():
         if isinstance(m, TensorStorageMetadata):
             dtype = json_dtype(m.properties.dtype)
             itemsize = torch.empty(0, dtype=m.properties.dtype).element_size() if dtype.startswith("torch.") else None
-            chunks = [(list(c.offsets), list(c.sizes)) for c in m.chunks]
-            tensors.append((fqn, (dtype, itemsize, list(m.size), bool(m.properties.requires_grad), chunks)))
+            chunks = [DcpChunk(list(c.offsets), list(c.sizes)) for c in m.chunks]
+            requires_grad = bool(m.properties.requires_grad)
+            entries[fqn] = DcpEntry(dtype, itemsize, list(m.size), requires_grad, chunks)
         elif isinstance(m, BytesStorageMetadata):
-            tensors.append((fqn, None))
+            entries[fqn] = DcpEntry(bytes=True)
         else:
             raise TypeError(f"{fqn}: DCP metadata of type {type(m).__name__} is not supported")
     where = [
-        (i.fqn, None if i.offset is None else list(i.offset), i.index, w.rank, w.entry)
+        DcpWhere(i.fqn, None if i.offset is None else list(i.offset), i.index, w.rank, w.entry)
         for i, w in md.storage_data.items()
     ]
-    return dcp_metadata_encode(md.version, tensors, _planner_data(md.planner_data), where)
+    return DcpDocument(md.version, entries, _planner_data(md.planner_data), where).encode()
 
 
-def _planner_data(data: Any) -> Optional[List[Tuple[str, List[Union[int, str]]]]]:
+def _planner_data(data: Any) -> Optional[Dict[str, List[Union[int, str]]]]:
     """The default planners' data: fqn -> the path of keys (str or int) in
     the nested state dict."""
     if data is None:
@@ -90,7 +91,7 @@ def _planner_data(data: Any) -> Optional[List[Tuple[str, List[Union[int, str]]]]
         isinstance(k, str) and isinstance(v, tuple) and all(isinstance(p, (str, int)) for p in v)
         for k, v in data.items()
     ):
-        return [(k, list(v)) for k, v in data.items()]
+        return {k: list(v) for k, v in data.items()}
     raise TypeError(
         f"planner data of type {type(data).__name__} cannot be stored as JSON: "
         "ckptstore.dcp supports DCP's default planners"
@@ -100,25 +101,27 @@ def _planner_data(data: Any) -> Optional[List[Tuple[str, List[Union[int, str]]]]
 def from_json(text: bytes) -> Metadata:
     """DCP's metadata from the document `ckptstore.dcp` stored
     (CorruptError for a damaged one, ValueError for a dtype torch lacks)."""
-    version, tensors, planner, where = dcp_metadata_decode(text)
+    doc = DcpDocument.decode(text)
     state: Dict[str, Any] = {}
-    for fqn, m in tensors:
-        if m is None:
+    for fqn, m in doc.state_dict.items():
+        if m.bytes:
             state[fqn] = BytesStorageMetadata()
             continue
-        dtype, _, size, requires_grad, chunks = m
-        props = TensorProperties(dtype=torch_dtype(dtype, fqn), requires_grad=requires_grad)
-        boxes = [ChunkStorageMetadata(torch.Size(o), torch.Size(n)) for o, n in chunks]
-        state[fqn] = TensorStorageMetadata(props, torch.Size(size), boxes)
+        props = TensorProperties(dtype=torch_dtype(m.dtype, fqn), requires_grad=m.requires_grad)
+        boxes = [ChunkStorageMetadata(torch.Size(c.offsets), torch.Size(c.sizes)) for c in m.chunks]
+        state[fqn] = TensorStorageMetadata(props, torch.Size(m.size), boxes)
     storage = {
-        MetadataIndex(fqn=fqn, offset=None if offset is None else torch.Size(offset), index=index): Where(rank, entry)
-        for fqn, offset, index, rank, entry in where
+        MetadataIndex(fqn=w.fqn, offset=None if w.offset is None else torch.Size(w.offset), index=w.index): Where(
+            w.rank, w.entry
+        )
+        for w in doc.storage
     }
-    planner_data = None if planner is None else {k: tuple(v) for k, v in planner}
+    planner = doc.planner_data
+    planner_data = None if planner is None else {k: tuple(v) for k, v in planner.items()}
     return Metadata(
         state_dict_metadata=state,
         planner_data=planner_data,
         storage_data=storage,
         storage_meta=StorageMeta(),
-        version=version,
+        version=doc.version,
     )

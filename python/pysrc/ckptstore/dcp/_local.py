@@ -10,8 +10,7 @@ import numpy as np
 from .._ckptstore import HfExport, SaveRecord, ShardUpload
 from .._store import Store
 from .._store import open as open_store
-from ._document import torch_dtype
-from ._rank_local import RankMetadata
+from ._rank_local import SavedMetadata, SaveKind
 from ._targets import METADATA, Deliver, Opened, Piece, Put, ShardWrite, Slice, describe, read_in_batches
 from ._wire import Group
 
@@ -57,7 +56,11 @@ class LocalStore:
     def layout_entries(self, sizes: List[Dict[str, int]]) -> Dict[str, bytes]:
         return {}
 
-    def open(self, step: int, commit: Optional[str]) -> Opened:
+    def open(self, step: Optional[int], commit: Optional[str]) -> Opened:
+        if step is None:
+            step = self.latest()
+            if step is None:
+                raise FileNotFoundError(f"{self.description} holds no complete step")
         return OpenedLocal(self, step, commit)
 
     def consolidate(self, step: int, path: "os.PathLike[str] | str", prefix: Optional[str]) -> List[str]:
@@ -81,7 +84,7 @@ class OpenedLocal:
     the manifest it read itself."""
 
     def __init__(self, target: LocalStore, step: int, commit: Optional[str]) -> None:
-        self._target, self._step = target, step
+        self._target, self._step, self.step = target, step, step
         with target._use(read_only=True) as store:
             digest, info = store.content_digest(step), store.info(step)
             if digest is None or info is None:
@@ -92,8 +95,8 @@ class OpenedLocal:
                 raise ValueError(f"step {step} of {target.description} was not saved by ckptstore.dcp")
             self.commit: Optional[str] = digest
             self._lengths = dict(info.blobs)
-            for name, (dtype, shape) in info.tensors.items():
-                self._lengths[name] = torch_dtype(dtype, name).itemsize * int(np.prod(shape, dtype=np.int64))
+            for name, t in info.tensors.items():
+                self._lengths[name] = t.len
             self._metadata = np.empty(self._lengths[METADATA], dtype=np.uint8)
             self._fill(store, [(METADATA, 0, self._metadata)])
 
@@ -101,11 +104,11 @@ class OpenedLocal:
         if not store.read_ranges(self._step, reads, digest=self.commit):
             raise self._gone()
 
-    def metadata(self) -> bytes:
-        return self._metadata.tobytes()
+    def saved_metadata(self, rank: int) -> SavedMetadata:
+        return SavedMetadata(SaveKind.COLLECTIVE, 1, self._metadata.tobytes())  # one process's save
 
-    def rank_metadata(self, rank: int) -> Optional[RankMetadata]:
-        return None  # one process's save
+    def rank_document(self, rank: int) -> bytes:
+        raise ValueError(f"step {self._step} of {self._target.description} is not a rank-local save")
 
     def length(self, rank: int, entry: str) -> int:
         if rank != 0 or entry not in self._lengths:

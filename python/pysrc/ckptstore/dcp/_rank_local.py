@@ -5,11 +5,13 @@ shard of that save is there (`ShardUpload::RankLocal`). Here: the save's
 identity, which the ranks agree on without a collective, and the global
 view a load at another world size builds from the ranks' metadata."""
 
+import enum
 import math
 import os
 import threading
 import uuid
-from typing import Any, Dict, Hashable, List, NamedTuple, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Hashable, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -19,6 +21,7 @@ from torch.distributed.checkpoint.metadata import (
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan
 
 from .._ckptstore import DCP_RANK_METADATA
+from ._document import from_json
 
 RANK_METADATA = DCP_RANK_METADATA
 """The entry of each rank's shard of a rank-local save that holds that
@@ -28,12 +31,58 @@ only that finds no metadata in a rank-local step and refuses it."""
 
 
 
-class RankMetadata(NamedTuple):
-    """What a rank reads of a rank-local save: the world size it was saved
-    at, and the metadata document (`RANK_METADATA`) of one of its ranks."""
+class SaveKind(enum.Enum):
+    """How a step's DCP metadata was saved."""
 
+    COLLECTIVE = "collective"
+    """With collectives: the coordinator's document holds every item."""
+    RANK_LOCAL = "rank_local"
+    """Rank-locally: each rank's document (`RANK_METADATA`) holds its own
+    items."""
+
+
+@dataclass(frozen=True)
+class SavedMetadata:
+    """What a rank reads of a save's DCP metadata: how the save was made,
+    the world size it was saved at, and the document this rank reads (the
+    coordinator's; of a rank-local save, its own: that of the saved rank
+    `dist rank` modulo `world`)."""
+
+    kind: SaveKind
     world: int
     document: bytes
+
+    def read_whole(self, rank_local: bool) -> bool:
+        """Whether a load reads every saved rank's document to build the
+        global view: a rank-local save loaded at another world size, or
+        with `rank_local` off."""
+        same_world = self.world == world()[1] > 1
+        return self.kind is SaveKind.RANK_LOCAL and not (same_world and rank_local)
+
+    def own_rank(self) -> int:
+        """The saved rank whose document this rank read."""
+        return world()[0] % self.world
+
+
+@dataclass(frozen=True)
+class LoadedMetadata:
+    """The metadata a load plans from, and whether it is this rank's own
+    (a rank-local save at its own world size: the rank reads only its own
+    shard)."""
+
+    metadata: Metadata
+    own: bool
+
+
+def load_metadata(saved: SavedMetadata, rank_local: bool, docs: Callable[[], List[bytes]]) -> LoadedMetadata:
+    """The metadata a load of `saved` plans from: the coordinator's; of a
+    rank-local save, this rank's own where it is read rank-locally, else
+    every saved rank's (`docs()`, by rank) merged."""
+    if saved.kind is SaveKind.COLLECTIVE:
+        return LoadedMetadata(from_json(saved.document), own=False)
+    if not saved.read_whole(rank_local):
+        return LoadedMetadata(from_json(saved.document), own=True)
+    return LoadedMetadata(merged([from_json(doc) for doc in docs()]), own=False)
 
 
 _NONCE_KEY = "ckptstore/rank-local/job"

@@ -96,9 +96,8 @@ class StorageReader(_storage.StorageReader):
         self._opened: Optional[Opened] = None
         self._where: Dict[MetadataIndex, Where] = {}
         self._metadata: Any = None
-        # This rank's metadata, where the load reads a rank-local save
-        # rank-locally (`_open`).
-        self._local: Optional[Metadata] = None
+        # What the load plans from (`_rank_local.load_metadata`).
+        self._loaded: Optional[_rank_local.LoadedMetadata] = None
 
     def __getstate__(self) -> Dict[str, Any]:
         # Sent as its arguments, where its target can be.
@@ -129,90 +128,71 @@ class StorageReader(_storage.StorageReader):
     # No `rank=`/`**kwargs`: DCP would retry a failed read rank-locally and
     # leave that rank out of the collectives the others wait in. (A
     # rank-local save loaded at its own world size is read rank-locally
-    # all the same: each rank from its own metadata, `_open`.)
+    # all the same: each rank from its own metadata, `_rank_local`.)
     def read_metadata(self) -> Metadata:
         group = self._process_group
         if group is not None and dist.get_world_size(group) > 1:
-            self._open_together(group)
+            saved, docs = self._open_together(group)
         else:
-            self._open(self._step_to_read(), None)
+            saved, docs = self._open(self._step, None), None
+        self._load(saved, docs)
         metadata: Metadata = self._metadata
         return metadata
 
-    def _step_to_read(self) -> int:
-        step = self._step if self._step is not None else self._from.latest()
-        if step is None:
-            raise FileNotFoundError(f"{self._from.description} holds no complete step")
-        return step
+    def _open(self, step: Optional[int], commit: Optional[str]) -> _rank_local.SavedMetadata:
+        """Open `step` (exactly `commit`, if given; the newest complete
+        step if None); its saved metadata as this rank reads it."""
+        self._resolved, self._commit, self._opened, self._loaded = step, None, None, None
+        self._opened = self._from.open(step, commit)
+        self._resolved, self._commit = self._opened.step, self._opened.commit
+        return self._opened.saved_metadata(_rank_local.world()[0])
 
-    def _open(self, step: int, commit: Optional[str]) -> None:
-        """Open `step` (exactly `commit`, if given) and read its metadata."""
-        self._read_metadata(self._opened_step(step, commit), None)
+    def _load(self, saved: _rank_local.SavedMetadata, docs: Optional[List[bytes]]) -> None:
+        """Plan from `saved` (`_rank_local.load_metadata`; `docs`: every
+        saved rank's document, where handed on)."""
+        assert self._opened is not None
+        opened = self._opened
 
-    def _open_together(self, group: "dist.ProcessGroup") -> None:
-        """`read_metadata` over the load's group (`process_group`): every
-        member opens the step, reads its part of the saved ranks'
-        metadata where the step is a rank-local save read whole (saved
-        rank r by member r modulo the group's size) and joins one
-        exchange, which hands the parts on and a member's failure to
-        every member."""
+        def every_rank() -> List[bytes]:
+            if docs is not None:
+                return docs
+            return [saved.document if r == saved.own_rank() else opened.rank_document(r) for r in range(saved.world)]
+
+        self._loaded = _rank_local.load_metadata(saved, self._rank_local, every_rank)
+        self._where = self._loaded.metadata.storage_data
+        self._metadata = self._loaded.metadata
+
+    def _open_together(self, group: "dist.ProcessGroup") -> Tuple[_rank_local.SavedMetadata, Optional[List[bytes]]]:
+        """Open the step on every member of the load's group (`process_group`):
+        each reads its part of the saved ranks' metadata where the step is a
+        rank-local save read whole (saved rank r by member r modulo the
+        group's size) and joins one exchange, which hands the parts on
+        and a member's failure to every member."""
         me, size = dist.get_rank(group), dist.get_world_size(group)
-        own: Optional[_rank_local.RankMetadata] = None
+        saved: Optional[_rank_local.SavedMetadata] = None
         part: Dict[int, bytes] = {}
         failure: Optional[BaseException] = None
         try:
-            own = self._opened_step(self._step_to_read(), None)
-            if own is not None and self._merges(own):
-                part = {r: self._rank_doc(r, own) for r in range(me, own.world, size)}
+            saved = self._open(self._step, None)
+            if saved.read_whole(self._rank_local):
+                part = {r: self._doc_of(r, saved) for r in range(me, saved.world, size)}
         except Exception as e:  # noqa: BLE001 (handed to every member)
             failure = e
         what = f"opening step {self._resolved} of {self._from.description}"
-        saved = own.world if own is not None else 0
-        docs = _rank_local.hand_on(group, (self._resolved, self._commit), saved, part, failure, what)
-        self._read_metadata(own, docs)
+        world = saved.world if saved is not None and saved.kind is _rank_local.SaveKind.RANK_LOCAL else 0
+        docs = _rank_local.hand_on(group, (self._resolved, self._commit), world, part, failure, what)
+        assert saved is not None  # else hand_on raised the failure
+        return saved, docs
 
-    def _opened_step(self, step: int, commit: Optional[str]) -> Optional[_rank_local.RankMetadata]:
-        """Open `step` (exactly `commit`, if given); of a rank-local save,
-        its world size and this rank's metadata document (of rank `dist
-        rank` modulo that world), else None."""
-        self._resolved, self._commit, self._opened, self._local = step, None, None, None
-        self._opened = self._from.open(step, commit)
-        self._commit = self._opened.commit
-        return self._opened.rank_metadata(_rank_local.world()[0])
-
-    def _merges(self, own: _rank_local.RankMetadata) -> bool:
-        """Whether a load of the rank-local save `own` reads every
-        saved rank's metadata: at another world size, or asked to."""
-        return not (own.world == _rank_local.world()[1] > 1 and self._rank_local)
-
-    def _read_metadata(self, own: Optional[_rank_local.RankMetadata], docs: Optional[List[bytes]]) -> None:
-        """The opened step's metadata: the coordinator's; of a rank-local
-        save, this rank's own where it is loaded at the world size it was
-        saved at (each rank plans from its own and reads only its own
-        shard: `_local`), else every saved rank's (`docs` where handed on,
-        else read here), merged."""
+    def _doc_of(self, rank: int, saved: _rank_local.SavedMetadata) -> bytes:
+        """Saved rank `rank`'s metadata document of the rank-local save `saved`."""
         assert self._opened is not None
-        if own is None:
-            metadata = _document.from_json(self._opened.metadata())
-        elif not self._merges(own):
-            metadata = self._local = _document.from_json(own.document)
-        else:
-            if docs is None:
-                docs = [self._rank_doc(r, own) for r in range(own.world)]
-            metadata = _rank_local.merged([_document.from_json(doc) for doc in docs])
-        self._where = metadata.storage_data
-        self._metadata = metadata
+        return saved.document if rank == saved.own_rank() else self._opened.rank_document(rank)
 
-    def _rank_doc(self, rank: int, own: _rank_local.RankMetadata) -> bytes:
-        """Rank `rank`'s metadata document of a rank-local save; `own`, the
-        one this rank read (of rank `dist rank` modulo the saved world)."""
-        assert self._opened is not None
-        if rank == _rank_local.world()[0] % own.world:
-            return own.document
-        found = self._opened.rank_metadata(rank)
-        if found is None:
-            raise ValueError(f"step {self._resolved} of {self._from.description}: rank {rank}'s shard has no metadata")
-        return found.document
+    def _own(self) -> bool:
+        """Whether each rank plans from its own metadata and reads only its
+        own shard (a rank-local save at its own world size)."""
+        return self._loaded is not None and self._loaded.own
 
     def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self._where = metadata.storage_data
@@ -229,7 +209,7 @@ class StorageReader(_storage.StorageReader):
         fans: List[Optional[_plan.FanPlan]] = [None] * len(plans)
         try:
             # A rank-local read: each rank reads its own shard itself.
-            if self._local is None and self._fans_out(len(plans)):
+            if not self._own() and self._fans_out(len(plans)):
                 needs = [[self._piece(i, self._where[i.storage_index])[0] for i in p.items] for p in plans]
                 fans = [fan for fan in _plan.plan(needs, self._from.readers, self._from.nodes)]
         except (KeyError, ValueError) as e:
@@ -260,7 +240,7 @@ class StorageReader(_storage.StorageReader):
             return
         planned = self._metadata.state_dict_metadata
         step, commit = chosen[:2]
-        self._open(step, commit)
+        self._load(self._open(step, commit), None)
         if self._metadata.state_dict_metadata != planned:
             raise RuntimeError(self._resaved())
 
@@ -272,8 +252,8 @@ class StorageReader(_storage.StorageReader):
         dest: Dict[int, np.ndarray] = {}
         failure: Optional[BaseException] = None
         try:
-            if self._local is not None:
-                _rank_local.check_covered(plan, planner, self._local, self._from.description)
+            if self._loaded is not None and self._loaded.own:
+                _rank_local.check_covered(plan, planner, self._loaded.metadata, self._from.description)
             batch, dest = self._plan(plan, planner)
         except Exception as e:  # noqa: BLE001 (raised by the target's read)
             failure = e
@@ -361,10 +341,9 @@ class StorageReader(_storage.StorageReader):
         itemsize = torch.empty(0, dtype=dtype).element_size()
         offsets, lengths = list(item.storage_offsets), list(item.lengths)
         span = dcp_box_span(list(chunk.sizes), offsets, lengths, itemsize)
-        if span is None or (span[1] and span[0] + span[1] > self._length(where)):
+        if span is None or (span.len and span.start + span.len > self._length(where)):
             raise ValueError(f"{index.fqn}: the box {offsets}+{lengths} is outside its stored chunk")
-        start, n, strides = span
-        return (where.rank, where.entry, start, n), (dtype, lengths, strides)
+        return (where.rank, where.entry, span.start, span.len), (dtype, lengths, span.strides)
 
 
 def memory_of(target: torch.Tensor, piece: Piece, box: Any) -> Optional[np.ndarray]:

@@ -16,10 +16,10 @@ from typing import (
 
 import numpy as np
 
-from .._ckptstore import DCP_METADATA, SaveRecord, ShardUpload
+from .._ckptstore import DCP_METADATA, ChunkSlice, SaveRecord, ShardUpload
 from .._convert import step_number
 from .._store import Store
-from ._rank_local import RankMetadata
+from ._rank_local import SavedMetadata
 from ._wire import Group
 
 METADATA = DCP_METADATA
@@ -32,8 +32,8 @@ store."""
 Piece = Tuple[int, str, int, int]
 """Bytes of a stored entry: (rank, entry, start, length)."""
 
-Slice = Tuple[bytes, int, int, int]
-"""Where bytes of an entry lie in a chunk of the target: (the chunk's
+Slice = ChunkSlice
+"""Where bytes of an entry lie in a chunk of the target (the chunk's
 BLAKE3 hash, its length, the start and end of the bytes in it)."""
 
 Deliver = Callable[[int, np.ndarray], None]
@@ -95,18 +95,22 @@ class Put(NamedTuple):
 class Opened(Protocol):
     """One save of a step, opened for reading."""
 
+    step: int
+    """The step opened."""
+
     commit: Optional[str]
     """The save read (so that every rank reads the same); None where a
     step has one save at a time."""
 
-    def metadata(self) -> bytes:
-        """DCP's metadata, as `METADATA` holds it."""
+    def saved_metadata(self, rank: int) -> SavedMetadata:
+        """The save's DCP metadata as rank `rank` reads it: the
+        coordinator's (`METADATA`), or of a rank-local save the document
+        of rank `rank` modulo its world (`_rank_local.RANK_METADATA`).
+        ValueError if the step was not saved by ckptstore.dcp."""
 
-    def rank_metadata(self, rank: int) -> Optional[RankMetadata]:
-        """Where the step is a rank-local save's: its world size, and the
-        DCP metadata rank `rank` saved (`_rank_local.RANK_METADATA`; for a
-        rank beyond its world, the metadata of rank `rank` modulo it).
-        None for a save with collectives."""
+    def rank_document(self, rank: int) -> bytes:
+        """The metadata document saved rank `rank` of a rank-local save
+        wrote (ValueError if it has none)."""
 
     def length(self, rank: int, entry: str) -> int:
         """Bytes of `entry` of rank `rank`'s shard."""
@@ -238,8 +242,9 @@ class LoadTarget(Protocol):
     def latest(self) -> Optional[int]:
         """Its newest complete step."""
 
-    def open(self, step: int, commit: Optional[str]) -> Opened:
-        """`step` (exactly `commit`, if given) opened for reading; raises
+    def open(self, step: Optional[int], commit: Optional[str]) -> Opened:
+        """`step` (exactly `commit`, if given; the newest complete step if
+        None, found as it is opened) opened for reading; raises
         FileNotFoundError if it is not complete there."""
 
 

@@ -42,7 +42,7 @@ def split(flat: Sequence[T], counts: Sequence[int]) -> List[List[T]]:
 
 def proof_lens(slices: Sequence[Sequence[Slice]]) -> List[int]:
     """The length of each range's proof, from its slices."""
-    return [sum(slice_proof_len(n, a, b) for _, n, a, b in ss) for ss in slices]
+    return [sum(slice_proof_len(s.len, s.a, s.b) for s in ss) for ss in slices]
 
 
 def interleave(proofs: Sequence[int], lengths: Sequence[int]) -> List[int]:
@@ -104,9 +104,9 @@ class Checks:
             return []
         checks: List[_Open] = []
         at = 0
-        for h, n, a, b in self._slices[r]:
-            size = slice_proof_len(n, a, b)
-            checks.append(_Open(SliceCheck(h, n, a, b, proof[at : at + size]), b - a))
+        for s in self._slices[r]:
+            size = slice_proof_len(s.len, s.a, s.b)
+            checks.append(_Open(SliceCheck(s.hash, s.len, s.a, s.b, proof[at : at + size]), s.b - s.a))
             at += size
         return checks
 

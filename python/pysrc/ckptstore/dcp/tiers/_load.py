@@ -13,10 +13,10 @@ import numpy as np
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
-from ..._ckptstore import ChunkMap, TierDir
+from ..._ckptstore import ChunkMap, Range, TierDir, TierHolding
 from ..._errors import CorruptError, Error
 from ..._store import Store
-from .._rank_local import RankMetadata
+from .._rank_local import SavedMetadata, SaveKind
 from .._reader import StorageReader
 from .._bucket import remote_of
 from .._targets import METADATA, Deliver, Opened, Piece, Slice, read_in_batches
@@ -73,20 +73,20 @@ def choose(
     cannot be (or ""); and the steps of those saves, the last made first.
     `failure`: this rank could not survey its stores (raised on all)."""
     group.check(failure, "loading from the local tier")
-    holdings = [(rank, kind, src, s, d) for rank, hs in enumerate(group.gather(held)) for kind, src, s, d in hs]
+    gathered = enumerate(group.gather(held))
+    holdings = [TierHolding(rank, kind, src, s, d) for rank, hs in gathered for kind, src, s, d in hs]
     # The ranks of a node read the same records: each save once per rank.
-    reports = group.gather(list({tuple(e[1]): e for e in tier.evaluate(holdings)}.values()))
+    reports = group.gather(list({(e.step, e.saved_at): e for e in tier.evaluate(holdings)}.values()))
     best, newer = TierDir.pick([e for r in reports for e in r], step)
     why = ""
     if newer:
-        _, (s, _), missing = newer[0]
-        why = f"step {s} on the local tier lacks every copy of the shards of ranks {list(missing)}"
-    steps = list(dict.fromkeys(key[0] for _, key, _ in newer))
+        why = f"step {newer[0].step} on the local tier lacks every copy of the shards of ranks {newer[0].missing}"
+    steps = list(dict.fromkeys(e.step for e in newer))
     if best is None:
         return None, why, steps
-    key = tuple(best[1])
-    src = min(r for r, evals in enumerate(reports) if any(tuple(e[1]) == key and not e[2] for e in evals))
-    record = group.broadcast(records_in(tier).get(key) if group.rank == src else None, src)  # type: ignore[arg-type]
+    key = (best.step, best.saved_at)
+    src = min(r for r, evals in enumerate(reports) if any((e.step, e.saved_at) == key and not e.missing for e in evals))
+    record = group.broadcast(records_in(tier).get(key) if group.rank == src else None, src)
     holders = record.holders(holdings)
     return Choice(record, dict(enumerate(holders))), why, steps
 
@@ -127,20 +127,22 @@ class TierSource:
         }
         self.nodes: Optional[List[int]] = nodes
         self.commit: Optional[str] = None
+        self.step: int = choice.record.step
 
     def latest(self) -> Optional[int]:
         return self._choice.record.step
 
-    def open(self, step: int, commit: Optional[str]) -> Opened:
-        if step != self._choice.record.step:
+    def open(self, step: Optional[int], commit: Optional[str]) -> Opened:
+        if step is not None and step != self._choice.record.step:
             raise FileNotFoundError(f"the local tier's load reads step {self._choice.record.step}, not {step}")
         return self
 
-    def metadata(self) -> bytes:
-        return self._metadata.encode()
+    def saved_metadata(self, rank: int) -> SavedMetadata:
+        # The tier saves with its own collectives.
+        return SavedMetadata(SaveKind.COLLECTIVE, len(self._sizes), self._metadata.encode())
 
-    def rank_metadata(self, rank: int) -> Optional[RankMetadata]:
-        return None  # the tier saves with its own collectives
+    def rank_document(self, rank: int) -> bytes:
+        raise ValueError(f"step {self._choice.record.step} of the local tier is not a rank-local save")
 
     def length(self, rank: int, entry: str) -> int:
         sizes = self._sizes
@@ -213,7 +215,7 @@ class TierSource:
         return found
 
     def slices(self, pieces: Sequence[Piece]) -> List[List[Slice]]:
-        return [self._map(src).slices([(entry, start, n)])[0] for src, entry, start, n in pieces]
+        return [self._map(src).slices([Range(entry, start, n)])[0] for src, entry, start, n in pieces]
 
     def read_proving(self, pieces: Sequence[Piece], dest: Dict[int, np.ndarray], proved: Sequence[Piece]) -> List[bytes]:
         """Read `pieces` into `dest` (one array each) and prove `proved`,

@@ -83,7 +83,8 @@ class Node:
         opened: Held = []
         held: List[Holding] = []
         try:
-            for i, (kind, src, path) in enumerate(self.tier.stores()):
+            for i, found in enumerate(self.tier.stores()):
+                kind, src, path = found.kind, found.rank, found.path
                 if ranks[i % len(ranks)] != self.rank:
                     continue
                 try:
