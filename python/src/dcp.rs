@@ -44,16 +44,18 @@ pub(crate) struct DcpEntry {
 
 #[pymethods]
 impl DcpEntry {
-    #[new]
-    #[pyo3(signature = (dtype=None, itemsize=None, size=Vec::new(), requires_grad=false, chunks=Vec::new(), bytes=false))]
-    fn new(
-        dtype: Option<String>,
+    /// A tensor: its dtype name (`itemsize`: the element size of a
+    /// `torch.<name>` dtype), shape, `requires_grad` and stored boxes.
+    #[staticmethod]
+    fn tensor(
+        dtype: String,
         itemsize: Option<u64>,
         size: Vec<u64>,
         requires_grad: bool,
         chunks: Vec<DcpChunk>,
-        bytes: bool,
     ) -> Self {
+        let bytes = false;
+        let dtype = Some(dtype);
         DcpEntry {
             dtype,
             itemsize,
@@ -61,6 +63,20 @@ impl DcpEntry {
             requires_grad,
             chunks,
             bytes,
+        }
+    }
+
+    /// A non-tensor value (stored as bytes).
+    #[staticmethod]
+    fn non_tensor() -> Self {
+        let (size, chunks) = (Vec::new(), Vec::new());
+        DcpEntry {
+            dtype: None,
+            itemsize: None,
+            size,
+            requires_grad: false,
+            chunks,
+            bytes: true,
         }
     }
 }

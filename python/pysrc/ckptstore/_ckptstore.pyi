@@ -484,15 +484,12 @@ class DcpEntry:
     `torch.<name>` dtype, shape, requires_grad, stored boxes), or with
     `bytes` a non-tensor value."""
 
-    def __new__(
-        cls,
-        dtype: Optional[str] = None,
-        itemsize: Optional[int] = None,
-        size: Sequence[int] = ...,
-        requires_grad: bool = False,
-        chunks: Sequence[DcpChunk] = ...,
-        bytes: bool = False,
+    @staticmethod
+    def tensor(
+        dtype: str, itemsize: Optional[int], size: Sequence[int], requires_grad: bool, chunks: Sequence[DcpChunk]
     ) -> "DcpEntry": ...
+    @staticmethod
+    def non_tensor() -> "DcpEntry": ...
     @property
     def dtype(self) -> Optional[str]: ...
     @property

@@ -70,9 +70,9 @@ def to_json(md: Metadata) -> bytes:
             itemsize = torch.empty(0, dtype=m.properties.dtype).element_size() if dtype.startswith("torch.") else None
             chunks = [DcpChunk(list(c.offsets), list(c.sizes)) for c in m.chunks]
             requires_grad = bool(m.properties.requires_grad)
-            entries[fqn] = DcpEntry(dtype, itemsize, list(m.size), requires_grad, chunks)
+            entries[fqn] = DcpEntry.tensor(dtype, itemsize, list(m.size), requires_grad, chunks)
         elif isinstance(m, BytesStorageMetadata):
-            entries[fqn] = DcpEntry(bytes=True)
+            entries[fqn] = DcpEntry.non_tensor()
         else:
             raise TypeError(f"{fqn}: DCP metadata of type {type(m).__name__} is not supported")
     where = [
