@@ -213,23 +213,27 @@ impl Bucket {
     /// larger than `cap` bytes is refused as [`Error::Corrupt`] before it
     /// is read.
     pub(crate) fn get_bytes(&self, key: &Path, cap: u64) -> Result<Option<bytes::Bytes>> {
-        self.run(async {
-            let got = match self.store.get(key).await {
-                Ok(got) => got,
-                Err(object_store::Error::NotFound { .. }) => return Ok(None),
-                Err(e) => return Err(self.error("reading", key, e)),
-            };
-            if got.meta.size > cap {
-                let url = self.layout.url_of(&self.url, key);
-                let size = got.meta.size;
-                let why = format!("{url} is {size} bytes (at most {cap} are read)");
-                return Err(Error::corrupt(None, why));
-            }
-            got.bytes()
-                .await
-                .map(Some)
-                .map_err(|e| self.error("reading", key, e))
-        })?
+        self.run(self.fetch_bytes(key, cap))?
+    }
+
+    /// [`get_bytes`](Self::get_bytes), as a future of this bucket's
+    /// runtime (for several in flight).
+    pub(crate) async fn fetch_bytes(&self, key: &Path, cap: u64) -> Result<Option<bytes::Bytes>> {
+        let got = match self.store.get(key).await {
+            Ok(got) => got,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(self.error("reading", key, e)),
+        };
+        if got.meta.size > cap {
+            let url = self.layout.url_of(&self.url, key);
+            let size = got.meta.size;
+            let why = format!("{url} is {size} bytes (at most {cap} are read)");
+            return Err(Error::corrupt(None, why));
+        }
+        got.bytes()
+            .await
+            .map(Some)
+            .map_err(|e| self.error("reading", key, e))
     }
 
     /// Names of the objects in `folder`.

@@ -3,6 +3,7 @@
 //! ranks are separate `Remote`s over one counting in-memory store, as
 //! processes over one bucket are.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use ckptstore::{Dtype, Entry, Remote, ShardSource, ShardUpload, ShardWrite, Step, Tensor};
@@ -123,6 +124,40 @@ fn global_step_requests(compress: bool) -> Result {
         let info = reader.upload_shard(3, rank, RANKS, &same)?;
         assert_eq!(info.bytes_uploaded, 0, "rank {rank}: {info:?}");
     }
+    Ok(())
+}
+
+/// The coordinator's commit of 256 ranks reads their shard manifests
+/// many at once (a bucket tens of milliseconds away would otherwise take
+/// 256 round trips), in a request per rank, and still refuses a shard
+/// that is not there.
+#[test]
+fn the_coordinators_commit_checks_shards_many_at_once() -> Result {
+    const N: u32 = 256;
+    let counting = Arc::new(Failing::new(Arc::new(InMemory::new()), 0));
+    let open = || Remote::with_store(counting.clone(), "run", "mem://run");
+    let mut names = Vec::new();
+    for rank in 0..N {
+        let mut c = Step::new(4);
+        c.insert("rank", Entry::Blob(rank.to_le_bytes().to_vec()));
+        names.push(open()?.upload_shard(4, rank, N, &c)?.shard);
+    }
+    *counting.get_delay.lock().map_err(|_| "lock")? = std::time::Duration::from_millis(2);
+    counting.reset();
+    let mut gone = names.clone();
+    gone[200] = names[0];
+    let e = open()?
+        .commit_global(4, &gone)
+        .expect_err("rank 200's shard is not there");
+    assert!(e.to_string().contains("shard"), "{e}");
+    open()?.commit_global(4, &names)?;
+    let (n, most) = (
+        counting.requests(),
+        counting.most_gets_in_flight.load(Ordering::SeqCst),
+    );
+    eprintln!("the coordinator's commit of {N} ranks twice: {n} requests, {most} reads at once");
+    assert!(n <= 2 * (N as usize + 10), "{n} requests");
+    assert!((32..=64).contains(&most), "{most} shard reads at once");
     Ok(())
 }
 

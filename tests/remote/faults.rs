@@ -29,6 +29,12 @@ pub struct Failing {
     /// Writes of keys holding this (none if empty) are answered 404, as S3
     /// answers a write to a bucket that is gone.
     pub gone_for: std::sync::Mutex<String>,
+    /// How long each GET waits before it is answered (a bucket some way
+    /// off: zero, the default, answers at once).
+    pub get_delay: std::sync::Mutex<std::time::Duration>,
+    /// GETs waiting for their answer now, and the most at once.
+    pub gets_in_flight: AtomicUsize,
+    pub most_gets_in_flight: AtomicUsize,
 }
 
 impl Failing {
@@ -42,6 +48,9 @@ impl Failing {
             gets: std::sync::Mutex::new(Vec::new()),
             listed: Arc::new(AtomicUsize::new(0)),
             gone_for: std::sync::Mutex::new(String::new()),
+            get_delay: std::sync::Mutex::new(std::time::Duration::ZERO),
+            gets_in_flight: AtomicUsize::new(0),
+            most_gets_in_flight: AtomicUsize::new(0),
         }
     }
 
@@ -120,7 +129,19 @@ impl ObjectStore for Failing {
         if let Ok(mut gets) = self.gets.lock() {
             gets.push(location.to_string());
         }
-        self.inner.get_opts(location, options).await
+        let delay = self
+            .get_delay
+            .lock()
+            .map_or(std::time::Duration::ZERO, |d| *d);
+        if delay.is_zero() {
+            return self.inner.get_opts(location, options).await;
+        }
+        let now = self.gets_in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_gets_in_flight.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(delay).await;
+        let got = self.inner.get_opts(location, options).await;
+        self.gets_in_flight.fetch_sub(1, Ordering::SeqCst);
+        got
     }
 
     fn delete_stream(

@@ -67,12 +67,13 @@ impl Coordinator<'_> {
     }
 
     /// Check each shard of `ids` but `own` (written under this very lock)
-    /// is there and whole, then write the step's manifest and commit.
+    /// is there and whole (their manifests read several at once), then
+    /// write the step's manifest and commit.
     fn commit_locked(&self, step: u64, ids: &[ShardName], own: Option<u32>) -> Result<()> {
-        for id in ids.iter().filter(|id| Some(id.rank) != own) {
-            let m = self
-                .checked_shard(step, id, None)?
-                .map_err(|why| Error::corrupt(Some(step), why.to_string()))?;
+        let others: Vec<&ShardName> = ids.iter().filter(|id| Some(id.rank) != own).collect();
+        let checked = self.checked_shards(step, &others)?;
+        for (id, m) in others.into_iter().zip(checked) {
+            let m = m.map_err(|why| Error::corrupt(Some(step), why.to_string()))?;
             // A shard of packs was written after its rank saw (or put)
             // its packs there under its own push lock, and a young
             // shard's packs are not collected: a request per rank.

@@ -75,6 +75,11 @@ type Skipped = Vec<(u64, String)>;
 /// What a commit stands for, or why a reader cannot rely on it.
 pub(crate) type Checked<T = StepManifest> = std::result::Result<T, Rejected>;
 
+/// Shard manifests a coordinator's commit reads at once: a commit of N
+/// ranks takes about N / this round trips, within S3's rate of reads per
+/// prefix at tens of milliseconds a request.
+pub(crate) const SHARDS_IN_FLIGHT: usize = 64;
+
 /// Why a reader cannot rely on a commit, naming the object at fault by
 /// its URL: a reader takes the step's newest commit that none of these
 /// befalls.
@@ -230,6 +235,29 @@ impl Reader<'_> {
         verdict(self.shard_of(step, id, chunks))
     }
 
+    /// Each of `ids`' shard manifests of `step`, checked as
+    /// [`checked_shard`](Self::checked_shard) checks one, in order; at
+    /// most [`SHARDS_IN_FLIGHT`] requests in flight.
+    pub(crate) fn checked_shards(
+        &self,
+        step: u64,
+        ids: &[&ShardName],
+    ) -> Result<Vec<Checked<RemoteManifest>>> {
+        use futures::StreamExt;
+        let reads = futures::stream::iter(ids.iter().map(|id| self.fetch_shard(step, id)));
+        let found: Vec<_> = self
+            .bucket
+            .run(reads.buffered(SHARDS_IN_FLIGHT).collect())?;
+        found.into_iter().collect()
+    }
+
+    /// [`checked_shard`](Self::checked_shard) without the chunks, as a future.
+    async fn fetch_shard(&self, step: u64, id: &ShardName) -> Result<Checked<RemoteManifest>> {
+        let key = self.bucket.layout.shard(step, id);
+        let got = self.fetch_hashed(&key, &id.hash).await;
+        verdict(got.and_then(|(bytes, url)| self.decoded_shard(&bytes, step, None, url)))
+    }
+
     fn shard_of(
         &self,
         step: u64,
@@ -237,7 +265,18 @@ impl Reader<'_> {
         chunks: Option<&HashSet<Object>>,
     ) -> std::result::Result<RemoteManifest, Unsound> {
         let (bytes, url) = self.get_hashed(&self.bucket.layout.shard(step, id), &id.hash)?;
-        match serde_json::from_slice::<RemoteManifest>(&bytes) {
+        self.decoded_shard(&bytes, step, chunks, url)
+    }
+
+    /// A shard manifest of `step` from its bytes (read from `url`), checked.
+    fn decoded_shard(
+        &self,
+        bytes: &[u8],
+        step: u64,
+        chunks: Option<&HashSet<Object>>,
+        url: String,
+    ) -> std::result::Result<RemoteManifest, Unsound> {
+        match serde_json::from_slice::<RemoteManifest>(bytes) {
             Ok(m) => Ok(self.check_single(m, step, chunks, &url)?),
             Err(e) => Err(Rejected::Undecodable {
                 url,
@@ -294,8 +333,17 @@ impl Reader<'_> {
         key: &object_store::path::Path,
         hash: &Hash,
     ) -> std::result::Result<(bytes::Bytes, String), Unsound> {
+        self.bucket.run(self.fetch_hashed(key, hash))?
+    }
+
+    /// [`get_hashed`](Self::get_hashed), as a future.
+    async fn fetch_hashed(
+        &self,
+        key: &object_store::path::Path,
+        hash: &Hash,
+    ) -> std::result::Result<(bytes::Bytes, String), Unsound> {
         let url = self.bucket.layout.url_of(&self.bucket.url, key);
-        let bytes = match self.bucket.get_bytes(key, MAX_MANIFEST_BYTES) {
+        let bytes = match self.bucket.fetch_bytes(key, MAX_MANIFEST_BYTES).await {
             Ok(Some(bytes)) => bytes,
             Ok(None) => return Err(Rejected::Missing { url }.into()),
             Err(Error::Corrupt { detail, .. }) => {
