@@ -28,11 +28,13 @@ type Result<T = (), E = Box<dyn std::error::Error + Send + Sync>> = std::result:
 const LATENCY: Duration = Duration::from_millis(30);
 const THREADS: u32 = 8;
 
-/// Counts the requests made through it.
+/// Counts the requests made through it, and when each went to which
+/// prefix (the key up to its last `/`: how S3 is taken to partition here).
 #[derive(Debug)]
 struct Counting {
     inner: Arc<dyn ObjectStore>,
     calls: AtomicUsize,
+    log: Mutex<Vec<(Instant, String)>>,
 }
 
 impl fmt::Display for Counting {
@@ -42,8 +44,54 @@ impl fmt::Display for Counting {
 }
 
 impl Counting {
+    fn new(inner: Arc<dyn ObjectStore>) -> Counting {
+        let (calls, log) = (AtomicUsize::new(0), Mutex::new(Vec::new()));
+        Counting { inner, calls, log }
+    }
+
     fn count(&self) {
         self.calls.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn logged(&self, key: &Path) {
+        self.count();
+        let key = key.as_ref();
+        let prefix = key.rsplit_once('/').map_or("", |(p, _)| p).to_owned();
+        if let Ok(mut log) = self.log.lock() {
+            log.push((Instant::now(), prefix));
+        }
+    }
+
+    /// Start counting again.
+    fn reset(&self) {
+        self.calls.store(0, Ordering::SeqCst);
+        if let Ok(mut log) = self.log.lock() {
+            log.clear();
+        }
+    }
+
+    /// The most requests to one prefix within any second, and the prefix.
+    fn hottest(&self) -> (usize, String) {
+        let Ok(log) = self.log.lock() else {
+            return (0, String::new());
+        };
+        let mut by_prefix: std::collections::BTreeMap<&str, Vec<Instant>> = Default::default();
+        for (at, prefix) in log.iter() {
+            by_prefix.entry(prefix).or_default().push(*at);
+        }
+        let mut hottest = (0, String::new());
+        for (prefix, times) in by_prefix {
+            let mut start = 0;
+            for end in 0..times.len() {
+                while times[end].duration_since(times[start]) >= Duration::from_secs(1) {
+                    start += 1;
+                }
+                if end + 1 - start > hottest.0 {
+                    hottest = (end + 1 - start, prefix.to_owned());
+                }
+            }
+        }
+        hottest
     }
 }
 
@@ -55,7 +103,7 @@ impl ObjectStore for Counting {
         payload: PutPayload,
         opts: PutOptions,
     ) -> object_store::Result<PutResult> {
-        self.count();
+        self.logged(location);
         self.inner.put_opts(location, payload, opts).await
     }
 
@@ -73,7 +121,7 @@ impl ObjectStore for Counting {
         location: &Path,
         options: GetOptions,
     ) -> object_store::Result<GetResult> {
-        self.count();
+        self.logged(location);
         self.inner.get_opts(location, options).await
     }
 
@@ -127,16 +175,14 @@ fn late(latency: Duration) -> ThrottleConfig {
     }
 }
 
-/// One world size: (seconds, requests) of the coordinator's commit.
-fn commit_of(n: u32) -> Result<(f64, usize)> {
+/// One world size: (seconds, requests) of the coordinator's commit, and
+/// its hottest prefix (requests in a second, the prefix).
+fn commit_of(n: u32) -> Result<(f64, usize, (usize, String))> {
     let throttled = Arc::new(ThrottledStore::new(
         InMemory::new(),
         ThrottleConfig::default(),
     ));
-    let counting = Arc::new(Counting {
-        inner: throttled.clone(),
-        calls: AtomicUsize::new(0),
-    });
+    let counting = Arc::new(Counting::new(throttled.clone()));
     let store: Arc<dyn ObjectStore> = counting.clone();
     let names: Mutex<Vec<(u32, ShardHash)>> = Mutex::new(Vec::new());
     std::thread::scope(|s| -> Result {
@@ -165,11 +211,12 @@ fn commit_of(n: u32) -> Result<(f64, usize)> {
     let names: Vec<ShardHash> = names.into_iter().map(|(_, name)| name).collect();
     throttled.config_mut(|c| *c = late(LATENCY));
     let coordinator = Remote::with_store(store, "run", "mem://run")?;
-    counting.calls.store(0, Ordering::SeqCst);
+    counting.reset();
     let started = Instant::now();
     coordinator.commit_global(1, &names)?;
     let seconds = started.elapsed().as_secs_f64();
-    Ok((seconds, counting.calls.load(Ordering::SeqCst)))
+    let requests = counting.calls.load(Ordering::SeqCst);
+    Ok((seconds, requests, counting.hottest()))
 }
 
 fn main() -> Result {
@@ -186,13 +233,13 @@ fn main() -> Result {
         "the coordinator's commit, every request {} ms late",
         LATENCY.as_millis()
     );
-    println!("| ranks | commit (s) | one after another (s, ranks x latency) | requests | requests per rank |");
-    println!("|---|---|---|---|---|");
+    println!("| ranks | commit (s) | one after another (s, ranks x latency) | requests | requests per rank | hottest prefix (requests in a second) |");
+    println!("|---|---|---|---|---|---|");
     for n in worlds {
-        let (seconds, requests) = commit_of(n)?;
+        let (seconds, requests, (hot, prefix)) = commit_of(n)?;
         let serial = f64::from(n) * LATENCY.as_secs_f64();
         println!(
-            "| {n} | {seconds:.2} | {serial:.1} | {requests} | {:.2} |",
+            "| {n} | {seconds:.2} | {serial:.1} | {requests} | {:.2} | {hot} (`{prefix}/`) |",
             requests as f64 / f64::from(n)
         );
     }

@@ -200,14 +200,29 @@ impl RawRemote {
         Ok((&r).into())
     }
 
-    /// Complete global step `step` with exactly these shards, by rank.
-    fn commit_global(&self, py: Python<'_>, step: u64, shards: Vec<String>) -> PyResult<()> {
+    /// Complete global step `step` with exactly these shards, by rank
+    /// (each checked there and whole; `reported`: trusted, as each rank
+    /// reported it once its upload returned, and not read).
+    #[pyo3(signature = (step, shards, reported=false))]
+    fn commit_global(
+        &self,
+        py: Python<'_>,
+        step: u64,
+        shards: Vec<String>,
+        reported: bool,
+    ) -> PyResult<()> {
         let shards = ranks(&shards)
             .map(|(rank, name)| shard_hash(step, rank, name))
             .collect::<ckptstore::Result<Vec<_>>>()
             .map_err(py_err)?;
-        py.detach(|| self.remote.commit_global(step, &shards))
-            .map_err(py_err)
+        py.detach(|| {
+            if reported {
+                self.remote.commit_reported(step, &shards)
+            } else {
+                self.remote.commit_global(step, &shards)
+            }
+        })
+        .map_err(py_err)
     }
 
     /// Step `step` opened for reading parts of it (its newest commit that

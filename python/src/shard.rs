@@ -54,9 +54,11 @@ impl ShardId {
 /// data), its shard (`Manifest`: a coordinator completes the step), its
 /// shard and the step's commit once every rank's is there (`Complete`;
 /// `RankLocal(save)` for ranks that never coordinate: only with shards of
-/// save `save`, an identity alike on its ranks), or its shard and the step
-/// completed with exactly `shards` (`Commit`: every rank's shard name, by
-/// rank; this rank's entry is not read).
+/// save `save`, an identity alike on its ranks; `RankLocalShard(save)`:
+/// its shard of that save only, the ranks completing the step through the
+/// job's rendezvous store), or its shard and the step completed with
+/// exactly `shards` (`Commit`: every rank's shard name, by rank; this
+/// rank's entry is not read).
 #[pyclass(frozen, eq, module = "ckptstore")]
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum ShardUpload {
@@ -64,6 +66,7 @@ pub(crate) enum ShardUpload {
     Manifest {},
     Complete {},
     RankLocal { save: String },
+    RankLocalShard { save: String },
     Commit { shards: Vec<String> },
 }
 
@@ -76,6 +79,9 @@ impl ShardUpload {
             ShardUpload::Manifest {} => ckptstore::ShardUpload::Manifest,
             ShardUpload::Complete {} => ckptstore::ShardUpload::Complete,
             ShardUpload::RankLocal { save } => ckptstore::ShardUpload::RankLocal(SaveId::of(save)),
+            ShardUpload::RankLocalShard { save } => {
+                ckptstore::ShardUpload::RankLocalShard(SaveId::of(save))
+            }
             ShardUpload::Commit { shards } => {
                 let named = (0u32..).zip(shards).map(|(rank, name)| {
                     (rank != id.rank)

@@ -148,6 +148,32 @@ def test_a_rank_killed_once_its_shard_landed_leaves_the_step_listed_exactly_when
     _loaded(url, 3, 2, salt=4)
 
 
+@pytest.mark.parametrize("world", [2, 4])
+def test_ranks_that_complete_the_step_through_the_job_s_store_write_one_commit(tmp_path, world):
+    # Issue 75 (behind CKPT_RANK_LOCAL_RENDEZVOUS=1): each rank writes its
+    # shard only and tells the others through the default process group's
+    # store; the rank that completes the count commits the names told.
+    url = f"file://{tmp_path}/bucket"
+    env = {"CKPT_RANK_LOCAL_RENDEZVOUS": "1", "CKPT_TRACE_SHARDS": "1"}
+    for step in (3, 4):
+        out = run("save_local", url, step, world, salt=step, env=env)
+        commits = []
+        for rank, (_, text) in enumerate(out):
+            assert _lines(text, "collectives ") == ["['barrier']"], f"rank {rank}:\n{text[-3000:]}"
+            assert _lines(text, "upload ") == ["RankLocalShard"], f"rank {rank}:\n{text[-3000:]}"
+            commits += _lines(text, "commit ")
+        assert commits == ["reported=True"], commits  # by the rank that completed the count
+    remote = ckptstore.Remote(url)
+    assert remote.steps() == [3, 4]
+    commits = sorted(os.listdir(tmp_path / "bucket" / "commits"))
+    assert [c.split("-")[0] for c in commits] == [f"{3:020}", f"{4:020}"], commits
+    status = remote.shards(4)
+    assert status.complete and status.world_size == world and status.saves == 1, status
+    _loaded(url, 4, world, salt=4, env=env)
+    _loaded(url, 4, 1, salt=4)
+    assert remote.verify().ok
+
+
 def test_an_async_rank_local_save_is_listed_when_its_futures_resolve(tmp_path):
     # Thread mode: DCP's rank-local save ends with its barrier, on the
     # saving thread; each rank's future resolves after it.

@@ -186,3 +186,102 @@ fn an_incomplete_step_is_reported_by_its_newest_save() -> Result {
     );
     Ok(())
 }
+
+/// Ranks of a rank-local save landing at once (issue 75, item 1), each
+/// its own `Remote`, completing the step as `ckptstore.dcp` does through
+/// the job's rendezvous store (here an atomic count and the names beside
+/// it): every rank uploads its shard naming the save
+/// (`ShardUpload::RankLocalShard`: no listing, no other rank's manifest
+/// read), and the rank whose count completes the world commits the names
+/// reported (`Remote::commit_reported`). Each rank's requests stay a
+/// handful whatever the world, and the step is whole; with
+/// `ShardUpload::RankLocal` instead, ranks landing at once list and read
+/// each other's shards (printed beside, for comparison).
+#[test]
+fn ranks_landing_at_once_complete_the_step_with_the_names_they_report() -> Result {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Barrier, Mutex};
+
+    use ckptstore::ShardHash;
+    use object_store::memory::InMemory;
+
+    use super::faults::Failing;
+
+    const WORLD: u32 = 16;
+    /// Requests of each rank, and shard manifests it read, by rank.
+    type Costs = Vec<(usize, usize)>;
+    let save = |reported: bool| -> Result<(Arc<InMemory>, Costs)> {
+        let memory = Arc::new(InMemory::new());
+        let landed = AtomicUsize::new(0);
+        let names: Mutex<Vec<Option<ShardHash>>> = Mutex::new(vec![None; WORLD as usize]);
+        let barrier = Barrier::new(WORLD as usize);
+        let rank = |rank: u32| -> Result<(usize, usize)> {
+            let counting = Arc::new(Failing::new(memory.clone(), 0));
+            let remote = Remote::with_store(counting.clone(), "run", "mem://run")?;
+            let state = shard(7, rank, 1);
+            let then = if reported {
+                ShardUpload::RankLocalShard(SaveId::of("s"))
+            } else {
+                ShardUpload::RankLocal(SaveId::of("s"))
+            };
+            barrier.wait();
+            let write = ShardWrite::new((7, rank, WORLD), ShardSource::Owned(&state), then);
+            let info = remote.write_shard(write)?;
+            if reported {
+                names.lock().map_err(|_| "lock")?[rank as usize] = Some(info.shard);
+                if landed.fetch_add(1, Ordering::SeqCst) + 1 == WORLD as usize {
+                    let all = names.lock().map_err(|_| "lock")?.clone();
+                    let all: Option<Vec<ShardHash>> = all.into_iter().collect();
+                    remote.commit_reported(7, &all.ok_or("every rank's name")?)?;
+                }
+            }
+            let gets = counting.gets.lock().map_err(|_| "lock")?;
+            let shards_read = gets.iter().filter(|k| k.contains("/shards/")).count();
+            Ok((counting.requests(), shards_read))
+        };
+        // A rank's error crosses back as its text (`Result`'s is not Send).
+        let rank = |r: u32| rank(r).map_err(|e| e.to_string());
+        let costs = std::thread::scope(|s| {
+            let ranks: Vec<_> = (0..WORLD).map(|r| s.spawn(move || rank(r))).collect();
+            ranks
+                .into_iter()
+                .map(|h| h.join().map_err(|_| "a rank panicked".to_owned())?)
+                .collect::<std::result::Result<Vec<_>, String>>()
+        })?;
+        Ok((memory, costs))
+    };
+    let (memory, costs) = save(true)?;
+    let (_, listing) = save(false)?;
+    let most = costs.iter().map(|c| c.0).max().ok_or("a rank")?;
+    let by_listing = listing.iter().map(|c| c.0).max().ok_or("a rank")?;
+    eprintln!(
+        "{WORLD} ranks at once: requests per rank {:?} (reported names), {:?} (listing)",
+        costs.iter().map(|c| c.0).collect::<Vec<_>>(),
+        listing.iter().map(|c| c.0).collect::<Vec<_>>()
+    );
+    // A rank's upload is a handful of requests (the lock cycle, the
+    // collection mark, its pack, its shard); the completing rank's commit
+    // adds a lock cycle, the step's commits listed, the step's manifest,
+    // the hint and the commit. No rank reads a shard manifest. (A rank's
+    // listing of the locks returns the push locks of the ranks writing at
+    // that moment: at thousands of ranks at once, pages of them.)
+    let mut uploads: Vec<usize> = costs.iter().map(|c| c.0).collect();
+    uploads.sort_unstable();
+    let (upload, completing) = (uploads[uploads.len() - 2], uploads[uploads.len() - 1]);
+    assert!(upload <= 7 && completing <= upload + 7, "{costs:?}");
+    assert!(
+        costs.iter().all(|c| c.1 == 0),
+        "shard manifests read: {costs:?}"
+    );
+    let remote = Remote::with_store(memory, "run", "mem://run")?;
+    assert_eq!(remote.steps()?, vec![7]);
+    let status = remote.shards(7)?;
+    assert!(status.complete && status.missing.is_empty(), "{status:?}");
+    for rank in 0..WORLD {
+        assert_eq!(remote.get_shard(7, rank)?, Some(shard(7, rank, 1)));
+    }
+    assert!(remote.verify()?.is_ok());
+    eprintln!("the most a rank made: {most} reported, {by_listing} listing");
+    assert!(by_listing >= most, "{listing:?}");
+    Ok(())
+}

@@ -211,11 +211,14 @@ class Remote:
         `upload_shard_from` are this, spelled for common cases."""
         return self._raw.write_shard(shard, upload, source)
 
-    def commit_global(self, step: int, shards: List[str]) -> None:
+    def commit_global(self, step: int, shards: List[str], *, reported: bool = False) -> None:
         """Complete global step `step` with exactly `shards` (each rank's
         `info.shard`, by rank), after checking each is there and hashes
-        right (a request per rank)."""
-        self._raw.commit_global(step_number(step), [str(s) for s in shards])
+        right (a request per rank, many in flight). `reported`: each name
+        as its rank reported it once its upload returned, trusted and not
+        read (a few requests whatever the ranks; a wrong name makes a
+        commit no reader takes)."""
+        self._raw.commit_global(step_number(step), [str(s) for s in shards], reported)
 
     def open_global(self, step: Optional[int] = None, commit: Optional[str] = None) -> Optional[RawGlobalStep]:
         """Step `step` opened for reading parts of its entries (its

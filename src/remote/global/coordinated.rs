@@ -39,6 +39,15 @@ impl Coordinator<'_> {
         self.with_push_lock(|_| self.commit_locked(step, &ids, None))
     }
 
+    /// Does the work of [`Remote::commit_reported`](crate::Remote::commit_reported):
+    /// the step's manifest and commit, no shard read, under the push lock
+    /// as every commit is written.
+    pub(crate) fn commit_reported(&self, step: u64, shards: &[ShardHash]) -> Result<()> {
+        let named: Vec<Option<ShardHash>> = shards.iter().copied().map(Some).collect();
+        let ids = shard_ids(step, &named, None)?;
+        self.with_push_lock(|_| self.write_commit(step, &ids))
+    }
+
     /// Upload `plan` as rank `rank`'s shard's manifest, then the step's
     /// commit naming `shards` with this rank's entry the shard just
     /// uploaded, under one push lock ([`ShardUpload::Commit`]).
@@ -94,6 +103,12 @@ impl Coordinator<'_> {
                 ));
             }
         }
+        self.write_commit(step, ids)
+    }
+
+    /// The step's manifest naming `ids`, and a commit newer than any of
+    /// the step's.
+    fn write_commit(&self, step: u64, ids: &[ShardName]) -> Result<()> {
         let global = GlobalManifest::of(step, ids);
         let (bytes, hash) = encode(step, &global)?;
         let newest = self.commit_times(step)?.last().map(|(c, _)| *c);

@@ -138,6 +138,25 @@ impl Remote {
         self.coordinator().commit_global(step, shards)
     }
 
+    /// Complete global step `step` with `shards` (each rank's, by rank)
+    /// that each rank reported once its upload returned (a rank-local
+    /// save's ranks, through the job's rendezvous store, after
+    /// [`ShardUpload::RankLocalShard`](crate::ShardUpload::RankLocalShard)):
+    /// as [`commit_global`](Self::commit_global), but no shard is read,
+    /// for a request count that does not grow with the ranks. The names
+    /// are trusted: an upload that returned is there (S3 reads its
+    /// writes). A name that is wrong makes a commit no reader takes (each
+    /// checks every shard it reads: the step's older commit, if any,
+    /// stays what it reads).
+    ///
+    /// # Errors
+    /// [`Error::InvalidCheckpoint`](crate::Error::InvalidCheckpoint) for no
+    /// shards or too many; [`BucketError::Request`](crate::BucketError::Request)
+    /// when the bucket fails.
+    pub fn commit_reported(&self, step: u64, shards: &[ShardHash]) -> Result<()> {
+        self.coordinator().commit_reported(step, shards)
+    }
+
     /// The index of step `step` if `ckptstore.dcp` saved it: its tensors with
     /// their global shapes and stored boxes (of a rank-local save, every
     /// rank's metadata merged); `None` for a step that is not complete or

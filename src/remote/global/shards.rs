@@ -162,7 +162,7 @@ impl Coordinator<'_> {
         }
         self.bucket
             .put(&self.bucket.layout.shard(step, &id), bytes)?;
-        if *then == ShardUpload::Manifest {
+        if matches!(then, ShardUpload::Manifest | ShardUpload::RankLocalShard(_)) {
             return Ok(info);
         }
         let landed = Instant::now();
@@ -392,6 +392,14 @@ pub enum ShardUpload {
     /// there, once every rank's shard of this save is: never with a shard
     /// of another save of the step, whatever its world size.
     RankLocal(SaveId),
+    /// The manifest naming save `save`, and nothing more: a rank of a
+    /// rank-local save whose ranks tell each other their shards through
+    /// the job's rendezvous store, where the rank that completes the count
+    /// writes the step's commit ([`Remote::commit_reported`](crate::Remote::commit_reported)).
+    /// No listing, no other rank's manifest read. A save whose completing
+    /// rank died is left incomplete; its shards name their save, as
+    /// [`RankLocal`](Self::RankLocal)'s do.
+    RankLocalShard(SaveId),
     /// The manifest, then the step's commit naming exactly these shards
     /// (every rank's, by rank, as [`ShardInfo::shard`] named them; this
     /// rank's entry is the shard just written, `None` will do), each
@@ -406,7 +414,7 @@ impl ShardUpload {
     /// The save a rank-local upload names.
     fn save(&self) -> Option<SaveId> {
         match *self {
-            ShardUpload::RankLocal(save) => Some(save),
+            ShardUpload::RankLocal(save) | ShardUpload::RankLocalShard(save) => Some(save),
             _ => None,
         }
     }

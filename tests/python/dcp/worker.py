@@ -15,6 +15,8 @@ saves; CKPT_DIE_AFTER_SHARD=R right after its shard of a rank-local save
 is in the bucket (the step's commit too, if it found every shard there);
 CKPT_DIE_AFTER_WRITE=R kills rank R (os._exit) right
 after its data is written, before the coordinator's finish.
+CKPT_TRACE_SHARDS=1 prints "upload <kind>" at each shard write and
+"commit reported=<bool>" at each commit of names.
 
 CKPT_BIG_ROWS=N gives model.big N rows (1100: 1.3 MB, two chunks).
 CKPT_PER_RANK=1 adds a plain tensor `own.<rank>` that only that rank
@@ -217,6 +219,22 @@ def main():
     die = os.environ.get("CKPT_DIE_BEFORE_SAVE")
     if die is not None and int(die) == rank:
         os._exit(9)
+    if os.environ.get("CKPT_TRACE_SHARDS") == "1":
+        # Print each shard write's kind and each commit of names, as made.
+        import ckptstore
+
+        traced_write, traced_commit = ckptstore.Remote.write_shard, ckptstore.Remote.commit_global
+
+        def write_traced(self, shard, upload, source):
+            print(f"upload {type(upload).__name__}", flush=True)
+            return traced_write(self, shard, upload, source)
+
+        def commit_traced(self, step, shards, *, reported=False):
+            print(f"commit reported={reported}", flush=True)
+            return traced_commit(self, step, shards, reported=reported)
+
+        ckptstore.Remote.write_shard = write_traced
+        ckptstore.Remote.commit_global = commit_traced
     die = os.environ.get("CKPT_DIE_AFTER_SHARD")
     if die is not None and int(die) == rank:
         import ckptstore

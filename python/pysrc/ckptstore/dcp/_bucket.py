@@ -10,6 +10,7 @@ import numpy as np
 
 from .._ckptstore import EntryInfo, HfExport, SaveRecord, ShardId, ShardUpload
 from .._remote import Remote, values_of
+from . import _rank_local
 from ._rank_local import RANK_METADATA, SavedMetadata, SaveKind
 from ._targets import Deliver, Opened, Piece, Put, ShardWrite, Slice, read_in_batches
 from ._wire import Group
@@ -78,7 +79,16 @@ class Bucket:
                 raise ValueError(f"step {w.step}: no shard reported by ranks {missing}")
         # Data ahead of its shard is named by no shard yet: no record.
         record = None if isinstance(then, ShardUpload.ChunksOnly) else w.record
+        store = _rank_local.rendezvous() if isinstance(then, ShardUpload.RankLocal) else None
+        if store is not None and isinstance(then, ShardUpload.RankLocal):
+            # The ranks complete the step through the job's store: this
+            # rank's shard only, then the count (`_rank_local.announce`).
+            then = ShardUpload.RankLocalShard(save=then.save)
         info = self._remote.write_shard(ShardId(w.step, w.rank, w.world), then, values_of(w.values, None, record))
+        if store is not None and isinstance(then, ShardUpload.RankLocalShard):
+            names = _rank_local.announce(store, then.save, w.rank, w.world, info.shard)
+            if names is not None:
+                self._remote.commit_global(w.step, names, reported=True)
         return Put(info.shard, info.bytes_uploaded, info.bytes_skipped)
 
     def layout_entries(self, sizes: List[Dict[str, int]]) -> Dict[str, bytes]:

@@ -11,7 +11,7 @@ import os
 import threading
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Hashable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Hashable, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -22,6 +22,9 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan
 
 from .._ckptstore import DCP_RANK_METADATA
 from ._document import from_json
+
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import Store
 
 RANK_METADATA = DCP_RANK_METADATA
 """The entry of each rank's shard of a rank-local save that holds that
@@ -130,6 +133,43 @@ def _job_nonce() -> str:
     with _lock:
         _nonce[id(group)] = agreed
     return agreed
+
+
+_LANDED_KEY = "ckptstore/rank-local/landed"
+
+
+RENDEZVOUS_FLAG = "CKPT_RANK_LOCAL_RENDEZVOUS"
+"""Set to 1, a rank-local save's ranks complete its step through the job's
+rendezvous store (`announce`) rather than by listing the bucket. Off by
+default while a save whose completing rank died is left to a later save
+of the step (no listing recovers it yet)."""
+
+
+def rendezvous() -> Optional["Store"]:
+    """The job's rendezvous store (the default process group's), where a
+    rank-local save's ranks tell each other their shards; None without a
+    process group of several ranks, or with `RENDEZVOUS_FLAG` unset."""
+    if os.environ.get(RENDEZVOUS_FLAG) != "1":
+        return None
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return None
+    store: "Store" = dist.distributed_c10d._get_default_store()  # noqa: SLF001 (the pg's own store)
+    return store
+
+
+def announce(store: "Store", save: str, rank: int, world: int, shard: str) -> Optional[List[str]]:
+    """Tell the ranks of rank-local save `save` (of `world` ranks) that
+    rank `rank`'s shard `shard` has landed: a `set` of its name and an `add`
+    to the save's count, through `store`. The rank whose `add` completes
+    the count gets every rank's shard name, by rank (one `multi_get`), and
+    writes the step's commit; every other rank gets None and goes on. No
+    rank waits for another, and none lists the bucket."""
+    key = f"{_LANDED_KEY}/{save}"
+    store.set(f"{key}/{rank}", shard)
+    if store.add(f"{key}/count", 1) != world:
+        return None
+    names = store.multi_get([f"{key}/{r}" for r in range(world)])
+    return [bytes(n).decode() for n in names]
 
 
 def hand_on(
