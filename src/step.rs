@@ -1,8 +1,9 @@
 //! The neutral model of a step: named entries (untyped blobs and typed
-//! tensors), metrics and the save record. The bucket's shards, the Python
-//! binding, the tier and the exchange formats speak it;
-//! [`GradientCheckpoint`] is the seed's view of the same state (with a
-//! computation graph and a loss CID, and its JSON file format).
+//! tensors), metrics and the save record. The bucket's shards and the
+//! Python binding speak it; [`GradientCheckpoint`] is the seed's view of
+//! the same state (with a computation graph and a loss CID, and its JSON
+//! file format), which the store and the formats that carry a graph
+//! (the seed's JSON, safetensors exports) keep.
 
 use std::collections::{BTreeMap, HashMap};
 

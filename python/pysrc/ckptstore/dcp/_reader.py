@@ -15,7 +15,7 @@ from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
-from . import _document, _rank_local
+from . import _rank_local
 
 from .stripes import _plan, _run
 from .._ckptstore import dcp_box_span
@@ -150,13 +150,8 @@ class StorageReader(_storage.StorageReader):
     def _load(self, saved: _rank_local.SavedMetadata, docs: Optional[List[bytes]]) -> None:
         """Plan from `saved` (`_rank_local.load_metadata`; `docs`: every
         saved rank's document, where handed on)."""
-        assert self._opened is not None
-        opened = self._opened
-
         def every_rank() -> List[bytes]:
-            if docs is not None:
-                return docs
-            return [saved.document if r == saved.own_rank() else opened.rank_document(r) for r in range(saved.world)]
+            return docs if docs is not None else [self._doc_of(r, saved) for r in range(saved.world)]
 
         self._loaded = _rank_local.load_metadata(saved, self._rank_local, every_rank)
         self._where = self._loaded.metadata.storage_data
