@@ -225,6 +225,12 @@ impl RawRemote {
         .map_err(py_err)
     }
 
+    /// Complete each step whose newest save has every rank's shard there
+    /// but no commit (`Remote::complete_landed`): the steps completed.
+    fn complete_landed(&self, py: Python<'_>) -> PyResult<Vec<u64>> {
+        py.detach(|| self.remote.complete_landed()).map_err(py_err)
+    }
+
     /// Step `step` opened for reading parts of it (its newest commit that
     /// checks out, or exactly `commit`); the newest complete step if
     /// `step` is None (one listing); or None.

@@ -32,8 +32,8 @@ def _lines(text, prefix):
     return [line[len(prefix):] for line in text.splitlines() if line.startswith(prefix)]
 
 
-def _saved_rank_locally(url, step, world, salt=0):
-    out = run("save_local", url, step, world, salt=salt)
+def _saved_rank_locally(url, step, world, salt=0, env=None):
+    out = run("save_local", url, step, world, salt=salt, env=env)
     for rank, (_, text) in enumerate(out):
         assert "failed" not in text, f"rank {rank}:\n{text[-3000:]}"
         # No collective but DCP's closing barrier.
@@ -172,6 +172,24 @@ def test_ranks_that_complete_the_step_through_the_job_s_store_write_one_commit(t
     _loaded(url, 4, world, salt=4, env=env)
     _loaded(url, 4, 1, salt=4)
     assert remote.verify().ok
+
+
+def test_a_save_whose_rank_died_before_telling_the_others_is_completed_by_the_relaunch(tmp_path):
+    # Rank 1's shard lands and it dies before telling rank 0: the count
+    # never completes, no commit. The relaunch's rank 0 completes the
+    # step (every rank's shard of its save is there) before its own save.
+    url = f"file://{tmp_path}/bucket"
+    flag = {"CKPT_RANK_LOCAL_RENDEZVOUS": "1"}
+    env = {**flag, "CKPT_DIE_AFTER_SHARD": "1", "CKPT_PG_TIMEOUT": "10"}
+    out = run("save_local", url, 3, 2, salt=4, env=env, expect_ok=False)
+    assert out[1][0] == 9
+    remote = ckptstore.Remote(url)
+    status = remote.shards(3)
+    assert status.landed == [0, 1] and not status.complete and remote.steps() == [], status
+    _saved_rank_locally(url, 4, 2, salt=5, env=flag)
+    assert remote.steps() == [3, 4]
+    _loaded(url, 3, 2, salt=4)
+    _loaded(url, 4, 2, salt=5)
 
 
 def test_an_async_rank_local_save_is_listed_when_its_futures_resolve(tmp_path):

@@ -285,3 +285,38 @@ fn ranks_landing_at_once_complete_the_step_with_the_names_they_report() -> Resul
     assert!(by_listing >= most, "{listing:?}");
     Ok(())
 }
+
+/// A rank-local save whose completing rank died before its commit
+/// (issue 75): every rank's shard of the save is there, but the step is
+/// not listed until a relaunch's recovery (`Remote::complete_landed`)
+/// finds the save whole and commits it; a save with a rank missing is
+/// left as it is.
+#[test]
+fn a_save_whose_completing_rank_died_is_completed_by_the_recovery() -> Result {
+    let dir = tempfile::tempdir()?;
+    let remote = dir_remote(dir.path())?;
+    let upload = |step: u64, rank: u32, save: &str| -> Result<ShardInfo> {
+        let state = shard(step, rank, u64::from(save.as_bytes()[0]));
+        let then = ShardUpload::RankLocalShard(SaveId::of(save));
+        let write = ShardWrite::new((step, rank, 3), ShardSource::Owned(&state), then);
+        Ok(remote.write_shard(write)?)
+    };
+    for rank in 0..3 {
+        assert!(!upload(5, rank, "whole")?.complete);
+    }
+    for rank in 0..2 {
+        upload(6, rank, "partial")?;
+    }
+    assert!(remote.steps()?.is_empty());
+    assert_eq!(remote.complete_landed()?, vec![5]);
+    assert_eq!(remote.steps()?, vec![5]);
+    for rank in 0..3 {
+        assert_eq!(
+            remote.get_shard(5, rank)?,
+            Some(shard(5, rank, u64::from(b'w')))
+        );
+    }
+    assert!(!remote.shards(6)?.complete);
+    assert!(remote.complete_landed()?.is_empty());
+    Ok(())
+}

@@ -220,6 +220,13 @@ class Remote:
         commit no reader takes)."""
         self._raw.commit_global(step_number(step), [str(s) for s in shards], reported)
 
+    def complete_landed(self) -> List[int]:
+        """Complete each step whose newest save has every rank's shard here
+        but no commit (a rank-local save whose completing rank died): the
+        steps completed. Lists every shard of the bucket: a relaunch's
+        recovery, made once, by one rank."""
+        return self._raw.complete_landed()
+
     def open_global(self, step: Optional[int] = None, commit: Optional[str] = None) -> Optional[RawGlobalStep]:
         """Step `step` opened for reading parts of its entries (its
         commit's manifest checked; each shard's when first read): its

@@ -307,6 +307,19 @@ impl Remote {
         self.coordinator().incomplete_steps()
     }
 
+    /// Complete each step that is not complete but whose newest save has
+    /// every rank's shard there, whole (a rank-local save whose completing
+    /// rank died before its commit, [`ShardUpload::RankLocalShard`](crate::ShardUpload::RankLocalShard)):
+    /// the steps completed, ascending. Lists every shard of the bucket and
+    /// reads the shards of each such step: a relaunch's recovery, not a
+    /// save's.
+    ///
+    /// # Errors
+    /// [`BucketError::Request`](crate::BucketError::Request) when the bucket fails.
+    pub fn complete_landed(&self) -> Result<Vec<u64>> {
+        self.coordinator().complete_landed()
+    }
+
     /// The number of ranks of step `step`: 1 for a step pushed from one
     /// store, N for a complete global step, what its shards say for one not
     /// complete; `None` if the bucket has nothing of it.

@@ -361,6 +361,40 @@ impl Coordinator<'_> {
         partial.into_iter().map(|step| self.shards(step)).collect()
     }
 
+    /// Does the work of [`Remote::complete_landed`](crate::Remote::complete_landed).
+    pub(crate) fn complete_landed(&self) -> Result<Vec<u64>> {
+        let mut completed = Vec::new();
+        for status in self.incomplete_steps()? {
+            let (Some(save), Some(world)) = (status.save, status.world_size) else {
+                continue;
+            };
+            if !status.missing.is_empty() {
+                continue;
+            }
+            let save = HexHash(save.0);
+            // A shard of that save to complete the step by (`finalize`
+            // checks every rank's).
+            let mut ours = None;
+            for (_, id) in self.landed_shards(status.step)? {
+                let of_save = |m: &RemoteManifest| m.save.as_deref() == Some(&save);
+                if id.world_size == world
+                    && matches!(self.checked_shard(status.step, &id, None)?, Ok(m) if of_save(&m))
+                {
+                    ours = Some(id);
+                    break;
+                }
+            }
+            let Some(ours) = ours else {
+                continue;
+            };
+            let step = status.step;
+            if self.with_push_lock(|_| self.finalize(step, &ours, Some(save)))? {
+                completed.push(step);
+            }
+        }
+        Ok(completed)
+    }
+
     /// Does the work of [`Remote::world_size`](crate::Remote::world_size).
     pub(crate) fn world_size(&self, step: u64) -> Result<Option<u32>> {
         if let Some((_, m)) = self.complete_step(step, &self.bucket.objects()?)? {

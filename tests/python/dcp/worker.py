@@ -243,7 +243,7 @@ def main():
 
         def commit_then_die(self, shard, upload, source):
             original_write(self, shard, upload, source)
-            if isinstance(upload, ckptstore.ShardUpload.RankLocal):
+            if isinstance(upload, (ckptstore.ShardUpload.RankLocal, ckptstore.ShardUpload.RankLocalShard)):
                 os._exit(9)
 
         ckptstore.Remote.write_shard = commit_then_die

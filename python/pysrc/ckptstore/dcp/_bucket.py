@@ -83,6 +83,10 @@ class Bucket:
         if store is not None and isinstance(then, ShardUpload.RankLocal):
             # The ranks complete the step through the job's store: this
             # rank's shard only, then the count (`_rank_local.announce`).
+            # A relaunch's rank 0 first completes what a completing rank
+            # that died left whole.
+            if w.rank == 0 and _rank_local.first_save_to(self.url):
+                self._remote.complete_landed()
             then = ShardUpload.RankLocalShard(save=then.save)
         info = self._remote.write_shard(ShardId(w.step, w.rank, w.world), then, values_of(w.values, None, record))
         if store is not None and isinstance(then, ShardUpload.RankLocalShard):

@@ -157,6 +157,19 @@ def rendezvous() -> Optional["Store"]:
     return store
 
 
+_recovered: Dict[str, bool] = {}
+
+
+def first_save_to(url: str) -> bool:
+    """Whether this is this process's first rank-local save to `url` (a
+    relaunch's rank 0 then completes the steps a completing rank that
+    died left whole but uncommitted: `Remote.complete_landed`)."""
+    with _lock:
+        first = url not in _recovered
+        _recovered[url] = True
+    return first
+
+
 def announce(store: "Store", save: str, rank: int, world: int, shard: str) -> Optional[List[str]]:
     """Tell the ranks of rank-local save `save` (of `world` ranks) that
     rank `rank`'s shard `shard` has landed: a `set` of its name and an `add`
