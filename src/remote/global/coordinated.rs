@@ -45,7 +45,10 @@ impl Coordinator<'_> {
     pub(crate) fn commit_reported(&self, step: u64, shards: &[ShardHash]) -> Result<()> {
         let named: Vec<Option<ShardHash>> = shards.iter().copied().map(Some).collect();
         let ids = shard_ids(step, &named, None)?;
-        self.with_push_lock(|_| self.write_commit(step, &ids))
+        self.with_push_lock(|_| {
+            let newest = self.commit_times(step)?.last().map(|(c, _)| *c);
+            self.write_commit(step, &ids, newest)
+        })
     }
 
     /// Upload `plan` as rank `rank`'s shard's manifest, then the step's
@@ -103,15 +106,21 @@ impl Coordinator<'_> {
                 ));
             }
         }
-        self.write_commit(step, ids)
+        let newest = self.commit_times(step)?.last().map(|(c, _)| *c);
+        self.write_commit(step, ids, newest)
     }
 
-    /// The step's manifest naming `ids`, and a commit newer than any of
-    /// the step's.
-    fn write_commit(&self, step: u64, ids: &[ShardName]) -> Result<()> {
+    /// The step's manifest naming `ids`, and a commit of a generation
+    /// after `newest` (the step's newest commit, as listed under this
+    /// lock).
+    pub(super) fn write_commit(
+        &self,
+        step: u64,
+        ids: &[ShardName],
+        newest: Option<Commit>,
+    ) -> Result<()> {
         let global = GlobalManifest::of(step, ids);
         let (bytes, hash) = encode(step, &global)?;
-        let newest = self.commit_times(step)?.last().map(|(c, _)| *c);
         self.put_step(&Commit::after(newest, step, hash), bytes)
     }
 }

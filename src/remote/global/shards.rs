@@ -15,7 +15,7 @@ use crate::format::manifest::{ChunkRef, Hash};
 use crate::remote::coordination::locks::Lock;
 use crate::remote::format::hash::HexHash;
 use crate::remote::format::hash::{SaveId, ShardHash};
-use crate::remote::format::layout::{encode, GlobalManifest, ShardName, MAX_WORLD_SIZE};
+use crate::remote::format::layout::{encode, ShardName, MAX_WORLD_SIZE};
 use crate::remote::format::manifest::{RemoteManifest, RemotePacked};
 use crate::remote::global::Coordinator;
 use crate::remote::read::step::StepManifest;
@@ -201,19 +201,36 @@ impl Coordinator<'_> {
     /// newer generation. Whether the step's newest commit then names shard
     /// `ours`.
     fn finalize(&self, step: u64, ours: &ShardName, save: Option<HexHash>) -> Result<bool> {
-        let commits = self.commit_times(step)?;
-        let newest = commits.last().copied();
+        let newest = self.commit_times(step)?.last().copied();
+        match self.commit_whole(step, ours.world_size, save, newest)? {
+            Some(chosen) => Ok(chosen.contains(ours)),
+            None => self.names_shard(newest.map(|(c, _)| c), ours),
+        }
+    }
+
+    /// If each of the `world` ranks of `step` has a whole shard of save
+    /// `save` written after the step's `newest` commit (and its time),
+    /// write the step's manifest and a commit of a newer generation naming
+    /// them (of a rank's, the newest): the shards named.
+    fn commit_whole(
+        &self,
+        step: u64,
+        world: u32,
+        save: Option<HexHash>,
+        newest: Option<(Commit, i64)>,
+    ) -> Result<Option<Vec<ShardName>>> {
         let since = newest.map_or(i64::MIN, |(_, t)| t);
         let mut attempt: Vec<(i64, ShardName)> = self
             .landed_shards(step)?
             .into_iter()
-            .filter(|&(t, id)| id.world_size == ours.world_size && t > since)
+            .filter(|&(t, id)| id.world_size == world && t > since)
             .collect();
         // Until every rank is listed no shard is read: a rank that lands
         // before the last asks a listing, not a manifest per rank.
+        let ranks = usize::try_from(world).unwrap_or(usize::MAX);
         let listed: BTreeSet<u32> = attempt.iter().map(|(_, id)| id.rank).collect();
-        if listed.len() != usize::try_from(ours.world_size).unwrap_or(usize::MAX) {
-            return self.names_shard(newest.map(|(c, _)| c), ours);
+        if listed.len() != ranks {
+            return Ok(None);
         }
         // Newest first; of shards written in the same millisecond, the
         // smallest hash, so that every rank that finalizes picks the same.
@@ -232,14 +249,12 @@ impl Coordinator<'_> {
                 chosen.insert(id.rank, *id);
             }
         }
-        if chosen.len() != usize::try_from(ours.world_size).unwrap_or(usize::MAX) {
-            return self.names_shard(newest.map(|(c, _)| c), ours);
+        if chosen.len() != ranks {
+            return Ok(None);
         }
-        let chosen_ids: Vec<ShardName> = chosen.values().copied().collect();
-        let global = GlobalManifest::of(step, &chosen_ids);
-        let (bytes, hash) = encode(step, &global)?;
-        self.put_step(&Commit::after(newest.map(|(c, _)| c), step, hash), bytes)?;
-        Ok(chosen.get(&ours.rank) == Some(ours))
+        let chosen: Vec<ShardName> = chosen.into_values().collect();
+        self.write_commit(step, &chosen, newest.map(|(c, _)| c))?;
+        Ok(Some(chosen))
     }
 
     /// Whether `commit` (a global step's) names shard `id`.
@@ -371,24 +386,12 @@ impl Coordinator<'_> {
             if !status.missing.is_empty() {
                 continue;
             }
-            let save = HexHash(save.0);
-            // A shard of that save to complete the step by (`finalize`
-            // checks every rank's).
-            let mut ours = None;
-            for (_, id) in self.landed_shards(status.step)? {
-                let of_save = |m: &RemoteManifest| m.save.as_deref() == Some(&save);
-                if id.world_size == world
-                    && matches!(self.checked_shard(status.step, &id, None)?, Ok(m) if of_save(&m))
-                {
-                    ours = Some(id);
-                    break;
-                }
-            }
-            let Some(ours) = ours else {
-                continue;
-            };
-            let step = status.step;
-            if self.with_push_lock(|_| self.finalize(step, &ours, Some(save)))? {
+            let (step, save) = (status.step, Some(HexHash(save.0)));
+            let named = self.with_push_lock(|_| {
+                let newest = self.commit_times(step)?.last().copied();
+                self.commit_whole(step, world, save, newest)
+            })?;
+            if named.is_some() {
                 completed.push(step);
             }
         }
