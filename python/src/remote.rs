@@ -241,15 +241,16 @@ impl RawRemote {
         step: Option<u64>,
         commit: Option<String>,
     ) -> PyResult<Option<RawGlobalStep>> {
+        if step.is_none() && commit.is_some() {
+            return Err(PyValueError::new_err(
+                "open_global: a commit names a save of a step; give the step",
+            ));
+        }
         let global = py
             .detach(|| match (step, &commit) {
                 (Some(step), Some(c)) => self.remote.open_global_commit(step, c),
                 (Some(step), None) => self.remote.open_global(step),
-                (None, None) => self.remote.open_latest_global(),
-                (None, Some(_)) => Err(ckptstore::Error::InvalidCheckpoint {
-                    step: 0,
-                    reason: "a commit names a save of a step: give the step".into(),
-                }),
+                _ => self.remote.open_latest_global(),
             })
             .map_err(py_err)?;
         Ok(global.map(|inner| RawGlobalStep { inner }))

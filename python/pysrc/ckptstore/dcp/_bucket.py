@@ -4,11 +4,14 @@ commit of its own shard), read in ranged reads of neighbouring bytes;
 one `Remote` per bucket URL in a process."""
 
 import os
-from typing import Any, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .._ckptstore import EntryInfo, HfExport, SaveRecord, ShardId, ShardUpload
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import Store
+
+from .._ckptstore import EntryInfo, HfExport, SaveRecord, ShardId, ShardUpload, ShardValues
 from .._remote import Remote, values_of
 from . import _rank_local
 from ._rank_local import RANK_METADATA, SavedMetadata, SaveKind
@@ -79,20 +82,24 @@ class Bucket:
                 raise ValueError(f"step {w.step}: no shard reported by ranks {missing}")
         # Data ahead of its shard is named by no shard yet: no record.
         record = None if isinstance(then, ShardUpload.ChunksOnly) else w.record
+        shard, values = ShardId(w.step, w.rank, w.world), values_of(w.values, None, record)
         store = _rank_local.rendezvous() if isinstance(then, ShardUpload.RankLocal) else None
         if store is not None and isinstance(then, ShardUpload.RankLocal):
-            # The ranks complete the step through the job's store: this
-            # rank's shard only, then the count (`_rank_local.announce`).
-            # A relaunch's rank 0 first completes what a completing rank
-            # that died left whole.
-            if w.rank == 0 and _rank_local.first_save_to(self.url):
-                self._remote.complete_landed()
-            then = ShardUpload.RankLocalShard(save=then.save)
-        info = self._remote.write_shard(ShardId(w.step, w.rank, w.world), then, values_of(w.values, None, record))
-        if store is not None and isinstance(then, ShardUpload.RankLocalShard):
-            names = _rank_local.announce(store, then.save, w.rank, w.world, info.shard)
-            if names is not None:
-                self._remote.commit_global(w.step, names, reported=True)
+            return self._put_announced(shard, then.save, values, store)
+        info = self._remote.write_shard(shard, then, values)
+        return Put(info.shard, info.bytes_uploaded, info.bytes_skipped)
+
+    def _put_announced(self, shard: ShardId, save: str, values: ShardValues, store: "Store") -> Put:
+        """A rank-local save's shard, its step completed through the job's
+        store: this rank's shard only, then the count (`_rank_local.announce`);
+        the rank that completes it commits the names told. A relaunch's
+        rank 0 first completes what a completing rank that died left whole."""
+        if shard.rank == 0 and _rank_local.first_save_to(self.url):
+            self._remote.complete_landed()
+        info = self._remote.write_shard(shard, ShardUpload.RankLocalShard(save=save), values)
+        names = _rank_local.announce(store, save, shard.rank, shard.world, info.shard)
+        if names is not None:
+            self._remote.commit_global(shard.step, names, reported=True)
         return Put(info.shard, info.bytes_uploaded, info.bytes_skipped)
 
     def layout_entries(self, sizes: List[Dict[str, int]]) -> Dict[str, bytes]:
