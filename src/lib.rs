@@ -106,8 +106,8 @@ pub use graph::{ComputationGraphStore, ComputationNode};
 pub use options::{Durability, DEFAULT_PACK_THRESHOLD};
 #[cfg(feature = "remote")]
 pub use remote::{
-    BucketError, EntryInfo, GcReport, GlobalStep, Piece, PushReport, Remote, SaveId, ShardHash,
-    ShardInfo, ShardSource, ShardStatus, ShardUpload, ShardWrite, DEFAULT_GRACE_PERIOD,
+    Announce, BucketError, EntryInfo, GcReport, GlobalStep, Piece, PushReport, Remote, SaveId,
+    ShardHash, ShardInfo, ShardSource, ShardStatus, ShardUpload, ShardWrite, DEFAULT_GRACE_PERIOD,
     DEFAULT_PACK_BYTES, DEFAULT_RETRY_WINDOW, MAX_MANIFEST_BYTES, MAX_WORLD_SIZE,
 };
 #[cfg(feature = "remote")]

@@ -1,222 +1,239 @@
 //! `cargo bench -p ckptstore-bench --bench sim [-- RANKS...]`
 //!
-//! The coordinator's commit of one global step of 1,000 and 10,000
-//! simulated ranks (default; or the world sizes given) against an
-//! in-memory bucket that answers every request 30 ms late
-//! (`object_store::throttle::ThrottledStore`): the shards are uploaded
-//! first with no wait (each rank's `Remote` of its own, 8 at a time), then
-//! the commit is timed and its requests counted. A commit that read the
-//! ranks' shard manifests one after another would take ranks x 30 ms.
+//! One global step of 1,000 and 10,000 simulated ranks (default; or the
+//! world sizes given) against a simulated S3 (`tests/remote/sim_s3.rs`:
+//! `object_store`'s S3 client through an in-process connector, every
+//! request answered 30 ms late, S3's per-prefix rates with `503 SlowDown`
+//! past them, retried by the client). Each rank is a thread with its own
+//! `Remote`, all released at once:
+//!
+//! - a rank-local save, completed through a rendezvous (an atomic count
+//!   and the names beside it, as the job's store holds them): each rank
+//!   uploads its shard and announces it under its lock; the rank whose
+//!   announcement completes the save commits;
+//! - a save with collectives: every rank uploads its shard, then the
+//!   coordinator uploads its own and commits the names reported
+//!   (`ShardUpload::CommitReported`); `commit_global` (each name checked)
+//!   of the same names beside it;
+//! - a restore: every rank opens the step and reads its own shard.
+//!
+//! Printed: requests per rank (median, max), the time from the last
+//! shard's landing to the step's commit, the hottest prefix (requests in
+//! any second), 503s retried, and a restore's bytes.
 
-use std::fmt;
+#[path = "../../tests/remote/sim_s3.rs"]
+#[allow(dead_code)]
+mod sim_s3;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ckptstore::{Entry, Remote, ShardHash, Step};
-use futures::stream::BoxStream;
-use object_store::memory::InMemory;
-use object_store::path::Path;
-use object_store::throttle::{ThrottleConfig, ThrottledStore};
-use object_store::{
-    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
-    PutMultipartOptions, PutOptions, PutPayload, PutResult,
-};
+use ckptstore::{Entry, Remote, SaveId, ShardHash, ShardSource, ShardUpload, ShardWrite, Step};
+use sim_s3::{Limits, SimS3};
 
 type Result<T = (), E = Box<dyn std::error::Error + Send + Sync>> = std::result::Result<T, E>;
 
-const LATENCY: Duration = Duration::from_millis(30);
-const THREADS: u32 = 8;
+const URL: &str = "s3://sim/run";
 
-/// Counts the requests made through it, and when each went to which
-/// prefix (the key up to its last `/`: how S3 is taken to partition here).
-#[derive(Debug)]
-struct Counting {
-    inner: Arc<dyn ObjectStore>,
-    calls: AtomicUsize,
-    log: Mutex<Vec<(Instant, String)>>,
+/// A rank's own `Remote` of the simulated bucket, and its request count.
+fn rank_remote(sim: &Arc<SimS3>) -> Result<(Remote, Arc<AtomicUsize>)> {
+    let client = sim.client();
+    let count = Arc::clone(&client.requests);
+    Ok((Remote::open_with_connector(URL, Arc::new(client))?, count))
 }
 
-impl fmt::Display for Counting {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Counting({})", self.inner)
-    }
+/// Rank `rank`'s shard of `step`: 4 KiB of its own.
+fn shard(step: u64, rank: u32) -> Step {
+    let mut s = Step::new(step);
+    s.timestamp = 1_700_000_000;
+    let mut bytes: Vec<u8> = (0..4096u32)
+        .map(|i| (i * 7 + rank * 13).to_le_bytes()[0])
+        .collect();
+    bytes[..4].copy_from_slice(&rank.to_le_bytes());
+    s.insert("w", Entry::Blob(bytes));
+    s
 }
 
-impl Counting {
-    fn new(inner: Arc<dyn ObjectStore>) -> Counting {
-        let (calls, log) = (AtomicUsize::new(0), Mutex::new(Vec::new()));
-        Counting { inner, calls, log }
-    }
-
-    fn count(&self) {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-    }
-
-    fn logged(&self, key: &Path) {
-        self.count();
-        let key = key.as_ref();
-        let prefix = key.rsplit_once('/').map_or("", |(p, _)| p).to_owned();
-        if let Ok(mut log) = self.log.lock() {
-            log.push((Instant::now(), prefix));
-        }
-    }
-
-    /// Start counting again.
-    fn reset(&self) {
-        self.calls.store(0, Ordering::SeqCst);
-        if let Ok(mut log) = self.log.lock() {
-            log.clear();
-        }
-    }
-
-    /// The most requests to one prefix within any second, and the prefix.
-    fn hottest(&self) -> (usize, String) {
-        let Ok(log) = self.log.lock() else {
-            return (0, String::new());
-        };
-        let mut by_prefix: std::collections::BTreeMap<&str, Vec<Instant>> = Default::default();
-        for (at, prefix) in log.iter() {
-            by_prefix.entry(prefix).or_default().push(*at);
-        }
-        let mut hottest = (0, String::new());
-        for (prefix, times) in by_prefix {
-            let mut start = 0;
-            for end in 0..times.len() {
-                while times[end].duration_since(times[start]) >= Duration::from_secs(1) {
-                    start += 1;
-                }
-                if end + 1 - start > hottest.0 {
-                    hottest = (end + 1 - start, prefix.to_owned());
+/// `rank` run for each of `world` ranks on threads released at once
+/// (each waits at `Gate::wait`); their results, by rank. A rank's error
+/// crosses back as its text; a thread that cannot be started (a process
+/// limit) releases the others to stop at once, and fails the run.
+fn at_once<T: Send>(world: u32, rank: impl Fn(u32, &Gate) -> Result<T> + Sync) -> Result<Vec<T>> {
+    let gate = Gate::default();
+    let closed = gate.open.write().map_err(|_| "gate")?;
+    std::thread::scope(|s| {
+        let mut ranks = Vec::with_capacity(world as usize);
+        let mut failed = None;
+        for r in 0..world {
+            let (rank, gate) = (&rank, &gate);
+            let started = std::thread::Builder::new()
+                .stack_size(256 << 10)
+                .spawn_scoped(s, move || rank(r, gate).map_err(|e| e.to_string()));
+            match started {
+                Ok(h) => ranks.push(h),
+                Err(e) => {
+                    failed = Some(format!("rank {r} of {world}: no thread ({e}); see `ulimit -n` and vm.max_map_count"));
+                    gate.stop.store(true, Ordering::SeqCst);
+                    break;
                 }
             }
         }
-        hottest
-    }
+        drop(closed);
+        let mut got = Vec::with_capacity(world as usize);
+        for h in ranks {
+            got.push(h.join().map_err(|_| "a rank panicked")?);
+        }
+        if let Some(why) = failed {
+            return Err(why.into());
+        }
+        got.into_iter().map(|r| r.map_err(Into::into)).collect()
+    })
 }
 
-#[async_trait::async_trait]
-impl ObjectStore for Counting {
-    async fn put_opts(
-        &self,
-        location: &Path,
-        payload: PutPayload,
-        opts: PutOptions,
-    ) -> object_store::Result<PutResult> {
-        self.logged(location);
-        self.inner.put_opts(location, payload, opts).await
-    }
-
-    async fn put_multipart_opts(
-        &self,
-        location: &Path,
-        opts: PutMultipartOptions,
-    ) -> object_store::Result<Box<dyn MultipartUpload>> {
-        self.count();
-        self.inner.put_multipart_opts(location, opts).await
-    }
-
-    async fn get_opts(
-        &self,
-        location: &Path,
-        options: GetOptions,
-    ) -> object_store::Result<GetResult> {
-        self.logged(location);
-        self.inner.get_opts(location, options).await
-    }
-
-    fn delete_stream(
-        &self,
-        locations: BoxStream<'static, object_store::Result<Path>>,
-    ) -> BoxStream<'static, object_store::Result<Path>> {
-        self.count();
-        self.inner.delete_stream(locations)
-    }
-
-    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        self.count();
-        self.inner.list(prefix)
-    }
-
-    fn list_with_offset(
-        &self,
-        prefix: Option<&Path>,
-        offset: &Path,
-    ) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
-        self.count();
-        self.inner.list_with_offset(prefix, offset)
-    }
-
-    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> object_store::Result<ListResult> {
-        self.count();
-        self.inner.list_with_delimiter(prefix).await
-    }
-
-    async fn copy_opts(
-        &self,
-        from: &Path,
-        to: &Path,
-        options: CopyOptions,
-    ) -> object_store::Result<()> {
-        self.count();
-        self.inner.copy_opts(from, to, options).await
-    }
+/// Where ranks wait until every one is started.
+#[derive(Default)]
+struct Gate {
+    open: std::sync::RwLock<()>,
+    stop: std::sync::atomic::AtomicBool,
 }
 
-/// Every request `latency` late.
-fn late(latency: Duration) -> ThrottleConfig {
-    ThrottleConfig {
-        wait_delete_per_call: latency,
-        wait_get_per_call: latency,
-        wait_list_per_call: latency,
-        wait_list_with_delimiter_per_call: latency,
-        wait_put_per_call: latency,
-        ..ThrottleConfig::default()
-    }
-}
-
-/// One world size: (seconds, requests) of the coordinator's commit, and
-/// its hottest prefix (requests in a second, the prefix).
-fn commit_of(n: u32) -> Result<(f64, usize, (usize, String))> {
-    let throttled = Arc::new(ThrottledStore::new(
-        InMemory::new(),
-        ThrottleConfig::default(),
-    ));
-    let counting = Arc::new(Counting::new(throttled.clone()));
-    let store: Arc<dyn ObjectStore> = counting.clone();
-    let names: Mutex<Vec<(u32, ShardHash)>> = Mutex::new(Vec::new());
-    std::thread::scope(|s| -> Result {
-        let workers: Vec<_> = (0..THREADS)
-            .map(|t| {
-                let (store, names) = (store.clone(), &names);
-                s.spawn(move || -> Result {
-                    for rank in (t..n).step_by(THREADS as usize) {
-                        let remote = Remote::with_store(store.clone(), "run", "mem://run")?;
-                        let mut shard = Step::new(1);
-                        shard.insert("rank", Entry::Blob(rank.to_le_bytes().to_vec()));
-                        let info = remote.upload_shard(1, rank, n, &shard)?;
-                        names.lock().map_err(|_| "lock")?.push((rank, info.shard));
-                    }
-                    Ok(())
-                })
-            })
-            .collect();
-        for w in workers {
-            w.join().map_err(|_| "a worker panicked")??;
+impl Gate {
+    /// Wait until every rank is started; an error if one could not be.
+    fn wait(&self) -> Result {
+        drop(self.open.read().map_err(|_| "gate")?);
+        if self.stop.load(Ordering::SeqCst) {
+            return Err("not every rank started".into());
         }
         Ok(())
+    }
+}
+
+/// (median, max) of `counts`.
+fn spread(counts: &[usize]) -> (usize, usize) {
+    let mut sorted = counts.to_vec();
+    sorted.sort_unstable();
+    (sorted[sorted.len() / 2], sorted[sorted.len() - 1])
+}
+
+fn hot(sim: &SimS3) -> String {
+    let (n, prefix) = sim.hottest();
+    format!("{n} (`{prefix}/`)")
+}
+
+/// The rank-local save of step 7.
+fn rank_local(sim: &Arc<SimS3>, world: u32) -> Result {
+    let landed = AtomicUsize::new(0);
+    let names: Mutex<Vec<Option<ShardHash>>> = Mutex::new(vec![None; world as usize]);
+    let last = Mutex::new(Instant::now());
+    let costs = at_once(world, |rank, gate| {
+        let (remote, count) = rank_remote(sim)?;
+        let state = shard(7, rank);
+        gate.wait()?;
+        let then = ShardUpload::RankLocalShard(SaveId::of("s"));
+        let write = ShardWrite::new((7, rank, world), ShardSource::Owned(&state), then);
+        let mut announce = |name: ShardHash| {
+            let mut all = names.lock().ok()?;
+            all[rank as usize] = Some(name);
+            *last.lock().ok()? = Instant::now();
+            let count = landed.fetch_add(1, Ordering::SeqCst) + 1;
+            (count == world as usize).then(|| all.iter().copied().collect())?
+        };
+        let info = remote.write_shard_announced(write, &mut announce)?;
+        Ok((count.load(Ordering::SeqCst), info.complete, Instant::now()))
     })?;
-    let mut names = names.into_inner().map_err(|_| "lock")?;
-    names.sort_by_key(|(rank, _)| *rank);
-    let names: Vec<ShardHash> = names.into_iter().map(|(_, name)| name).collect();
-    throttled.config_mut(|c| *c = late(LATENCY));
-    let coordinator = Remote::with_store(store, "run", "mem://run")?;
-    counting.reset();
+    let committed = costs.iter().filter(|c| c.1).map(|c| c.2).max();
+    let last = *last.lock().map_err(|_| "lock")?;
+    let listed = committed.ok_or("no rank committed")?.duration_since(last);
+    let all: Vec<usize> = costs.iter().map(|c| c.0).collect();
+    let completing: Vec<usize> = costs.iter().filter(|c| c.1).map(|c| c.0).collect();
+    let (median, most) = spread(&all);
+    println!(
+        "| {world} | rank-local | {median} | {most} | {completing:?} | {:.3} | {} | {} |",
+        listed.as_secs_f64(),
+        hot(sim),
+        sim.slowdowns()
+    );
+    Ok(())
+}
+
+/// The save of step 9 with a coordinator.
+fn collective(sim: &Arc<SimS3>, world: u32) -> Result {
+    let costs = at_once(world, |rank, gate| {
+        let (remote, count) = rank_remote(sim)?;
+        let state = shard(9, rank);
+        gate.wait()?;
+        if rank == 0 {
+            return Ok((0, None, Instant::now()));
+        }
+        let info = remote.upload_shard(9, rank, world, &state)?;
+        Ok((
+            count.load(Ordering::SeqCst),
+            Some(info.shard),
+            Instant::now(),
+        ))
+    })?;
+    let last = costs.iter().map(|c| c.2).max().ok_or("no rank")?;
+    let uploads: Vec<usize> = costs[1..].iter().map(|c| c.0).collect();
+    let mut names: Vec<Option<ShardHash>> = costs.iter().map(|c| c.1).collect();
+    let (coordinator, count) = rank_remote(sim)?;
+    let own = shard(9, 0);
+    let then = ShardUpload::CommitReported(names.clone());
+    let write = ShardWrite::new((9, 0, world), ShardSource::Owned(&own), then);
+    names[0] = Some(coordinator.write_shard(write)?.shard);
+    let listed = last.elapsed();
+    let commit = count.load(Ordering::SeqCst);
+    let (median, most) = spread(&uploads);
+    println!(
+        "| {world} | collective, names reported | {median} | {most} | [{commit}] | {:.3} | {} | {} |",
+        listed.as_secs_f64(),
+        hot(sim),
+        sim.slowdowns()
+    );
+    let all: Vec<ShardHash> = names.iter().flatten().copied().collect();
+    sim.reset();
+    count.store(0, Ordering::SeqCst);
     let started = Instant::now();
-    coordinator.commit_global(1, &names)?;
-    let seconds = started.elapsed().as_secs_f64();
-    let requests = counting.calls.load(Ordering::SeqCst);
-    Ok((seconds, requests, counting.hottest()))
+    coordinator.commit_global(9, &all)?;
+    println!(
+        "| {world} | `commit_global` of the same names (each checked) | | | [{}] | {:.3} | {} | {} |",
+        count.load(Ordering::SeqCst),
+        started.elapsed().as_secs_f64(),
+        hot(sim),
+        sim.slowdowns()
+    );
+    Ok(())
+}
+
+/// Every rank's restore of its own shard of step 7.
+fn restore(sim: &Arc<SimS3>, world: u32) -> Result {
+    sim.reset();
+    let started = Instant::now();
+    let read = at_once(world, |rank, gate| {
+        let (remote, count) = rank_remote(sim)?;
+        gate.wait()?;
+        let global = remote.open_global(7)?.ok_or("no step 7")?;
+        let got = remote.read_pieces(&global, &[(rank, "w", 0, 4096)])?;
+        if got[0].as_slice() != shard(7, rank).entries["w"].bytes() {
+            return Err(format!("rank {rank} read other bytes").into());
+        }
+        Ok(count.load(Ordering::SeqCst))
+    })?;
+    let (median, most) = spread(&read);
+    let manifests = sim.bytes_read("run/manifests") + sim.bytes_read("run/shards");
+    println!(
+        "| {world} | restore (each rank its shard) | {median} | {most} | | {:.3} | {} | {} |",
+        started.elapsed().as_secs_f64(),
+        hot(sim),
+        sim.slowdowns()
+    );
+    println!(
+        "restore of {world} ranks: {} bytes of packs read of {} stored; {manifests} bytes of manifests ({} per rank)",
+        sim.bytes_read("run/packs"),
+        sim.bytes_under("run/packs/"),
+        manifests / world as usize
+    );
+    Ok(())
 }
 
 fn main() -> Result {
@@ -229,19 +246,24 @@ fn main() -> Result {
     } else {
         given
     };
+    let limits = Limits {
+        latency: Duration::from_millis(30),
+        ..Limits::default()
+    };
     println!(
-        "the coordinator's commit, every request {} ms late",
-        LATENCY.as_millis()
+        "a simulated S3: every request {} ms late, {} writes and {} reads a second per prefix",
+        limits.latency.as_millis(),
+        limits.writes_per_s,
+        limits.reads_per_s
     );
-    println!("| ranks | commit (s) | one after another (s, ranks x latency) | requests | requests per rank | hottest prefix (requests in a second) |");
-    println!("|---|---|---|---|---|---|");
-    for n in worlds {
-        let (seconds, requests, (hot, prefix)) = commit_of(n)?;
-        let serial = f64::from(n) * LATENCY.as_secs_f64();
-        println!(
-            "| {n} | {seconds:.2} | {serial:.1} | {requests} | {:.2} | {hot} (`{prefix}/`) |",
-            requests as f64 / f64::from(n)
-        );
+    println!("| ranks | save | requests per rank, median | max | the committing rank's | step listed after the last shard landed (s; restore: whole) | hottest prefix, requests in a second | 503s retried |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for world in worlds {
+        let sim = SimS3::new("sim", limits);
+        rank_local(&sim, world)?;
+        sim.reset();
+        collective(&sim, world)?;
+        restore(&sim, world)?;
     }
     Ok(())
 }

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use ckptstore::{Remote, ShardSource, ShardWrite};
+use ckptstore::{Remote, ShardHash, ShardSource, ShardWrite};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -34,15 +34,51 @@ impl RawRemote {
         tensors: &[Given<'_>],
         values: ckptstore::Step,
         how: ckptstore::ShardUpload,
+        announce: Option<&Py<PyAny>>,
     ) -> PyResult<results::ShardInfo> {
         let borrowed = borrowed(tensors)?;
-        let info = py
-            .detach(|| {
-                let source = ShardSource::Borrowed(&values, &borrowed);
-                self.remote.write_shard(ShardWrite::new(shard, source, how))
+        let source = ShardSource::Borrowed(&values, &borrowed);
+        self.write_announced(py, ShardWrite::new(shard, source, how), announce)
+    }
+
+    /// `write` uploaded (`Remote::write_shard`), or, with `announce` (a
+    /// callable given the shard's name, answering every rank's or None),
+    /// announced under its lock (`Remote::write_shard_announced`). An
+    /// exception `announce` raises is raised here once the lock is given
+    /// back.
+    fn write_announced(
+        &self,
+        py: Python<'_>,
+        write: ShardWrite<'_>,
+        announce: Option<&Py<PyAny>>,
+    ) -> PyResult<results::ShardInfo> {
+        let step = write.step;
+        let Some(announce) = announce else {
+            let info = py
+                .detach(|| self.remote.write_shard(write))
+                .map_err(py_err)?;
+            return Ok((&info).into());
+        };
+        let mut raised: Option<PyErr> = None;
+        let mut tell = |name: ShardHash| -> Option<Vec<ShardHash>> {
+            let told = Python::attach(|py| -> PyResult<Option<Vec<ShardHash>>> {
+                let names: Option<Vec<String>> =
+                    announce.call1(py, (name.to_string(),))?.extract(py)?;
+                let decode = |(rank, n): (u32, &String)| shard_hash(step, rank, n).map_err(py_err);
+                names
+                    .map(|n| (0u32..).zip(&n).map(decode).collect())
+                    .transpose()
+            });
+            told.unwrap_or_else(|e| {
+                raised = Some(e);
+                None
             })
-            .map_err(py_err)?;
-        Ok((&info).into())
+        };
+        let info = py.detach(|| self.remote.write_shard_announced(write, &mut tell));
+        if let Some(e) = raised {
+            return Err(e);
+        }
+        Ok((&info.map_err(py_err)?).into())
     }
 
     /// `step`, or the latest complete step.
@@ -145,12 +181,14 @@ impl RawRemote {
     /// Write shard `id` as far as `upload` says, its bytes from `source`:
     /// a `ShardValues` (Python's arrays hashed and uploaded from their own
     /// memory) or a `StoreStep` (a store's step, read and hashed in Rust).
+    #[pyo3(signature = (id, upload, source, announce=None))]
     fn write_shard(
         &self,
         py: Python<'_>,
         id: PyRef<'_, ShardId>,
         upload: PyRef<'_, ShardUpload>,
         source: &Bound<'_, PyAny>,
+        announce: Option<Py<PyAny>>,
     ) -> PyResult<results::ShardInfo> {
         let id: ShardId = *id;
         let then = upload.to_crate(id).map_err(py_err)?;
@@ -163,7 +201,14 @@ impl RawRemote {
                 values.metrics.clone(),
                 record.as_ref(),
             );
-            return self.shard_call(py, id.triple(), &values.saved(py), step, then);
+            return self.shard_call(
+                py,
+                id.triple(),
+                &values.saved(py),
+                step,
+                then,
+                announce.as_ref(),
+            );
         }
         let Ok(from) = source.cast::<StoreStep>() else {
             return Err(PyTypeError::new_err(format!(
@@ -174,18 +219,16 @@ impl RawRemote {
         let from = from.get();
         let store = from.store.bind(py).borrow();
         let store = store.get()?;
-        let info = py
-            .detach(|| {
-                let source = ShardSource::StoreEdited {
-                    store,
-                    drop: &from.drop,
-                    add: &from.add,
-                };
-                self.remote
-                    .write_shard(ShardWrite::new(id.triple(), source, then))
-            })
-            .map_err(py_err)?;
-        Ok((&info).into())
+        let source = ShardSource::StoreEdited {
+            store,
+            drop: &from.drop,
+            add: &from.add,
+        };
+        self.write_announced(
+            py,
+            ShardWrite::new(id.triple(), source, then),
+            announce.as_ref(),
+        )
     }
 
     /// Upload every step of `store` the bucket lacks (with this remote's

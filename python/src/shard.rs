@@ -58,7 +58,9 @@ impl ShardId {
 /// its shard of that save only, the ranks completing the step through the
 /// job's rendezvous store), or its shard and the step completed with
 /// exactly `shards` (`Commit`: every rank's shard name, by rank; this
-/// rank's entry is not read).
+/// rank's entry is not read; `CommitReported`: the same, the names
+/// trusted as the ranks reported them once their uploads returned, no
+/// other shard read).
 #[pyclass(frozen, eq, module = "ckptstore")]
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum ShardUpload {
@@ -68,6 +70,7 @@ pub(crate) enum ShardUpload {
     RankLocal { save: String },
     RankLocalShard { save: String },
     Commit { shards: Vec<String> },
+    CommitReported { shards: Vec<String> },
 }
 
 impl ShardUpload {
@@ -82,16 +85,25 @@ impl ShardUpload {
             ShardUpload::RankLocalShard { save } => {
                 ckptstore::ShardUpload::RankLocalShard(SaveId::of(save))
             }
-            ShardUpload::Commit { shards } => {
-                let named = (0u32..).zip(shards).map(|(rank, name)| {
-                    (rank != id.rank)
-                        .then(|| shard_hash(id.step, rank, name))
-                        .transpose()
-                });
-                ckptstore::ShardUpload::Commit(named.collect::<ckptstore::Result<_>>()?)
+            ShardUpload::Commit { shards } => ckptstore::ShardUpload::Commit(named(id, shards)?),
+            ShardUpload::CommitReported { shards } => {
+                ckptstore::ShardUpload::CommitReported(named(id, shards)?)
             }
         })
     }
+}
+
+/// Every rank's shard name, by rank, decoded; shard `id`'s own entry is
+/// not read.
+fn named(id: ShardId, shards: &[String]) -> ckptstore::Result<Vec<Option<ShardHash>>> {
+    (0u32..)
+        .zip(shards)
+        .map(|(rank, name)| {
+            (rank != id.rank)
+                .then(|| shard_hash(id.step, rank, name))
+                .transpose()
+        })
+        .collect()
 }
 
 /// Rank `rank`'s shard name as Python gives it (its hash in hex), decoded.

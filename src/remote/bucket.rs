@@ -20,6 +20,7 @@ use super::s3;
 use crate::error::BucketError;
 use crate::format::manifest::Hash;
 use crate::{Error, Result};
+use object_store::list::{PaginatedListOptions, PaginatedListStore};
 
 /// A bucket (or a prefix in one): the object store, where the objects
 /// are in it, and the runtime its requests run on.
@@ -31,6 +32,12 @@ pub(crate) struct Bucket {
     /// Where the bucket is, for `s3://` URLs (the client is built again
     /// when the retry window changes).
     pub(crate) s3_name: Option<String>,
+    /// What sends an `s3://` bucket's HTTP requests, where not reqwest
+    /// ([`Remote::open_with_connector`](super::Remote::open_with_connector)).
+    connector: Option<Arc<dyn object_store::client::HttpConnector>>,
+    /// The same client as `store`, for listings by any key prefix, a page
+    /// at a time (S3's).
+    pages: Option<Arc<dyn PaginatedListStore>>,
     /// The directory of a `file://` URL: empty while it is missing, the
     /// first write creates it.
     pub(crate) dir: Option<std::path::PathBuf>,
@@ -53,8 +60,12 @@ impl Drop for Bucket {
 }
 
 impl Bucket {
-    /// `url` opened ([`Remote::open`](super::Remote::open)).
-    pub(crate) fn open(url: &str) -> Result<Bucket> {
+    /// `url` opened ([`Remote::open`](super::Remote::open)), an `s3://`
+    /// URL's requests sent through `connector` where given.
+    pub(crate) fn open(
+        url: &str,
+        connector: Option<Arc<dyn object_store::client::HttpConnector>>,
+    ) -> Result<Bucket> {
         let invalid = |reason: &str| -> Error {
             BucketError::InvalidUrl {
                 url: url.to_owned(),
@@ -67,11 +78,22 @@ impl Bucket {
             if name.is_empty() {
                 return Err(invalid("no bucket named"));
             }
-            let store = s3::s3_store(name, super::DEFAULT_RETRY_WINDOW)
+            let store = s3::s3_store(name, super::DEFAULT_RETRY_WINDOW, connector.clone())
                 .map_err(|e| remote_error(url, url, "configuring", e))?;
-            let mut bucket = Bucket::with_store(store, prefix, url)?;
+            // A connector's clients do their own I/O (as object_store's
+            // `SpawnedReqwestConnector` does, on a runtime of the caller's):
+            // the bucket's runtime then drives timers only, and holds no
+            // file descriptor.
+            let io = connector.is_none();
+            let mut bucket = Bucket::over(store.clone(), prefix, url, io)?;
+            bucket.pages = Some(store);
             bucket.s3_name = Some(name.to_owned());
+            bucket.connector = connector;
             Ok(bucket)
+        } else if connector.is_some() {
+            Err(invalid(
+                "requests go through a connector for s3:// URLs only",
+            ))
         } else if let Some(dir) = url.strip_prefix("file://") {
             if !dir.starts_with('/') {
                 return Err(invalid("a file:// URL needs an absolute path: file:///DIR"));
@@ -92,6 +114,12 @@ impl Bucket {
         prefix: &str,
         url: &str,
     ) -> Result<Bucket> {
+        Bucket::over(store, prefix, url, true)
+    }
+
+    /// A bucket over `store` at `prefix`, its runtime driving I/O where
+    /// `io`, else timers only.
+    fn over(store: Arc<dyn ObjectStore>, prefix: &str, url: &str, io: bool) -> Result<Bucket> {
         let prefix =
             Path::parse(prefix.trim_matches('/')).map_err(|e| BucketError::InvalidUrl {
                 url: url.to_owned(),
@@ -103,9 +131,11 @@ impl Bucket {
             url: url.to_owned(),
             retry_window: super::DEFAULT_RETRY_WINDOW,
             s3_name: None,
+            connector: None,
+            pages: None,
             dir: None,
             owner: crate::process::Owner::current(),
-            runtime: Some(Arc::new(runtime_for(url)?)),
+            runtime: Some(Arc::new(runtime_for(url, io)?)),
         })
     }
 
@@ -120,6 +150,8 @@ impl Bucket {
             url: self.url.clone(),
             retry_window: self.retry_window,
             s3_name: self.s3_name.clone(),
+            connector: self.connector.clone(),
+            pages: self.pages.clone(),
             dir: self.dir.clone(),
             owner: crate::process::Owner::current(),
             runtime: Some(runtime),
@@ -130,8 +162,10 @@ impl Bucket {
     /// ([`Remote::with_retry_window`](super::Remote::with_retry_window)).
     pub(crate) fn set_retry_window(&mut self, window: Duration) -> Result<()> {
         if let Some(name) = &self.s3_name {
-            self.store = s3::s3_store(name, window)
+            let store = s3::s3_store(name, window, self.connector.clone())
                 .map_err(|e| remote_error(&self.url, &self.url, "configuring", e))?;
+            self.store = store.clone();
+            self.pages = Some(store);
         }
         self.retry_window = window;
         Ok(())
@@ -311,6 +345,64 @@ impl Bucket {
             .collect())
     }
 
+    /// Whether a listing returns keys in ascending order (S3's, by UTF-8
+    /// bytes), so that one may stop where a name sorts past those sought;
+    /// a directory's is in no order.
+    pub(crate) fn lists_in_order(&self) -> bool {
+        self.s3_name.is_some()
+    }
+
+    /// Each object directly in `folder` whose name starts with `start`
+    /// (its name, its last modification in ms since the epoch): on S3, a
+    /// listing of that key prefix alone (one request for a page of them,
+    /// however many other objects the folder holds); elsewhere, of the
+    /// folder.
+    pub(crate) fn list_starting(&self, folder: &str, start: &str) -> Result<Vec<(String, i64)>> {
+        let Some(pages) = &self.pages else {
+            let all = self.list_meta(folder)?;
+            let wanted = all
+                .into_iter()
+                .filter(|(name, _, _)| name.starts_with(start));
+            return Ok(wanted.map(|(name, t, _)| (name, t)).collect());
+        };
+        let dir = self.layout.folder(folder);
+        let prefix = format!("{dir}/{start}");
+        let mut found = Vec::new();
+        let mut opts = PaginatedListOptions::default();
+        loop {
+            let page = self.block_on(
+                "listing",
+                &dir,
+                pages.list_paginated(Some(&prefix), opts.clone()),
+            )?;
+            for meta in page.result.objects {
+                let mut parts = meta.location.prefix_match(&dir).into_iter().flatten();
+                if let (Some(name), None) = (parts.next(), parts.next()) {
+                    found.push((
+                        name.as_ref().to_owned(),
+                        meta.last_modified.timestamp_millis(),
+                    ));
+                }
+            }
+            match page.page_token {
+                Some(token) => opts.page_token = Some(token),
+                None => return Ok(found),
+            }
+        }
+    }
+
+    /// When the object at `key` was last written (ms since the epoch, the
+    /// server's clock; a HEAD), if there is one.
+    pub(crate) fn modified(&self, key: &Path) -> Result<Option<i64>> {
+        self.block_on("looking for", key, async {
+            match self.store.head(key).await {
+                Ok(meta) => Ok(Some(meta.last_modified.timestamp_millis())),
+                Err(object_store::Error::NotFound { .. }) => Ok(None),
+                Err(e) => Err(e),
+            }
+        })
+    }
+
     /// Each object directly in `folder` (by name, with its last
     /// modification in ms since the epoch), from the first whose name sorts
     /// after `after` (a key in `folder`) where given, handed to `each` in
@@ -481,15 +573,17 @@ impl Bucket {
 }
 
 /// The runtime a bucket at `url` runs its requests on.
-fn runtime_for(url: &str) -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|source| Error::Io {
-            op: "start the runtime for",
-            path: url.into(),
-            source,
-        })
+fn runtime_for(url: &str, io: bool) -> Result<tokio::runtime::Runtime> {
+    let mut builder = tokio::runtime::Builder::new_current_thread();
+    builder.enable_time();
+    if io {
+        builder.enable_io();
+    }
+    builder.build().map_err(|source| Error::Io {
+        op: "start the runtime for",
+        path: url.into(),
+        source,
+    })
 }
 
 /// The one mapping of an `object_store` error to this crate's: `e`, from

@@ -26,7 +26,7 @@ pub use format::pack_format::DEFAULT_PACK_BYTES;
 
 pub use gc::retention::GcReport;
 pub use global::shards::{ShardInfo, ShardStatus, ShardUpload};
-pub use global::write::{ShardSource, ShardWrite};
+pub use global::write::{Announce, ShardSource, ShardWrite};
 pub use read::pieces::{EntryInfo, GlobalStep, Piece};
 pub use write::push::PushReport;
 
@@ -90,7 +90,26 @@ impl Remote {
     /// [`BucketError::InvalidUrl`](crate::BucketError::InvalidUrl) for another
     /// scheme or a malformed URL.
     pub fn open(url: &str) -> Result<Remote> {
-        Ok(Remote::over(Bucket::open(url)?))
+        Ok(Remote::over(Bucket::open(url, None)?))
+    }
+
+    /// Open `s3://` URL `url` as [`open`](Self::open) does (the same
+    /// environment, retries and checks), its HTTP requests sent through
+    /// `connector` rather than reqwest's client: a proxy, another HTTP or
+    /// TLS stack, or a simulated S3 in tests (`object_store`'s
+    /// [`HttpConnector`](object_store::client::HttpConnector)). The
+    /// connector's clients do their own I/O, on a runtime of their own
+    /// (as `object_store::client::SpawnedReqwestConnector` does): the
+    /// remote's runtime drives timers only.
+    ///
+    /// # Errors
+    /// [`BucketError::InvalidUrl`](crate::BucketError::InvalidUrl) for a
+    /// URL that is not `s3://` or is malformed.
+    pub fn open_with_connector(
+        url: &str,
+        connector: Arc<dyn object_store::client::HttpConnector>,
+    ) -> Result<Remote> {
+        Ok(Remote::over(Bucket::open(url, Some(connector))?))
     }
 
     /// A remote over any [`ObjectStore`] (tests inject faults this way), at

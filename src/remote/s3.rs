@@ -13,12 +13,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use object_store::aws::AmazonS3Builder;
+use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::client::{
     HttpClient, HttpConnector, HttpError, HttpErrorKind, HttpRequest, HttpResponse,
     HttpResponseBody, HttpService, ReqwestConnector,
 };
-use object_store::ObjectStore;
 
 use crate::Result;
 
@@ -56,11 +55,13 @@ pub(crate) fn answer_of<'e>(e: &'e (dyn std::error::Error + 'static)) -> Option<
 }
 
 /// The client for bucket `bucket`, configured from the environment, whose
-/// requests are retried for `window` (its error is mapped by the caller).
+/// requests are retried for `window` and sent through `connector` (none:
+/// reqwest's, over TLS by ring); its error is mapped by the caller.
 pub(crate) fn s3_store(
     bucket: &str,
     window: Duration,
-) -> object_store::Result<Arc<dyn ObjectStore>> {
+    connector: Option<Arc<dyn HttpConnector>>,
+) -> object_store::Result<Arc<AmazonS3>> {
     use object_store::aws::AmazonS3ConfigKey;
     // Retries end when the window is over, not after a count: waits are
     // random (jitter), so a count gives no bound in time.
@@ -100,6 +101,7 @@ pub(crate) fn s3_store(
         .with_retry(retry)
         .with_client_options(client)
         .with_http_connector(Observing {
+            inner: connector,
             metadata,
             imdsv1_fallback,
         })
@@ -129,6 +131,8 @@ fn with_body_checks(builder: AmazonS3Builder) -> AmazonS3Builder {
 /// Connects clients whose service is [`Observed`].
 #[derive(Debug)]
 struct Observing {
+    /// The connector whose clients send the requests (none: reqwest's).
+    inner: Option<Arc<dyn HttpConnector>>,
     /// The authority (`host:port`) of the instance metadata endpoint.
     metadata: Option<String>,
     imdsv1_fallback: bool,
@@ -139,8 +143,12 @@ impl HttpConnector for Observing {
         // TLS through ring, which builds in a fraction of aws-lc-rs's time
         // (object_store's `aws` feature would bring that); a provider the
         // process installed first is kept.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let inner = ReqwestConnector::default().connect(options)?;
+        let inner = if let Some(connector) = &self.inner {
+            connector.connect(options)?
+        } else {
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            ReqwestConnector::default().connect(options)?
+        };
         Ok(HttpClient::new(Observed {
             inner,
             metadata: self.metadata.clone(),

@@ -9,6 +9,7 @@ a directory bucket and the Garage server."""
 import os
 import time
 import uuid
+from typing import Dict
 
 import pytest
 
@@ -136,8 +137,10 @@ def test_a_rank_killed_before_its_shard_leaves_no_step_and_a_later_save_complete
 
 
 def test_a_rank_killed_once_its_shard_landed_leaves_the_step_listed_exactly_when_whole(tmp_path):
+    # The listing path (CKPT_RANK_LOCAL_RENDEZVOUS=0): each rank lists the
+    # step's shards once its own landed.
     url = f"file://{tmp_path}/bucket"
-    env = {"CKPT_DIE_AFTER_SHARD": "1", "CKPT_PG_TIMEOUT": "10"}
+    env = {"CKPT_RANK_LOCAL_RENDEZVOUS": "0", "CKPT_DIE_AFTER_SHARD": "1", "CKPT_PG_TIMEOUT": "10"}
     out = run("save_local", url, 3, 2, salt=4, env=env, expect_ok=False)
     assert out[1][0] == 9
     remote = ckptstore.Remote(url)
@@ -150,11 +153,12 @@ def test_a_rank_killed_once_its_shard_landed_leaves_the_step_listed_exactly_when
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_ranks_that_complete_the_step_through_the_job_s_store_write_one_commit(tmp_path, world):
-    # Issue 75 (behind CKPT_RANK_LOCAL_RENDEZVOUS=1): each rank writes its
-    # shard only and tells the others through the default process group's
-    # store; the rank that completes the count commits the names told.
+    # Issue 75 (the default): each rank writes its shard only and tells
+    # the others through the default process group's store, under its
+    # bucket lock; the rank that completes the count commits the names
+    # told in that lock cycle.
     url = f"file://{tmp_path}/bucket"
-    env = {"CKPT_RANK_LOCAL_RENDEZVOUS": "1", "CKPT_TRACE_SHARDS": "1"}
+    env = {"CKPT_TRACE_SHARDS": "1"}
     for step in (3, 4):
         out = run("save_local", url, step, world, salt=step, env=env)
         commits = []
@@ -162,7 +166,7 @@ def test_ranks_that_complete_the_step_through_the_job_s_store_write_one_commit(t
             assert _lines(text, "collectives ") == ["['barrier']"], f"rank {rank}:\n{text[-3000:]}"
             assert _lines(text, "upload ") == ["RankLocalShard"], f"rank {rank}:\n{text[-3000:]}"
             commits += _lines(text, "commit ")
-        assert commits == ["reported=True"], commits  # by the rank that completed the count
+        assert commits == ["announced"], commits  # by the rank that completed the count
     remote = ckptstore.Remote(url)
     assert remote.steps() == [3, 4]
     commits = sorted(os.listdir(tmp_path / "bucket" / "commits"))
@@ -179,7 +183,7 @@ def test_a_save_whose_rank_died_before_telling_the_others_is_completed_by_the_re
     # never completes, no commit. The relaunch's rank 0 completes the
     # step (every rank's shard of its save is there) before its own save.
     url = f"file://{tmp_path}/bucket"
-    flag = {"CKPT_RANK_LOCAL_RENDEZVOUS": "1"}
+    flag: Dict[str, str] = {}
     env = {**flag, "CKPT_DIE_AFTER_SHARD": "1", "CKPT_PG_TIMEOUT": "10"}
     out = run("save_local", url, 3, 2, salt=4, env=env, expect_ok=False)
     assert out[1][0] == 9
@@ -200,6 +204,17 @@ def test_an_async_rank_local_save_is_listed_when_its_futures_resolve(tmp_path):
     assert ckptstore.Remote(url).steps() == [6]
     _loaded(url, 6, 2, salt=3)
     _loaded(url, 6, 1, salt=3)
+
+
+def test_a_rank_local_save_in_dcp_s_process_mode_completes_through_the_background_processes(tmp_path):
+    # Process mode: each rank's save runs in a background process of its
+    # own, whose process group (DCP's) holds the store the ranks announce
+    # their shards through.
+    url = f"file://{tmp_path}/bucket"
+    out = run("async_save_local_process", url, 6, 2, salt=3, env={"CKPT_TRACE_SHARDS": "1"})
+    assert "listed [6]" in out[0][1], out[0][1][-3000:]
+    assert ckptstore.Remote(url).steps() == [6]
+    _loaded(url, 6, 2, salt=3)
 
 
 def test_a_local_store_refuses_a_rank_local_save_of_several_ranks(tmp_path):

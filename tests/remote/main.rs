@@ -25,6 +25,8 @@ mod replicate;
 mod retention;
 mod save_records;
 mod shards;
+mod sim_s3;
+mod simulated;
 mod stats;
 mod tails;
 mod uncompressed;

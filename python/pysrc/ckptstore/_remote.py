@@ -3,7 +3,7 @@ stores, global steps of multi-rank jobs) and `ckptstore.Shard` (one
 rank's side of them)."""
 
 import os
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -203,13 +203,24 @@ class Remote:
         upload = ShardUpload.Complete() if save is None else ShardUpload.RankLocal(save=str(save))
         return self.write_shard(ShardId(step_number(step), int(rank), int(world_size)), upload, values_of(state, None, record))
 
-    def write_shard(self, shard: ShardId, upload: ShardUpload, source: "ShardValues | StoreStep") -> ShardInfo:
+    def write_shard(
+        self,
+        shard: ShardId,
+        upload: ShardUpload,
+        source: "ShardValues | StoreStep",
+        announce: Optional[Callable[[str], Optional[List[str]]]] = None,
+    ) -> ShardInfo:
         """Write `shard` as far as `upload` says (`ShardUpload.ChunksOnly`,
-        `Manifest`, `Complete`, `RankLocal(save)`, `Commit(shards)`), its
-        bytes from `source`: `ShardValues` in memory (see `values_of`) or
-        a store's step (`StoreStep`). `upload_shard`, `commit_shard` and
+        `Manifest`, `Complete`, `RankLocal(save)`, `RankLocalShard(save)`,
+        `Commit(shards)`, `CommitReported(shards)`), its bytes from
+        `source`: `ShardValues` in memory (see `values_of`) or a store's
+        step (`StoreStep`). With `RankLocalShard`, `announce` (given the
+        shard's name once it is uploaded, the bucket's lock still held)
+        tells the save's other ranks; where it answers every rank's name,
+        by rank, the step's commit naming them is written in the same lock
+        cycle (`info.complete`). `upload_shard`, `commit_shard` and
         `upload_shard_from` are this, spelled for common cases."""
-        return self._raw.write_shard(shard, upload, source)
+        return self._raw.write_shard(shard, upload, source, announce)
 
     def commit_global(self, step: int, shards: List[str], *, reported: bool = False) -> None:
         """Complete global step `step` with exactly `shards` (each rank's

@@ -107,22 +107,25 @@ impl Shared<'_> {
         let _ = self.bucket.delete(&key);
     }
 
-    /// The names of the live locks of `kind` other than `own`.
+    /// The names of the live locks of `kind` other than `own`. Only the
+    /// keys of `kind` are listed where the bucket lists by key prefix (S3):
+    /// a push's listing is one request however many other pushes hold
+    /// locks at that moment.
     pub(crate) fn live_locks(&self, kind: LockKind, own: &Lock) -> Result<Vec<String>> {
-        let locks = self.bucket.list_meta(LOCKS)?;
-        let now = locks
-            .iter()
-            .find(|(name, _, _)| *name == own.name)
-            .map_or_else(system_millis, |(_, t, _)| *t);
+        let mut locks = self.bucket.list_starting(LOCKS, kind.prefix())?;
+        locks.retain(|(name, _)| *name != own.name);
+        if locks.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Each lock's age by the server's clock: the time of the lock just
+        // written (of the other kind: asked of the server).
+        let now = self.bucket.modified(&own.key)?;
+        let now = now.unwrap_or_else(system_millis);
         let grace = i64::try_from(self.grace.as_millis()).unwrap_or(i64::MAX);
         Ok(locks
             .into_iter()
-            .filter(|(name, t, _)| {
-                name.starts_with(kind.prefix())
-                    && *name != own.name
-                    && now.saturating_sub(*t) < grace
-            })
-            .map(|(name, _, _)| name)
+            .filter(|(_, t)| now.saturating_sub(*t) < grace)
+            .map(|(name, _)| name)
             .collect())
     }
 

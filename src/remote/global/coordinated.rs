@@ -51,14 +51,54 @@ impl Coordinator<'_> {
         })
     }
 
+    /// Upload `plan` as rank `rank`'s shard of rank-local save `save`
+    /// (its manifest only), then, the push lock still held, `announce` it;
+    /// where that completes the save, write the step's commit naming the
+    /// shards announced in the same lock cycle (no shard read).
+    pub(crate) fn upload_announced(
+        &self,
+        (step, rank, world_size): (u64, u32, u32),
+        plan: &Plan<'_>,
+        save: crate::SaveId,
+        announce: super::write::Announce<'_>,
+    ) -> Result<ShardInfo> {
+        Self::check_shard_args(step, rank, world_size, plan.source)?;
+        let then = ShardUpload::RankLocalShard(save);
+        self.with_push_lock(|lock| {
+            let mut info = self.put_shard(step, rank, world_size, plan, lock, &then)?;
+            let Some(told) = announce(info.shard) else {
+                return Ok(info);
+            };
+            let every: Vec<Option<ShardHash>> = told.iter().copied().map(Some).collect();
+            let ids = shard_ids(step, &every, None)?;
+            if ids.len() != world_size as usize || told.get(rank as usize) != Some(&info.shard) {
+                return Err(Error::InvalidCheckpoint {
+                    step,
+                    reason: format!(
+                        "{} shards announced for a world of {world_size}, rank {rank}'s not the \
+                         one it uploaded",
+                        told.len()
+                    ),
+                });
+            }
+            let newest = self.commit_times(step)?.last().map(|(c, _)| *c);
+            self.write_commit(step, &ids, newest)?;
+            info.complete = true;
+            Ok(info)
+        })
+    }
+
     /// Upload `plan` as rank `rank`'s shard's manifest, then the step's
     /// commit naming `shards` with this rank's entry the shard just
-    /// uploaded, under one push lock ([`ShardUpload::Commit`]).
+    /// uploaded, under one push lock ([`ShardUpload::Commit`]; the others
+    /// read and checked first where `check`, else trusted:
+    /// [`ShardUpload::CommitReported`]).
     pub(crate) fn upload_and_commit(
         &self,
         (step, rank, world_size): (u64, u32, u32),
         plan: &Plan<'_>,
         shards: &[Option<ShardHash>],
+        check: bool,
     ) -> Result<ShardInfo> {
         Self::check_shard_args(step, rank, world_size, plan.source)?;
         if usize::try_from(world_size).ok() != Some(shards.len()) {
@@ -73,7 +113,12 @@ impl Coordinator<'_> {
                 self.put_shard(step, rank, world_size, plan, lock, &ShardUpload::Manifest)?;
             let own = &mut ids[rank as usize];
             own.hash = info.shard.0;
-            self.commit_locked(step, &ids, Some(rank))?;
+            if check {
+                self.commit_locked(step, &ids, Some(rank))?;
+            } else {
+                let newest = self.commit_times(step)?.last().map(|(c, _)| *c);
+                self.write_commit(step, &ids, newest)?;
+            }
             Ok(info)
         })
     }

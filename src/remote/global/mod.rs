@@ -14,7 +14,7 @@ use std::path::Path;
 
 use crate::remote::format::hash::ShardHash;
 use crate::remote::global::shards::{ShardInfo, ShardStatus, ShardUpload};
-use crate::remote::global::write::{ShardSource, ShardWrite};
+use crate::remote::global::write::{Announce, ShardSource, ShardWrite};
 use crate::remote::read::pieces::GlobalStep;
 use crate::remote::write::Writer;
 use crate::remote::Remote;
@@ -75,7 +75,33 @@ impl Remote {
     /// that is missing or damaged; [`BucketError::Request`](crate::BucketError::Request)
     /// when the bucket fails.
     pub fn write_shard(&self, write: ShardWrite<'_>) -> Result<ShardInfo> {
-        self.coordinator().write_shard(write)
+        self.coordinator().write_shard(write, None)
+    }
+
+    /// A rank-local save's shard completed through the job's rendezvous
+    /// (`ckptstore.dcp`'s rank-local mode): `write` (whose `then` is
+    /// [`ShardUpload::RankLocalShard`]; any other is as
+    /// [`write_shard`](Self::write_shard)) is uploaded, then, its push lock
+    /// still held, `announce` tells the other ranks its name. The rank
+    /// whose announcement completes the save gets every rank's name and
+    /// writes the step's commit naming them in the same lock cycle, as
+    /// [`commit_reported`](Self::commit_reported) would ([`ShardInfo::complete`]
+    /// is then true): each rank's requests stay a handful however many
+    /// ranks land at once. `announce` answering `None` leaves the step to
+    /// the rank that completes it (or, if that one died, to
+    /// [`complete_landed`](Self::complete_landed)).
+    ///
+    /// # Errors
+    /// As [`write_shard`](Self::write_shard);
+    /// [`Error::InvalidCheckpoint`](crate::Error::InvalidCheckpoint) when
+    /// the names announced are not one a rank, or this rank's is not the
+    /// shard it uploaded.
+    pub fn write_shard_announced(
+        &self,
+        write: ShardWrite<'_>,
+        announce: Announce<'_>,
+    ) -> Result<ShardInfo> {
+        self.coordinator().write_shard(write, Some(announce))
     }
 
     /// Upload rank `rank`'s shard of global step `step` of `world_size`

@@ -445,6 +445,15 @@ pub enum ShardUpload {
     /// back. Every other rank's entry must name its shard, checked before
     /// anything is uploaded; no commit is written if the upload fails.
     Commit(Vec<Option<ShardHash>>),
+    /// As [`Commit`](Self::Commit), the other shards trusted rather than
+    /// read: names each rank reported once its upload returned (S3 reads
+    /// its writes), told to the coordinator by the save's own collective
+    /// (`ckptstore.dcp`'s). The commit costs a handful of requests
+    /// whatever the number of ranks, as
+    /// [`Remote::commit_reported`](crate::Remote::commit_reported); a name
+    /// that is wrong makes a commit no reader takes (each checks every
+    /// shard it reads).
+    CommitReported(Vec<Option<ShardHash>>),
 }
 
 impl ShardUpload {

@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 
 use crate::engine::plan::{check_borrowed, Plan};
+use crate::remote::format::hash::ShardHash;
 use crate::remote::global::shards::ShardUpload;
 use crate::remote::global::Coordinator;
 use crate::remote::ShardInfo;
@@ -54,6 +55,12 @@ pub struct ShardWrite<'a> {
     pub then: ShardUpload,
 }
 
+/// How a rank of a rank-local save tells the others its shard landed
+/// ([`Remote::write_shard_announced`](crate::Remote::write_shard_announced)):
+/// given the shard's name, every rank's (by rank) where this rank's
+/// announcement completed the save, else `None`.
+pub type Announce<'a> = &'a mut dyn FnMut(ShardHash) -> Option<Vec<ShardHash>>;
+
 impl<'a> ShardWrite<'a> {
     /// The write of shard `(step, rank, world_size)` from `source`, as
     /// far as `then`.
@@ -92,7 +99,11 @@ fn edited(
 
 impl Coordinator<'_> {
     /// Does the work of [`Remote::write_shard`](crate::Remote::write_shard).
-    pub(crate) fn write_shard(&self, write: ShardWrite<'_>) -> Result<ShardInfo> {
+    pub(crate) fn write_shard(
+        &self,
+        write: ShardWrite<'_>,
+        announce: Option<Announce<'_>>,
+    ) -> Result<ShardInfo> {
         let shard = (write.step, write.rank, write.world_size);
         let stored;
         let edits;
@@ -114,9 +125,15 @@ impl Coordinator<'_> {
                 Plan::new(&edits)
             }
         };
-        match write.then {
-            ShardUpload::Commit(shards) => self.upload_and_commit(shard, &plan, &shards),
-            how => self.upload_planned(shard, &plan, &how),
+        match (write.then, announce) {
+            (ShardUpload::Commit(shards), _) => self.upload_and_commit(shard, &plan, &shards, true),
+            (ShardUpload::CommitReported(shards), _) => {
+                self.upload_and_commit(shard, &plan, &shards, false)
+            }
+            (ShardUpload::RankLocalShard(save), Some(announce)) => {
+                self.upload_announced(shard, &plan, save, announce)
+            }
+            (how, _) => self.upload_planned(shard, &plan, &how),
         }
     }
 }

@@ -40,7 +40,7 @@ impl Reader<'_> {
     /// written.
     fn commits_listed(&self, from: u64, to: Option<u64>) -> Result<Vec<(Commit, i64)>> {
         let folder = self.bucket.layout.folder(COMMITS);
-        let sorted = self.bucket.s3_name.is_some();
+        let sorted = self.bucket.lists_in_order();
         let in_range = |c: &Commit| c.step >= from && to.is_none_or(|to| c.step <= to);
         // Every name of step `from` sorts after this offset (its prefix),
         // every name of an earlier step before it.

@@ -15,8 +15,9 @@ saves; CKPT_DIE_AFTER_SHARD=R right after its shard of a rank-local save
 is in the bucket (the step's commit too, if it found every shard there);
 CKPT_DIE_AFTER_WRITE=R kills rank R (os._exit) right
 after its data is written, before the coordinator's finish.
-CKPT_TRACE_SHARDS=1 prints "upload <kind>" at each shard write and
-"commit reported=<bool>" at each commit of names.
+CKPT_TRACE_SHARDS=1 prints "upload <kind>" at each shard write,
+"commit announced" after the one whose announcement completed its save,
+and "commit reported=<bool>" at each commit of names.
 
 CKPT_BIG_ROWS=N gives model.big N rows (1100: 1.3 MB, two chunks).
 CKPT_PER_RANK=1 adds a plain tensor `own.<rank>` that only that rank
@@ -225,9 +226,12 @@ def main():
 
         traced_write, traced_commit = ckptstore.Remote.write_shard, ckptstore.Remote.commit_global
 
-        def write_traced(self, shard, upload, source):
+        def write_traced(self, shard, upload, source, announce=None):
             print(f"upload {type(upload).__name__}", flush=True)
-            return traced_write(self, shard, upload, source)
+            info = traced_write(self, shard, upload, source, announce)
+            if announce is not None and info.complete:
+                print("commit announced", flush=True)
+            return info
 
         def commit_traced(self, step, shards, *, reported=False):
             print(f"commit reported={reported}", flush=True)
@@ -241,7 +245,13 @@ def main():
 
         original_write = ckptstore.Remote.write_shard
 
-        def commit_then_die(self, shard, upload, source):
+        def commit_then_die(self, shard, upload, source, announce=None):
+            if announce is not None:
+                # Dies once its shard landed, before telling the others.
+                def die_instead(name):
+                    os._exit(9)
+
+                return original_write(self, shard, upload, source, die_instead)
             original_write(self, shard, upload, source)
             if isinstance(upload, (ckptstore.ShardUpload.RankLocal, ckptstore.ShardUpload.RankLocalShard)):
                 os._exit(9)
@@ -279,9 +289,9 @@ def main():
         if rank == 0:
             print(f"log {before} {os.path.getsize(log)}", flush=True)
         print("saved", flush=True)
-    elif mode in ("async_save", "async_save_process", "async_save_local"):
-        kwargs = {"use_collectives": False} if mode == "async_save_local" else {}
-        if mode == "async_save_process":
+    elif mode in ("async_save", "async_save_process", "async_save_local", "async_save_local_process"):
+        kwargs = {"use_collectives": False} if mode.startswith("async_save_local") else {}
+        if mode.endswith("_process"):
             from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
             kwargs["async_checkpointer_type"] = AsyncCheckpointerType.PROCESS

@@ -75,7 +75,7 @@ class Bucket:
 
     def put(self, write: ShardWrite) -> Put:
         w, then = write, write.then
-        if isinstance(then, ShardUpload.Commit):
+        if isinstance(then, (ShardUpload.Commit, ShardUpload.CommitReported)):
             # One lock cycle: the coordinator's shard, then the commit.
             missing = [r for r, s in enumerate(then.shards) if not s and r != w.rank]
             if missing:
@@ -91,15 +91,20 @@ class Bucket:
 
     def _put_announced(self, shard: ShardId, save: str, values: ShardValues, store: "Store") -> Put:
         """A rank-local save's shard, its step completed through the job's
-        store: this rank's shard only, then the count (`_rank_local.announce`);
-        the rank that completes it commits the names told. A relaunch's
-        rank 0 first completes what a completing rank that died left whole."""
+        store: this rank's shard only, announced under its bucket lock
+        (`_rank_local.announce`); the rank whose announcement completes the
+        save commits the names told in the same lock cycle, then clears
+        the save's keys. A relaunch's rank 0 first completes what a
+        completing rank that died left whole."""
         if shard.rank == 0 and _rank_local.first_save_to(self.url):
             self._remote.complete_landed()
-        info = self._remote.write_shard(shard, ShardUpload.RankLocalShard(save=save), values)
-        names = _rank_local.announce(store, save, shard.rank, shard.world, info.shard)
-        if names is not None:
-            self._remote.commit_global(shard.step, names, reported=True)
+
+        def announce(name: str) -> Optional[List[str]]:
+            return _rank_local.announce(store, save, shard.rank, shard.world, name)
+
+        info = self._remote.write_shard(shard, ShardUpload.RankLocalShard(save=save), values, announce)
+        if info.complete:
+            _rank_local.forget(store, save, shard.world)
         return Put(info.shard, info.bytes_uploaded, info.bytes_skipped)
 
     def layout_entries(self, sizes: List[Dict[str, int]]) -> Dict[str, bytes]:

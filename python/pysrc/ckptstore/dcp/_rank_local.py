@@ -139,17 +139,17 @@ _LANDED_KEY = "ckptstore/rank-local/landed"
 
 
 RENDEZVOUS_FLAG = "CKPT_RANK_LOCAL_RENDEZVOUS"
-"""Set to 1, a rank-local save's ranks complete its step through the job's
-rendezvous store (`announce`) rather than by listing the bucket. Off by
-default while a save whose completing rank died is left to a later save
-of the step (no listing recovers it yet)."""
+"""Set to 0, a rank-local save's ranks complete its step by listing the
+bucket's shards (`ShardUpload.RankLocal`: requests per rank that grow with
+the ranks landing at once) rather than through the job's rendezvous store
+(`announce`, the default)."""
 
 
 def rendezvous() -> Optional["Store"]:
     """The job's rendezvous store (the default process group's), where a
     rank-local save's ranks tell each other their shards; None without a
-    process group of several ranks, or with `RENDEZVOUS_FLAG` unset."""
-    if os.environ.get(RENDEZVOUS_FLAG) != "1":
+    process group of several ranks, or with `RENDEZVOUS_FLAG` set to 0."""
+    if os.environ.get(RENDEZVOUS_FLAG, "1") == "0":
         return None
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
         return None
@@ -183,6 +183,17 @@ def announce(store: "Store", save: str, rank: int, world: int, shard: str) -> Op
         return None
     names = store.multi_get([f"{key}/{r}" for r in range(world)])
     return [bytes(n).decode() for n in names]
+
+
+def forget(store: "Store", save: str, world: int) -> None:
+    """Delete the keys of rank-local save `save` (of `world` ranks) from
+    `store`, once its step is committed: the job's store does not grow
+    with its saves. Only the rank that completed the save calls this; no
+    rank reads them after."""
+    key = f"{_LANDED_KEY}/{save}"
+    for r in range(world):
+        store.delete_key(f"{key}/{r}")
+    store.delete_key(f"{key}/count")
 
 
 def hand_on(
