@@ -75,6 +75,7 @@ mod engine;
 mod error;
 mod exchange;
 mod file;
+mod files;
 mod format;
 mod graph;
 mod hex;
@@ -92,6 +93,7 @@ pub mod tier;
 
 pub use checkpoint::{GradientCheckpoint, MAX_TEXT_BYTES};
 pub use file::{remove_durably, write_durably};
+pub use files::{step_of_dir, write_dir, FILES_ENTRY};
 
 /// The length of a blob's chunks, all but its last few (which are shorter):
 /// ranged reads cut on multiples of it from a blob's start share no chunk.

@@ -133,6 +133,30 @@ impl RawRemote {
         py.detach(|| self.remote.adopt(store)).map_err(py_err)
     }
 
+    /// Commit directory `path` as step `step` of the bucket (a step of files).
+    fn save_dir(
+        &self,
+        py: Python<'_>,
+        step: u64,
+        path: std::path::PathBuf,
+    ) -> PyResult<results::ShardInfo> {
+        let info = py
+            .detach(|| self.remote.save_dir(step, &path))
+            .map_err(py_err)?;
+        Ok((&info).into())
+    }
+
+    /// Write step `step`'s files into directory `path`: the paths written.
+    fn load_dir(
+        &self,
+        py: Python<'_>,
+        step: u64,
+        path: std::path::PathBuf,
+    ) -> PyResult<Vec<String>> {
+        py.detach(|| self.remote.load_dir(step, &path))
+            .map_err(py_err)
+    }
+
     fn steps(&self, py: Python<'_>) -> PyResult<Vec<u64>> {
         py.detach(|| self.remote.steps()).map_err(py_err)
     }

@@ -348,6 +348,29 @@ impl RawStore {
         }))
     }
 
+    /// Commit directory `path` as step `step` (a step of files).
+    fn save_dir(
+        &self,
+        py: Python<'_>,
+        step: u64,
+        path: std::path::PathBuf,
+    ) -> PyResult<results::CommitInfo> {
+        let store = self.get()?;
+        let info = py.detach(|| store.save_dir(step, &path)).map_err(py_err)?;
+        Ok((&info).into())
+    }
+
+    /// Write step `step`'s files into directory `path`: the paths written.
+    fn load_dir(
+        &self,
+        py: Python<'_>,
+        step: u64,
+        path: std::path::PathBuf,
+    ) -> PyResult<Vec<String>> {
+        let store = self.get()?;
+        py.detach(|| store.load_dir(step, &path)).map_err(py_err)
+    }
+
     fn remove(&self, py: Python<'_>, step: u64) -> PyResult<bool> {
         let store = self.get()?;
         py.detach(|| store.remove(step)).map_err(py_err)

@@ -6,6 +6,7 @@ mod asynch;
 mod chunk_map;
 mod commit;
 mod copy;
+mod files;
 mod hf;
 mod manage;
 mod open;

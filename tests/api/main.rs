@@ -27,6 +27,7 @@ mod retention_policies;
 mod save_is_durable_and_clean;
 mod save_records;
 mod space_stays_bounded;
+mod steps_of_files;
 mod store_options;
 mod tensors;
 mod threads;

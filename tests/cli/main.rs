@@ -12,4 +12,5 @@ mod inspect;
 mod manage;
 mod reads_live_store;
 mod safetensors;
+mod steps_of_files;
 mod verify_exit_codes;

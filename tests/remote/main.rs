@@ -13,6 +13,7 @@ mod compressed;
 mod coordinated;
 mod counted;
 mod faults;
+mod files;
 mod format3;
 mod garage;
 mod hf;

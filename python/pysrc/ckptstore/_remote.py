@@ -82,6 +82,19 @@ class Remote:
     def url(self) -> str:
         return self._raw.url()
 
+    def save_dir(self, step: int, path: "os.PathLike[str] | str") -> ShardInfo:
+        """Commit directory `path` (any framework's checkpoint folder) as
+        step `step` of the bucket: each regular file an entry, unchanged
+        chunks not uploaded again; complete when this returns (a step
+        already there is saved again: readers take the newer save)."""
+        return self._raw.save_dir(step_number(step), os.fspath(path))
+
+    def load_dir(self, step: int, path: "os.PathLike[str] | str") -> List[str]:
+        """Write step `step` (saved by `save_dir`) into directory `path`,
+        which must not exist or be empty, whole or not at all, every byte
+        checked: the paths written."""
+        return self._raw.load_dir(step_number(step), os.fspath(path))
+
     def steps(self) -> List[int]:
         """The complete steps, ascending."""
         return self._raw.steps()

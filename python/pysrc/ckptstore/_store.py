@@ -124,6 +124,20 @@ class Store:
         shapes) without reading its data; None when it is not stored."""
         return self._raw.info(step_number(step))
 
+    def save_dir(self, step: int, path: "os.PathLike[str] | str") -> CommitInfo:
+        """Commit directory `path` (any framework's checkpoint folder) as
+        step `step`, in one transaction: each regular file an entry,
+        unchanged chunks of earlier steps not written again. A link or a
+        special file under it is refused (`ValueError`); a step already
+        stored raises. `load_dir` writes it back."""
+        return self._raw.save_dir(step_number(step), os.fspath(path))
+
+    def load_dir(self, step: int, path: "os.PathLike[str] | str") -> List[str]:
+        """Write step `step` (saved by `save_dir`) into directory `path`,
+        which must not exist or be empty, whole or not at all, every byte
+        checked: the paths written."""
+        return self._raw.load_dir(step_number(step), os.fspath(path))
+
     def remove(self, step: int) -> bool:
         return self._raw.remove(step_number(step))
 

@@ -199,6 +199,27 @@ pub(crate) enum Command {
         #[arg(long, default_value = "latest")]
         step: String,
     },
+    /// Commit a directory (any framework's checkpoint folder) as one
+    /// step: each regular file an entry, unchanged chunks not stored
+    /// again. Creates a store file that is missing.
+    SaveDir {
+        /// The store file, or a bucket URL.
+        store: PathBuf,
+        /// The step to store it as.
+        step: u64,
+        /// The directory.
+        dir: PathBuf,
+    },
+    /// Write a step saved by `save-dir` into a directory (which must not
+    /// exist, or be empty), whole or not at all. Reads.
+    LoadDir {
+        /// The store file, or a bucket URL.
+        store: PathBuf,
+        /// The step (`latest`: the newest).
+        step: String,
+        /// The directory to write.
+        dir: PathBuf,
+    },
     /// Steps, sizes, deduplication ratio, file size (of a bucket: bytes
     /// stored against the steps' own). Reads.
     Stats {

@@ -127,6 +127,8 @@ fn run(command: Command) -> Result<ExitCode> {
         Command::Cp { store, to } => cp(&store, &to),
         Command::Compact { store, wait } => compact(&store, Duration::from_secs(wait)),
         Command::Stats { store, json } => Target::of_path(&store).stats(json),
+        Command::SaveDir { store, step, dir } => Target::of_path(&store).save_dir(step, &dir),
+        Command::LoadDir { store, step, dir } => Target::of_path(&store).load_dir(&step, &dir),
         Command::Bench { sizes, dir } => {
             bench::run(&sizes, dir.as_deref()).map(|()| ExitCode::SUCCESS)
         }
@@ -431,7 +433,7 @@ fn existing(path: &Path) -> Result<&Path> {
 }
 
 /// Open for reading, alongside a training process that may be writing.
-fn open_read(path: &Path) -> Result<CheckpointStore> {
+pub(crate) fn open_read(path: &Path) -> Result<CheckpointStore> {
     let s = CheckpointStore::open_read_only(existing(path)?).map_err(|e| explain(path, e))?;
     if s.recovered_in_memory() {
         eprintln!(
@@ -450,7 +452,7 @@ fn open_write(path: &Path) -> Result<CheckpointStore> {
 }
 
 /// An error in terms of what the user can do about it.
-fn explain(path: &Path, e: Error) -> Box<dyn std::error::Error> {
+pub(crate) fn explain(path: &Path, e: Error) -> Box<dyn std::error::Error> {
     if e.is_locked() {
         return format!(
             "{} is open by another process that does not share it (opened with \
@@ -464,7 +466,7 @@ fn explain(path: &Path, e: Error) -> Box<dyn std::error::Error> {
 }
 
 /// `latest` or a step number.
-fn resolve(store: &CheckpointStore, step: &str) -> Result<u64> {
+pub(crate) fn resolve(store: &CheckpointStore, step: &str) -> Result<u64> {
     if step == "latest" {
         return Ok(store
             .latest_step()?

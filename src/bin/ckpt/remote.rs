@@ -20,7 +20,7 @@ pub(crate) fn set_retry_window(window: Duration) {
 }
 
 /// The bucket at `url`, its requests retried for the retry window.
-fn open_remote(url: &str) -> Result<Remote> {
+pub(crate) fn open_remote(url: &str) -> Result<Remote> {
     let remote = Remote::open(url)?;
     Ok(match RETRY_WINDOW.get() {
         Some(window) if *window != remote.retry_window() => remote.with_retry_window(*window)?,

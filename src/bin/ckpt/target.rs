@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use ckptstore::Retention;
+use ckptstore::{CheckpointStore, Retention};
 
 use crate::args::Format;
 use crate::{export, remote, tier, Result};
@@ -110,5 +110,53 @@ impl<'a> Target<'a> {
             Target::Bucket(url) => remote::stats(url, json),
             Target::Tier(path) | Target::Store(path) => crate::stats_store(path, json),
         }
+    }
+
+    /// `ckpt save-dir`.
+    pub(crate) fn save_dir(self, step: u64, dir: &Path) -> Result<ExitCode> {
+        let written = match self {
+            Target::Bucket(url) => {
+                remote::open_remote(url)?
+                    .save_dir(step, dir)?
+                    .bytes_uploaded
+            }
+            Target::Tier(_) => {
+                return Err("a tier's directory holds DCP saves: give a store file or a URL".into())
+            }
+            Target::Store(path) => {
+                let store = CheckpointStore::open(path).map_err(|e| crate::explain(path, e))?;
+                store.save_dir(step, dir)?.bytes_written
+            }
+        };
+        println!(
+            "saved {} as step {step} ({written} new bytes)",
+            dir.display()
+        );
+        Ok(ExitCode::SUCCESS)
+    }
+
+    /// `ckpt load-dir`.
+    pub(crate) fn load_dir(self, step: &str, dir: &Path) -> Result<ExitCode> {
+        let paths = match self {
+            Target::Bucket(url) => {
+                let remote = remote::open_remote(url)?;
+                let step = match step {
+                    "latest" => remote
+                        .latest_step()?
+                        .ok_or("the bucket holds no complete step")?,
+                    n => n
+                        .parse()
+                        .map_err(|_| format!("{n:?} is not a step number or latest"))?,
+                };
+                remote.load_dir(step, dir)?
+            }
+            Target::Tier(path) | Target::Store(path) => {
+                let store = crate::open_read(path)?;
+                let step = crate::resolve(&store, step)?;
+                store.load_dir(step, dir)?
+            }
+        };
+        println!("wrote {} files into {}", paths.len(), dir.display());
+        Ok(ExitCode::SUCCESS)
     }
 }

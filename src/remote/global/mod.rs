@@ -258,6 +258,37 @@ impl Remote {
             .export_hf(step, dir, max_shard, prefix, cast)
     }
 
+    /// Commit directory `dir` as step `step` of this bucket (a step of
+    /// files, as [`CheckpointStore::save_dir`](crate::CheckpointStore::save_dir)
+    /// cuts it: each regular file an entry, unchanged chunks not uploaded
+    /// again), complete when this returns. A step already there is saved
+    /// again: readers take the newer save.
+    ///
+    /// # Errors
+    /// As [`commit_shard`](Self::commit_shard); [`Error::Io`](crate::Error::Io)
+    /// naming a file that could not be read;
+    /// [`Error::InvalidCheckpoint`](crate::Error::InvalidCheckpoint) for a
+    /// link or a special file under `dir`.
+    pub fn save_dir(&self, step: u64, dir: &Path) -> Result<ShardInfo> {
+        self.commit_shard(step, 0, 1, &crate::files::step_of_dir(step, dir)?)
+    }
+
+    /// Write step `step`, a step of files, into directory `dir` (which
+    /// must not exist, or be empty), whole or not at all, every chunk
+    /// checked as read: the paths written.
+    ///
+    /// # Errors
+    /// [`Error::StepNotFound`](crate::Error::StepNotFound);
+    /// [`Error::InvalidCheckpoint`](crate::Error::InvalidCheckpoint) for a
+    /// step [`save_dir`](Self::save_dir) did not write;
+    /// [`Error::Io`](crate::Error::Io) naming what could not be written;
+    /// [`BucketError::Request`](crate::BucketError::Request) when the
+    /// bucket fails.
+    pub fn load_dir(&self, step: u64, dir: &Path) -> Result<Vec<String>> {
+        let found = self.get_shard(step, 0)?;
+        crate::files::write_dir(&found.ok_or(crate::Error::StepNotFound { step })?, dir)
+    }
+
     /// Upload rank `rank`'s shard of global step `step` of `world_size` ranks:
     /// its chunks in pack objects, those this remote wrote or loaded before
     /// (under the bucket's current collection mark) not uploaded again. The
