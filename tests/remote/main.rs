@@ -26,6 +26,7 @@ mod replicate;
 mod retention;
 mod save_records;
 mod shards;
+mod sim_ranks;
 mod sim_s3;
 mod simulated;
 mod stats;

@@ -5,101 +5,19 @@
 //! ranks, 30 ms a request.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use ckptstore::{
-    Entry, Piece, Remote, SaveId, ShardHash, ShardSource, ShardUpload, ShardWrite, Step,
-};
+use ckptstore::{Piece, SaveId, ShardHash, ShardSource, ShardUpload, ShardWrite};
 
+use super::sim_ranks::{at_once, rank_remote, shard, spread, Result};
 use super::sim_s3::{Limits, SimS3};
-use super::Result;
-
-const URL: &str = "s3://sim/run";
 
 fn limits() -> Limits {
     Limits {
         latency: Duration::from_millis(5),
         ..Limits::default()
     }
-}
-
-/// A rank's own `Remote` of the simulated bucket, and its request count.
-fn rank_remote(sim: &Arc<SimS3>) -> Result<(Remote, Arc<AtomicUsize>)> {
-    let client = sim.client();
-    let count = Arc::clone(&client.requests);
-    Ok((Remote::open_with_connector(URL, Arc::new(client))?, count))
-}
-
-/// Rank `rank`'s small shard of `step`.
-fn shard(step: u64, rank: u32) -> Step {
-    let mut s = Step::new(step);
-    s.timestamp = 1_700_000_000;
-    // Each rank's own bytes: no chunk is shared (deduplicated) with another's.
-    let mut bytes: Vec<u8> = (0..4096u32).map(|i| (i * 7 + rank * 13) as u8).collect();
-    bytes[..4].copy_from_slice(&rank.to_le_bytes());
-    s.insert("w", Entry::Blob(bytes));
-    s
-}
-
-/// `rank` run for each of `world` ranks on threads released at once
-/// (each waits at `Gate::wait`); their results, by rank. A rank's error
-/// crosses back as its text; a thread that cannot be started (a process
-/// limit) releases the others to stop at once, and fails the run.
-fn at_once<T: Send>(world: u32, rank: impl Fn(u32, &Gate) -> Result<T> + Sync) -> Result<Vec<T>> {
-    let gate = Gate::default();
-    let closed = gate.open.write().map_err(|_| "gate")?;
-    std::thread::scope(|s| {
-        let mut ranks = Vec::with_capacity(world as usize);
-        let mut failed = None;
-        for r in 0..world {
-            let (rank, gate) = (&rank, &gate);
-            let started = std::thread::Builder::new()
-                .stack_size(256 << 10)
-                .spawn_scoped(s, move || rank(r, gate).map_err(|e| e.to_string()));
-            match started {
-                Ok(h) => ranks.push(h),
-                Err(e) => {
-                    failed = Some(format!("rank {r} of {world}: no thread ({e}); see `ulimit -n` and vm.max_map_count"));
-                    gate.stop.store(true, Ordering::SeqCst);
-                    break;
-                }
-            }
-        }
-        drop(closed);
-        let mut got = Vec::with_capacity(world as usize);
-        for h in ranks {
-            got.push(h.join().map_err(|_| "a rank panicked")?);
-        }
-        if let Some(why) = failed {
-            return Err(why.into());
-        }
-        got.into_iter().map(|r| r.map_err(Into::into)).collect()
-    })
-}
-
-/// Where ranks wait until every one is started.
-#[derive(Default)]
-struct Gate {
-    open: std::sync::RwLock<()>,
-    stop: std::sync::atomic::AtomicBool,
-}
-
-impl Gate {
-    /// Wait until every rank is started; an error if one could not be.
-    fn wait(&self) -> Result {
-        drop(self.open.read().map_err(|_| "gate")?);
-        if self.stop.load(Ordering::SeqCst) {
-            return Err("not every rank started".into());
-        }
-        Ok(())
-    }
-}
-
-fn median(counts: &[usize]) -> usize {
-    let mut sorted = counts.to_vec();
-    sorted.sort_unstable();
-    sorted[sorted.len() / 2]
 }
 
 /// A push's lock listing stops at the collections' locks on a bucket
@@ -171,7 +89,7 @@ fn a_thousand_ranks_save_rank_locally_in_requests_constant_per_rank() -> Result 
     eprintln!(
         "{world} ranks at once, rank-local: requests per rank median {} max {}, completing {completing:?}; \
          listed {listed:?} after the last shard landed; hottest prefix {prefix}: {hot} in a second; 503s retried {}",
-        median(&requests),
+        spread(&requests).0,
         requests.iter().max().unwrap_or(&0),
         sim.slowdowns()
     );
@@ -205,7 +123,7 @@ fn a_thousand_ranks_save_rank_locally_in_requests_constant_per_rank() -> Result 
         "{world} ranks restore in {:?}: requests per rank median {} max {}; {fetched} bytes of \
          packs read of {stored}; {} bytes of manifests",
         started.elapsed(),
-        median(&read),
+        spread(&read).0,
         read.iter().max().unwrap_or(&0),
         sim.bytes_read("run/manifests") + sim.bytes_read("run/shards"),
     );
@@ -294,7 +212,7 @@ fn a_coordinators_commit_of_a_thousand_ranks_costs_a_handful_of_requests() -> Re
     eprintln!(
         "{WORLD} ranks with a coordinator: uploads median {} max {}; the coordinator's shard and \
          commit of reported names {commit} ({listed:?}); commit_global {} requests ({:?})",
-        median(&uploads),
+        spread(&uploads).0,
         uploads.iter().max().unwrap_or(&0),
         checked.0,
         checked.1
