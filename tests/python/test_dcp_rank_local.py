@@ -165,6 +165,7 @@ def test_ranks_that_complete_the_step_through_the_job_s_store_write_one_commit(t
         for rank, (_, text) in enumerate(out):
             assert _lines(text, "collectives ") == ["['barrier']"], f"rank {rank}:\n{text[-3000:]}"
             assert _lines(text, "upload ") == ["RankLocalShard"], f"rank {rank}:\n{text[-3000:]}"
+            assert _lines(text, "keys left ") == ["False"], f"rank {rank}:\n{text[-3000:]}"
             commits += _lines(text, "commit ")
         assert commits == ["announced"], commits  # by the rank that completed the count
     remote = ckptstore.Remote(url)

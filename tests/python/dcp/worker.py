@@ -272,6 +272,13 @@ def main():
         except Exception as e:  # noqa: BLE001 - the test reads it
             print(f"failed {type(e).__name__}: {e}", flush=True)
         print(f"collectives {sorted(calls)}", flush=True)
+        if os.environ.get("CKPT_TRACE_SHARDS") == "1" and getattr(writer, "_save", None):
+            # The save's keys in the job's store, once every rank is done:
+            # the rank that committed deleted them.
+            dist.barrier()
+            store = dist.distributed_c10d._get_default_store()
+            keys = [f"ckptstore/rank-local/landed/{writer._save}/{k}" for k in [*range(world), "count"]]
+            print(f"keys left {any(store.check([k]) for k in keys)}", flush=True)
         print("saved", flush=True)
     elif mode == "save_again":
         # Steps STEP and STEP + 1 of the same state in one process; rank 0
