@@ -2,7 +2,7 @@
 //! one variant of the crate's error ([`Error::Bucket`](crate::Error::Bucket)),
 //! and kept beside it so that the error layer names nothing above it; each
 //! object store's failures are mapped to it in one place (`remote/s3.rs`
-//! and `remote/bucket.rs`, the one place requests are made), never by
+//! and `remote/bucket/`, the one place requests are made), never by
 //! message text.
 
 use super::Cause;

@@ -45,10 +45,7 @@ impl Coordinator<'_> {
     pub(crate) fn commit_reported(&self, step: u64, shards: &[ShardHash]) -> Result<()> {
         let named: Vec<Option<ShardHash>> = shards.iter().copied().map(Some).collect();
         let ids = shard_ids(step, &named, None)?;
-        self.with_push_lock(|_| {
-            let newest = self.commit_times(step)?.last().map(|(c, _)| *c);
-            self.write_commit(step, &ids, newest)
-        })
+        self.with_push_lock(|_| self.commit_as_newest(step, &ids))
     }
 
     /// Upload `plan` as rank `rank`'s shard of rank-local save `save`
@@ -81,8 +78,7 @@ impl Coordinator<'_> {
                     ),
                 });
             }
-            let newest = self.commit_times(step)?.last().map(|(c, _)| *c);
-            self.write_commit(step, &ids, newest)?;
+            self.commit_as_newest(step, &ids)?;
             info.complete = true;
             Ok(info)
         })
@@ -116,8 +112,7 @@ impl Coordinator<'_> {
             if check {
                 self.commit_locked(step, &ids, Some(rank))?;
             } else {
-                let newest = self.commit_times(step)?.last().map(|(c, _)| *c);
-                self.write_commit(step, &ids, newest)?;
+                self.commit_as_newest(step, &ids)?;
             }
             Ok(info)
         })
@@ -151,6 +146,12 @@ impl Coordinator<'_> {
                 ));
             }
         }
+        self.commit_as_newest(step, ids)
+    }
+
+    /// The step's manifest naming `ids`, and a commit of a generation
+    /// after the step's newest one, listed now (under the caller's lock).
+    fn commit_as_newest(&self, step: u64, ids: &[ShardName]) -> Result<()> {
         let newest = self.commit_times(step)?.last().map(|(c, _)| *c);
         self.write_commit(step, ids, newest)
     }
