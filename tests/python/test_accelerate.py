@@ -25,7 +25,7 @@ def _run(target, world, extra=None):
                **(extra or {})}
         procs.append(subprocess.Popen([sys.executable, WORKER, str(target)], env=env, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE))
-    if extra:
+    if extra and "CKPT_DIE_AT_SAVE" in extra:
         # The main process dies in the commit; the others wait for it at
         # Accelerate's barrier: stopped here.
         out, err = procs[0].communicate(timeout=300)
@@ -37,6 +37,7 @@ def _run(target, world, extra=None):
     outs = [p.communicate(timeout=300) for p in procs]
     for rank, (p, (out, err)) in enumerate(zip(procs, outs)):
         assert p.returncode == 0 and "OK" in out, f"rank {rank}:\n{out[-2000:]}\n{err[-3000:]}"
+    return [out for out, _ in outs]
 
 
 @pytest.mark.parametrize("world", [1, 2])
@@ -50,6 +51,15 @@ def test_accelerate_state_saves_into_a_bucket(tmp_path):
     url = f"file://{tmp_path}/bucket"
     _run(url, 2)
     assert ckptstore.Remote(url).steps() == [3]
+
+
+def test_a_failed_commit_raises_on_every_process_and_the_job_goes_on(tmp_path):
+    path = tmp_path / "run.ckpt"
+    outs = _run(path, 2, extra={"CKPT_FAIL_COMMIT": "1"})
+    assert "raised ValueError: injected" in outs[0], outs[0][-2000:]
+    assert "raised RuntimeError: process 0 of the save or load failed: ValueError" in outs[1], outs[1][-2000:]
+    with ckptstore.open(path, read_only=True) as store:
+        assert store.steps() == [3]
 
 
 def test_a_job_killed_in_its_save_leaves_the_step_before_it(tmp_path):

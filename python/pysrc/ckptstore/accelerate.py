@@ -18,7 +18,7 @@ must be seen by every process: one node, or a shared file system.
 import os
 import shutil
 import tempfile
-from typing import Any, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 from ._remote import Remote
 from ._store import Store
@@ -44,6 +44,32 @@ def _told(accelerator: Any, value: Any) -> Any:
     return box[0]
 
 
+def _together(accelerator: Any, work: Callable[[], Any]) -> Any:
+    """`work()` on this process, then one exchange of every process's
+    failure (Accelerate's `gather_object`): a failure on any process
+    raises on every one (its own as it was, another's named), so no
+    process waits at a barrier for one that gave up."""
+    failure: Optional[BaseException] = None
+    result = None
+    try:
+        result = work()
+    except Exception as e:  # told to every process, raised by each
+        failure = e
+    told = None if failure is None else f"{type(failure).__name__}: {failure}"
+    if accelerator.num_processes > 1:
+        from accelerate.utils import gather_object
+
+        everyone = gather_object([told])
+    else:
+        everyone = [told]
+    if failure is not None:
+        raise failure
+    for rank, other in enumerate(everyone):
+        if other is not None:
+            raise RuntimeError(f"process {rank} of the save or load failed: {other}")
+    return result
+
+
 def _shared_dir(accelerator: Any, tmp_dir: Optional[str]) -> str:
     """A new directory made by the main process, its path told to every
     process."""
@@ -61,17 +87,20 @@ def save_state(accelerator: Any, target: Target, step: int, *, tmp_dir: Optional
     before that leaves the previous step the newest. Every process calls
     it."""
     folder = _shared_dir(accelerator, tmp_dir)
+    state = os.path.join(folder, "state")
+
+    def commit() -> None:
+        if not accelerator.is_main_process:
+            return
+        if _is_url(target):
+            Remote(str(target)).save_dir(step, state)
+        else:
+            with Store(target) as store:
+                store.save_dir(step, state)
+
     try:
-        state = os.path.join(folder, "state")
-        accelerator.save_state(state)
-        accelerator.wait_for_everyone()
-        if accelerator.is_main_process:
-            if _is_url(target):
-                Remote(str(target)).save_dir(step, state)
-            else:
-                with Store(target) as store:
-                    store.save_dir(step, state)
-        accelerator.wait_for_everyone()
+        _together(accelerator, lambda: accelerator.save_state(state))
+        _together(accelerator, commit)
     finally:
         if accelerator.is_main_process:
             shutil.rmtree(folder, ignore_errors=True)
@@ -82,20 +111,11 @@ def load_state(accelerator: Any, target: Target, step: Optional[int] = None, *, 
     accelerator (`accelerator.load_state`): the step loaded. Every
     process calls it."""
     folder = _shared_dir(accelerator, tmp_dir)
+    state = os.path.join(folder, "state")
     try:
-        state = os.path.join(folder, "state")
-        written: Any = None
-        if accelerator.is_main_process:
-            try:
-                written = _write_back(target, step, state)
-            except Exception as e:  # told to every process, raised by each
-                written = e
-        told = _told(accelerator, written)
-        if isinstance(told, BaseException):
-            raise told
-        accelerator.load_state(state)
-        accelerator.wait_for_everyone()
-        loaded: int = told
+        written = _together(accelerator, lambda: _write_back(target, step, state) if accelerator.is_main_process else None)
+        loaded: int = _told(accelerator, written)
+        _together(accelerator, lambda: accelerator.load_state(state))
         return loaded
     finally:
         if accelerator.is_main_process:
